@@ -1,0 +1,3 @@
+from wslm.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,43 @@
+"""Where wslm keeps its files: config (WSLM_CONFIG_DIR overrides) and models (WSLM_MODELS_DIR)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+
+def config_dir() -> Path:
+    """The per-user config folder, created on first use."""
+    env = os.environ.get("WSLM_CONFIG_DIR")
+    if env:
+        path = Path(env).expanduser()
+    else:
+        import platformdirs
+
+        path = Path(platformdirs.user_config_dir("wslm", appauthor=False))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def data_dir() -> Path:
+    """The per-user data folder (databases, logs), created on first use."""
+    env = os.environ.get("WSLM_DATA_DIR")
+    if env:
+        path = Path(env).expanduser()
+    elif os.environ.get("WSLM_CONFIG_DIR"):
+        # Tests move the config dir; keep data beside it so nothing leaks into the real home.
+        path = config_dir() / "data"
+    else:
+        import platformdirs
+
+        path = Path(platformdirs.user_data_dir("wslm", appauthor=False))
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def models_dir() -> Path:
+    """wslm's own models folder (WSLM_MODELS_DIR overrides); kept on the Linux disk for fast loads."""
+    env = os.environ.get("WSLM_MODELS_DIR")
+    path = Path(env).expanduser() if env else Path.home() / ".wslm" / "models"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
