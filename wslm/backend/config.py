@@ -1,0 +1,45 @@
+"""EngineConfig: every knob of the engine, named after vLLM's engine arguments."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class EngineConfig:
+    model: str = "demo"  # "demo", a HF folder, a .gguf file, a repo id in the HF cache, or a `wslm models` id
+    tokenizer: str | None = None
+    max_model_len: int | None = None  # None: the model's own, capped by what the KV pool holds
+    max_num_seqs: int = 128
+    max_num_batched_tokens: int = 2048  # the per-step token budget (chunked prefill)
+    block_size: int = 16
+    enable_prefix_caching: bool = True
+    device: str = "auto"  # "auto", "cpu", "cuda", "cuda:N"
+    dtype: str = "auto"  # "auto", "float32", "float16", "bfloat16"
+    gpu_memory_utilization: float = 0.9  # CUDA: share of the card the engine may use
+    kv_cache_memory: int | None = None  # CPU: bytes for the KV pool (None: from free RAM)
+    num_gpu_blocks_override: int | None = None  # exact pool size in blocks (tests, tuning)
+    chat_template: str | None = None  # a Jinja template, or a path to one
+    seed: int = 0
+    tensor_parallel_size: int = 1
+    enforce_eager: bool = False  # CUDA: no CUDA graphs
+    trust_remote_code: bool = False
+
+    def __post_init__(self) -> None:
+        if self.tensor_parallel_size != 1:
+            raise ValueError(
+                f"tensor_parallel_size={self.tensor_parallel_size} is not supported yet: wslm runs a model "
+                "on one device. Use --tensor-parallel-size 1."
+            )
+        if self.block_size not in (8, 16, 32, 64, 128):
+            raise ValueError(f"block_size must be one of 8, 16, 32, 64, 128, got {self.block_size}.")
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be at least 1, got {self.max_num_seqs}.")
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(f"max_num_batched_tokens must be at least 1, got {self.max_num_batched_tokens}.")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}.")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ValueError(f"max_model_len must be positive, got {self.max_model_len}.")
+        if self.dtype not in ("auto", "float32", "float16", "bfloat16", "half", "float", "fp32", "fp16", "bf16"):
+            raise ValueError(f"dtype must be auto, float32, float16 or bfloat16, got {self.dtype!r}.")
