@@ -1,0 +1,129 @@
+"""Kernels of the engine over the paged KV cache: Triton on CUDA, PyTorch references everywhere else.
+
+Public functions (vLLM's names and layouts):
+  paged_attention    attention of new query tokens over their sequences' cached keys/values (decode,
+                     prefill, prefill on a cached prefix, mixed in one batch; GQA)
+  reshape_and_cache  write new keys/values into their cache slots
+  rms_norm           RMSNorm, optionally fused with the residual add
+  rotary_embedding   rotary position embedding (neox or GPT-J style), in place
+
+Each takes `backend="triton" | "torch" | None`. None picks Triton for CUDA tensors and PyTorch otherwise;
+env WSLM_KERNEL_BACKEND=triton|torch overrides None. `selected_backend(device)` says what None picks and
+`backend_description(device)` gives one line for the start-up log. The PyTorch versions are the engine's
+CPU path and the references the Triton kernels are tested against (tests/test_kernels_*.py, run on CPU
+under TRITON_INTERPRET=1). Triton is imported only when the triton backend runs.
+
+Cache layout: k_cache / v_cache are [num_blocks, block_size, num_kv_heads, head_dim]; token slot
+`s` lives at block s // block_size, offset s % block_size."""
+
+from __future__ import annotations
+
+import torch
+
+from wslm.kernels.dispatch import backend_description, resolve, selected_backend
+
+__all__ = [
+    "paged_attention",
+    "reshape_and_cache",
+    "rms_norm",
+    "rotary_embedding",
+    "selected_backend",
+    "backend_description",
+]
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    out: torch.Tensor | None = None,
+    backend: str | None = None,
+    *,
+    max_seqlen_q: int | None = None,
+    max_seqlen_k: int | None = None,
+) -> torch.Tensor:
+    """Causal attention of each sequence's new query tokens over its paged keys/values.
+
+    q [num_tokens, num_heads, head_dim], sequences packed back to back as cu_seqlens_q (int32
+    [num_seqs + 1]) says; k_cache/v_cache [num_blocks, block_size, num_kv_heads, head_dim] already hold
+    the new tokens' keys/values (see reshape_and_cache); block_tables int32 [num_seqs, max_blocks];
+    seq_lens int32 [num_seqs], the KV length including the new tokens. Query i of a sequence with L
+    query tokens and S keys sits at position S - L + i and sees keys 0..S - L + i. num_heads must be a
+    multiple of num_kv_heads (GQA). Returns [num_tokens, num_heads, head_dim], written into `out` when
+    given. Optional max_seqlen_q / max_seqlen_k (host ints) spare the Triton path a device sync; when
+    every sequence has one query token (num_tokens == num_seqs) the split-KV decode kernel runs."""
+    be = resolve(backend, q.device)
+    if be == "triton":
+        from wslm.kernels.triton_paged_attention import paged_attention as impl
+
+        return impl(
+            q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, out,
+            max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+        )
+    from wslm.kernels.torch_paged_attention import paged_attention as ref
+
+    return ref(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, out)
+
+
+def reshape_and_cache(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    backend: str | None = None,
+) -> None:
+    """Writes key/value [num_tokens, num_kv_heads, head_dim] into the caches in place, token t at slot
+    slot_mapping[t] (= block * block_size + offset); slot -1 skips the token (padding)."""
+    be = resolve(backend, key.device)
+    if be == "triton":
+        from wslm.kernels.triton_cache import reshape_and_cache as impl
+    else:
+        from wslm.kernels.torch_cache import reshape_and_cache as impl
+    impl(key, value, k_cache, v_cache, slot_mapping)
+
+
+def rms_norm(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    residual: torch.Tensor | None = None,
+    backend: str | None = None,
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    """RMSNorm over the last dimension, as HF LlamaRMSNorm: statistics in fp32, cast back to x's dtype
+    before the weight. Returns normed(x); with `residual`, returns (normed(x + residual), x + residual),
+    the sum taken in x's dtype (vLLM's fused_add_rms_norm, out of place). Output dtype is x's dtype."""
+    be = resolve(backend, x.device)
+    if be == "triton":
+        from wslm.kernels.triton_norm import rms_norm as impl
+    else:
+        from wslm.kernels.torch_norm import rms_norm as impl
+    return impl(x, weight, eps, residual)
+
+
+def rotary_embedding(
+    positions: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor | None,
+    cos_sin_cache: torch.Tensor,
+    head_dim: int | None = None,
+    is_neox_style: bool = True,
+    backend: str | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Rotates q and k IN PLACE and returns them.
+
+    positions [num_tokens]; q [num_tokens, num_heads * head_dim] or [num_tokens, num_heads, head_dim],
+    k likewise with the KV heads (or None); cos_sin_cache [max_position, rot_dim], cos in the first half,
+    sin in the second (vLLM's layout). Only the first rot_dim dims of each head rotate (partial rotary).
+    head_dim defaults to q's last dim for 3-D q, else to rot_dim. is_neox_style=True is HF Llama's
+    rotate_half (pairs i, i + rot_dim/2); False is GPT-J's interleaved pairs (2i, 2i + 1)."""
+    be = resolve(backend, q.device)
+    if be == "triton":
+        from wslm.kernels.triton_rotary import rotary_embedding as impl
+    else:
+        from wslm.kernels.torch_rotary import rotary_embedding as impl
+    return impl(positions, q, k, cos_sin_cache, head_dim, is_neox_style)

@@ -1,0 +1,75 @@
+"""Helpers for kernel tests and benchmarks: random paged caches and a naive dense attention oracle."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class PagedBatch:
+    q: torch.Tensor  # [num_tokens, H, D]
+    k_cache: torch.Tensor  # [num_blocks, block_size, Hkv, D]
+    v_cache: torch.Tensor
+    block_tables: torch.Tensor  # int32 [num_seqs, max_blocks]
+    cu_seqlens_q: torch.Tensor  # int32 [num_seqs + 1]
+    seq_lens: torch.Tensor  # int32 [num_seqs]
+    keys: list[torch.Tensor]  # per sequence, dense [S, Hkv, D] (what the cache holds)
+    values: list[torch.Tensor]
+
+
+def make_paged_batch(
+    q_lens: list[int],
+    kv_lens: list[int],
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    block_size: int,
+    dtype: torch.dtype = torch.float32,
+    device: str | torch.device = "cpu",
+    extra_blocks: int = 3,
+    seed: int = 0,
+) -> PagedBatch:
+    """A batch whose sequences' blocks are scattered over the pool in random order (padded tables)."""
+    assert all(0 < q <= s for q, s in zip(q_lens, kv_lens, strict=True))
+    g = torch.Generator().manual_seed(seed)
+    per_seq = [-(-s // block_size) for s in kv_lens]
+    num_blocks = sum(per_seq) + extra_blocks
+    max_blocks = max(per_seq) + 1  # one padding column, as an engine's table would have
+    perm = torch.randperm(num_blocks, generator=g)
+    k_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=g).to(dtype)
+    v_cache = torch.randn(num_blocks, block_size, num_kv_heads, head_dim, generator=g).to(dtype)
+    tables = torch.zeros(len(kv_lens), max_blocks, dtype=torch.int32)
+    keys, values, used = [], [], 0
+    for i, (n, s) in enumerate(zip(per_seq, kv_lens, strict=True)):
+        blocks = perm[used : used + n]
+        used += n
+        tables[i, :n] = blocks.int()
+        keys.append(k_cache[blocks].flatten(0, 1)[:s].to(device))
+        values.append(v_cache[blocks].flatten(0, 1)[:s].to(device))
+    cu = torch.zeros(len(q_lens) + 1, dtype=torch.int32)
+    cu[1:] = torch.tensor(q_lens).cumsum(0)
+    q = torch.randn(int(cu[-1]), num_heads, head_dim, generator=g).to(dtype)
+    return PagedBatch(
+        q.to(device), k_cache.to(device), v_cache.to(device), tables.to(device), cu.to(device),
+        torch.tensor(kv_lens, dtype=torch.int32, device=device), keys, values,
+    )
+
+
+def naive_attention(batch: PagedBatch, scale: float) -> torch.Tensor:
+    """Dense fp32 attention per sequence and head with an explicit causal mask: the oracle."""
+    cu = batch.cu_seqlens_q.tolist()
+    out = torch.empty(batch.q.shape, dtype=torch.float32, device=batch.q.device)
+    num_heads = batch.q.shape[1]
+    for i, (k, v) in enumerate(zip(batch.keys, batch.values, strict=True)):
+        q = batch.q[cu[i] : cu[i + 1]].float()
+        q_len, kv_len, group = q.shape[0], k.shape[0], num_heads // k.shape[1]
+        k = k.float().repeat_interleave(group, dim=1)  # [S, H, D]
+        v = v.float().repeat_interleave(group, dim=1)
+        scores = torch.einsum("lhd,shd->hls", q, k) * scale
+        qpos = torch.arange(kv_len - q_len, kv_len)[:, None]
+        visible = torch.arange(kv_len)[None, :] <= qpos
+        scores = scores.masked_fill(~visible.to(scores.device), float("-inf"))
+        out[cu[i] : cu[i + 1]] = torch.einsum("hls,shd->lhd", scores.softmax(-1), v)
+    return out

@@ -1,0 +1,29 @@
+"""PyTorch reshape_and_cache: scatter new keys/values into their cache slots (reference and CPU path)."""
+
+from __future__ import annotations
+
+import torch
+
+
+def reshape_and_cache(
+    key: torch.Tensor,
+    value: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+) -> None:
+    """See wslm.kernels.reshape_and_cache."""
+    num_blocks, block_size = k_cache.shape[0], k_cache.shape[1]
+    slots = slot_mapping.reshape(-1).long()
+    keep = slots >= 0
+    if not bool(keep.all()):
+        slots, key, value = slots[keep], key[keep], value[keep]
+    if slots.numel() == 0:
+        return
+    for src, cache in ((key, k_cache), (value, v_cache)):
+        src = src.to(cache.dtype)
+        if cache.is_contiguous():
+            # [blocks * block_size, Hkv, D] is a view of the cache: one index_copy_ writes in place.
+            cache.view(num_blocks * block_size, *cache.shape[2:]).index_copy_(0, slots, src)
+        else:
+            cache[slots // block_size, slots % block_size] = src
