@@ -1,0 +1,183 @@
+"""Qt list models over the chat store: the conversation list and the messages of one conversation."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QAbstractListModel, QModelIndex, Qt
+
+import wslm.gui.qt_fix  # noqa: F401  (PySide6 6.12 emit() refcount bug)
+from wslm.gui.chat_store import ChatStore, Conversation, Message
+
+IdRole = Qt.ItemDataRole.UserRole + 1
+RoleRole = Qt.ItemDataRole.UserRole + 2
+StatsRole = Qt.ItemDataRole.UserRole + 3
+ErrorRole = Qt.ItemDataRole.UserRole + 4
+StreamingRole = Qt.ItemDataRole.UserRole + 5
+
+
+class ConversationListModel(QAbstractListModel):
+    """Conversations, newest first, filtered by a search string."""
+
+    def __init__(self, store: ChatStore, parent=None) -> None:
+        super().__init__(parent)
+        self.store = store
+        self._items: list[Conversation] = []
+        self._search = ""
+        self.refresh()
+
+    def rowCount(self, parent: QModelIndex = QModelIndex()) -> int:  # noqa: B008
+        return 0 if parent.isValid() else len(self._items)
+
+    def data(self, index: QModelIndex, role: int = Qt.ItemDataRole.DisplayRole):
+        if not index.isValid():
+            return None
+        conv = self._items[index.row()]
+        if role in (Qt.ItemDataRole.DisplayRole, Qt.ItemDataRole.EditRole):
+            return conv.title
+        if role == IdRole:
+            return conv.id
+        if role == Qt.ItemDataRole.ToolTipRole:
+            return conv.title
+        return None
+
+    def flags(self, index: QModelIndex) -> Qt.ItemFlag:
+        return super().flags(index) | Qt.ItemFlag.ItemIsEditable
+
+    def setData(self, index: QModelIndex, value, role: int = Qt.ItemDataRole.EditRole) -> bool:
+        if role != Qt.ItemDataRole.EditRole or not index.isValid():
+            return False
+        return self.rename(index.row(), str(value))
+
+    def conversation(self, row: int) -> Conversation | None:
+        return self._items[row] if 0 <= row < len(self._items) else None
+
+    def row_of(self, conv_id: int) -> int:
+        return next((i for i, c in enumerate(self._items) if c.id == conv_id), -1)
+
+    def set_search(self, text: str) -> None:
+        self._search = text.strip()
+        self.refresh()
+
+    def refresh(self) -> None:
+        self.beginResetModel()
+        self._items = self.store.list_conversations(self._search)
+        self.endResetModel()
+
+    def create(self, **params) -> Conversation:
+        conv = self.store.create_conversation(**params)
+        self.beginInsertRows(QModelIndex(), 0, 0)
+        self._items.insert(0, conv)
+        self.endInsertRows()
+        return conv
+
+    def rename(self, row: int, title: str) -> bool:
+        title = title.strip()
+        conv = self.conversation(row)
+        if conv is None or not title:
+            return False
+        self.store.update_conversation(conv.id, title=title)
+        conv.title = title
+        idx = self.index(row)
+        self.dataChanged.emit(idx, idx)
+        return True
+
+    def delete(self, row: int) -> None:
+        conv = self.conversation(row)
+        if conv is None:
+            return
+        self.store.delete_conversation(conv.id)
+        self.beginRemoveRows(QModelIndex(), row, row)
+        del self._items[row]
+        self.endRemoveRows()
+
+    def touch(self, conv_id: int) -> None:
+        """A conversation got a message: move it to the top, as the store now orders it."""
+        row = self.row_of(conv_id)
+        if row > 0:
+            self.beginMoveRows(QModelIndex(), row, row, QModelIndex(), 0)
+            self._items.insert(0, self._items.pop(row))
+            self.endMoveRows()
+        fresh = self.store.get_conversation(conv_id)
+        row = self.row_of(conv_id)
+        if fresh and row >= 0:
+            self._items[row] = fresh
+            self.dataChanged.emit(self.index(row), self.index(row))
+
+
+class MessageListModel(QAbstractListModel):
+    """The messages of the current conversation; the streaming reply grows in place."""
+
+    def __init__(self, store: ChatStore, parent=None) -> None:
+        super().__init__(parent)
+        self.store = store
+        self.conversation_id = 0
+        self._items: list[Message] = []
+        self.streaming_row = -1
+
+    def rowCount(self, parent: QModelIndex = QModelIndex()) -> int:  # noqa: B008
+        return 0 if parent.isValid() else len(self._items)
+
+    def data(self, index: QModelIndex, role: int = Qt.ItemDataRole.DisplayRole):
+        if not index.isValid():
+            return None
+        msg = self._items[index.row()]
+        if role == Qt.ItemDataRole.DisplayRole:
+            return msg.content
+        if role == RoleRole:
+            return msg.role
+        if role == StatsRole:
+            return msg.stats
+        if role == ErrorRole:
+            return msg.error
+        if role == IdRole:
+            return msg.id
+        if role == StreamingRole:
+            return index.row() == self.streaming_row
+        return None
+
+    def messages(self) -> list[Message]:
+        return list(self._items)
+
+    def message(self, row: int) -> Message | None:
+        return self._items[row] if 0 <= row < len(self._items) else None
+
+    def load(self, conv_id: int) -> None:
+        self.beginResetModel()
+        self.conversation_id = conv_id
+        self._items = self.store.messages(conv_id) if conv_id else []
+        self.streaming_row = -1
+        self.endResetModel()
+
+    def append(self, role: str, content: str, error: str = "") -> int:
+        msg = self.store.add_message(self.conversation_id, role, content, error=error)
+        row = len(self._items)
+        self.beginInsertRows(QModelIndex(), row, row)
+        self._items.append(msg)
+        self.endInsertRows()
+        return row
+
+    def append_text(self, row: int, text: str) -> None:
+        """Streamed delta: kept in memory; written to SQLite by finish() (not per token)."""
+        self._items[row].content += text
+        idx = self.index(row)
+        self.dataChanged.emit(idx, idx, [Qt.ItemDataRole.DisplayRole])
+
+    def finish(self, row: int, stats: dict | None = None, error: str = "") -> None:
+        msg = self._items[row]
+        if stats is not None:
+            msg.stats = stats
+        msg.error = error
+        self.store.update_message(msg.id, content=msg.content, stats=msg.stats, error=error)
+        if self.streaming_row == row:
+            self.streaming_row = -1
+        idx = self.index(row)
+        self.dataChanged.emit(idx, idx)
+
+    def remove_from(self, row: int) -> None:
+        """Drop `row` and everything after it (regenerate)."""
+        if row >= len(self._items):
+            return
+        self.beginRemoveRows(QModelIndex(), row, len(self._items) - 1)
+        for msg in self._items[row:]:
+            self.store.delete_message(msg.id)
+        del self._items[row:]
+        self.endRemoveRows()
