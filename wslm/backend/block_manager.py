@@ -1,0 +1,150 @@
+"""BlockManager: the KV pool's bookkeeping, with automatic prefix caching.
+
+A full block is identified by a hash chain (parent block's hash + its token ids). Freed blocks keep
+their hash and sit in an LRU free queue, so a later request with the same prefix can take them back;
+a block is only forgotten when the free queue hands it out again."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+
+from wslm.backend.sequence import Sequence
+
+
+class Block:
+    __slots__ = ("block_id", "ref_count", "block_hash", "token_ids")
+
+    def __init__(self, block_id: int) -> None:
+        self.block_id = block_id
+        self.ref_count = 0
+        self.block_hash: int | None = None
+        self.token_ids: tuple[int, ...] | None = None
+
+
+class BlockManager:
+    def __init__(self, num_blocks: int, block_size: int, enable_prefix_caching: bool = True) -> None:
+        self.num_blocks = num_blocks
+        self.block_size = block_size
+        self.enable_prefix_caching = enable_prefix_caching
+        self.blocks = [Block(i) for i in range(num_blocks)]
+        # Insertion order = eviction order: the front is evicted first.
+        self.free_queue: OrderedDict[int, None] = OrderedDict((i, None) for i in range(num_blocks))
+        self.hash_to_block: dict[int, int] = {}
+        self.prefix_queries = 0  # tokens looked up
+        self.prefix_hits = 0  # tokens found
+
+    @property
+    def num_free_blocks(self) -> int:
+        return len(self.free_queue)
+
+    def usage(self) -> float:
+        return 1.0 - len(self.free_queue) / self.num_blocks
+
+    # ---- hashing -------------------------------------------------------------------------------
+    def _block_hashes(self, seq: Sequence, num_full_blocks: int) -> list[int]:
+        bs = self.block_size
+        hashes = seq.block_hashes
+        while len(hashes) < num_full_blocks:
+            i = len(hashes)
+            parent = hashes[-1] if hashes else None
+            hashes.append(hash((parent, tuple(seq.tokens_slice(i * bs, (i + 1) * bs)))))
+        return hashes
+
+    def get_computed_blocks(self, seq: Sequence) -> list[int]:
+        """Blocks of seq's prefix already in the cache. At least one token is always left to compute,
+        so that the step produces logits for it."""
+        if not self.enable_prefix_caching:
+            return []
+        bs = self.block_size
+        num_full = (seq.num_tokens - 1) // bs
+        hashes = self._block_hashes(seq, num_full)
+        hits: list[int] = []
+        for i in range(num_full):
+            block_id = self.hash_to_block.get(hashes[i])
+            if block_id is None:
+                break
+            # Hashes can collide; the tokens cannot lie.
+            if self.blocks[block_id].token_ids != tuple(seq.tokens_slice(i * bs, (i + 1) * bs)):
+                break
+            hits.append(block_id)
+        self.prefix_queries += seq.num_tokens
+        self.prefix_hits += len(hits) * bs
+        return hits
+
+    # ---- allocation ----------------------------------------------------------------------------
+    def allocate_slots(self, seq: Sequence, num_new_tokens: int, computed_blocks: list[int] = ()) -> bool:
+        """Make room for num_new_tokens after seq's computed (and newly hit) tokens. All or nothing."""
+        num_cached = len(computed_blocks) * self.block_size
+        total = max(seq.num_computed_tokens, num_cached) + num_new_tokens
+        needed = -(-total // self.block_size) - len(seq.block_table) - len(computed_blocks)
+        reviving = sum(1 for b in computed_blocks if self.blocks[b].ref_count == 0)
+        if needed > len(self.free_queue) - reviving:
+            return False
+        for block_id in computed_blocks:
+            block = self.blocks[block_id]
+            if block.ref_count == 0:
+                del self.free_queue[block_id]
+            block.ref_count += 1
+            seq.block_table.append(block_id)
+        for _ in range(max(needed, 0)):
+            seq.block_table.append(self._take_free_block())
+        return True
+
+    def _take_free_block(self) -> int:
+        block_id, _ = self.free_queue.popitem(last=False)
+        block = self.blocks[block_id]
+        if block.block_hash is not None:
+            if self.hash_to_block.get(block.block_hash) == block_id:
+                del self.hash_to_block[block.block_hash]
+            block.block_hash = None
+            block.token_ids = None
+        block.ref_count = 1
+        return block_id
+
+    def cache_full_blocks(self, seq: Sequence) -> None:
+        """Register the blocks that the last step filled, so later requests can share them."""
+        if not self.enable_prefix_caching:
+            return
+        bs = self.block_size
+        num_full = seq.num_computed_tokens // bs
+        hashes = self._block_hashes(seq, num_full)
+        for i in range(num_full - 1, -1, -1):
+            block = self.blocks[seq.block_table[i]]
+            if block.block_hash is not None:
+                break  # everything before it is registered already
+            block.block_hash = hashes[i]
+            block.token_ids = tuple(seq.tokens_slice(i * bs, (i + 1) * bs))
+            self.hash_to_block.setdefault(hashes[i], block.block_id)
+
+    def free(self, seq: Sequence) -> None:
+        # Reverse order: a sequence's tail blocks are the least likely to be shared, so evict them first.
+        for block_id in reversed(seq.block_table):
+            block = self.blocks[block_id]
+            block.ref_count -= 1
+            if block.ref_count == 0:
+                if block.block_hash is None:
+                    self.free_queue[block_id] = None
+                    self.free_queue.move_to_end(block_id, last=False)  # nothing to keep: reuse first
+                else:
+                    self.free_queue[block_id] = None
+        seq.block_table = []
+
+    def fork(self, parent: Sequence, child: Sequence) -> list[tuple[int, int]] | None:
+        """Give child parent's KV: full blocks are shared, the partial last block is copied.
+        Returns the (src, dst) block copies to perform, or None when no block is free for the copy."""
+        bs = self.block_size
+        num_full = parent.num_computed_tokens // bs
+        partial = parent.num_computed_tokens % bs != 0
+        if partial and not self.free_queue:
+            return None
+        copies: list[tuple[int, int]] = []
+        for block_id in parent.block_table[:num_full]:
+            self.blocks[block_id].ref_count += 1
+            child.block_table.append(block_id)
+        if partial:
+            dst = self._take_free_block()
+            copies.append((parent.block_table[num_full], dst))
+            child.block_table.append(dst)
+        child.block_hashes = list(parent.block_hashes[:num_full])
+        child.num_computed_tokens = parent.num_computed_tokens
+        return copies

@@ -1,0 +1,73 @@
+"""How many KV blocks the pool gets: from gpu_memory_utilization on CUDA, kv_cache_memory on CPU."""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+
+import torch
+
+from wslm.backend.config import EngineConfig
+from wslm.backend.model_loader import ModelConfig
+
+logger = logging.getLogger(__name__)
+
+_CPU_DEFAULT_CAP = 4 << 30  # a CPU box rarely benefits from more: batches are compute-bound long before
+_CPU_MIN = 64 << 20
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_bytes(value: str | int) -> int:
+    """'4GiB', '512M', '1.5g' or a plain byte count -> bytes."""
+    if isinstance(value, int):
+        return value
+    m = re.fullmatch(r"\s*([0-9.]+)\s*([kmgt]?)(i?b)?\s*", str(value).lower())
+    if not m:
+        raise ValueError(f"Cannot read {value!r} as a size: use bytes or a unit, e.g. 4GiB or 512MiB.")
+    return int(float(m.group(1)) * _UNITS[m.group(2)])
+
+
+def _cpu_budget(config: EngineConfig) -> int:
+    if config.kv_cache_memory is not None:
+        return int(config.kv_cache_memory)
+    env = os.environ.get("WSLM_CPU_KVCACHE_SPACE")  # GiB, like vLLM's VLLM_CPU_KVCACHE_SPACE
+    if env:
+        return int(float(env) * (1 << 30))
+    try:
+        import psutil
+
+        available = psutil.virtual_memory().available
+    except ImportError:
+        available = 8 << 30
+    return max(_CPU_MIN, min(_CPU_DEFAULT_CAP, int(available * 0.25)))
+
+
+def _cuda_budget(config: EngineConfig, mc: ModelConfig, device: torch.device) -> int:
+    free, total = torch.cuda.mem_get_info(device)
+    used = total - free  # weights (already loaded) and whatever else runs on the card
+    # Room for activations of the largest step and the logits of a full decode batch.
+    activations = config.max_num_batched_tokens * (mc.hidden_size * 12 + mc.intermediate_size * 4) * 4
+    logits = config.max_num_seqs * mc.vocab_size * 4 * 3
+    budget = int(total * config.gpu_memory_utilization) - used - activations - logits
+    if budget <= 0:
+        raise ValueError(
+            f"No GPU memory left for the KV cache: the card has {total / 2**30:.1f} GiB, {used / 2**30:.1f} GiB "
+            f"are in use after loading the model, and gpu_memory_utilization={config.gpu_memory_utilization}. "
+            "Raise --gpu-memory-utilization, lower --max-num-batched-tokens, or pick a smaller model."
+        )
+    return budget
+
+
+def determine_num_blocks(config: EngineConfig, mc: ModelConfig, device: torch.device) -> int:
+    if config.num_gpu_blocks_override is not None:
+        return int(config.num_gpu_blocks_override)
+    budget = _cuda_budget(config, mc, device) if device.type == "cuda" else _cpu_budget(config)
+    per_block = mc.kv_bytes_per_token() * config.block_size
+    num_blocks = budget // per_block
+    if num_blocks < 2:
+        raise ValueError(
+            f"The KV cache budget ({budget / 2**20:.0f} MiB) holds fewer than 2 blocks of {config.block_size} "
+            "tokens for this model. Give it more room: --kv-cache-memory on CPU, --gpu-memory-utilization on GPU."
+        )
+    return int(num_blocks)

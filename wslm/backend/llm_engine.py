@@ -1,0 +1,289 @@
+"""LLMEngine: add_request / abort_request / step(). Not thread-safe: one thread owns it (the server's
+engine loop, or LLM.generate)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from wslm import kernels
+from wslm.backend.block_manager import BlockManager
+from wslm.backend.config import EngineConfig
+from wslm.backend.kv_cache import determine_num_blocks
+from wslm.backend.model_loader import iter_weights, load_model_config, load_tokenizer, resolve_model
+from wslm.backend.model_runner import ModelRunner
+from wslm.backend.modeling.llama import LlamaModel
+from wslm.backend.output_processor import OutputProcessor
+from wslm.backend.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from wslm.backend.sampler import Sampler
+from wslm.backend.sampling_params import SamplingParams
+from wslm.backend.scheduler import Scheduler
+from wslm.backend.sequence import Sequence
+from wslm.backend.validation import validate_prompt
+
+logger = logging.getLogger("wslm.engine")
+
+
+@dataclass(slots=True)
+class _Request:
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    seqs: list[Sequence]
+    arrival_time: float
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device='cuda' was asked for but torch sees no CUDA GPU. Run `wslm doctor`.")
+    return device
+
+
+class LLMEngine:
+    def __init__(self, config: EngineConfig) -> None:
+        start = time.monotonic()
+        self.config = config
+        self.device = pick_device(config.device)
+        source = resolve_model(config.model)
+        self.model_name = source.name
+        self.tokenizer = load_tokenizer(source, config.tokenizer, config.trust_remote_code)
+        _, mc = load_model_config(source, self.tokenizer, config.dtype, self.device, config.trust_remote_code)
+        self.model_config = mc
+        logger.info("Loading %s (%s, %s) on %s", source.name, mc.architecture, mc.dtype, self.device)
+        logger.info("Kernels: %s", kernels.backend_description(self.device))
+        model = LlamaModel(mc, self.device)
+        model.load_weights(iter_weights(source, mc.dtype))
+        num_blocks = determine_num_blocks(config, mc, self.device)
+        mc.max_model_len = self._resolve_max_model_len(num_blocks * config.block_size)
+        self.max_model_len = mc.max_model_len
+        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.scheduler = Scheduler(config, self.block_manager)
+        self.runner = ModelRunner(model, config.block_size, num_blocks)
+        self.sampler = Sampler(mc.vocab_size, self.device, config.seed)
+        self.output_processor = OutputProcessor(self.tokenizer, mc.max_model_len)
+        self.chat_template = _read_template(config.chat_template)
+        self.requests: dict[str, _Request] = {}
+        self._pending: list[RequestOutput] = []  # outputs made outside step() (aborts)
+        self._next_seq_id = 0
+        self.prompt_tokens_total = 0
+        self.generation_tokens_total = 0
+        kv_gib = self.runner.kv_pool.numel() * self.runner.kv_pool.element_size() / 2**30
+        logger.info(
+            "KV cache: %d blocks of %d tokens = %d tokens (%.2f GiB); max_model_len %d; "
+            "max concurrent full-length sequences %.1f; prefix caching %s; ready in %.1fs",
+            num_blocks, config.block_size, num_blocks * config.block_size, kv_gib, mc.max_model_len,
+            num_blocks * config.block_size / mc.max_model_len, "on" if config.enable_prefix_caching else "off",
+            time.monotonic() - start,
+        )  # fmt: skip
+
+    def _resolve_max_model_len(self, capacity: int) -> int:
+        model_max = self.model_config.max_position_embeddings
+        asked = self.config.max_model_len
+        if asked is None:
+            if capacity < model_max:
+                logger.info("max_model_len capped at %d tokens: all the KV cache holds", capacity)
+            return min(model_max, capacity)
+        if asked > model_max:
+            raise ValueError(
+                f"max_model_len={asked} is longer than the model's context ({model_max} tokens). "
+                f"Use --max-model-len {model_max} or less."
+            )
+        if asked > capacity:
+            raise ValueError(
+                f"max_model_len={asked} does not fit in the KV cache, which holds {capacity} tokens. Lower "
+                "--max-model-len, or give the cache more memory (--kv-cache-memory on CPU, "
+                "--gpu-memory-utilization on GPU)."
+            )
+        return asked
+
+    # ---- requests ------------------------------------------------------------------------------
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | list[int] | dict,
+        params: SamplingParams | None = None,
+        arrival_time: float | None = None,
+    ) -> None:
+        """Queue a request. Raises ValueError (nothing queued) when the request cannot be served."""
+        params = params or SamplingParams()
+        if request_id in self.requests:
+            raise ValueError(f"Request id {request_id!r} is already in use.")
+        text, ids = validate_prompt(prompt, params, self.tokenizer, self.max_model_len, self.model_config.vocab_size)
+        arrival = time.monotonic() if arrival_time is None else arrival_time
+        seqs = []
+        for i in range(params.n):
+            p = params if params.n == 1 else params.clone(n=1, seed=None if params.seed is None else params.seed + i)
+            seq = Sequence(self._next_seq_id, request_id, i, ids, p, arrival, self.model_config.eos_token_ids)
+            self._next_seq_id += 1
+            if p.seed is not None:
+                seq.generator = torch.Generator(device=self.device)
+                seq.generator.manual_seed(p.seed)
+            self.output_processor.start(seq)
+            seqs.append(seq)
+        # Siblings wait for the first completion's prompt, then share its KV blocks (see step()).
+        seqs[0].pending_forks = seqs[1:]
+        self.requests[request_id] = _Request(request_id, text, ids, seqs, arrival)
+        self.scheduler.add(seqs[0])
+
+    def abort_request(self, request_id: str | list[str]) -> None:
+        ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        for rid in ids:
+            req = self.requests.get(rid)
+            if req is None:
+                continue
+            for seq in req.seqs:
+                if not seq.is_finished:
+                    seq.finish_reason = "abort"
+                    seq.finished_time = time.monotonic()
+                    self.scheduler.finish(seq)
+            self._pending.append(self._request_output(req, req.seqs))
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests) or bool(self._pending)
+
+    # ---- the step ------------------------------------------------------------------------------
+    def step(self) -> list[RequestOutput]:
+        outputs, self._pending = self._pending, []
+        sched = self.scheduler.schedule()
+        if sched.is_empty():
+            return outputs
+        try:
+            logits, sampled = self.runner.execute(sched.scheduled)
+            for seq, n in sched.scheduled:
+                seq.num_computed_tokens += n
+                self.block_manager.cache_full_blocks(seq)
+            if sampled:
+                sampled, logits = self._fork_siblings(sampled, logits)
+                result = self.sampler(logits, sampled)
+        except Exception as exc:  # one broken step must not take the server down
+            logger.exception("Engine step failed")
+            return outputs + self._fail([s for s, _ in sched.scheduled], exc)
+        now = time.monotonic()
+        touched: dict[str, list[Sequence]] = {}
+        for i, seq in enumerate(sampled):
+            if seq.num_output_tokens == 0 and seq.index == 0:
+                self.prompt_tokens_total += seq.num_prompt_tokens
+            if self.output_processor.append_token(seq, result.token_ids[i], result.logprobs[i], now):
+                seq.finished_time = now
+                self.scheduler.finish(seq)
+            touched.setdefault(seq.request_id, []).append(seq)
+        self.generation_tokens_total += len(sampled)
+        for rid, seqs in touched.items():
+            req = self.requests.get(rid)
+            if req is not None:
+                out = self._request_output(req, seqs)
+                if out is not None:
+                    outputs.append(out)
+        return outputs
+
+    def _fork_siblings(self, sampled: list[Sequence], logits: torch.Tensor):
+        """n > 1: after the prompt of the first completion, siblings take its blocks and its logits row."""
+        if not any(s.pending_forks for s in sampled):
+            return sampled, logits
+        rows: list[int] = []
+        seqs: list[Sequence] = []
+        for r, seq in enumerate(sampled):
+            rows.append(r)
+            seqs.append(seq)
+            for child in seq.pending_forks:
+                copies = self.block_manager.fork(seq, child)
+                child.num_cached_tokens = seq.num_cached_tokens
+                child.first_scheduled_time = seq.first_scheduled_time
+                if copies is None:
+                    self.scheduler.add(child)  # no free block: it recomputes (mostly from the prefix cache)
+                    continue
+                self.runner.copy_blocks(copies)
+                self.scheduler.adopt_running(child)
+                rows.append(r)
+                seqs.append(child)
+            seq.pending_forks = []
+        return seqs, logits.index_select(0, torch.tensor(rows, device=logits.device))
+
+    def _fail(self, seqs: list[Sequence], exc: Exception) -> list[RequestOutput]:
+        message = f"The engine failed on this request: {type(exc).__name__}: {exc}"
+        outputs = []
+        for rid in dict.fromkeys(s.request_id for s in seqs):
+            req = self.requests.get(rid)
+            if req is None:
+                continue
+            for seq in req.seqs:
+                if not seq.is_finished:
+                    seq.finish_reason, seq.error = "error", message
+                    seq.finished_time = time.monotonic()
+                    self.scheduler.finish(seq)
+            out = self._request_output(req, req.seqs)
+            out.error = message
+            outputs.append(out)
+        return outputs
+
+    def _request_output(self, req: _Request, seqs: list[Sequence]) -> RequestOutput | None:
+        completions: list[CompletionOutput] = []
+        for seq in seqs:
+            delta = self.output_processor.delta(seq, seq.is_finished)
+            if delta is not None:
+                completions.append(delta)
+        finished = all(s.is_finished for s in req.seqs)
+        if not completions and not finished:
+            return None
+        if finished:
+            self.requests.pop(req.request_id, None)
+        first = req.seqs[0]
+        error = next((s.error for s in req.seqs if s.error), None)
+        return RequestOutput(
+            request_id=req.request_id,
+            prompt=req.prompt,
+            prompt_token_ids=req.prompt_token_ids,
+            outputs=completions,
+            finished=finished,
+            num_cached_tokens=max(first.num_cached_tokens, 0),
+            metrics=RequestMetrics(
+                arrival_time=req.arrival_time,
+                first_scheduled_time=first.first_scheduled_time,
+                first_token_time=min((s.first_token_time for s in req.seqs if s.first_token_time), default=None),
+                finished_time=max((s.finished_time or 0.0 for s in req.seqs), default=None) if finished else None,
+            ),
+            error=error,
+        )
+
+    # ---- chat and stats ------------------------------------------------------------------------
+    def apply_chat_template(
+        self, messages: list[dict], chat_template: str | None = None, add_generation_prompt: bool = True
+    ) -> list[int]:
+        from wslm.backend.chat import render_chat
+
+        template = _read_template(chat_template) or self.chat_template
+        return render_chat(self.tokenizer, messages, template, add_generation_prompt, self.model_name)
+
+    def get_stats(self) -> dict:
+        bm = self.block_manager
+        return {
+            "num_requests_running": len({s.request_id for s in self.scheduler.running}),
+            "num_requests_waiting": len({s.request_id for s in self.scheduler.waiting}),
+            "kv_cache_usage": bm.usage(),
+            "num_blocks": bm.num_blocks,
+            "num_free_blocks": bm.num_free_blocks,
+            "prefix_cache_queries": bm.prefix_queries,
+            "prefix_cache_hits": bm.prefix_hits,
+            "prompt_tokens_total": self.prompt_tokens_total,
+            "generation_tokens_total": self.generation_tokens_total,
+            "num_preemptions_total": self.scheduler.num_preemptions,
+        }
+
+
+def _read_template(value: str | None) -> str | None:
+    """A chat template given inline, or as a path to a Jinja file."""
+    if not value:
+        return None
+    if "{" not in value and len(value) < 4096:
+        path = Path(value).expanduser()
+        if path.is_file():
+            return path.read_text(encoding="utf-8")
+        raise FileNotFoundError(f"Chat template file {value} not found (give a Jinja file or the template text).")
+    return value

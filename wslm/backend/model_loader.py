@@ -1,0 +1,234 @@
+"""Finds a model (demo, HF folder, .gguf file, HF cache repo id, `wslm models` id), reads its config and
+tokenizer, and loads its weights into our own model code."""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from wslm.backend.modeling import GGUF_ARCHITECTURES, SUPPORTED_ARCHITECTURES, unsupported_message
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class ModelConfig:
+    """The handful of architecture facts our model code needs, read from any source format."""
+
+    name: str
+    path: str
+    architecture: str
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    rms_norm_eps: float
+    rope_theta: float
+    rope_scaling: dict | None
+    max_position_embeddings: int
+    tie_word_embeddings: bool
+    qkv_bias: bool
+    eos_token_ids: frozenset[int]
+    dtype: torch.dtype
+    max_model_len: int = 0  # resolved by the engine
+
+    def kv_bytes_per_token(self, dtype: torch.dtype | None = None) -> int:
+        elem = torch.empty(0, dtype=dtype or self.dtype).element_size()
+        return 2 * self.num_layers * self.num_kv_heads * self.head_dim * elem
+
+
+@dataclass(slots=True)
+class ModelSource:
+    name: str  # what the user asked for
+    folder: Path  # a folder with config.json + weights, or the folder holding the gguf file
+    gguf_file: str | None = None
+
+
+def resolve_model(model: str) -> ModelSource:
+    """Turn what the user typed into files on disk, or raise FileNotFoundError saying what to do."""
+    from wslm.demo import demo_model_path, is_demo
+
+    if is_demo(model):
+        path = demo_model_path()
+        return ModelSource("demo", path.parent, path.name)
+    path = Path(model).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return ModelSource(model, path.parent, path.name)
+    if path.is_dir():
+        if (path / "config.json").is_file():
+            return ModelSource(model, path)
+        ggufs = sorted(path.glob("*.gguf"))
+        if len(ggufs) == 1:
+            return ModelSource(model, path, ggufs[0].name)
+        raise FileNotFoundError(
+            f"{path} is neither a Hugging Face model folder (no config.json) nor a folder with one .gguf file."
+        )
+    if path.exists():
+        raise FileNotFoundError(f"{path} is not a model: give a model folder or a .gguf file.")
+    found = _resolve_by_name(model)
+    if found is not None:
+        return resolve_model(str(found))
+    raise FileNotFoundError(
+        f"Model {model!r} was not found: not a path, not in `wslm models list`, not in the local Hugging Face "
+        f"cache. Download it with `wslm models pull {model}`, or pass a model folder or .gguf file."
+    )
+
+
+def _resolve_by_name(name: str) -> Path | None:
+    try:
+        from wslm.backend.hub.catalog import resolve_model as catalog_resolve
+    except ImportError:
+        catalog_resolve = None
+    if catalog_resolve is not None:
+        found = catalog_resolve(name)
+        if found is not None:
+            return Path(found)
+    if name.count("/") == 1:
+        try:
+            from huggingface_hub import snapshot_download
+
+            return Path(snapshot_download(name, local_files_only=True))
+        except Exception:  # not in the cache: the caller raises the user-facing error
+            return None
+    return None
+
+
+def _read_hf_config(source: ModelSource, trust_remote_code: bool):
+    from transformers import AutoConfig
+
+    kwargs = {"gguf_file": source.gguf_file} if source.gguf_file else {}
+    return AutoConfig.from_pretrained(str(source.folder), trust_remote_code=trust_remote_code, **kwargs)
+
+
+def load_tokenizer(source: ModelSource, tokenizer: str | None = None, trust_remote_code: bool = False):
+    from transformers import AutoTokenizer
+
+    if tokenizer:
+        return AutoTokenizer.from_pretrained(tokenizer, trust_remote_code=trust_remote_code)
+    kwargs = {"gguf_file": source.gguf_file} if source.gguf_file else {}
+    return AutoTokenizer.from_pretrained(str(source.folder), trust_remote_code=trust_remote_code, **kwargs)
+
+
+def _rope_settings(hf_config) -> tuple[float, dict | None]:
+    # transformers 5 folds rope_theta and rope_scaling into rope_parameters; 4.x keeps them apart.
+    params = dict(getattr(hf_config, "rope_parameters", None) or {})
+    scaling = getattr(hf_config, "rope_scaling", None)
+    if isinstance(scaling, dict):
+        params = {**scaling, **params}
+    theta = float(params.pop("rope_theta", None) or getattr(hf_config, "rope_theta", None) or 10000.0)
+    rope_type = params.get("rope_type") or params.get("type") or "default"
+    if rope_type == "default":
+        return theta, None
+    params["rope_type"] = rope_type
+    return theta, params
+
+
+def _eos_ids(source: ModelSource, hf_config, tokenizer) -> frozenset[int]:
+    ids: set[int] = set()
+
+    def add(value) -> None:
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, (list, tuple)):
+            ids.update(v for v in value if isinstance(v, int))
+
+    add(getattr(hf_config, "eos_token_id", None))
+    add(getattr(tokenizer, "eos_token_id", None))
+    gen_cfg = source.folder / "generation_config.json"
+    if not source.gguf_file and gen_cfg.is_file():
+        add(json.loads(gen_cfg.read_text()).get("eos_token_id"))
+    return frozenset(ids)
+
+
+def resolve_dtype(requested: str, hf_config, device: torch.device) -> torch.dtype:
+    names = {
+        "float32": torch.float32, "float": torch.float32, "fp32": torch.float32,
+        "float16": torch.float16, "half": torch.float16, "fp16": torch.float16,
+        "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    }  # fmt: skip
+    if requested != "auto":
+        return names[requested]
+    if device.type == "cpu":
+        return torch.float32  # CPU half-precision matmuls are slow without AMX
+    cfg = getattr(hf_config, "torch_dtype", None) or getattr(hf_config, "dtype", None)
+    cfg = names.get(str(cfg).removeprefix("torch."), torch.float32) if cfg is not None else torch.float32
+    if cfg == torch.float32:
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return cfg
+
+
+def load_model_config(source: ModelSource, tokenizer, dtype: str, device: torch.device, trust_remote_code=False):
+    hf_config = _read_hf_config(source, trust_remote_code)
+    archs = list(getattr(hf_config, "architectures", None) or [])
+    if not archs:
+        model_type = getattr(hf_config, "model_type", "")
+        archs = [GGUF_ARCHITECTURES.get(model_type, model_type or "unknown")]
+    arch = archs[0]
+    if arch not in SUPPORTED_ARCHITECTURES:
+        raise ValueError(unsupported_message(arch))
+    num_heads = hf_config.num_attention_heads
+    head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // num_heads
+    theta, scaling = _rope_settings(hf_config)
+    return hf_config, ModelConfig(
+        name=source.name,
+        path=str(source.folder / source.gguf_file) if source.gguf_file else str(source.folder),
+        architecture=arch,
+        hidden_size=hf_config.hidden_size,
+        num_layers=hf_config.num_hidden_layers,
+        num_heads=num_heads,
+        num_kv_heads=getattr(hf_config, "num_key_value_heads", None) or num_heads,
+        head_dim=head_dim,
+        intermediate_size=hf_config.intermediate_size,
+        vocab_size=hf_config.vocab_size,
+        rms_norm_eps=float(hf_config.rms_norm_eps),
+        rope_theta=theta,
+        rope_scaling=scaling,
+        max_position_embeddings=int(getattr(hf_config, "max_position_embeddings", 4096) or 4096),
+        tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
+        qkv_bias=SUPPORTED_ARCHITECTURES[arch]["qkv_bias"] or bool(getattr(hf_config, "attention_bias", False)),
+        eos_token_ids=_eos_ids(source, hf_config, tokenizer),
+        dtype=resolve_dtype(dtype, hf_config, device),
+    )
+
+
+def iter_weights(source: ModelSource, dtype: torch.dtype):
+    """Yield (hf_name, tensor) for every weight, one file at a time to keep peak memory low."""
+    if source.gguf_file:
+        yield from _iter_gguf_weights(source, dtype)
+        return
+    files = sorted(source.folder.glob("*.safetensors"))
+    if files:
+        from safetensors import safe_open
+
+        for file in files:
+            with safe_open(str(file), framework="pt") as f:
+                for name in f.keys():
+                    yield name, f.get_tensor(name)
+        return
+    bins = sorted(source.folder.glob("pytorch_model*.bin"))
+    if not bins:
+        raise FileNotFoundError(f"No weights (*.safetensors or pytorch_model*.bin) in {source.folder}.")
+    for file in bins:
+        yield from torch.load(str(file), map_location="cpu", weights_only=True).items()
+
+
+def _iter_gguf_weights(source: ModelSource, dtype: torch.dtype):
+    # transformers knows how to dequantize GGUF and undo llama.cpp's q/k permutation; we borrow its
+    # loader once and keep only the tensors.
+    from transformers import AutoModelForCausalLM
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_model = AutoModelForCausalLM.from_pretrained(
+        str(source.folder), gguf_file=source.gguf_file, dtype=dtype, low_cpu_mem_usage=True
+    )
+    state = hf_model.state_dict()
+    del hf_model
+    yield from state.items()
