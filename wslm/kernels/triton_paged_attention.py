@@ -1,0 +1,307 @@
+"""Triton paged attention: one FlashAttention-2 style kernel for any mix of prefill, prefill on a cached
+prefix and decode, and a split-KV (flash-decoding) kernel with a reduce pass when every query length is 1.
+
+Both read K/V straight from the paged cache: a tile of BLOCK_N key positions looks up each position's
+physical block in the block table, so tiles need not match the cache's block size. Softmax is online in
+base 2 (scale folded into log2 e) with fp32 statistics and accumulators; fp16/bf16 inputs go through
+tl.dot with fp32 accumulation. Imported only when the triton backend runs (wslm.kernels.dispatch)."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2E = 1.4426950408889634
+
+
+@triton.jit
+def _load_kv_tile(
+    cache_ptr, block_table_row, offs_n, offs_d, n_mask, d_mask,
+    stride_b, stride_s, kv_head_off,
+    BLOCK_SIZE: tl.constexpr,
+):
+    """[BLOCK_N, HEAD_DIM_PAD] keys or values at logical positions offs_n of one sequence and KV head."""
+    phys = tl.load(block_table_row + offs_n // BLOCK_SIZE, mask=n_mask, other=0).to(tl.int64)
+    rows = phys * stride_b + (offs_n % BLOCK_SIZE) * stride_s + kv_head_off
+    return tl.load(cache_ptr + rows[:, None] + offs_d[None, :], mask=n_mask[:, None] & d_mask[None, :], other=0.0)
+
+
+@triton.jit
+def _attend_tile(
+    acc, m_i, l_i, q, start_n,
+    k_cache_ptr, v_cache_ptr, block_table_row, offs_d, d_mask, q_pos, kv_end,
+    stride_kb, stride_ks, k_head_off, stride_vb, stride_vs, v_head_off,
+    scale_log2,
+    BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr,
+):
+    """One online-softmax step of query rows q [M, D] over keys start_n .. start_n + BLOCK_N.
+    MASK: 0 every key visible (interior tiles), 1 keys below kv_end, 2 also causal (key <= q_pos)."""
+    offs_n = start_n + tl.arange(0, BLOCK_N)
+    n_mask = offs_n < kv_end
+    k = _load_kv_tile(k_cache_ptr, block_table_row, offs_n, offs_d, n_mask, d_mask,
+                      stride_kb, stride_ks, k_head_off, BLOCK_SIZE)
+    v = _load_kv_tile(v_cache_ptr, block_table_row, offs_n, offs_d, n_mask, d_mask,
+                      stride_vb, stride_vs, v_head_off, BLOCK_SIZE)
+    s = tl.dot(q, tl.trans(k)) * scale_log2  # [M, BLOCK_N], log2 domain
+    if MASK == 2:
+        s = tl.where((offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :], s, float("-inf"))
+    elif MASK == 1:
+        s = tl.where(n_mask[None, :], s, float("-inf"))
+    m_new = tl.maximum(m_i, tl.max(s, 1))
+    m_safe = tl.where(m_new == float("-inf"), 0.0, m_new)  # rows that have seen nothing yet stay at 0
+    alpha = tl.exp2(m_i - m_safe)
+    p = tl.exp2(s - m_safe[:, None])
+    l_i = l_i * alpha + tl.sum(p, 1)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    return acc, m_new, l_i
+
+
+@triton.jit
+def _prefill_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
+    block_tables_ptr, cu_seqlens_q_ptr, seq_lens_ptr,
+    scale_log2,
+    stride_qt, stride_qh, stride_ot, stride_oh,
+    stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+    stride_bt,
+    NUM_GROUPS: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+):
+    """grid (num_seqs, cdiv(max_q_len, BLOCK_M), num_heads): BLOCK_M query tokens of one head."""
+    seq = tl.program_id(0)
+    m_block = tl.program_id(1)
+    head = tl.program_id(2)
+    kv_head = head // NUM_GROUPS
+    q_start = tl.load(cu_seqlens_q_ptr + seq)
+    q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
+    m0 = m_block * BLOCK_M
+    if m0 >= q_len:
+        return
+    kv_len = tl.load(seq_lens_ptr + seq)
+    ctx = kv_len - q_len  # cached prefix: query m sits at position ctx + m
+
+    offs_m = m0 + tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    m_mask = offs_m < q_len
+    d_mask = offs_d < HEAD_DIM
+    q_rows = (q_start + offs_m).to(tl.int64)
+    q = tl.load(q_ptr + q_rows[:, None] * stride_qt + head * stride_qh + offs_d[None, :],
+                mask=m_mask[:, None] & d_mask[None, :], other=0.0)
+    q_pos = ctx + offs_m
+
+    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    l_i = tl.zeros([BLOCK_M], tl.float32)
+    acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
+    block_table_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    k_head_off = kv_head * stride_kh
+    v_head_off = kv_head * stride_vh
+
+    # Keys below ctx + m0 + 1 are visible to every row of this tile: no causal mask there.
+    full_end = ((ctx + m0 + 1) // BLOCK_N) * BLOCK_N
+    for start_n in range(0, full_end, BLOCK_N):
+        acc, m_i, l_i = _attend_tile(
+            acc, m_i, l_i, q, start_n, k_cache_ptr, v_cache_ptr, block_table_row, offs_d, d_mask,
+            q_pos, kv_len, stride_kb, stride_ks, k_head_off, stride_vb, stride_vs, v_head_off,
+            scale_log2, BLOCK_SIZE, BLOCK_N, 0,
+        )
+    kv_end = tl.minimum(kv_len, ctx + m0 + BLOCK_M)
+    for start_n in range(full_end, kv_end, BLOCK_N):
+        acc, m_i, l_i = _attend_tile(
+            acc, m_i, l_i, q, start_n, k_cache_ptr, v_cache_ptr, block_table_row, offs_d, d_mask,
+            q_pos, kv_len, stride_kb, stride_ks, k_head_off, stride_vb, stride_vs, v_head_off,
+            scale_log2, BLOCK_SIZE, BLOCK_N, 2,
+        )
+    acc = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
+    tl.store(out_ptr + q_rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
+             acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
+
+
+@triton.jit
+def _decode_kernel(
+    q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_out_ptr, part_lse_ptr,
+    block_tables_ptr, seq_lens_ptr,
+    scale_log2, partition_size,
+    stride_qt, stride_qh, stride_ot, stride_oh,
+    stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
+    stride_bt, stride_ps, stride_ph,
+    NUM_GROUPS: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
+    SINGLE_PARTITION: tl.constexpr,
+):
+    """grid (num_seqs, num_kv_heads, num_partitions): every query head of one KV head (GQA group) over
+    one partition of the sequence's keys, so each K/V byte is read once per group. With one partition
+    it writes the output; otherwise the normalised partial output and its log2-sum-exp for the reduce."""
+    seq = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    part = tl.program_id(2)
+    kv_len = tl.load(seq_lens_ptr + seq)
+    start = part * partition_size
+    if start >= kv_len:
+        return
+    end = tl.minimum(start + partition_size, kv_len)
+
+    offs_g = tl.arange(0, GROUP_PAD)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    g_mask = offs_g < NUM_GROUPS
+    d_mask = offs_d < HEAD_DIM
+    heads = kv_head * NUM_GROUPS + offs_g
+    q = tl.load(q_ptr + seq.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
+                mask=g_mask[:, None] & d_mask[None, :], other=0.0)
+    m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
+    l_i = tl.zeros([GROUP_PAD], tl.float32)
+    acc = tl.zeros([GROUP_PAD, HEAD_DIM_PAD], tl.float32)
+    block_table_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
+    for start_n in range(start, end, BLOCK_N):
+        acc, m_i, l_i = _attend_tile(
+            acc, m_i, l_i, q, start_n, k_cache_ptr, v_cache_ptr, block_table_row, offs_d, d_mask,
+            offs_g, end, stride_kb, stride_ks, kv_head * stride_kh, stride_vb, stride_vs,
+            kv_head * stride_vh, scale_log2, BLOCK_SIZE, BLOCK_N, 1,
+        )
+    acc = acc / l_i[:, None]
+    mask = g_mask[:, None] & d_mask[None, :]
+    if SINGLE_PARTITION:
+        tl.store(out_ptr + seq.to(tl.int64) * stride_ot + heads[:, None] * stride_oh + offs_d[None, :],
+                 acc.to(out_ptr.dtype.element_ty), mask=mask)
+    else:
+        base = seq.to(tl.int64) * stride_ps + heads * stride_ph + part  # part_lse [B, H, P]
+        tl.store(part_lse_ptr + base, m_i + tl.log2(l_i), mask=g_mask)
+        tl.store(part_out_ptr + base[:, None] * HEAD_DIM_PAD + offs_d[None, :], acc, mask=mask)
+
+
+@triton.jit
+def _decode_reduce_kernel(
+    out_ptr, part_out_ptr, part_lse_ptr, seq_lens_ptr,
+    partition_size, stride_ot, stride_oh, stride_ps, stride_ph,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, PARTS_PAD: tl.constexpr,
+):
+    """grid (num_seqs, num_heads): merges the partitions' partial outputs by their log-sum-exp."""
+    seq = tl.program_id(0)
+    head = tl.program_id(1)
+    kv_len = tl.load(seq_lens_ptr + seq)
+    num_parts = tl.cdiv(kv_len, partition_size)
+    offs_p = tl.arange(0, PARTS_PAD)
+    offs_d = tl.arange(0, HEAD_DIM_PAD)
+    p_mask = offs_p < num_parts
+    base = seq.to(tl.int64) * stride_ps + head * stride_ph + offs_p
+    lse = tl.load(part_lse_ptr + base, mask=p_mask, other=float("-inf"))
+    w = tl.exp2(lse - tl.max(lse, 0))
+    w = tl.where(p_mask, w, 0.0)
+    parts = tl.load(part_out_ptr + base[:, None] * HEAD_DIM_PAD + offs_d[None, :],
+                    mask=p_mask[:, None], other=0.0)
+    o = tl.sum(parts * w[:, None], 0) / tl.sum(w, 0)
+    tl.store(out_ptr + seq.to(tl.int64) * stride_ot + head * stride_oh + offs_d, o.to(out_ptr.dtype.element_ty),
+             mask=offs_d < HEAD_DIM)
+
+
+def _num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 8  # the interpreter: keep grids small
+
+
+def _check(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, out) -> None:
+    if q.dim() != 3 or k_cache.dim() != 4 or v_cache.shape != k_cache.shape:
+        raise ValueError(
+            f"paged_attention wants q [T, H, D] and caches [blocks, block_size, Hkv, D]; got q "
+            f"{tuple(q.shape)}, k_cache {tuple(k_cache.shape)}, v_cache {tuple(v_cache.shape)}"
+        )
+    if q.shape[2] != k_cache.shape[3] or q.shape[1] % k_cache.shape[2]:
+        raise ValueError(
+            f"paged_attention: head_dim {q.shape[2]} vs {k_cache.shape[3]}, or {q.shape[1]} query heads "
+            f"not a multiple of {k_cache.shape[2]} KV heads"
+        )
+    if q.stride(2) != 1 or k_cache.stride(3) != 1 or v_cache.stride(3) != 1 or out.stride(2) != 1:
+        raise ValueError("paged_attention (triton): the head_dim axis of q, out and the caches must be contiguous")
+    for name, t in (("block_tables", block_tables), ("cu_seqlens_q", cu_seqlens_q), ("seq_lens", seq_lens)):
+        if t.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"paged_attention: {name} must be int32, got {t.dtype}")
+    if block_tables.stride(-1) != 1:
+        raise ValueError("paged_attention (triton): block_tables rows must be contiguous")
+
+
+def paged_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    cu_seqlens_q: torch.Tensor,
+    seq_lens: torch.Tensor,
+    scale: float,
+    out: torch.Tensor | None = None,
+    *,
+    max_seqlen_q: int | None = None,
+    max_seqlen_k: int | None = None,
+    partition_size: int | None = None,
+) -> torch.Tensor:
+    """See wslm.kernels.paged_attention. partition_size (a multiple of 64) forces the decode split."""
+    if out is None:
+        out = torch.empty_like(q)
+    _check(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, out)
+    num_tokens, num_heads, head_dim = q.shape
+    num_seqs = seq_lens.shape[0]
+    if num_tokens == 0 or num_seqs == 0:
+        return out
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    groups = num_heads // num_kv_heads
+    head_dim_pad = triton.next_power_of_2(head_dim)
+    scale_log2 = float(scale) * LOG2E
+    common_strides = (
+        q.stride(0), q.stride(1), out.stride(0), out.stride(1),
+        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+        block_tables.stride(0),
+    )
+    num_warps = 4 if head_dim_pad <= 64 else 8
+
+    if num_tokens == num_seqs:  # one query token per sequence: decode
+        block_n = 64
+        max_len = max_seqlen_k if max_seqlen_k is not None else block_tables.shape[1] * block_size
+        if partition_size is None:
+            programs = num_seqs * num_kv_heads
+            target = 2 * _num_sms(q.device)
+            splits = min(-(-target // programs), -(-max_len // 256)) if programs < target else 1
+            partition_size = -(-max(1, -(-max_len // max(splits, 1))) // block_n) * block_n
+        elif partition_size % block_n:
+            raise ValueError(f"partition_size must be a multiple of {block_n}, got {partition_size}")
+        num_parts = max(1, -(-max_len // partition_size))
+        single = num_parts == 1
+        if single:
+            partition_size = 1 << 30  # the whole sequence, whatever its length
+            part_out = part_lse = out  # unused
+            stride_ps = stride_ph = 0
+        else:
+            part_lse = torch.empty(num_seqs, num_heads, num_parts, device=q.device, dtype=torch.float32)
+            part_out = torch.empty(num_seqs, num_heads, num_parts, head_dim_pad, device=q.device,
+                                   dtype=torch.float32)
+            stride_ps, stride_ph = part_lse.stride(0), part_lse.stride(1)
+        _decode_kernel[(num_seqs, num_kv_heads, num_parts)](
+            q, k_cache, v_cache, out, part_out, part_lse, block_tables, seq_lens,
+            scale_log2, partition_size, *common_strides, stride_ps, stride_ph,
+            NUM_GROUPS=groups, GROUP_PAD=max(16, triton.next_power_of_2(groups)), BLOCK_SIZE=block_size,
+            HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_N=block_n, SINGLE_PARTITION=single,
+            num_warps=4, num_stages=2,
+        )
+        if not single:
+            _decode_reduce_kernel[(num_seqs, num_heads)](
+                out, part_out, part_lse, seq_lens, partition_size,
+                out.stride(0), out.stride(1), stride_ps, stride_ph,
+                HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, PARTS_PAD=triton.next_power_of_2(num_parts),
+                num_warps=4,
+            )
+        return out
+
+    if max_seqlen_q is None:
+        max_seqlen_q = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())  # a device sync
+    block_m = 64 if max_seqlen_q > 16 else 16
+    block_n = 64
+    grid = (num_seqs, math.ceil(max_seqlen_q / block_m), num_heads)
+    _prefill_kernel[grid](
+        q, k_cache, v_cache, out, block_tables, cu_seqlens_q, seq_lens, scale_log2, *common_strides,
+        NUM_GROUPS=groups, BLOCK_SIZE=block_size, HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
+        BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps, num_stages=2,
+    )
+    return out
