@@ -1,4 +1,39 @@
 import os
+import sys
+from pathlib import Path
 
-# Qt tests run without a display; the kernels tests run Triton's interpreter on CPU tensors.
+import pytest
+
+# Qt tests run without a display.
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+sys.path.insert(0, str(Path(__file__).parent))
+
+
+@pytest.fixture(scope="session")
+def demo_llm():
+    """One engine on the demo model for the whole session (loading takes a while on 2 cores)."""
+    from wslm.backend import LLM
+
+    return LLM("demo", kv_cache_memory=256 << 20, max_model_len=2048, max_num_seqs=32)
+
+
+@pytest.fixture(scope="session")
+def demo_hf_model():
+    from transformers import AutoModelForCausalLM
+
+    from wslm.demo import demo_model_path
+
+    path = demo_model_path()
+    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name)
+    return model.eval()
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory):
+    """{"llama": folder, "qwen2": folder}: tiny random-weight HF checkpoints with the demo tokenizer."""
+    from engine_helpers import demo_tokenizer, make_tiny_model
+
+    tok = demo_tokenizer()
+    root = tmp_path_factory.mktemp("tiny")
+    return {arch: make_tiny_model(root / arch, arch, tok, seed=i) for i, arch in enumerate(["llama", "qwen2"])}

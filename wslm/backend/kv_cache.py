@@ -13,7 +13,7 @@ from wslm.backend.model_loader import ModelConfig
 
 logger = logging.getLogger(__name__)
 
-_CPU_DEFAULT_CAP = 4 << 30  # a CPU box rarely benefits from more: batches are compute-bound long before
+_CPU_DEFAULT_CAP = 2 << 30  # a CPU box rarely benefits from more: batches are compute-bound long before
 _CPU_MIN = 64 << 20
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
@@ -40,7 +40,7 @@ def _cpu_budget(config: EngineConfig) -> int:
         available = psutil.virtual_memory().available
     except ImportError:
         available = 8 << 30
-    return max(_CPU_MIN, min(_CPU_DEFAULT_CAP, int(available * 0.25)))
+    return max(_CPU_MIN, min(_CPU_DEFAULT_CAP, int(available * 0.2)))
 
 
 def _cuda_budget(config: EngineConfig, mc: ModelConfig, device: torch.device) -> int:

@@ -1,0 +1,53 @@
+"""Greedy output must be token-identical to HF transformers' generate."""
+
+import pytest
+from engine_helpers import hf_greedy
+
+from wslm.backend import LLM, SamplingParams
+
+CHATS = [
+    [{"role": "user", "content": "What is the capital of France?"}],
+    [{"role": "system", "content": "You answer in one short sentence."},
+     {"role": "user", "content": "Why is the sky blue?"}],
+]  # fmt: skip
+
+
+def test_demo_model_matches_hf(demo_llm, demo_hf_model):
+    tok = demo_llm.get_tokenizer()
+    engine = demo_llm.llm_engine
+    prompts = [engine.apply_chat_template(c) for c in CHATS]
+    outs = demo_llm.generate(
+        [{"prompt_token_ids": p} for p in prompts], SamplingParams(temperature=0, max_tokens=20)
+    )
+    for prompt, out in zip(prompts, outs):
+        expected = hf_greedy(demo_hf_model, tok, prompt, 20)
+        assert out.outputs[0].token_ids == expected
+        assert out.outputs[0].text == tok.decode(expected, skip_special_tokens=True)
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_tiny_random_models_match_hf(tiny_models, arch):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder = tiny_models[arch]
+    hf = AutoModelForCausalLM.from_pretrained(folder).eval()
+    tok = AutoTokenizer.from_pretrained(folder)
+    llm = LLM(str(folder), kv_cache_memory=16 << 20, block_size=16)
+    prompts = ["Hello there, how are you today?", "A", "The quick brown fox jumps over the lazy dog " * 3]
+    ids = [tok.encode(p) for p in prompts]
+    outs = llm.generate([{"prompt_token_ids": i} for i in ids], SamplingParams(temperature=0, max_tokens=24))
+    for prompt_ids, out in zip(ids, outs):
+        assert out.outputs[0].token_ids == hf_greedy(hf, tok, prompt_ids, 24)
+
+
+def test_unsupported_architecture_is_named(tmp_path):
+    import json
+
+    (tmp_path / "config.json").write_text(json.dumps({"architectures": ["GPT2LMHeadModel"], "model_type": "gpt2"}))
+    with pytest.raises(ValueError, match="GPT2LMHeadModel.*Supported: LlamaForCausalLM"):
+        LLM(str(tmp_path))
+
+
+def test_missing_model_says_how_to_get_it():
+    with pytest.raises(FileNotFoundError, match="wslm models pull"):
+        LLM("no-such-org/no-such-model")
