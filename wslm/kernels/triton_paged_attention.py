@@ -259,7 +259,8 @@ def paged_attention(
 
     if num_tokens == num_seqs:  # one query token per sequence: decode
         block_n = 64
-        max_len = max_seqlen_k if max_seqlen_k is not None else block_tables.shape[1] * block_size
+        # An upper bound on every seq_len; the block table's width always is one (0/None: unknown).
+        max_len = max_seqlen_k if max_seqlen_k else block_tables.shape[1] * block_size
         if partition_size is None:
             programs = num_seqs * num_kv_heads
             target = 2 * _num_sms(q.device)
@@ -294,7 +295,7 @@ def paged_attention(
             )
         return out
 
-    if max_seqlen_q is None:
+    if not max_seqlen_q:
         max_seqlen_q = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())  # a device sync
     block_m = 64 if max_seqlen_q > 16 else 16
     block_n = 64
