@@ -1,0 +1,48 @@
+"""`wslm serve`: the OpenAI-compatible server, with `vllm serve`'s flag names. Heavy imports stay in the
+handler so that other subcommands do not pay for torch/fastapi."""
+
+from __future__ import annotations
+
+import argparse
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    p = subparsers.add_parser(
+        "serve",
+        help="run the OpenAI-compatible API server",
+        description="Serve a model over an OpenAI-compatible HTTP API (flags as in `vllm serve`). Prints JSON "
+        'lines on stdout: {"event": "loading"}, then {"event": "ready", "url": ...} or {"event": "error"}.',
+    )
+    p.add_argument("model_tag", nargs="?", default=None, help="the model (same as --model, as in `vllm serve MODEL`)")
+    p.add_argument("--model", default=None, help='"demo" (default), a HF folder, a .gguf file or a model id')
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000; 0 picks a free one)")
+    p.add_argument("--api-key", default=None,
+                   help="require `Authorization: Bearer KEY` on /v1/* (default: $WSLM_API_KEY)")
+    p.add_argument("--served-model-name", nargs="+", default=None,
+                   help="model name(s) in the API (default: the --model value); the first is reported")
+    p.add_argument("--max-model-len", default=None, help="context length in tokens (e.g. 4096 or 4k)")
+    p.add_argument("--max-num-seqs", type=int, default=None, help="most sequences in one batch")
+    p.add_argument("--max-num-batched-tokens", type=int, default=None, help="token budget per step")
+    p.add_argument("--block-size", type=int, default=16, help="KV-cache block size in tokens")
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="CUDA: share of the GPU to use")
+    p.add_argument("--kv-cache-memory", default=None, help="KV-cache size: bytes, or like 4GiB / 512MiB")
+    p.add_argument("--dtype", default="auto", help="auto, float32, float16 or bfloat16")
+    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
+    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, help="only 1 is supported for now")
+    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
+                   help="reuse the KV cache of shared prompt prefixes (default: on)")
+    p.add_argument("--chat-template", default=None, help="a Jinja chat template, or a path to one")
+    p.add_argument("--seed", type=int, default=0, help="random seed")
+    p.add_argument("--shutdown-timeout", type=float, default=5.0,
+                   help="seconds running requests get to finish after SIGTERM/SIGINT (default 5)")
+    p.add_argument("--uvicorn-log-level", default="info",
+                   choices=["critical", "error", "warning", "info", "debug", "trace"], help="uvicorn's log level")
+    p.set_defaults(func=_serve)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from wslm.backend.server.launcher import run
+
+    args.model = args.model or args.model_tag or "demo"
+    return run(args)

@@ -1,0 +1,142 @@
+"""The FastAPI app: routes, API-key check on /v1/*, and errors in OpenAI's shape everywhere
+(400 instead of FastAPI's 422, no tracebacks in responses)."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from wslm import __version__
+from wslm.backend.server import serving_chat, serving_completion, serving_tokens
+from wslm.backend.server.errors import APIError, http_status_error, internal_error
+from wslm.backend.server.serving_base import ServerState
+
+log = logging.getLogger("wslm.server")
+
+Handler = Callable[[ServerState, Request], Awaitable[Response]]
+
+
+def build_app(state: ServerState) -> FastAPI:
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):
+        state.engine.start(asyncio.get_running_loop())
+        try:
+            yield
+        finally:
+            state.engine.stop()
+
+    app = FastAPI(title="wslm", version=__version__, lifespan=lifespan, docs_url="/docs", redoc_url=None)
+    app.state.wslm = state
+
+    def route(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+        async def endpoint(request: Request) -> Response:
+            try:
+                return await handler(state, request)
+            except APIError as exc:
+                return exc.response()
+            except Exception as exc:  # noqa: BLE001 - a 500 with a message; the server keeps serving
+                log.exception("%s %s failed", request.method, request.url.path)
+                return internal_error(exc).response()
+
+        endpoint.__name__ = handler.__name__
+        return endpoint
+
+    app.add_api_route("/v1/chat/completions", route(serving_chat.create_chat_completion), methods=["POST"])
+    app.add_api_route("/v1/completions", route(serving_completion.create_completion), methods=["POST"])
+    app.add_api_route("/tokenize", route(serving_tokens.tokenize), methods=["POST"])
+    app.add_api_route("/detokenize", route(serving_tokens.detokenize), methods=["POST"])
+    app.add_api_route("/v1/models", route(_list_models), methods=["GET"])
+    app.add_api_route("/v1/models/{model_id:path}", route(_get_model), methods=["GET"])
+    app.add_api_route("/health", route(_health), methods=["GET"])
+    app.add_api_route("/version", route(_version), methods=["GET"])
+    app.add_api_route("/metrics", route(_metrics), methods=["GET"])
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        return http_status_error(exc.status_code, exc.detail).response()
+
+    @app.exception_handler(APIError)
+    async def _api_error(request: Request, exc: APIError) -> Response:
+        return exc.response()
+
+    if state.api_key:
+        app.add_middleware(APIKeyMiddleware, api_key=state.api_key)
+    return app
+
+
+class APIKeyMiddleware:
+    """401 on /v1/* without `Authorization: Bearer <key>`; /health, /metrics, /version stay open (as vLLM)."""
+
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app = app
+        self.key = api_key.encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] == "OPTIONS" or not scope["path"].startswith("/v1"):
+            await self.app(scope, receive, send)
+            return
+        given = b""
+        for name, value in scope["headers"]:
+            if name == b"authorization":
+                scheme, _, token = value.partition(b" ")
+                if scheme.lower() == b"bearer":
+                    given = token.strip()
+                break
+        if hmac.compare_digest(given, self.key):  # constant time: the key cannot be guessed byte by byte
+            await self.app(scope, receive, send)
+            return
+        why = "No API key was provided" if not given else "Incorrect API key provided"
+        error = APIError(f"{why}. Send it as `Authorization: Bearer <key>` (the key the server was started "
+                         "with: --api-key or WSLM_API_KEY).", 401, code="invalid_api_key")
+        await error.response()(scope, receive, send)
+
+
+def _model_card(state: ServerState, name: str) -> dict:
+    return {
+        "id": name,
+        "object": "model",
+        "created": _STARTED,
+        "owned_by": "wslm",
+        "root": state.model_path or name,
+        "parent": None,
+        "max_model_len": state.max_model_len,
+    }
+
+
+_STARTED = int(time.time())
+
+
+async def _list_models(state: ServerState, request: Request) -> Response:
+    return JSONResponse({"object": "list", "data": [_model_card(state, n) for n in state.served_model_names]})
+
+
+async def _get_model(state: ServerState, request: Request) -> Response:
+    name = state.check_model(request.path_params["model_id"])
+    return JSONResponse(_model_card(state, name))
+
+
+async def _health(state: ServerState, request: Request) -> Response:
+    if not state.engine.alive:
+        why = state.engine.dead or "not started"
+        return JSONResponse({"status": "error", "message": f"The engine loop is not running ({why})."},
+                            status_code=503)
+    return Response(status_code=200)
+
+
+async def _version(state: ServerState, request: Request) -> Response:
+    return JSONResponse({"version": __version__})
+
+
+async def _metrics(state: ServerState, request: Request) -> Response:
+    text = state.metrics.render() if state.metrics is not None else ""
+    return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")

@@ -1,0 +1,319 @@
+"""AsyncEngine: the one thread that owns the (not thread-safe) LLMEngine, and RequestGroup, what a handler
+holds while its requests run.
+
+The HTTP side never touches the engine. It posts add/abort commands into an inbox; the engine thread drains
+the inbox between steps (so requests join the running batch at any step), runs engine.step(), and hands each
+step's deltas back to the event loop in one call_soon_threadsafe batch, into per-request asyncio queues.
+When nothing is running the thread sleeps on a condition variable: no busy spin."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from wslm.backend.outputs import RequestOutput
+from wslm.backend.sampling_params import SamplingParams
+from wslm.backend.server.metrics import ServerMetrics
+
+log = logging.getLogger("wslm.server.engine")
+
+_STATS_INTERVAL_S = 0.05  # how often get_stats() is sampled while busy
+
+
+@dataclass(slots=True)
+class Aborted:
+    """Queued to a request that was aborted by the server (shutdown), not by its own handler."""
+
+    reason: str = "abort"
+
+
+class EngineFailure(RuntimeError):
+    """Queued to a request when the engine loop itself broke while running it."""
+
+
+@dataclass(slots=True)
+class _Tracked:
+    queue: asyncio.Queue
+    tag: Any
+    arrival: float
+    first_token: float | None = None
+    last_token: float | None = None
+
+
+@dataclass(slots=True)
+class _Add:
+    request_id: str
+    prompt: Any
+    params: SamplingParams
+    queue: asyncio.Queue
+    tag: Any
+    future: asyncio.Future
+    arrival: float = field(default_factory=time.monotonic)
+
+
+@dataclass(slots=True)
+class _Abort:
+    request_ids: Sequence[str]
+
+
+class _AbortAll:
+    pass
+
+
+class _Stop:
+    pass
+
+
+class AsyncEngine:
+    def __init__(self, engine: Any, metrics: ServerMetrics | None = None) -> None:
+        self.engine = engine
+        self.metrics = metrics
+        self._cond = threading.Condition()
+        self._inbox: list = []
+        self._tracked: dict[str, _Tracked] = {}  # engine thread only
+        self._busy = False  # engine thread only
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._last_stats = 0.0
+        self.draining = False  # set on SIGTERM/SIGINT: new requests are refused
+        self.dead: str | None = None  # set if the loop thread ever exits by accident
+
+    # ---- lifecycle (event-loop thread) ----
+    def start(self, loop: asyncio.AbstractEventLoop) -> None:
+        self._loop = loop
+        self._snapshot_stats(force=True)
+        self._thread = threading.Thread(target=self._run_guarded, name="wslm-engine-loop", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._post(_Stop())
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and self.dead is None
+
+    def begin_drain(self, grace_s: float) -> None:
+        """Stop taking requests; give the running ones grace_s seconds, then abort them (their streams end
+        with a finish chunk). Safe to call from a signal handler."""
+        if self.draining:
+            return
+        self.draining = True
+        timer = threading.Timer(max(grace_s, 0.0), self.abort_all)
+        timer.daemon = True
+        timer.start()
+
+    # ---- commands (any thread) ----
+    def submit(self, request_id: str, prompt: Any, params: SamplingParams, queue: asyncio.Queue, tag: Any
+               ) -> asyncio.Future:
+        """Queue a request; the future resolves (None, or the engine's ValueError) once the engine took it."""
+        assert self._loop is not None, "AsyncEngine.start() was not called"
+        future = self._loop.create_future()
+        self._post(_Add(request_id, prompt, params, queue, tag, future))
+        return future
+
+    def abort(self, request_ids: Sequence[str]) -> None:
+        if request_ids:
+            self._post(_Abort(list(request_ids)))
+
+    def abort_all(self) -> None:
+        self._post(_AbortAll())
+
+    def _post(self, command: object) -> None:
+        with self._cond:
+            self._inbox.append(command)
+            self._cond.notify()
+
+    # ---- the engine thread ----
+    def _run_guarded(self) -> None:
+        try:
+            self._run()
+        except BaseException as exc:  # noqa: BLE001 - must be reported, not lost with the thread
+            self.dead = f"{type(exc).__name__}: {exc}"
+            log.exception("The engine loop stopped")
+            self._fail_all(f"The engine loop stopped ({self.dead}).")
+            raise
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._inbox and not self._busy:
+                    self._cond.wait()
+                commands, self._inbox = self._inbox, []
+            deliveries: list = []
+            for command in commands:
+                if isinstance(command, _Stop):
+                    self._abort_tracked(deliveries)
+                    self._deliver(deliveries)
+                    return
+                self._handle(command, deliveries)
+            if self.engine.has_unfinished_requests():
+                self._step(deliveries)
+            self._busy = self.engine.has_unfinished_requests()
+            self._snapshot_stats(force=not self._busy)
+            self._deliver(deliveries)
+
+    def _handle(self, command: object, deliveries: list) -> None:
+        if isinstance(command, _Add):
+            if command.future.cancelled():
+                return  # the client went away before we got to it
+            try:
+                self.engine.add_request(command.request_id, command.prompt, command.params)
+            except Exception as exc:  # noqa: BLE001 - ValueError is the user's; anything else is reported too
+                deliveries.append((command.future, exc))
+                return
+            self._tracked[command.request_id] = _Tracked(command.queue, command.tag, command.arrival)
+            deliveries.append((command.future, None))
+        elif isinstance(command, _Abort):
+            ids = [rid for rid in command.request_ids if rid in self._tracked]
+            for rid in ids:
+                del self._tracked[rid]
+            if ids:
+                self.engine.abort_request(ids)
+                if self.metrics is not None:
+                    for _ in ids:
+                        self.metrics.observe_finished_reason("abort")
+        elif isinstance(command, _AbortAll):
+            self._abort_tracked(deliveries)
+
+    def _abort_tracked(self, deliveries: list) -> None:
+        ids = list(self._tracked)
+        if not ids:
+            return
+        try:
+            self.engine.abort_request(ids)
+        except Exception:  # noqa: BLE001
+            log.exception("abort_request failed")
+        for rid in ids:
+            tracked = self._tracked.pop(rid)
+            deliveries.append((tracked.queue, (tracked.tag, Aborted())))
+            if self.metrics is not None:
+                self.metrics.observe_finished_reason("abort")
+
+    def _step(self, deliveries: list) -> None:
+        try:
+            outputs: list[RequestOutput] = self.engine.step()
+        except Exception as exc:  # noqa: BLE001 - fail this step's requests, keep serving the next ones
+            log.exception("engine.step() failed; failing the requests in flight")
+            message = f"The engine failed while running this request ({type(exc).__name__}: {exc})."
+            for tracked in self._tracked.values():
+                deliveries.append((tracked.queue, (tracked.tag, EngineFailure(message))))
+            ids = list(self._tracked)
+            self._tracked.clear()
+            try:
+                self.engine.abort_request(ids)
+            except Exception:  # noqa: BLE001
+                log.exception("abort_request failed after a failed step")
+            return
+        now = time.monotonic()
+        metrics = self.metrics
+        for out in outputs:
+            tracked = self._tracked.get(out.request_id)
+            if tracked is None:
+                continue  # aborted by its handler meanwhile
+            if metrics is not None and any(c.token_ids for c in out.outputs):
+                if tracked.first_token is None:
+                    tracked.first_token = now
+                    metrics.observe_first_token(now - tracked.arrival)
+                else:
+                    metrics.observe_tokens(now - (tracked.last_token or now), 1)
+                tracked.last_token = now
+            deliveries.append((tracked.queue, (tracked.tag, out)))
+            if out.finished:
+                del self._tracked[out.request_id]
+                if metrics is not None:
+                    metrics.observe_finished(now - tracked.arrival, [c.finish_reason or "stop" for c in out.outputs])
+
+    def _snapshot_stats(self, force: bool) -> None:
+        if self.metrics is None:
+            return
+        now = time.monotonic()
+        if not force and now - self._last_stats < _STATS_INTERVAL_S:
+            return
+        self._last_stats = now
+        try:
+            self.metrics.set_engine_stats(dict(self.engine.get_stats()))
+        except Exception:  # noqa: BLE001 - metrics must never break serving
+            log.exception("engine.get_stats() failed")
+
+    def _fail_all(self, message: str) -> None:
+        deliveries = [(t.queue, (t.tag, EngineFailure(message))) for t in self._tracked.values()]
+        self._tracked.clear()
+        self._deliver(deliveries)
+
+    def _deliver(self, deliveries: list) -> None:
+        if deliveries and self._loop is not None and not self._loop.is_closed():
+            try:
+                self._loop.call_soon_threadsafe(_deliver_on_loop, deliveries)
+            except RuntimeError:
+                pass  # the loop closed under us at shutdown
+
+
+def _deliver_on_loop(deliveries: list) -> None:
+    for target, value in deliveries:
+        if isinstance(target, asyncio.Future):
+            if not target.done():
+                if value is None:
+                    target.set_result(None)
+                else:
+                    target.set_exception(value)
+        else:
+            target.put_nowait(value)
+
+
+class RequestGroup:
+    """The engine requests behind one HTTP request (one per prompt), sharing one queue of (tag, item)
+    pairs where item is a RequestOutput delta, an Aborted marker or an EngineFailure."""
+
+    def __init__(self, engine: AsyncEngine, base_id: str) -> None:
+        self.engine = engine
+        self.base_id = base_id
+        self.queue: asyncio.Queue = asyncio.Queue()
+        self.request_ids: list[str] = []
+        self.unfinished: set[str] = set()
+
+    async def start(self, prompts: Sequence[Any], params: SamplingParams) -> None:
+        """Submit one request per prompt (tag = its index) and wait until the engine accepted all of them;
+        re-raises the engine's ValueError (after aborting the others) if it refused one."""
+        futures = []
+        for i, prompt in enumerate(prompts):
+            rid = f"{self.base_id}-{i}"
+            self.request_ids.append(rid)
+            self.unfinished.add(rid)
+            # A copy each: the engine fills in max_tokens=None per prompt.
+            futures.append(self.engine.submit(rid, prompt, params.clone(), self.queue, i))
+        try:
+            results = await asyncio.gather(*futures, return_exceptions=True)
+        except BaseException:
+            self.abort()
+            raise
+        for result in results:
+            if isinstance(result, BaseException):
+                self.abort()
+                raise result
+
+    async def next_items(self) -> list[tuple[int, Any]]:
+        """Wait for the next item, then take whatever else is already queued (coalesced under load)."""
+        items = [await self.queue.get()]
+        while not self.queue.empty():
+            items.append(self.queue.get_nowait())
+        for tag, item in items:
+            if not isinstance(item, RequestOutput) or item.finished:
+                self.unfinished.discard(self.request_ids[tag])
+        return items
+
+    @property
+    def done(self) -> bool:
+        return not self.unfinished
+
+    def abort(self) -> None:
+        """Abort what is still running (client gone, or an error); frees its KV blocks."""
+        if self.unfinished:
+            self.engine.abort(sorted(self.unfinished))
+            self.unfinished.clear()

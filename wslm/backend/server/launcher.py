@@ -1,0 +1,278 @@
+"""Start `wslm serve`: bind the port, load the model, run uvicorn, and report progress as JSON lines on
+stdout for the GUI ({"event": "loading" | "ready" | "error", ...}). Everything else (logs, library chatter)
+goes to stderr, so stdout stays machine-readable.
+
+Shutdown: SIGTERM/SIGINT stop new requests; running ones get --shutdown-timeout seconds to finish, then are
+aborted, and their streams still end cleanly (a finish chunk and `data: [DONE]`). A signalled exit is 0."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+from argparse import Namespace
+from typing import Any, TextIO
+
+log = logging.getLogger("wslm.server")
+
+_events: TextIO | None = None
+
+
+def emit(event: str, **fields: Any) -> None:
+    """One JSON line on the real stdout, flushed at once (the GUI reads line by line)."""
+    stream = _events or sys.stdout
+    stream.write(json.dumps({"event": event, **fields}) + "\n")
+    stream.flush()
+
+
+def _claim_stdout() -> None:
+    """Keep fd 1 for our JSON lines only: anything else that prints (libraries, C code) goes to stderr."""
+    global _events
+    if _events is not None:
+        return
+    try:
+        sys.stdout.flush()
+        _events = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
+        os.dup2(2, 1)
+        sys.stdout = sys.stderr
+    except OSError:  # no real fds (embedded use): print where we can
+        _events = sys.stdout
+
+
+class StartupError(Exception):
+    """A failure before the server listens, with the message the user sees."""
+
+
+def parse_size(text: str | None) -> int | None:
+    """Bytes from "4GiB", "512M", "1.5g" or a plain number, read as the engine reads sizes (binary units)."""
+    if text is None or str(text).strip() == "":
+        return None
+    from wslm.backend.kv_cache import parse_bytes
+
+    try:
+        value = parse_bytes(str(text))
+    except (ValueError, KeyError):
+        value = 0
+    if value <= 0:
+        raise StartupError(f"--kv-cache-memory must be a size like 4GiB, 512MiB or a number of bytes, got {text!r}.")
+    return value
+
+
+def parse_model_len(text: str | None) -> int | None:
+    """An int, or vLLM's shorthand: 4k = 4000, 4K = 4096."""
+    if text is None:
+        return None
+    s = str(text).strip()
+    try:
+        if s.endswith("k"):
+            return int(float(s[:-1]) * 1000)
+        if s.endswith("K"):
+            return int(float(s[:-1]) * 1024)
+        return int(s)
+    except ValueError:
+        raise StartupError(f"--max-model-len must be a number of tokens like 2048 or 4k, got {text!r}.") from None
+
+
+def engine_config(args: Namespace):
+    from wslm.backend.config import EngineConfig
+
+    if args.chat_template and "{" not in args.chat_template and not os.path.isfile(args.chat_template):
+        raise StartupError(f"--chat-template: no such file {args.chat_template!r}. Pass a path to a Jinja file "
+                           "or the template text itself.")
+    kwargs: dict[str, Any] = dict(
+        model=args.model,
+        max_model_len=parse_model_len(args.max_model_len),
+        block_size=args.block_size,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        dtype=args.dtype,
+        chat_template=args.chat_template,
+        tensor_parallel_size=args.tensor_parallel_size,
+        kv_cache_memory=parse_size(args.kv_cache_memory),
+        device=args.device,
+        seed=args.seed,
+    )
+    if args.max_num_seqs is not None:
+        kwargs["max_num_seqs"] = args.max_num_seqs
+    if args.max_num_batched_tokens is not None:
+        kwargs["max_num_batched_tokens"] = args.max_num_batched_tokens
+    if args.enable_prefix_caching is not None:
+        kwargs["enable_prefix_caching"] = args.enable_prefix_caching
+    try:
+        return EngineConfig(**kwargs)
+    except ValueError as exc:
+        raise StartupError(str(exc)) from exc
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """Bind (not listen yet: clients are refused, not left hanging, while the model loads)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise StartupError(
+                f"Port {port} on {host} is already in use (is another `wslm serve` or another program using it?). "
+                f"Stop that program, or pick another port with --port, e.g. --port {port + 1 if port else 8001}."
+            ) from exc
+        if exc.errno == errno.EACCES:
+            raise StartupError(f"No permission to listen on port {port}: ports below 1024 need root. "
+                               "Pick another with --port, e.g. --port 8000.") from exc
+        if exc.errno in (errno.EADDRNOTAVAIL, getattr(errno, "EAI_NONAME", -2)):
+            raise StartupError(f"Cannot listen on {host}: it is not an address of this machine. "
+                               "Use --host 127.0.0.1 (this machine) or --host 0.0.0.0 (all interfaces).") from exc
+        raise StartupError(f"Cannot listen on {host}:{port}: {exc}. Pick another with --host/--port.") from exc
+    except (socket.gaierror, UnicodeError) as exc:
+        sock.close()
+        raise StartupError(f"--host {host!r} is not a valid address ({exc}). Use e.g. --host 127.0.0.1.") from exc
+    sock.set_inheritable(True)
+    return sock
+
+
+def load_engine(config: Any):
+    from wslm.backend.llm_engine import LLMEngine
+
+    try:
+        return LLMEngine(config)
+    except (ValueError, FileNotFoundError) as exc:
+        raise StartupError(str(exc)) from exc
+    except MemoryError as exc:
+        raise StartupError(f"Out of memory while loading {config.model!r}. Try a smaller --max-model-len or "
+                           "--kv-cache-memory, or a smaller model.") from exc
+    except Exception as exc:  # noqa: BLE001 - any load failure must reach the GUI as a message
+        log.exception("loading the model failed")
+        raise StartupError(f"Could not load the model {config.model!r}: {type(exc).__name__}: {exc}") from exc
+
+
+def _log_config(level: str) -> dict:
+    from uvicorn.config import LOGGING_CONFIG
+
+    cfg = json.loads(json.dumps(LOGGING_CONFIG))
+    for handler in cfg["handlers"].values():
+        handler["stream"] = "ext://sys.stderr"  # uvicorn sends access lines to stdout by default
+    return cfg
+
+
+def run(args: Namespace) -> int:
+    _claim_stdout()
+    emit("loading", model=args.model)
+    sock = None
+    try:
+        try:
+            import uvicorn  # noqa: F401
+
+            from wslm.backend.server.app import build_app  # noqa: F401 - fail early if fastapi is missing
+        except ImportError as exc:
+            raise StartupError(f"The server needs FastAPI and uvicorn ({exc}). Install them with: "
+                               "pip install 'wslm[backend]'") from exc
+        if not 0 <= args.port <= 65535:
+            raise StartupError(f"--port must be in 0..65535, got {args.port}.")
+        if args.shutdown_timeout < 0:
+            raise StartupError(f"--shutdown-timeout must not be negative, got {args.shutdown_timeout}.")
+        config = engine_config(args)
+        sock = bind(args.host, args.port)
+        engine = load_engine(config)
+    except StartupError as exc:
+        if sock is not None:
+            sock.close()
+        emit("error", message=str(exc))
+        return 1
+    return _serve(args, engine, sock)
+
+
+def _serve(args: Namespace, engine: Any, sock: socket.socket) -> int:
+    import uvicorn
+
+    from wslm.backend.server.app import build_app
+    from wslm.backend.server.async_engine import AsyncEngine
+    from wslm.backend.server.metrics import ServerMetrics
+    from wslm.backend.server.serving_base import ServerState
+
+    names = list(args.served_model_name or [args.model])
+    metrics = ServerMetrics(names[0])
+    api_key = args.api_key or os.environ.get("WSLM_API_KEY") or None
+    model_name = str(getattr(engine, "model_name", "") or args.model)
+    state = ServerState(
+        engine=AsyncEngine(engine, metrics),
+        tokenizer=engine.tokenizer,
+        served_model_names=names,
+        max_model_len=int(engine.model_config.max_model_len),
+        model_path=model_name,
+        api_key=api_key,
+        metrics=metrics,
+        aliases={model_name, args.model} - set(names),
+        vocab_size=getattr(engine.model_config, "vocab_size", None),
+    )
+    app = build_app(state)
+    host, port = sock.getsockname()[:2]
+    shown_host = f"[{host}]" if ":" in host else host
+    url = f"http://{shown_host}:{port}"
+
+    def on_ready() -> None:
+        log.info("wslm serving %s at %s/v1%s", names[0], url, " (API key required)" if api_key else "")
+        emit("ready", url=url, host=host, port=port, model=names[0], pid=os.getpid(),
+             max_model_len=state.max_model_len)
+
+    def on_signal() -> None:
+        state.engine.begin_drain(args.shutdown_timeout)
+
+    config = uvicorn.Config(
+        app,
+        log_config=_log_config(args.uvicorn_log_level),
+        log_level=args.uvicorn_log_level,
+        timeout_graceful_shutdown=int(args.shutdown_timeout) + 15,
+        timeout_keep_alive=5,
+    )
+    server = _Server(config, on_ready, on_signal)
+    server.run(sockets=[sock])
+    if not server.started:
+        emit("error", message="The HTTP server could not start; see the log above (stderr).")
+        return 1
+    return 0
+
+
+def _make_server_class():
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        def __init__(self, config: Any, on_ready, on_signal) -> None:
+            super().__init__(config)
+            self._on_ready = on_ready
+            self._on_signal = on_signal
+
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets)
+            if self.started and not self.should_exit:
+                self._on_ready()
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            self._on_signal()
+            super().handle_exit(sig, frame)
+
+        @contextlib.contextmanager
+        def capture_signals(self):
+            # As uvicorn's, minus re-raising the signal afterwards: a signalled, clean shutdown exits 0.
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            handled = [signal.SIGINT, signal.SIGTERM]
+            original = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
+            try:
+                yield
+            finally:
+                for sig, handler in original.items():
+                    signal.signal(sig, handler)
+
+    return Server
+
+
+def _Server(config: Any, on_ready, on_signal):  # noqa: N802 - reads as a class at the call site
+    return _make_server_class()(config, on_ready, on_signal)

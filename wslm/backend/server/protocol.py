@@ -1,0 +1,253 @@
+"""Request bodies of the OpenAI API (plus vLLM's extra sampling fields), as pydantic models.
+
+Unknown fields are ignored, as OpenAI and vLLM do; fields we know but cannot honour (tools, structured output,
+logit_bias, ...) are declared here so that unsupported_fields() can refuse them with a clear 400 instead of
+silently producing something else. Responses are plain dicts built in serving_*.py: the streaming hot path
+builds one per token, and pydantic would only add cost there."""
+
+from __future__ import annotations
+
+import json
+from typing import Any, Union
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from wslm.backend.sampling_params import SamplingParams
+from wslm.backend.server.errors import APIError, bad_request
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="ignore", protected_namespaces=())
+
+
+class StreamOptions(_Request):
+    include_usage: bool = False
+    continuous_usage_stats: bool = False
+
+
+class ContentPart(_Request):
+    type: str = "text"
+    text: str | None = None
+
+
+class ChatMessage(_Request):
+    role: str
+    content: Union[str, list[ContentPart], None] = None
+    name: str | None = None
+    tool_calls: list[Any] | None = None
+    tool_call_id: str | None = None
+
+
+class _SamplingFields(_Request):
+    """Fields shared by /v1/completions and /v1/chat/completions."""
+
+    model: str | None = None
+    n: int = 1
+    temperature: float | None = None
+    top_p: float | None = None
+    presence_penalty: float | None = 0.0
+    frequency_penalty: float | None = 0.0
+    seed: int | None = None
+    stop: Union[str, list[str], None] = None
+    stream: bool | None = False
+    stream_options: StreamOptions | None = None
+    user: str | None = None
+    logit_bias: dict[str, float] | None = None
+    # vLLM's extra sampling parameters.
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int = 0
+    ignore_eos: bool = False
+    stop_token_ids: list[int] | None = None
+    include_stop_str_in_output: bool = False
+    skip_special_tokens: bool = True
+    spaces_between_special_tokens: bool = True
+    # Known but not supported: refused with a 400 when set.
+    response_format: dict[str, Any] | None = None
+    guided_json: Any = None
+    guided_regex: Any = None
+    guided_choice: Any = None
+    guided_grammar: Any = None
+    structured_outputs: Any = None
+
+    def sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
+        """SamplingParams for this request; a bad value becomes a 400 naming the field."""
+        try:
+            return SamplingParams(
+                n=self.n,
+                temperature=1.0 if self.temperature is None else self.temperature,
+                top_p=1.0 if self.top_p is None else self.top_p,
+                top_k=self.top_k or 0,
+                min_p=self.min_p or 0.0,
+                presence_penalty=self.presence_penalty or 0.0,
+                frequency_penalty=self.frequency_penalty or 0.0,
+                repetition_penalty=1.0 if self.repetition_penalty is None else self.repetition_penalty,
+                seed=self.seed,
+                stop=self.stop,
+                stop_token_ids=self.stop_token_ids,
+                include_stop_str_in_output=self.include_stop_str_in_output,
+                ignore_eos=self.ignore_eos,
+                max_tokens=max_tokens,
+                min_tokens=self.min_tokens,
+                logprobs=logprobs,
+                skip_special_tokens=self.skip_special_tokens,
+                spaces_between_special_tokens=self.spaces_between_special_tokens,
+            )
+        except (ValueError, TypeError) as exc:
+            message = str(exc)
+            field = message.split(" ", 1)[0]
+            raise bad_request(message, param=field if field in type(self).model_fields else None) from exc
+
+    def _common_unsupported(self) -> list[tuple[str, str]]:
+        found = []
+        if self.logit_bias:
+            found.append(("logit_bias", "logit_bias is not supported by wslm yet"))
+        if self.response_format and self.response_format.get("type", "text") != "text":
+            kind = self.response_format.get("type")
+            found.append(("response_format", f"response_format of type {kind!r} (structured output) is not supported"))
+        for name in ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs"):
+            if getattr(self, name) is not None:
+                found.append((name, f"{name} (structured output) is not supported"))
+        return found
+
+    def check_stream_options(self) -> None:
+        if self.stream_options is not None and not self.stream:
+            raise bad_request("Stream options can only be defined when `stream=True`.", param="stream_options")
+
+    @property
+    def include_usage(self) -> bool:
+        return bool(self.stream and self.stream_options and self.stream_options.include_usage)
+
+
+class ChatCompletionRequest(_SamplingFields):
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = None
+    max_completion_tokens: int | None = None
+    logprobs: bool | None = False
+    top_logprobs: int | None = None
+    # vLLM's chat extras.
+    chat_template: str | None = None
+    add_generation_prompt: bool = True
+    # Known but not supported.
+    tools: list[Any] | None = None
+    tool_choice: Any = None
+    functions: list[Any] | None = None
+    function_call: Any = None
+    audio: Any = None
+    modalities: list[str] | None = None
+    prediction: Any = None
+    web_search_options: Any = None
+
+    def unsupported_fields(self) -> list[tuple[str, str]]:
+        found = self._common_unsupported()
+        if self.tools:
+            found.append(("tools", "tools / function calling is not supported by wslm yet"))
+        if self.tool_choice not in (None, "none", "auto"):
+            found.append(("tool_choice", "tool_choice is not supported by wslm yet"))
+        if self.functions or self.function_call not in (None, "none", "auto"):
+            found.append(("functions", "function calling is not supported by wslm yet"))
+        if self.audio is not None or (self.modalities and set(self.modalities) - {"text"}):
+            found.append(("modalities", "audio output is not supported: wslm serves text models"))
+        if self.prediction is not None:
+            found.append(("prediction", "predicted outputs are not supported"))
+        if self.web_search_options is not None:
+            found.append(("web_search_options", "web search is not supported"))
+        return found
+
+    def requested_max_tokens(self) -> int | None:
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    def requested_logprobs(self) -> int | None:
+        if self.top_logprobs is not None:
+            if not self.logprobs:
+                raise bad_request("when using `top_logprobs`, `logprobs` must be set to true.", param="top_logprobs")
+            if not 0 <= self.top_logprobs <= 20:
+                raise bad_request(f"top_logprobs must be in [0, 20], got {self.top_logprobs}.", param="top_logprobs")
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+
+class CompletionRequest(_SamplingFields):
+    prompt: Union[str, list[str], list[int], list[list[int]]]
+    max_tokens: int | None = 16
+    logprobs: int | None = None
+    echo: bool = False
+    best_of: int | None = None
+    suffix: str | None = None
+
+    def unsupported_fields(self) -> list[tuple[str, str]]:
+        found = self._common_unsupported()
+        if self.suffix:
+            found.append(("suffix", "suffix (fill-in-the-middle) is not supported"))
+        if self.best_of is not None and self.best_of != self.n:
+            found.append(("best_of", "best_of other than n is not supported (as in vLLM's V1 engine)"))
+        if self.echo and self.logprobs is not None:
+            found.append(("echo", "echo together with logprobs (prompt logprobs) is not supported"))
+        return found
+
+    def prompts(self) -> list[str | list[int]]:
+        """The prompt field as a list of prompts, each a string or token ids."""
+        p = self.prompt
+        if isinstance(p, str):
+            items: list[str | list[int]] = [p]
+        elif p and all(isinstance(x, int) for x in p):
+            items = [list(p)]  # type: ignore[arg-type]
+        else:
+            items = list(p)  # type: ignore[arg-type]
+        if not items or any(len(x) == 0 for x in items):
+            raise bad_request("prompt must not be empty.", param="prompt")
+        return items
+
+
+class TokenizeRequest(_Request):
+    model: str | None = None
+    prompt: str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool | None = None
+    add_generation_prompt: bool = True
+    chat_template: str | None = None
+    return_token_strs: bool = False
+
+
+class DetokenizeRequest(_Request):
+    model: str | None = None
+    tokens: list[int]
+
+
+def parse_body(raw: bytes, model: type[_Request]) -> Any:
+    """Parse a JSON body into a request model; every problem is a 400 in OpenAI's shape (never a 422)."""
+    if not raw.strip():
+        raise bad_request("The request body is empty: send a JSON object.")
+    try:
+        data = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise bad_request(f"The request body is not valid JSON: {exc}.") from exc
+    if not isinstance(data, dict):
+        raise bad_request(f"The request body must be a JSON object, got {type(data).__name__}.")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        raise _validation_error(exc) from None
+
+
+def _validation_error(exc: ValidationError) -> APIError:
+    errors = exc.errors(include_url=False)
+    parts = []
+    for err in errors[:5]:
+        loc = ".".join(str(x) for x in err.get("loc", ()) if not _is_type_tag(x))
+        parts.append(f"{loc or 'body'}: {err.get('msg')}" + (f" (got {_short(err['input'])})" if "input" in err else ""))
+    first = errors[0] if errors else {}
+    param = ".".join(str(x) for x in first.get("loc", ()) if not _is_type_tag(x)) or None
+    return bad_request("Invalid request: " + "; ".join(parts), param=param)
+
+
+def _is_type_tag(x: object) -> bool:
+    # pydantic puts the tried union member into loc ("str", "list[int]"); it only confuses users.
+    return isinstance(x, str) and (x in ("str", "int", "float", "bool", "none") or "[" in x or x.startswith("function"))
+
+
+def _short(value: object) -> str:
+    text = json.dumps(value, default=str) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+

@@ -1,0 +1,280 @@
+"""What the chat and completion handlers share: the model check, the context-length check, logprobs and
+usage in OpenAI's shape, SSE framing, and waiting for a result while watching for the client leaving."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from collections.abc import Awaitable
+from dataclasses import dataclass, field
+from typing import Any
+
+from starlette.requests import Request
+
+from wslm.backend.outputs import Logprob
+from wslm.backend.server.async_engine import Aborted, AsyncEngine, EngineFailure
+from wslm.backend.server.errors import APIError, bad_request
+from wslm.backend.server.metrics import ServerMetrics
+
+
+@dataclass
+class ServerState:
+    """Everything the handlers need, built once by the launcher (or a test)."""
+
+    engine: AsyncEngine
+    tokenizer: Any
+    served_model_names: list[str]
+    max_model_len: int
+    model_path: str = ""
+    api_key: str | None = None
+    metrics: ServerMetrics | None = None
+    aliases: set[str] = field(default_factory=set)  # other accepted names (the resolved model id/path)
+    vocab_size: int | None = None  # the model's (may exceed len(tokenizer))
+
+    @property
+    def model_name(self) -> str:
+        return self.served_model_names[0]
+
+    def check_model(self, requested: str | None) -> str:
+        """The name to answer with; 404 (as OpenAI and vLLM) for a model this server does not serve."""
+        if requested is None or requested == "" or requested in self.served_model_names:
+            return requested or self.model_name
+        if requested in self.aliases:
+            return self.model_name
+        served = ", ".join(f"`{n}`" for n in self.served_model_names)
+        raise APIError(
+            f"The model `{requested}` does not exist. This server serves {served} (see GET /v1/models).",
+            404,
+            param="model",
+            code="model_not_found",
+        )
+
+    def check_not_draining(self) -> None:
+        if self.engine.draining:
+            raise APIError("The server is shutting down and takes no new requests.", 503)
+
+    def check_length(self, prompt_len: int, max_tokens: int | None, what: str) -> None:
+        """vLLM's context-overflow messages, with the token counts."""
+        limit = self.max_model_len
+        if prompt_len >= limit:
+            raise bad_request(
+                f"This model's maximum context length is {limit} tokens. However, your request has "
+                f"{prompt_len} input tokens. Please reduce the length of the input {what}.",
+                param=what,
+                code="context_length_exceeded",
+            )
+        if max_tokens is not None and prompt_len + max_tokens > limit:
+            raise bad_request(
+                f"This model's maximum context length is {limit} tokens. However, you requested "
+                f"{prompt_len + max_tokens} tokens ({prompt_len} in the {what}, {max_tokens} in the completion). "
+                f"Please reduce the length of the {what} or completion.",
+                param="max_tokens",
+                code="context_length_exceeded",
+            )
+
+    def check_token_ids(self, ids: list[int], param: str) -> None:
+        vocab = self.vocab_size or len(self.tokenizer)
+        bad = next((t for t in ids if not 0 <= t < vocab), None)
+        if bad is not None:
+            raise bad_request(f"Token id {bad} is out of range: this model's vocabulary has {vocab} tokens.",
+                              param=param)
+
+
+def check_unsupported(found: list[tuple[str, str]]) -> None:
+    if found:
+        param, why = found[0]
+        raise bad_request(f"{why}. Remove `{param}` from the request.", param=param, code="unsupported_parameter")
+
+
+def check_max_tokens(value: int | None, param: str) -> None:
+    if value is not None and value < 1:
+        raise bad_request(f"{param} must be at least 1, got {value}.", param=param)
+
+
+def sse(obj: dict) -> str:
+    return "data: " + json.dumps(obj, ensure_ascii=False, separators=(",", ":")) + "\n\n"
+
+
+SSE_DONE = "data: [DONE]\n\n"
+
+
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
+    return {
+        "prompt_tokens": prompt_tokens,
+        "completion_tokens": completion_tokens,
+        "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+    }
+
+
+def _lp(value: float) -> float:
+    # JSON has no -inf; vLLM clamps the same way.
+    return max(value, -9999.0) if not math.isnan(value) else -9999.0
+
+
+def token_text(tokenizer: Any, token_id: int, entry: Logprob | None) -> str:
+    if entry is not None and entry.decoded_token:
+        return entry.decoded_token
+    return tokenizer.decode([token_id])
+
+
+def chat_logprobs(tokenizer: Any, token_ids: list[int], logprobs: list[dict[int, Logprob]], top_n: int) -> list:
+    """The `logprobs.content` entries of a chat choice."""
+    content = []
+    for token_id, entries in zip(token_ids, logprobs, strict=False):
+        sampled = entries.get(token_id)
+        text = token_text(tokenizer, token_id, sampled)
+        top = []
+        if top_n:
+            for tid, e in sorted(entries.items(), key=lambda kv: kv[1].rank)[:top_n]:
+                t = token_text(tokenizer, tid, e)
+                top.append({"token": t, "logprob": _lp(e.logprob), "bytes": list(t.encode("utf-8"))})
+        content.append({
+            "token": text,
+            "logprob": _lp(sampled.logprob) if sampled is not None else -9999.0,
+            "bytes": list(text.encode("utf-8")),
+            "top_logprobs": top,
+        })
+    return content
+
+
+def completion_logprobs(tokenizer: Any, token_ids: list[int], logprobs: list[dict[int, Logprob]], top_n: int,
+                        offset: int) -> dict:
+    """The legacy completions `logprobs` object; offset is where this text starts in the choice's text."""
+    out: dict[str, list] = {"text_offset": [], "token_logprobs": [], "tokens": [], "top_logprobs": []}
+    for token_id, entries in zip(token_ids, logprobs, strict=False):
+        sampled = entries.get(token_id)
+        text = token_text(tokenizer, token_id, sampled)
+        out["tokens"].append(text)
+        out["token_logprobs"].append(_lp(sampled.logprob) if sampled is not None else -9999.0)
+        out["text_offset"].append(offset)
+        offset += len(text)
+        top = {}
+        for tid, e in sorted(entries.items(), key=lambda kv: kv[1].rank):
+            if e.rank <= top_n or tid == token_id:
+                top[token_text(tokenizer, tid, e)] = _lp(e.logprob)
+        out["top_logprobs"].append(top)
+    return out
+
+
+class ClientGone(Exception):
+    """The client closed the connection before a non-streamed answer was ready."""
+
+
+async def until_disconnect(request: Request, work: Awaitable[Any]) -> Any:
+    """Await work, but give up (ClientGone) if the client disconnects first: its request must be aborted."""
+    task = asyncio.ensure_future(work)
+
+    async def watch() -> None:
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                return
+
+    watcher = asyncio.ensure_future(watch())
+    try:
+        done, _ = await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except BaseException:
+        task.cancel()
+        watcher.cancel()
+        raise
+    if task in done:
+        watcher.cancel()
+        return task.result()
+    task.cancel()
+    raise ClientGone()
+
+
+@dataclass
+class Delta:
+    """What one choice gained in one batch of engine outputs."""
+
+    prompt: int  # which prompt (tag) it belongs to
+    index: int  # the completion index within that prompt
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list | None = None
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+
+
+class Tracker:
+    """Follows the choices of a RequestGroup: folds engine deltas into per-choice Deltas, keeps the usage
+    counts, and marks choices finished (engine finish, server abort) so that every choice finishes once."""
+
+    def __init__(self, num_prompts: int, n: int, prompt_lens: list[int]) -> None:
+        self.n = n
+        self.prompt_tokens = list(prompt_lens)
+        self.cached_tokens = [0] * num_prompts
+        self.completion_tokens = 0
+        self.unfinished = {(p, i) for p in range(num_prompts) for i in range(n)}
+
+    def fold(self, items: list[tuple[int, Any]]) -> list[Delta]:
+        """Deltas (merged per choice, in arrival order) for a batch from RequestGroup.next_items();
+        raises EngineFailure if the engine failed the request."""
+        merged: dict[tuple[int, int], Delta] = {}
+        for tag, item in items:
+            if isinstance(item, EngineFailure):
+                raise item
+            if isinstance(item, Aborted):
+                for p, i in sorted(k for k in self.unfinished if k[0] == tag):
+                    d = merged.setdefault((p, i), Delta(p, i))
+                    d.finish_reason = item.reason
+                    self.unfinished.discard((p, i))
+                continue
+            if item.error and all(c.finish_reason == "error" for c in item.outputs):
+                raise EngineFailure(item.error)
+            if item.prompt_token_ids:
+                self.prompt_tokens[tag] = len(item.prompt_token_ids)
+            self.cached_tokens[tag] = item.num_cached_tokens or 0
+            for c in item.outputs:
+                if (tag, c.index) not in self.unfinished:
+                    continue
+                if c.finish_reason == "error":
+                    raise EngineFailure(item.error or "The engine failed while generating this completion.")
+                d = merged.setdefault((tag, c.index), Delta(tag, c.index))
+                d.text += c.text
+                d.token_ids.extend(c.token_ids)
+                self.completion_tokens += len(c.token_ids)
+                if c.logprobs is not None:
+                    d.logprobs = (d.logprobs or []) + list(c.logprobs)
+                if c.finish_reason is not None:
+                    d.finish_reason = c.finish_reason
+                    d.stop_reason = c.stop_reason
+                    self.unfinished.discard((tag, c.index))
+        return list(merged.values())
+
+    def usage(self) -> dict:
+        return usage(sum(self.prompt_tokens), self.completion_tokens, sum(self.cached_tokens))
+
+
+@dataclass
+class Result:
+    """A finished choice, for non-streamed answers."""
+
+    prompt: int
+    index: int
+    text: str = ""
+    token_ids: list[int] = field(default_factory=list)
+    logprobs: list | None = None
+    finish_reason: str | None = None
+    stop_reason: str | int | None = None
+
+
+async def collect(group: Any, tracker: Tracker) -> dict[tuple[int, int], Result]:
+    """Run a RequestGroup to the end and return every choice whole."""
+    results: dict[tuple[int, int], Result] = {}
+    while not group.done:
+        for d in tracker.fold(await group.next_items()):
+            r = results.setdefault((d.prompt, d.index), Result(d.prompt, d.index))
+            r.text += d.text
+            r.token_ids.extend(d.token_ids)
+            if d.logprobs is not None:
+                r.logprobs = (r.logprobs or []) + d.logprobs
+            if d.finish_reason is not None:
+                r.finish_reason, r.stop_reason = d.finish_reason, d.stop_reason
+    for p in range(len(tracker.prompt_tokens)):
+        for i in range(tracker.n):
+            results.setdefault((p, i), Result(p, i, finish_reason="abort"))
+    return results

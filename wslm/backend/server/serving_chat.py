@@ -1,0 +1,175 @@
+"""POST /v1/chat/completions, streamed (SSE, chunk by chunk as OpenAI sends them) or whole."""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from wslm.backend.server.async_engine import EngineFailure, RequestGroup
+from wslm.backend.server.errors import APIError, bad_request, internal_error
+from wslm.backend.server.protocol import ChatCompletionRequest, ChatMessage, parse_body
+from wslm.backend.server.serving_base import (
+    SSE_DONE,
+    ClientGone,
+    ServerState,
+    Tracker,
+    chat_logprobs,
+    check_max_tokens,
+    check_unsupported,
+    collect,
+    sse,
+    until_disconnect,
+)
+
+log = logging.getLogger("wslm.server")
+
+_ROLES = {"system", "user", "assistant", "developer"}
+
+
+def template_messages(messages: list[ChatMessage]) -> list[dict]:
+    """OpenAI messages as the chat template wants them: text content only."""
+    out = []
+    for i, m in enumerate(messages):
+        if m.role in ("tool", "function") or m.tool_calls:
+            raise bad_request(f"messages[{i}]: tool calls and tool messages are not supported by wslm yet.",
+                              param=f"messages.{i}", code="unsupported_parameter")
+        if m.role not in _ROLES:
+            raise bad_request(f"messages[{i}].role must be one of system, user, assistant, developer; "
+                              f"got {m.role!r}.", param=f"messages.{i}.role")
+        if isinstance(m.content, list):
+            texts = []
+            for part in m.content:
+                if part.type not in ("text", "input_text"):
+                    raise bad_request(f"messages[{i}]: content parts of type {part.type!r} are not supported: "
+                                      "wslm serves text-only models. Send text parts.",
+                                      param=f"messages.{i}.content", code="unsupported_parameter")
+                texts.append(part.text or "")
+            content = "\n".join(texts)
+        else:
+            content = m.content or ""
+        if m.content is None and m.role != "assistant":
+            raise bad_request(f"messages[{i}].content is required for role {m.role!r}.",
+                              param=f"messages.{i}.content")
+        message: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": content}
+        if m.name:
+            message["name"] = m.name
+        out.append(message)
+    return out
+
+
+async def create_chat_completion(state: ServerState, request: Request) -> Response:
+    req: ChatCompletionRequest = parse_body(await request.body(), ChatCompletionRequest)
+    model = state.check_model(req.model)
+    check_unsupported(req.unsupported_fields())
+    req.check_stream_options()
+    state.check_not_draining()
+    max_tokens = req.requested_max_tokens()
+    check_max_tokens(max_tokens, "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens")
+    top_n = req.requested_logprobs()
+    messages = template_messages(req.messages)
+    try:
+        prompt_ids = state.engine.engine.apply_chat_template(
+            messages, chat_template=req.chat_template, add_generation_prompt=req.add_generation_prompt
+        )
+    except ValueError as exc:
+        raise bad_request(str(exc), param="messages") from exc
+    except Exception as exc:  # noqa: BLE001 - a Jinja error from the user's messages or template is theirs
+        raise bad_request(f"The chat template could not render these messages: {type(exc).__name__}: {exc}",
+                          param="messages") from exc
+    prompt_ids = list(prompt_ids)
+    state.check_length(len(prompt_ids), max_tokens, "messages")
+    params = req.sampling_params(max_tokens, top_n)
+
+    response_id = f"chatcmpl-{uuid.uuid4().hex}"
+    group = RequestGroup(state.engine, response_id)
+    try:
+        await group.start([prompt_ids], params)
+    except ValueError as exc:
+        raise bad_request(str(exc)) from exc
+    tracker = Tracker(1, params.n, [len(prompt_ids)])
+    created = int(time.time())
+    if req.stream:
+        return StreamingResponse(
+            _stream(state, group, tracker, response_id, created, model, req, top_n),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+        )
+    try:
+        results = await until_disconnect(request, collect(group, tracker))
+    except ClientGone:
+        group.abort()
+        return Response(status_code=499)
+    except EngineFailure as exc:
+        group.abort()
+        raise APIError(str(exc), 500, type="server_error") from exc
+    finally:
+        group.abort()
+    choices = []
+    for i in range(params.n):
+        r = results[(0, i)]
+        choices.append({
+            "index": i,
+            "message": {"role": "assistant", "content": r.text},
+            "logprobs": {"content": chat_logprobs(state.tokenizer, r.token_ids, r.logprobs or [], top_n)}
+            if top_n is not None else None,
+            "finish_reason": r.finish_reason,
+            "stop_reason": r.stop_reason,
+        })
+    return JSONResponse({
+        "id": response_id,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": choices,
+        "usage": tracker.usage(),
+    })
+
+
+async def _stream(state: ServerState, group: RequestGroup, tracker: Tracker, response_id: str, created: int,
+                  model: str, req: ChatCompletionRequest, top_n: int | None) -> AsyncIterator[str]:
+    include_usage = req.include_usage
+    head = {"id": response_id, "object": "chat.completion.chunk", "created": created, "model": model}
+
+    def chunk(index: int, delta: dict, logprobs: Any = None, finish: str | None = None, stop: Any = None) -> str:
+        choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+        if finish is not None:
+            choice["stop_reason"] = stop
+        body = {**head, "choices": [choice]}
+        if include_usage:
+            body["usage"] = None
+        return sse(body)
+
+    try:
+        yield "".join(chunk(i, {"role": "assistant", "content": ""}) for i in range(tracker.n))
+        while not group.done:
+            try:
+                deltas = tracker.fold(await group.next_items())
+            except EngineFailure as exc:
+                log.error("request %s failed: %s", response_id, exc)
+                yield sse(APIError(str(exc), 500, type="server_error").body()) + SSE_DONE
+                return
+            out = []
+            for d in deltas:
+                lp = None
+                if top_n is not None and d.token_ids:
+                    lp = {"content": chat_logprobs(state.tokenizer, d.token_ids, d.logprobs or [], top_n)}
+                if d.text or lp is not None:
+                    out.append(chunk(d.index, {"content": d.text}, lp))
+                if d.finish_reason is not None:
+                    out.append(chunk(d.index, {}, None, d.finish_reason, d.stop_reason))
+            if out:
+                yield "".join(out)
+        if include_usage:
+            yield sse({**head, "choices": [], "usage": tracker.usage()})
+        yield SSE_DONE
+    except Exception as exc:  # noqa: BLE001 - headers are sent: report in-band, as vLLM does
+        log.exception("streaming %s failed", response_id)
+        yield sse(internal_error(exc).body()) + SSE_DONE
+    finally:
+        group.abort()  # no-op when finished; frees the KV blocks when the client went away
