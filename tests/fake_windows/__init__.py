@@ -19,7 +19,7 @@ import stat
 import sys
 from pathlib import Path
 
-from tests.fake_windows.common import DEFAULT_STATE, load_state, save_state
+from .common import DEFAULT_STATE, load_state, save_state
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent.parent
@@ -93,4 +93,15 @@ def install(directory: Path, **state: object) -> FakeWindows:
     return FakeWindows(directory)
 
 
-__all__ = ["FakeWindows", "install"]
+__all__ = ["FakeWindows", "install", "use"]
+
+
+def use(monkeypatch, tmp_path: Path, **state: object) -> FakeWindows:
+    """Install the fakes under tmp_path and point the bridge at them (for pytest tests)."""
+    fw = install(tmp_path / "win bin", **state)  # a space in the path, as in "C:\\Program Files"
+    monkeypatch.setenv("WSLM_WINDOWS_BIN", str(fw.dir))
+    monkeypatch.setenv("WSLM_CONFIG_DIR", str(tmp_path / "config dir"))
+    monkeypatch.setenv("USERPROFILE", str(tmp_path / "profile"))
+    monkeypatch.delenv("WSLM_ASSUME_ADMIN", raising=False)
+    monkeypatch.delenv("WSL_UTF8", raising=False)
+    return fw

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import sys
 
-from tests.fake_windows.common import load_state
+from .common import load_state
 
 
 def _distro() -> dict:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 
-from tests.fake_windows.common import ELEVATION_MSG, elevated, injected_failure, locked_state, out, record
+from .common import ELEVATION_MSG, elevated, injected_failure, locked_state, out, record
 
 NO_MATCH = "No rules match the specified criteria.\r\n"
 NOT_FOUND = "The system cannot find the file specified.\r\n\r\n"

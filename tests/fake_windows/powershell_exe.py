@@ -9,7 +9,7 @@ import re
 import subprocess
 import sys
 
-from tests.fake_windows.common import elevated, injected_failure, locked_state, record, split_windows_cmdline
+from .common import elevated, injected_failure, locked_state, record, split_windows_cmdline
 
 CANCELLED = ("Start-Process : This command cannot be run due to the error: The operation was canceled by the user.\r\n"
              "At line:1 char:37\r\n"

@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.fake_windows.common import locked_state, record, split_windows_cmdline, state_path
+from .common import locked_state, record, split_windows_cmdline, state_path
 
 NO_DISTROS = ("Windows Subsystem for Linux has no installed distributions.\r\n"
               "You can resolve this by installing a distribution with the instructions below:\r\n\r\n"

@@ -45,13 +45,13 @@ def command_allowed(argv: object) -> bool:
     if exe == "netsh.exe":
         if rest[:2] == ["interface", "portproxy"] and len(rest) >= 5 and rest[2] in ("add", "set", "delete") \
                 and rest[3] == "v4tov4":
-            return all(_NETSH_ARG.match(a) for a in rest[4:])
+            return all(_NETSH_ARG.fullmatch(a) for a in rest[4:])
         if rest[:2] == ["advfirewall", "firewall"] and len(rest) >= 5 and rest[2] in ("add", "delete") \
                 and rest[3] == "rule" and rest[4].startswith("name=wslm"):
-            return all(_NETSH_ARG.match(a) for a in rest[4:])
+            return all(_NETSH_ARG.fullmatch(a) for a in rest[4:])
         return False
     if exe == "powershell.exe":
-        return len(rest) == 4 and rest[:3] == _PS_HEAD and any(p.match(rest[3]) for p in _PS_ALLOWED)
+        return len(rest) == 4 and rest[:3] == _PS_HEAD and any(p.fullmatch(rest[3]) for p in _PS_ALLOWED)
     return False
 
 

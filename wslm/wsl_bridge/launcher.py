@@ -322,6 +322,16 @@ def serve_args_for_share(port: int, api_key: str) -> list[str]:
     return ["--host", "0.0.0.0", "--port", str(validate_port(port)), "--api-key", api_key]
 
 
+def api_key_env(api_key: str, base: dict[str, str] | None = None) -> dict[str, str]:
+    """An environment for start_backend that hands the key to `wslm serve` as WSLM_API_KEY (through
+    WSLENV into WSL) instead of on the command line, where `ps` inside WSL would show it."""
+    env = dict(os.environ if base is None else base)
+    env["WSLM_API_KEY"] = api_key
+    names = [n for n in env.get("WSLENV", "").split(":") if n and n.split("/")[0] != "WSLM_API_KEY"]
+    env["WSLENV"] = ":".join([*names, "WSLM_API_KEY"])
+    return env
+
+
 @dataclass
 class PortStatus:
     """Who holds `port`: LISTEN sockets inside the target, and a Windows excluded range if any."""

@@ -27,7 +27,7 @@ def quote_for_wsl(arg: str) -> str:
         raise ValidationError(f"argument {arg!r} is not a string", "pass command arguments as str")
     if "\x00" in arg:
         raise ValidationError("argument contains a NUL byte", "remove the NUL character")
-    if _PLAIN.match(arg):
+    if _PLAIN.fullmatch(arg):
         return arg
     if not any(ch.isspace() or ord(ch) < 32 or ord(ch) == 127 for ch in arg):
         return "'" + arg.replace("'", "'\\''") + "'"

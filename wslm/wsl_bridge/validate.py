@@ -26,7 +26,7 @@ def validate_port(port: object) -> int:
 
 def validate_distro(name: object) -> str:
     """A WSL distro name; raises ValidationError for anything with spaces or shell characters."""
-    if not isinstance(name, str) or not _DISTRO_RE.match(name):
+    if not isinstance(name, str) or not _DISTRO_RE.fullmatch(name):
         raise ValidationError(
             f"invalid WSL distro name {name!r}",
             "distro names use only letters, digits, '.', '_' and '-' (see `wslm wsl list`)",
@@ -51,6 +51,6 @@ def validate_ipv4(address: object) -> str:
 
 def validate_rule_name(name: object) -> str:
     """A wslm-owned firewall rule name ("wslm" prefix, no spaces or quotes)."""
-    if not isinstance(name, str) or not _RULE_RE.match(name):
+    if not isinstance(name, str) or not _RULE_RE.fullmatch(name):
         raise ValidationError(f"invalid wslm rule name {name!r}", "rule names start with 'wslm' and use [A-Za-z0-9_.-]")
     return name
