@@ -87,6 +87,7 @@ class FakeHub:
         self.rate_bps: int | None = None  # throttle file bodies
         self.requests: list[Request] = []
         self._drops: dict[str, list[int]] = {}  # file name -> byte positions at which to drop, once each
+        self.corrupt: set[str] = set()  # files whose bytes get flipped in transit
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer((host, 0), _Handler)
         self._server.daemon_threads = True
@@ -382,6 +383,8 @@ class _Handler(BaseHTTPRequestHandler):
         self.end_headers()
         if self.command == "HEAD":
             return
+        if filename in self.hub.corrupt:
+            data = bytes(b ^ 0xFF for b in data)
         drop = self.hub._take_drop(filename, start, end)
         stop = drop if drop is not None else end
         pos, step = start, 16 * 1024
@@ -400,6 +403,63 @@ class _Handler(BaseHTTPRequestHandler):
                 self.connection.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+
+
+# --- tiny models for the hub to serve -----------------------------------------------------------------
+
+
+def make_tiny_llama(folder: Path, seed: int = 0) -> Path:
+    """A real, loadable Llama checkpoint of ~110K parameters with a byte-level BPE tokenizer (~450 KB)."""
+    import torch
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=300, special_tokens=["<s>", "</s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    tok.train_from_iterator(["hi there, hello world. the quick brown fox jumps"] * 10, trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>")
+    fast.save_pretrained(folder)
+    config = LlamaConfig(
+        vocab_size=len(fast), hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=2, max_position_embeddings=256, bos_token_id=0, eos_token_id=1,
+        tie_word_embeddings=False,
+    )  # fmt: skip
+    torch.manual_seed(seed)
+    LlamaForCausalLM(config).save_pretrained(folder)
+    return folder
+
+
+def make_tiny_gguf(path: Path, file_type: str = "Q4_K_M", arch: str = "llama", context: int = 512) -> Path:
+    """A small GGUF with real header metadata (architecture, context, file type, a vocabulary, tensors).
+    Its tensors are F32/F16 whatever `file_type` says: enough for metadata, not for generating."""
+    import numpy as np
+    from gguf import GGUFWriter, LlamaFileType
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    w = GGUFWriter(path, arch)
+    w.add_name(path.stem)
+    w.add_context_length(context)
+    w.add_block_count(2)
+    w.add_embedding_length(64)
+    w.add_head_count(4)
+    w.add_head_count_kv(2)
+    w.add_file_type(LlamaFileType[f"MOSTLY_{file_type}" if file_type != "F32" else "ALL_F32"])
+    w.add_tokenizer_model("gpt2")
+    w.add_token_list(["<s>", "</s>", "hi"])
+    w.add_tensor("token_embd.weight", np.zeros((3, 64), np.float32))
+    w.add_tensor("blk.0.attn_q.weight", np.zeros((64, 64), np.float16))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
 
 
 def main(argv: list[str]) -> int:
