@@ -1,56 +1,30 @@
-"""Where the backend runs, and the argv that runs `wslm ...` there.
+"""Where the backend runs, stored in the settings as {"kind": "local"} or {"kind": "wsl", "distro": "..."}.
 
-Adapter over wslm.wsl_bridge.launcher: the GUI only asks for argv lists and runs them with QProcess."""
+A thin layer over wslm.wsl_bridge.launcher.Target: that builds every argv (wsl.exe quoting, PIDs),
+the GUI only stores the choice and runs the argv with QProcess."""
 
 from __future__ import annotations
 
-import sys
-from dataclasses import dataclass
+from wslm.wsl_bridge.launcher import Target
 
 
-@dataclass(frozen=True)
-class Target:
-    """`local` (this Linux machine) or `wsl` (a WSL distro, reached through wsl.exe)."""
-
-    kind: str = "local"
-    distro: str = ""
-
-    @property
-    def label(self) -> str:
-        return "This machine" if self.kind == "local" else f"WSL: {self.distro}"
-
-    def to_dict(self) -> dict:
-        return {"kind": self.kind} if self.kind == "local" else {"kind": "wsl", "distro": self.distro}
-
-    @classmethod
-    def from_dict(cls, data: dict | None) -> Target:
-        data = data or {}
-        if data.get("kind") == "wsl" and data.get("distro"):
-            return cls("wsl", str(data["distro"]))
-        return cls("local")
+def target_from_settings(data: dict | None) -> Target:
+    data = data or {}
+    if data.get("kind") == "wsl":
+        try:
+            return Target.wsl(data.get("distro") or None)
+        except ValueError:  # an invalid distro name in a hand-edited file
+            return Target.wsl()
+    return Target.local()
 
 
-def local_wslm_argv(args: list[str]) -> list[str]:
-    """`wslm ARGS` with this very interpreter, so the GUI and the commands it runs agree on versions."""
-    return [sys.executable, "-m", "wslm", *args]
+def target_to_settings(target: Target) -> dict:
+    if not target.via_wsl:
+        return {"kind": "local"}
+    return {"kind": "wsl", "distro": target.distro or ""}
 
 
-def wslm_argv(target: Target, args: list[str]) -> list[str]:
-    """The argv that runs `wslm ARGS` on the target."""
-    if target.kind == "local":
-        return local_wslm_argv(args)
-    return ["wsl.exe", "-d", target.distro, "--", "wslm", *args]
-
-
-def program_argv(target: Target, argv: list[str]) -> list[str]:
-    """The argv that runs any Linux program (nvidia-smi) on the target."""
-    if target.kind == "local":
-        return list(argv)
-    return ["wsl.exe", "-d", target.distro, "--", *argv]
-
-
-def stop_argv(target: Target, pid: int) -> list[str] | None:
-    """How to stop a backend by its Linux PID; None when terminating our own child process suffices."""
-    if target.kind == "local":
-        return None
-    return program_argv(target, ["kill", "-TERM", str(int(pid))])
+def target_label(target: Target) -> str:
+    if not target.via_wsl:
+        return "This machine"
+    return f"WSL: {target.distro}" if target.distro else "WSL: default distro"

@@ -1,0 +1,129 @@
+"""The transcript: renders the message model as HTML in a QTextBrowser, re-rendering (throttled) as it changes.
+
+Per-message actions are links (copy:ROW, regen:ROW) so the view stays one widget; only the streaming
+message is re-converted from Markdown on each update, the others come from a cache."""
+
+from __future__ import annotations
+
+import html
+
+from PySide6.QtCore import QTimer, QUrl, Signal
+from PySide6.QtGui import QGuiApplication
+from PySide6.QtWidgets import QTextBrowser
+
+import wslm.gui.qt_fix  # noqa: F401  (PySide6 6.12 emit() refcount bug)
+from wslm.gui import theme
+from wslm.gui.chat_model import MessageListModel
+from wslm.gui.markdown import render_markdown
+
+RENDER_DELAY_MS = 40
+
+
+def stats_line(stats: dict) -> str:
+    parts = []
+    if stats.get("tokens_per_s"):
+        parts.append(f"{stats['tokens_per_s']:.1f} tok/s")
+    if stats.get("tokens"):
+        parts.append(f"{stats['tokens']} tokens")
+    if stats.get("ttft_s") is not None:
+        parts.append(f"TTFT {stats['ttft_s']:.2f} s")
+    if stats.get("stopped"):
+        parts.append("stopped")
+    elif stats.get("finish_reason") == "length":
+        parts.append("hit max tokens")
+    return " · ".join(parts)
+
+
+class ChatView(QTextBrowser):
+    regenerate_requested = Signal(int)
+
+    def __init__(self, model: MessageListModel, parent=None) -> None:
+        super().__init__(parent)
+        self.setObjectName("Transcript")
+        self.setOpenLinks(False)
+        self.setOpenExternalLinks(False)
+        self.anchorClicked.connect(self._on_link)
+        self.model = model
+        self.empty_hint = ""
+        self._cache: dict[tuple[int, str], str] = {}
+        self._timer = QTimer(self, singleShot=True, interval=RENDER_DELAY_MS)
+        self._timer.timeout.connect(self.render)
+        for sig in (model.modelReset, model.rowsInserted, model.rowsRemoved, model.dataChanged):
+            sig.connect(self.schedule)
+        self.document().setDefaultStyleSheet(
+            f"a {{ color: {theme.MUTED}; text-decoration: none; }} pre {{ margin: 0; }} p {{ margin: 0 0 6px 0; }}"
+        )
+        self.render()
+
+    def set_empty_hint(self, text: str) -> None:
+        self.empty_hint = text
+        self.schedule()
+
+    def schedule(self, *_args) -> None:
+        if not self._timer.isActive():
+            self._timer.start()
+
+    def _message_html(self, row: int) -> str:
+        msg = self.model.message(row)
+        streaming = row == self.model.streaming_row
+        key = (msg.id, msg.content)
+        body = None if streaming else self._cache.get(key)
+        if body is None:
+            body = render_markdown(msg.content) if msg.role == "assistant" else (
+                "<p>" + html.escape(msg.content).replace("\n", "<br>") + "</p>")
+            if not streaming:
+                self._cache[key] = body
+        if streaming:
+            body += f'<span style="color:{theme.ACCENT};">▍</span>' if msg.content else (
+                f'<p style="color:{theme.MUTED};">Thinking…</p>')
+        who = "You" if msg.role == "user" else "Assistant"
+        bg = "#1a2130" if msg.role == "user" else theme.BG
+        parts = [
+            f'<table width="100%" cellspacing="0" cellpadding="12" style="background-color:{bg}; margin-bottom:6px;">'
+            f'<tr><td><p style="color:{theme.MUTED}; font-weight:600; margin-bottom:4px;">{who}</p>{body}'
+        ]
+        if msg.error:
+            parts.append(
+                f'<table width="100%" cellpadding="10" style="background-color:#2a1517; margin-top:6px;"><tr><td>'
+                f'<span style="color:{theme.ERROR}; font-weight:600;">Error</span>&nbsp; '
+                f'<span style="color:#f0c4c1;">{html.escape(msg.error)}</span><br>'
+                f'<a href="regen:{row}" style="color:{theme.ACCENT};">Retry</a></td></tr></table>'
+            )
+        if msg.role == "assistant" and not streaming and not msg.error:
+            footer = stats_line(msg.stats)
+            links = f'<a href="copy:{row}">Copy</a> &nbsp;·&nbsp; <a href="regen:{row}">Regenerate</a>'
+            parts.append(
+                f'<p style="color:{theme.MUTED}; font-size:small; margin-top:6px;">'
+                f'{html.escape(footer)}{" &nbsp;·&nbsp; " if footer else ""}{links}</p>'
+            )
+        elif msg.role == "user":
+            parts.append(f'<p style="font-size:small; margin-top:4px;"><a href="copy:{row}">Copy</a></p>')
+        parts.append("</td></tr></table>")
+        return "".join(parts)
+
+    def render(self) -> None:
+        bar = self.verticalScrollBar()
+        at_bottom = bar.value() >= bar.maximum() - 40
+        keep = bar.value()
+        rows = self.model.rowCount()
+        if not rows:
+            self.setHtml(
+                f'<p align="center" style="margin-top:160px; font-size:20pt; font-weight:600;">'
+                f"What can I help with?</p><p align='center' style='color:{theme.MUTED};'>{html.escape(self.empty_hint)}</p>"
+            )
+            return
+        self.setHtml("".join(self._message_html(r) for r in range(rows)))
+        bar.setValue(bar.maximum() if at_bottom else keep)
+
+    def _on_link(self, url: QUrl) -> None:
+        action, _, arg = url.toString().partition(":")
+        if action not in ("copy", "regen") or not arg.isdigit():
+            return
+        row = int(arg)
+        msg = self.model.message(row)
+        if msg is None:
+            return
+        if action == "copy":
+            QGuiApplication.clipboard().setText(msg.content)
+        else:
+            self.regenerate_requested.emit(row)

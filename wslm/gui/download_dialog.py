@@ -1,0 +1,64 @@
+"""Download a model: repo id, file pattern (which GGUF quant), mirror endpoint; then live progress."""
+
+from __future__ import annotations
+
+import re
+
+from PySide6.QtCore import Signal
+from PySide6.QtWidgets import QDialog, QFormLayout, QHBoxLayout, QLabel, QLineEdit, QPushButton, QVBoxLayout
+
+import wslm.gui.qt_fix  # noqa: F401  (PySide6 6.12 emit() refcount bug)
+from wslm.gui.download_job import PullJob
+from wslm.gui.download_view import DownloadProgressView
+
+REPO_RE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+class DownloadDialog(QDialog):
+    job_started = Signal(object)  # PullJob
+
+    def __init__(self, make_job, endpoint: str = "", parent=None) -> None:
+        """`make_job(repo, pattern, endpoint) -> PullJob` comes from the models panel (it knows the target)."""
+        super().__init__(parent)
+        self.setWindowTitle("Download a model")
+        self.setMinimumWidth(520)
+        self.make_job = make_job
+        self.job: PullJob | None = None
+        self.repo = QLineEdit(placeholderText="e.g. HuggingFaceTB/SmolLM2-360M-Instruct")
+        self.pattern = QLineEdit(placeholderText="optional, e.g. *Q4_K_M.gguf")
+        self.endpoint = QLineEdit(endpoint, placeholderText="optional mirror, e.g. https://hf-mirror.com")
+        form = QFormLayout()
+        form.addRow("Repository", self.repo)
+        form.addRow("File pattern", self.pattern)
+        form.addRow("Mirror endpoint", self.endpoint)
+        self.error = QLabel(objectName="Muted")
+        self.error.setWordWrap(True)
+        self.start_button = QPushButton("Download", objectName="Primary")
+        self.start_button.clicked.connect(self.start)
+        close = QPushButton("Close")
+        close.clicked.connect(self.close)
+        buttons = QHBoxLayout()
+        buttons.addWidget(self.error, 1)
+        buttons.addWidget(close)
+        buttons.addWidget(self.start_button)
+        self.lay = QVBoxLayout(self)
+        self.lay.addLayout(form)
+        self.lay.addLayout(buttons)
+
+    def start(self) -> PullJob | None:
+        repo = self.repo.text().strip()
+        if not REPO_RE.match(repo):
+            self.error.setText("<span style='color:#f85149;'>Enter a repository id like owner/name.</span>")
+            return None
+        endpoint = self.endpoint.text().strip()
+        if endpoint and not endpoint.startswith(("http://", "https://")):
+            self.error.setText("<span style='color:#f85149;'>The mirror endpoint must start with http:// or https://</span>")
+            return None
+        self.error.setText("")
+        self.job = self.make_job(repo, self.pattern.text(), endpoint)
+        self.lay.insertWidget(1, DownloadProgressView(self.job, self))
+        self.start_button.setEnabled(False)
+        self.job.finished.connect(lambda _state: self.start_button.setEnabled(True))
+        self.job.start()
+        self.job_started.emit(self.job)
+        return self.job

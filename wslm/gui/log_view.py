@@ -1,0 +1,46 @@
+"""A searchable, auto-scrolling view over the log model (used by the Server and Logs panels)."""
+
+from __future__ import annotations
+
+from PySide6.QtGui import QFont, QGuiApplication
+from PySide6.QtWidgets import QHBoxLayout, QLineEdit, QListView, QPushButton, QVBoxLayout, QWidget
+
+from wslm.gui.log_model import LogFilter, LogModel
+
+
+class LogView(QWidget):
+    def __init__(self, logs: LogModel, only: str = "", parent=None) -> None:
+        super().__init__(parent)
+        self.logs = logs
+        self.proxy = LogFilter(logs, only, self)
+        self.search = QLineEdit(placeholderText="Search the log")
+        self.search.setClearButtonEnabled(True)
+        self.search.textChanged.connect(self.proxy.setFilterFixedString)
+        copy = QPushButton("Copy")
+        copy.clicked.connect(self.copy_visible)
+        bar = QHBoxLayout()
+        bar.addWidget(self.search, 1)
+        bar.addWidget(copy)
+        self.list = QListView()
+        self.list.setModel(self.proxy)
+        self.list.setUniformItemSizes(True)  # fast with thousands of lines
+        self.list.setWordWrap(False)
+        mono = QFont()
+        mono.setFamilies(["Cascadia Mono", "Consolas", "DejaVu Sans Mono", "Noto Sans Mono CJK SC", "monospace"])
+        mono.setPointSizeF(9)
+        self.list.setFont(mono)
+        self.list.setStyleSheet("QListView::item { padding: 1px 6px; }")
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(0, 0, 0, 0)
+        lay.addLayout(bar)
+        lay.addWidget(self.list, 1)
+        self.proxy.rowsInserted.connect(self._follow)
+
+    def _follow(self, *_args) -> None:
+        bar = self.list.verticalScrollBar()
+        if bar.value() >= bar.maximum() - 3 * max(1, bar.singleStep()):
+            self.list.scrollToBottom()
+
+    def copy_visible(self) -> None:
+        lines = [self.proxy.index(i, 0).data() for i in range(self.proxy.rowCount())]
+        QGuiApplication.clipboard().setText("\n".join(lines))

@@ -1,0 +1,92 @@
+"""The Models table: what `wslm models list --json` reports, with a fits-in-GPU hint."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QAbstractTableModel, QModelIndex, Qt
+from PySide6.QtGui import QColor
+
+import wslm.gui.qt_fix  # noqa: F401  (PySide6 6.12 emit() refcount bug)
+from wslm.gui import theme
+from wslm.gui.format import human_bytes, human_count
+
+COLUMNS = ["Model", "Architecture", "Params", "Format", "Quant", "Size", "Context", "Fits GPU?"]
+ModelRole = Qt.ItemDataRole.UserRole + 1
+
+
+def fit_hint(model: dict, vram_total_bytes: int | None, gpu_share: float = 0.9) -> tuple[str, str]:
+    """(text, color): whether the model's memory estimate fits the GPU memory share."""
+    if not model.get("supported", True):
+        return "unsupported", theme.ERROR
+    need = model.get("memory_estimate_bytes") or model.get("size_bytes")
+    if not vram_total_bytes or not need:
+        return "unknown", theme.MUTED
+    budget = vram_total_bytes * gpu_share
+    if need <= budget * 0.8:
+        return "yes", theme.OK
+    if need <= budget:
+        return "tight", theme.WARN
+    return "no", theme.ERROR
+
+
+class ModelsTableModel(QAbstractTableModel):
+    def __init__(self, parent=None) -> None:
+        super().__init__(parent)
+        self.models: list[dict] = []
+        self.vram_total_bytes: int | None = None
+        self.gpu_share = 0.9
+
+    def rowCount(self, parent: QModelIndex = QModelIndex()) -> int:  # noqa: B008
+        return 0 if parent.isValid() else len(self.models)
+
+    def columnCount(self, parent: QModelIndex = QModelIndex()) -> int:  # noqa: B008
+        return 0 if parent.isValid() else len(COLUMNS)
+
+    def headerData(self, section: int, orientation: Qt.Orientation, role: int = Qt.ItemDataRole.DisplayRole):
+        if orientation == Qt.Orientation.Horizontal and role == Qt.ItemDataRole.DisplayRole:
+            return COLUMNS[section]
+        return None
+
+    def data(self, index: QModelIndex, role: int = Qt.ItemDataRole.DisplayRole):
+        if not index.isValid():
+            return None
+        m = self.models[index.row()]
+        col = index.column()
+        if role == ModelRole:
+            return m
+        if role == Qt.ItemDataRole.DisplayRole:
+            return [
+                m.get("id", ""),
+                m.get("architecture") or "—",
+                human_count(m.get("num_params")),
+                m.get("format") or "—",
+                m.get("quantization") or m.get("dtype") or "—",
+                human_bytes(m.get("size_bytes")),
+                f"{m['context_length']:,}" if m.get("context_length") else "—",
+                fit_hint(m, self.vram_total_bytes, self.gpu_share)[0],
+            ][col]
+        if role == Qt.ItemDataRole.ForegroundRole and col == 7:
+            return QColor(fit_hint(m, self.vram_total_bytes, self.gpu_share)[1])
+        if role == Qt.ItemDataRole.ToolTipRole:
+            tip = [m.get("path", ""), f"source: {m.get('source', '?')}"]
+            if m.get("memory_estimate_bytes"):
+                tip.append(f"needs about {human_bytes(m['memory_estimate_bytes'])} of GPU memory")
+            return "\n".join(t for t in tip if t)
+        return None
+
+    def set_models(self, models: list[dict]) -> None:
+        self.beginResetModel()
+        self.models = [m for m in models if isinstance(m, dict)]
+        self.endResetModel()
+
+    def set_vram(self, total_bytes: int | None, gpu_share: float | None = None) -> None:
+        self.vram_total_bytes = total_bytes
+        if gpu_share is not None:
+            self.gpu_share = gpu_share
+        if self.models:
+            self.dataChanged.emit(self.index(0, 7), self.index(len(self.models) - 1, 7))
+
+    def ids(self) -> list[str]:
+        return [m.get("id", "") for m in self.models if m.get("id")]
+
+    def total_bytes(self) -> int:
+        return sum(int(m.get("size_bytes") or 0) for m in self.models)

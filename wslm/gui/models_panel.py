@@ -1,0 +1,129 @@
+"""Models panel: the table from `models list --json`, download, delete with confirmation, disk use."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QMessageBox,
+    QPushButton,
+    QTableView,
+    QVBoxLayout,
+    QWidget,
+)
+
+import wslm.gui.qt_fix  # noqa: F401  (PySide6 6.12 emit() refcount bug)
+from wslm.gui.download_dialog import DownloadDialog
+from wslm.gui.download_job import DONE, PullJob
+from wslm.gui.download_view import DownloadProgressView
+from wslm.gui.format import human_bytes
+from wslm.gui.models_model import ModelRole
+from wslm.gui.models_service import ModelsService
+
+
+class ModelsPanel(QWidget):
+    use_model = Signal(str)  # "Serve this model" → server panel
+
+    def __init__(self, service: ModelsService, hub_endpoint: str = "", parent=None) -> None:
+        super().__init__(parent)
+        self.service = service
+        self.hub_endpoint = hub_endpoint
+        self.jobs: list[PullJob] = []
+        self.dialog: DownloadDialog | None = None
+
+        title = QLabel("Models", objectName="Title")
+        self.summary = QLabel(objectName="Muted")
+        self.download_button = QPushButton("⬇  Download…", objectName="Primary")
+        self.download_button.clicked.connect(self.open_download)
+        self.serve_button = QPushButton("Serve selected")
+        self.serve_button.clicked.connect(self._serve_selected)
+        self.delete_button = QPushButton("Delete", objectName="Danger")
+        self.delete_button.clicked.connect(self._delete_selected)
+        refresh = QPushButton("↻  Refresh")
+        refresh.clicked.connect(service.refresh)
+        head = QHBoxLayout()
+        head.addWidget(title)
+        head.addSpacing(12)
+        head.addWidget(self.summary, 1)
+        for b in (refresh, self.delete_button, self.serve_button, self.download_button):
+            head.addWidget(b)
+
+        self.table = QTableView()
+        self.table.setModel(service.table)
+        self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+        self.table.setAlternatingRowColors(True)
+        self.table.setShowGrid(False)
+        self.table.verticalHeader().hide()
+        self.table.verticalHeader().setDefaultSectionSize(34)
+        header = self.table.horizontalHeader()
+        header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        for col in range(1, service.table.columnCount()):
+            header.setSectionResizeMode(col, QHeaderView.ResizeMode.ResizeToContents)
+        header.setDefaultAlignment(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter)
+        self.table.doubleClicked.connect(lambda _i: self._serve_selected())
+
+        self.error = QLabel()
+        self.error.setWordWrap(True)
+        self.error.hide()
+        self.downloads = QVBoxLayout()
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(18, 14, 18, 14)
+        lay.addLayout(head)
+        lay.addWidget(self.error)
+        lay.addWidget(self.table, 1)
+        lay.addLayout(self.downloads)
+
+        service.table.modelReset.connect(self._update_summary)
+        service.table.dataChanged.connect(self._update_summary)
+        service.failed.connect(self._show_error)
+        service.listed.connect(lambda _ids: self.error.hide())
+        self._update_summary()
+
+    def _update_summary(self, *_args) -> None:
+        t = self.service.table
+        vram = f" · GPU memory {human_bytes(t.vram_total_bytes)}" if t.vram_total_bytes else ""
+        self.summary.setText(f"{t.rowCount()} models · {human_bytes(t.total_bytes())} on disk on "
+                             f"{self.service.target.describe()}{vram}")
+
+    def _show_error(self, text: str) -> None:
+        self.error.setText(f"<span style='color:#f85149;'>⚠</span> {text}")
+        self.error.show()
+
+    def selected_model(self) -> dict | None:
+        rows = self.table.selectionModel().selectedRows()
+        return rows[0].data(ModelRole) if rows else None
+
+    def _serve_selected(self) -> None:
+        m = self.selected_model()
+        if m:
+            self.use_model.emit(m["id"])
+
+    def _delete_selected(self, confirm: bool = True) -> None:
+        m = self.selected_model()
+        if not m:
+            return
+        if m.get("source") == "demo":
+            self._show_error("The demo model ships with wslm and cannot be deleted.")
+            return
+        if confirm and QMessageBox.question(
+            self, "Delete model", f"Delete {m['id']} ({human_bytes(m.get('size_bytes'))}) from "
+            f"{self.service.target.describe()}? This cannot be undone.") != QMessageBox.StandardButton.Yes:
+            return
+        self.service.remove(m["id"])
+
+    # Downloads
+    def make_job(self, repo: str, pattern: str, endpoint: str) -> PullJob:
+        job = PullJob(self.service.target, repo, pattern, endpoint, self.service.logs, self)
+        job.finished.connect(lambda state: self.service.refresh() if state == DONE else None)
+        self.jobs.append(job)
+        self.downloads.addWidget(DownloadProgressView(job, self))
+        return job
+
+    def open_download(self) -> DownloadDialog:
+        self.dialog = DownloadDialog(self.make_job, self.hub_endpoint, self)
+        self.dialog.show()
+        return self.dialog

@@ -1,0 +1,271 @@
+"""Runs `wslm serve` on the target through the launcher, and knows what state it is in.
+
+    stopped -> starting -> loading -> ready -> stopping -> stopped
+                    \\________\\_______\\--> crashed (exit, error event, or /health stops answering)
+
+The process is a QProcess (no thread); health and /metrics are polled with QNetworkAccessManager
+(asynchronous); stopping a WSL backend by its Linux PID runs on a background thread."""
+
+from __future__ import annotations
+
+import logging
+import time
+from dataclasses import dataclass
+
+from PySide6.QtCore import QObject, QTimer, QUrl, Signal
+from PySide6.QtNetwork import QNetworkAccessManager, QNetworkReply, QNetworkRequest
+
+import wslm.gui.qt_fix  # noqa: F401  (PySide6 6.12 emit() refcount bug)
+from wslm.gui.background import BackgroundCall
+from wslm.gui.cli_process import JsonProcess
+from wslm.gui.crash_hints import likely_cause
+from wslm.gui.log_model import LogModel
+from wslm.gui.metrics import ThroughputMeter, metric, parse_prometheus
+from wslm.wsl_bridge.launcher import Target, stop_backend
+
+log = logging.getLogger(__name__)
+
+STOPPED, STARTING, LOADING, READY, STOPPING, CRASHED = "stopped", "starting", "loading", "ready", "stopping", "crashed"
+STATES = (STOPPED, STARTING, LOADING, READY, STOPPING, CRASHED)
+
+HEALTH_INTERVAL_MS = 2000
+HEALTH_FAILURES_TO_CRASH = 5
+MAX_AUTO_RESTARTS = 3
+STOP_GRACE_S = 10.0
+
+
+@dataclass
+class ServerConfig:
+    """`wslm serve` flags, named as in vLLM."""
+
+    model: str = "demo"
+    host: str = "127.0.0.1"
+    port: int = 8000
+    api_key: str = ""
+    max_model_len: int = 0
+    gpu_memory_utilization: float = 0.9
+
+    def serve_args(self) -> list[str]:
+        args = ["--model", self.model or "demo", "--host", self.host, "--port", str(int(self.port))]
+        if self.api_key:
+            args += ["--api-key", self.api_key]
+        if self.max_model_len:
+            args += ["--max-model-len", str(int(self.max_model_len))]
+        args += ["--gpu-memory-utilization", f"{float(self.gpu_memory_utilization):g}"]
+        return args
+
+    def client_host(self) -> str:
+        return "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+
+
+class ServerController(QObject):
+    state_changed = Signal(str, str)  # state, detail (crash cause, model loading, ...)
+    ready = Signal(dict)  # the ready event: url, host, port, model, pid
+    metrics_updated = Signal(dict)  # kv_cache_usage (0..1), running, waiting, tokens_per_s
+    health_changed = Signal(str)  # "ok" or an error text
+
+    def __init__(self, logs: LogModel, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self.logs = logs
+        self.target = Target.local()
+        self.config = ServerConfig()
+        self.state = STOPPED
+        self.detail = ""
+        self.auto_restart = False
+        self.ready_event: dict = {}
+        self.last_lines: list[str] = []
+        self._proc: JsonProcess | None = None
+        self._error_message = ""
+        self._restarts: list[float] = []
+        self._restart_after_stop = False
+        self._health_failures = 0
+        self._net = QNetworkAccessManager(self)
+        self._health_timer = QTimer(self, interval=HEALTH_INTERVAL_MS)
+        self._health_timer.timeout.connect(self._poll)
+        self._kill_timer = QTimer(self, singleShot=True)
+        self._kill_timer.timeout.connect(self._force_kill)
+        self._restart_timer = QTimer(self, singleShot=True)
+        self._restart_timer.timeout.connect(self._auto_restart_now)
+        self._throughput = ThroughputMeter()
+
+    # Public API
+    @property
+    def base_url(self) -> str:
+        """OpenAI base URL of the running server (…/v1), "" when not ready."""
+        if self.state != READY:
+            return ""
+        host = self.ready_event.get("host") or self.config.client_host()
+        if host in ("0.0.0.0", "::"):
+            host = "127.0.0.1"
+        return f"http://{host}:{self.ready_event.get('port') or self.config.port}/v1"
+
+    @property
+    def running(self) -> bool:
+        return self.state in (STARTING, LOADING, READY, STOPPING)
+
+    def start(self, config: ServerConfig | None = None, target: Target | None = None) -> bool:
+        if self.running:
+            return False
+        if config is not None:
+            self.config = config
+        if target is not None:
+            self.target = target
+        self._restart_timer.stop()
+        self._error_message = ""
+        self.ready_event = {}
+        self.last_lines = []
+        self._health_failures = 0
+        argv = self.target.wslm_argv(["serve", *self.config.serve_args()])
+        self.logs.add("server", "$ " + " ".join(argv))
+        proc = JsonProcess(self, keep_lines=60)
+        proc.event.connect(self._on_event)
+        proc.log_line.connect(self._on_log)
+        proc.finished.connect(self._on_finished)
+        self._proc = proc
+        self._set(STARTING, f"Starting on {self.target.describe()}…")
+        proc.start(argv)
+        return True
+
+    def stop(self) -> None:
+        self._restart_timer.stop()
+        self._restart_after_stop = False
+        if not self.running or self.state == STOPPING:
+            if self.state == CRASHED:
+                self._set(STOPPED, "")
+            return
+        self._set(STOPPING, "Stopping…")
+        self._health_timer.stop()
+        proc = self._proc
+        pid = int(self.ready_event.get("pid") or 0)
+        if self.target.via_wsl and pid:
+            # Killing wsl.exe would leave the Linux process running: signal it by its Linux PID.
+            call = BackgroundCall(lambda: stop_backend(self.target, pid, timeout=STOP_GRACE_S,
+                                                       exited=lambda: not proc.running), self)
+            call.failed.connect(lambda err: self.logs.add("server", f"stop: {err}"))
+            call.start()
+        else:
+            proc.terminate()  # local: our child *is* the backend; SIGTERM shuts uvicorn down cleanly
+        self._kill_timer.start(int((STOP_GRACE_S + 5) * 1000))
+
+    def restart(self) -> None:
+        if self.running and self.state != STOPPING:
+            self._restart_after_stop = True
+            self.stop()
+            self._restart_after_stop = True
+        elif not self.running:
+            self.start()
+
+    def shutdown(self, wait_ms: int = 8000) -> None:
+        """App exit: stop the backend and wait (a little) for it."""
+        if self.running:
+            self.stop()
+            if self._proc and not self._proc.wait(wait_ms):
+                self._proc.kill()
+                self._proc.wait(2000)
+
+    # Process events
+    def _on_event(self, event: dict) -> None:
+        kind = event.get("event")
+        if kind == "loading":
+            self._set(LOADING, f"Loading {event.get('model') or self.config.model}…")
+        elif kind == "ready":
+            self.ready_event = event
+            self._set(READY, f"{event.get('model', '')} at {event.get('url', '')}")
+            self._health_timer.start()
+            self.ready.emit(event)
+        elif kind == "error":
+            self._error_message = str(event.get("message", ""))
+            self.logs.add("server", f"error: {self._error_message}")
+
+    def _on_log(self, line: str) -> None:
+        self.logs.add("server", line)
+
+    def _on_finished(self, code: int, tail: str) -> None:
+        self._kill_timer.stop()
+        self._health_timer.stop()
+        self.last_lines = self.logs.tail("server", 12)
+        was = self.state
+        if was == STOPPING:
+            self._set(STOPPED, f"Stopped (exit code {code})")
+            if self._restart_after_stop:
+                self._restart_after_stop = False
+                QTimer.singleShot(0, self.start)
+            return
+        cause = likely_cause(code, tail.splitlines(), self._error_message)
+        msg = f"Exited with code {code} while {was}. {self._error_message + '. ' if self._error_message else ''}{cause}"
+        self._set(CRASHED, msg)
+        self._maybe_restart()
+
+    def _force_kill(self) -> None:
+        if self._proc and self._proc.running:
+            self.logs.add("server", "backend did not stop in time; killing it")
+            self._proc.kill()
+
+    def _maybe_restart(self) -> None:
+        if not self.auto_restart:
+            return
+        now = time.monotonic()
+        self._restarts = [t for t in self._restarts if now - t < 300]
+        if len(self._restarts) >= MAX_AUTO_RESTARTS:
+            self.logs.add("server", f"auto-restart gave up after {MAX_AUTO_RESTARTS} crashes in 5 minutes")
+            return
+        self._restarts.append(now)
+        delay = 2 ** len(self._restarts)
+        self.logs.add("server", f"auto-restart in {delay} s")
+        self._restart_timer.start(delay * 1000)
+
+    def _auto_restart_now(self) -> None:
+        if self.state == CRASHED:
+            self.start()
+
+    def _set(self, state: str, detail: str) -> None:
+        self.state, self.detail = state, detail
+        self.state_changed.emit(state, detail)
+
+    # Health and metrics
+    def _poll(self) -> None:
+        base = self.base_url
+        if not base:
+            return
+        root = base[: -len("/v1")]
+        for path, handler in (("/health", self._on_health), ("/metrics", self._on_metrics)):
+            req = QNetworkRequest(QUrl(root + path))
+            req.setTransferTimeout(HEALTH_INTERVAL_MS + 1000)
+            if self.config.api_key:
+                req.setRawHeader(b"Authorization", f"Bearer {self.config.api_key}".encode())
+            reply = self._net.get(req)
+            reply.finished.connect(lambda r=reply, h=handler: h(r))
+
+    def _on_health(self, reply: QNetworkReply) -> None:
+        reply.deleteLater()
+        if self.state != READY:
+            return
+        if reply.error() == QNetworkReply.NetworkError.NoError:
+            if self._health_failures:
+                self.health_changed.emit("ok")
+            self._health_failures = 0
+            return
+        self._health_failures += 1
+        self.health_changed.emit(reply.errorString())
+        if self._health_failures >= HEALTH_FAILURES_TO_CRASH:
+            self._error_message = f"/health did not answer {self._health_failures} times ({reply.errorString()})"
+            self.logs.add("server", self._error_message)
+            # The process is hung: end it; _on_finished then reports the crash (and restarts if asked).
+            self._health_timer.stop()
+            if self._proc:
+                self._proc.kill()
+
+    def _on_metrics(self, reply: QNetworkReply) -> None:
+        reply.deleteLater()
+        if reply.error() != QNetworkReply.NetworkError.NoError:
+            return
+        values = parse_prometheus(bytes(reply.readAll().data()).decode("utf-8", "replace"))
+        rate = self._throughput.update(time.monotonic(), metric(values, "generation_tokens_total"))
+        self.metrics_updated.emit({
+            "kv_cache_usage": metric(values, "kv_cache_usage_perc"),
+            "running": metric(values, "num_requests_running"),
+            "waiting": metric(values, "num_requests_waiting"),
+            "tokens_per_s": rate,
+            "generation_tokens_total": metric(values, "generation_tokens_total"),
+            "prompt_tokens_total": metric(values, "prompt_tokens_total"),
+        })

@@ -1,0 +1,225 @@
+"""Server panel: target, model, port, context, GPU share, API key; Start/Stop/Restart; state, plots, log."""
+
+from __future__ import annotations
+
+import html
+import secrets
+
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QDoubleSpinBox,
+    QFrame,
+    QGridLayout,
+    QHBoxLayout,
+    QLabel,
+    QLineEdit,
+    QPushButton,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
+
+import wslm.gui.qt_fix  # noqa: F401  (PySide6 6.12 emit() refcount bug)
+from wslm.gui import theme
+from wslm.gui.backend_target import target_label
+from wslm.gui.log_view import LogView
+from wslm.gui.plot_widget import Sparkline
+from wslm.gui.server_controller import CRASHED, READY, STOPPED, ServerConfig, ServerController
+from wslm.gui.settings import Settings
+
+STATE_TEXT = {"stopped": "Stopped", "starting": "Starting", "loading": "Loading model", "ready": "Ready",
+              "stopping": "Stopping", "crashed": "Crashed"}
+
+
+class ServerPanel(QWidget):
+    change_target = Signal()
+    settings_changed = Signal()
+
+    def __init__(self, controller: ServerController, settings: Settings, parent=None) -> None:
+        super().__init__(parent)
+        self.controller = controller
+        self.settings = settings
+
+        title = QLabel("Server", objectName="Title")
+        self.badge = QLabel(objectName="StateBadge")
+        self.detail = QLabel(objectName="Muted")
+        self.detail.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.start_button = QPushButton("▶  Start", objectName="Primary")
+        self.stop_button = QPushButton("■  Stop")
+        self.restart_button = QPushButton("↻  Restart")
+        self.start_button.clicked.connect(self.start)
+        self.stop_button.clicked.connect(controller.stop)
+        self.restart_button.clicked.connect(self.restart)
+        head = QHBoxLayout()
+        head.addWidget(title)
+        head.addSpacing(8)
+        head.addWidget(self.badge)
+        head.addSpacing(8)
+        head.addWidget(self.detail, 1)
+        for b in (self.restart_button, self.stop_button, self.start_button):
+            head.addWidget(b)
+
+        form_card = QFrame(objectName="Card")
+        grid = QGridLayout(form_card)
+        grid.setContentsMargins(14, 12, 14, 12)
+        grid.setHorizontalSpacing(12)
+        self.target_label = QLabel()
+        change = QPushButton("Change…")
+        change.clicked.connect(self.change_target)
+        target_row = QHBoxLayout()
+        target_row.addWidget(self.target_label, 1)
+        target_row.addWidget(change)
+        self.model = QComboBox(editable=True)
+        self.model.addItem(settings.model or "demo")
+        self.port = QSpinBox(minimum=1, maximum=65535, value=settings.port)
+        self.context = QSpinBox(minimum=0, maximum=1048576, singleStep=1024, value=settings.max_model_len)
+        self.context.setSpecialValueText("model default")
+        self.gpu = QDoubleSpinBox(minimum=0.05, maximum=0.99, singleStep=0.05, decimals=2,
+                                  value=settings.gpu_memory_utilization)
+        self.gpu.setToolTip("Share of GPU memory the engine may use for weights and KV cache (--gpu-memory-utilization)")
+        self.api_key = QLineEdit(settings.api_key, placeholderText="none (anyone on this machine can connect)")
+        self.api_key.setEchoMode(QLineEdit.EchoMode.PasswordEchoOnEdit)
+        gen = QPushButton("Generate")
+        gen.clicked.connect(lambda: self.api_key.setText("sk-wslm-" + secrets.token_urlsafe(24)))
+        key_row = QHBoxLayout()
+        key_row.addWidget(self.api_key, 1)
+        key_row.addWidget(gen)
+        self.auto_restart = QCheckBox("Restart automatically if it crashes")
+        self.auto_restart.setChecked(settings.auto_restart)
+        self.auto_restart.toggled.connect(self._save)
+        rows = [("Target", target_row), ("Model", self.model), ("Port", self.port), ("Context length", self.context),
+                ("GPU memory share", self.gpu), ("API key", key_row)]
+        for i, (label, w) in enumerate(rows):
+            r, c = i % 3, (i // 3) * 2
+            grid.addWidget(QLabel(label, objectName="Muted"), r, c)
+            if isinstance(w, QHBoxLayout):
+                grid.addLayout(w, r, c + 1)
+            else:
+                grid.addWidget(w, r, c + 1)
+        grid.addWidget(self.auto_restart, 3, 1, 1, 3)
+        grid.setColumnStretch(1, 1)
+        grid.setColumnStretch(3, 1)
+        for w in (self.port, self.context, self.gpu):
+            w.valueChanged.connect(self._save)
+        self.model.currentTextChanged.connect(self._save)
+        self.api_key.editingFinished.connect(self._save)
+
+        self.crash_box = QLabel()
+        self.crash_box.setWordWrap(True)
+        self.crash_box.setTextFormat(Qt.TextFormat.RichText)
+        self.crash_box.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.crash_box.setStyleSheet("background-color: #2a1517; border: 1px solid #5c2a2d; border-radius: 10px; padding: 10px;")
+        self.crash_box.hide()
+
+        plots = QGridLayout()
+        plots.setSpacing(10)
+        self.plots = {
+            "cpu": Sparkline("CPU", "%", 100, "#4f9dff"),
+            "ram": Sparkline("RAM", "%", 100, "#a371f7"),
+            "gpu": Sparkline("GPU", "%", 100, "#3fb950"),
+            "vram": Sparkline("VRAM", "%", 100, "#2ea043"),
+            "kv": Sparkline("KV cache", "%", 100, "#d29922"),
+            "tps": Sparkline("Throughput", " tok/s", None, "#f778ba"),
+        }
+        for i, plot in enumerate(self.plots.values()):
+            plots.addWidget(plot, 0, i)
+
+        self.log = LogView(controller.logs, only="server")
+        lay = QVBoxLayout(self)
+        lay.setContentsMargins(18, 14, 18, 14)
+        lay.setSpacing(12)
+        lay.addLayout(head)
+        lay.addWidget(form_card)
+        lay.addWidget(self.crash_box)
+        lay.addLayout(plots)
+        log_title = QLabel("Server log", objectName="Muted")
+        lay.addWidget(log_title)
+        lay.addWidget(self.log, 1)
+
+        controller.state_changed.connect(self.show_state)
+        controller.metrics_updated.connect(self.show_metrics)
+        controller.health_changed.connect(self._on_health)
+        self.show_state(controller.state, controller.detail)
+        self.set_target_label()
+
+    def set_target_label(self) -> None:
+        self.target_label.setText(target_label(self.controller.target))
+
+    def set_models(self, ids: list[str]) -> None:
+        current = self.model.currentText()
+        self.model.blockSignals(True)
+        self.model.clear()
+        self.model.addItems(ids or ["demo"])
+        self.model.setCurrentText(current or "demo")
+        self.model.blockSignals(False)
+
+    def config(self) -> ServerConfig:
+        return ServerConfig(model=self.model.currentText().strip() or "demo", host=self.settings.host,
+                            port=self.port.value(), api_key=self.api_key.text().strip(),
+                            max_model_len=self.context.value(), gpu_memory_utilization=self.gpu.value())
+
+    def _save(self, *_args) -> None:
+        s = self.settings
+        s.model, s.port, s.max_model_len = self.model.currentText().strip() or "demo", self.port.value(), self.context.value()
+        s.gpu_memory_utilization, s.api_key = self.gpu.value(), self.api_key.text().strip()
+        s.auto_restart = self.auto_restart.isChecked()
+        self.controller.auto_restart = s.auto_restart
+        self.settings_changed.emit()
+
+    def start(self) -> None:
+        self._save()
+        self.controller.start(self.config())
+
+    def restart(self) -> None:
+        self._save()
+        self.controller.config = self.config()
+        self.controller.restart()
+
+    def show_state(self, state: str, detail: str) -> None:
+        self.badge.setText(STATE_TEXT.get(state, state))
+        self.badge.setStyleSheet(theme.badge_style(state))
+        running = self.controller.running
+        self.start_button.setEnabled(not running)
+        self.stop_button.setEnabled(running and state != "stopping")
+        self.restart_button.setEnabled(state in (READY, CRASHED, "loading", "starting"))
+        self.detail.setText(detail if state != CRASHED else "See below for the cause")
+        if state == CRASHED:
+            lines = "<br>".join(html.escape(x) for x in self.controller.last_lines[-8:])
+            self.crash_box.setText(
+                f"<b style='color:{theme.ERROR};'>The server stopped unexpectedly.</b><br>{html.escape(detail)}"
+                f"<br><br><span style='font-family:monospace; color:#d8b4b1;'>{lines}</span>")
+            self.crash_box.show()
+        elif state != STOPPED:
+            self.crash_box.hide()
+        if state != READY:
+            for key in ("kv", "tps"):
+                self.plots[key].set_note("when the server is ready" if state != READY else "")
+
+    def show_metrics(self, m: dict) -> None:
+        self.plots["kv"].add(100.0 * (m.get("kv_cache_usage") or 0.0),
+                             f"{int(m.get('running') or 0)} running · {int(m.get('waiting') or 0)} waiting")
+        rate = m.get("tokens_per_s")
+        if rate is not None:
+            self.plots["tps"].add(rate, f"{int(m.get('generation_tokens_total') or 0):,} tokens generated")
+
+    def show_resources(self, s: dict) -> None:
+        self.plots["cpu"].add(s["cpu"])
+        self.plots["ram"].add(s["ram"], f"{s['ram_used_gib']:.1f} / {s['ram_total_gib']:.1f} GiB")
+
+    def show_gpu(self, g: dict) -> None:
+        self.plots["gpu"].add(g["gpu_util"], g.get("gpu_name", ""))
+        total = g["vram_total_mib"] or 1
+        self.plots["vram"].add(100.0 * g["vram_used_mib"] / total,
+                               f"{g['vram_used_mib'] / 1024:.1f} / {total / 1024:.1f} GiB")
+
+    def gpu_unavailable(self, why: str) -> None:
+        self.plots["gpu"].set_note(why)
+        self.plots["vram"].set_note("no GPU data")
+
+    def _on_health(self, status: str) -> None:
+        if status != "ok" and self.controller.state == READY:
+            self.detail.setText(f"⚠ /health: {status}")
+        elif self.controller.state == READY:
+            self.detail.setText(self.controller.detail)

@@ -1,0 +1,109 @@
+"""The app's look: a dark theme in the spirit of LM Studio / GPT4All, with CJK-capable font fallbacks."""
+
+from __future__ import annotations
+
+from PySide6.QtGui import QColor, QFont, QPalette
+from PySide6.QtWidgets import QApplication
+
+ACCENT = "#4f9dff"
+BG = "#111318"
+PANEL = "#171a21"
+RAISED = "#1e222b"
+BORDER = "#2a2f3a"
+TEXT = "#e6e9ef"
+MUTED = "#8d96a8"
+OK = "#3fb950"
+WARN = "#d29922"
+ERROR = "#f85149"
+
+# Latin first, then CJK families that Windows (YaHei, Meiryo, Malgun) and Linux (Noto CJK) ship.
+UI_FONTS = ["Segoe UI", "Inter", "Noto Sans", "DejaVu Sans", "Microsoft YaHei UI", "Noto Sans CJK SC",
+            "Meiryo", "Malgun Gothic"]
+
+STATE_COLORS = {"stopped": MUTED, "starting": WARN, "loading": WARN, "ready": OK, "stopping": WARN, "crashed": ERROR}
+
+QSS = f"""
+QWidget {{ color: {TEXT}; background-color: {BG}; font-size: 10pt; }}
+QWidget#Sidebar {{ background-color: {PANEL}; border-right: 1px solid {BORDER}; }}
+QLabel#Brand {{ font-size: 15pt; font-weight: 600; padding: 14px 14px 10px 14px; background: transparent; }}
+QListWidget#Nav {{ background: transparent; border: none; outline: 0; }}
+QListWidget#Nav::item {{ padding: 9px 14px; margin: 2px 8px; border-radius: 8px; color: {MUTED}; }}
+QListWidget#Nav::item:selected {{ background-color: {RAISED}; color: {TEXT}; }}
+QListWidget#Nav::item:hover {{ background-color: #1a1e26; }}
+QLabel {{ background: transparent; }}
+QLabel#Title {{ font-size: 14pt; font-weight: 600; }}
+QLabel#Muted, QLabel[muted="true"] {{ color: {MUTED}; }}
+QLabel#StateBadge {{ border-radius: 10px; padding: 3px 10px; font-weight: 600; }}
+QFrame#Card {{ background-color: {PANEL}; border: 1px solid {BORDER}; border-radius: 10px; }}
+QFrame#Card QLabel, QFrame#Card QCheckBox {{ background: transparent; }}
+QLineEdit, QPlainTextEdit, QTextEdit, QSpinBox, QDoubleSpinBox, QComboBox {{
+    background-color: {RAISED}; border: 1px solid {BORDER}; border-radius: 7px; padding: 5px 8px;
+    selection-background-color: {ACCENT}; }}
+QLineEdit:focus, QPlainTextEdit:focus, QComboBox:focus, QSpinBox:focus, QDoubleSpinBox:focus {{ border-color: {ACCENT}; }}
+QComboBox QAbstractItemView {{ background-color: {RAISED}; border: 1px solid {BORDER}; selection-background-color: {ACCENT}; }}
+QPushButton {{ background-color: {RAISED}; border: 1px solid {BORDER}; border-radius: 7px; padding: 6px 14px; }}
+QPushButton:hover {{ border-color: #3b4250; background-color: #232833; }}
+QPushButton:disabled {{ color: #596074; }}
+QPushButton#Primary {{ background-color: {ACCENT}; border-color: {ACCENT}; color: #0b1220; font-weight: 600; }}
+QPushButton#Primary:hover {{ background-color: #6aadff; }}
+QPushButton#Primary:disabled {{ background-color: #2a3b55; border-color: #2a3b55; color: #7f8ba3; }}
+QPushButton#Danger {{ color: {ERROR}; }}
+QTextBrowser#Transcript {{ background-color: {BG}; border: none; }}
+QListView, QTableView, QTreeView {{ background-color: {PANEL}; border: 1px solid {BORDER}; border-radius: 8px;
+    alternate-background-color: #1a1d24; outline: 0; }}
+QListView::item {{ padding: 7px 8px; border-radius: 6px; }}
+QListView::item:selected, QTableView::item:selected {{ background-color: #26324a; color: {TEXT}; }}
+QHeaderView::section {{ background-color: {PANEL}; color: {MUTED}; border: none; border-bottom: 1px solid {BORDER};
+    padding: 6px 8px; font-weight: 600; }}
+QTableView {{ gridline-color: transparent; }}
+QProgressBar {{ background-color: {RAISED}; border: 1px solid {BORDER}; border-radius: 6px; text-align: center; height: 16px; }}
+QProgressBar::chunk {{ background-color: {ACCENT}; border-radius: 5px; }}
+QStatusBar {{ background-color: {PANEL}; border-top: 1px solid {BORDER}; color: {MUTED}; }}
+QStatusBar QLabel {{ color: {MUTED}; padding: 0 8px; }}
+QScrollBar:vertical {{ background: transparent; width: 10px; margin: 0; }}
+QScrollBar::handle:vertical {{ background: #2f3542; border-radius: 5px; min-height: 30px; }}
+QScrollBar::add-line, QScrollBar::sub-line {{ height: 0; width: 0; }}
+QScrollBar:horizontal {{ background: transparent; height: 10px; }}
+QScrollBar::handle:horizontal {{ background: #2f3542; border-radius: 5px; min-width: 30px; }}
+QCheckBox::indicator, QRadioButton::indicator {{ width: 14px; height: 14px; border: 1px solid #4a5161;
+    background-color: {RAISED}; }}
+QCheckBox::indicator {{ border-radius: 4px; }}
+QRadioButton::indicator {{ border-radius: 8px; }}
+QCheckBox::indicator:checked, QRadioButton::indicator:checked {{ background-color: {ACCENT}; border-color: {ACCENT}; }}
+QCheckBox, QRadioButton {{ spacing: 8px; background: transparent; }}
+QAbstractSpinBox::up-button, QAbstractSpinBox::down-button {{ width: 0px; border: none; }}
+QComboBox::drop-down {{ border: none; width: 22px; }}
+QGroupBox {{ border: 1px solid {BORDER}; border-radius: 10px; margin-top: 14px; padding: 10px; background-color: {PANEL}; }}
+QGroupBox::title {{ subcontrol-origin: margin; left: 10px; padding: 0 4px; color: {MUTED}; }}
+QSplitter::handle {{ background-color: {BORDER}; }}
+QSplitter::handle:horizontal {{ width: 1px; }}
+QToolTip {{ background-color: {RAISED}; color: {TEXT}; border: 1px solid {BORDER}; }}
+"""
+
+
+def apply_theme(app: QApplication) -> None:
+    app.setStyle("Fusion")
+    font = QFont()
+    font.setFamilies(UI_FONTS)
+    font.setPointSizeF(10)
+    app.setFont(font)
+    pal = QPalette()
+    for role, color in ((QPalette.ColorRole.Window, BG), (QPalette.ColorRole.Base, PANEL),
+                        (QPalette.ColorRole.AlternateBase, RAISED), (QPalette.ColorRole.Text, TEXT),
+                        (QPalette.ColorRole.WindowText, TEXT), (QPalette.ColorRole.Button, RAISED),
+                        (QPalette.ColorRole.ButtonText, TEXT), (QPalette.ColorRole.Highlight, ACCENT),
+                        (QPalette.ColorRole.Link, ACCENT), (QPalette.ColorRole.PlaceholderText, "#687086")):
+        pal.setColor(role, QColor(color))
+    app.setPalette(pal)
+    app.setStyleSheet(QSS)
+
+
+def _rgba(color: str, alpha: float) -> str:
+    # Qt reads 8-digit hex as #AARRGGBB, not CSS's #RRGGBBAA: spell transparency out.
+    c = QColor(color)
+    return f"rgba({c.red()}, {c.green()}, {c.blue()}, {int(alpha * 255)})"
+
+
+def badge_style(state: str) -> str:
+    color = STATE_COLORS.get(state, MUTED)
+    return f"background-color: {_rgba(color, 0.14)}; color: {color}; border: 1px solid {_rgba(color, 0.45)};"
