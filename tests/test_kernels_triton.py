@@ -87,8 +87,10 @@ def test_prefill_max_seqlen_hint_and_out_buffer():
     torch.testing.assert_close(out, naive_attention(batch, 0.125), atol=1e-5, rtol=1e-5)
 
 
-def test_non_power_of_two_head_dim_and_strided_q():
-    batch = make_paged_batch([1, 5], [20, 11], 6, 3, 80, 16, device=DEVICE)
+@pytest.mark.parametrize("q_lens", [[1, 5], [1, 1]], ids=["mixed", "decode"])
+def test_non_power_of_two_head_dim_group_and_strided_q(q_lens):
+    # head_dim 80 and 3 query heads per KV head exercise the padded lanes
+    batch = make_paged_batch(q_lens, [20, 11], 6, 2, 80, 16, device=DEVICE)
     # q as a slice of a fused qkv projection: rows strided, heads contiguous.
     qkv = torch.randn(batch.q.shape[0], 3 * 6 * 80, device=DEVICE)
     qkv[:, : 6 * 80] = batch.q.reshape(batch.q.shape[0], -1)

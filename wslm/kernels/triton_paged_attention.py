@@ -67,31 +67,38 @@ def _prefill_kernel(
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
     stride_bt,
-    NUM_GROUPS: tl.constexpr, BLOCK_SIZE: tl.constexpr,
+    NUM_GROUPS: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
-    """grid (num_seqs, cdiv(max_q_len, BLOCK_M), num_heads): BLOCK_M query tokens of one head."""
+    """grid (num_seqs, cdiv(max_q_len, BLOCK_Q), num_kv_heads), BLOCK_Q = BLOCK_M // GROUP_PAD.
+
+    The BLOCK_M rows of a program are BLOCK_Q query tokens x the GROUP_PAD query heads of one KV head
+    (row r: token r // GROUP_PAD, head r % GROUP_PAD), so each K/V tile is read once per GQA group and
+    a decode sequence in a mixed batch wastes few rows."""
+    BLOCK_Q: tl.constexpr = BLOCK_M // GROUP_PAD
     seq = tl.program_id(0)
-    m_block = tl.program_id(1)
-    head = tl.program_id(2)
-    kv_head = head // NUM_GROUPS
+    q_block = tl.program_id(1)
+    kv_head = tl.program_id(2)
     q_start = tl.load(cu_seqlens_q_ptr + seq)
     q_len = tl.load(cu_seqlens_q_ptr + seq + 1) - q_start
-    m0 = m_block * BLOCK_M
+    m0 = q_block * BLOCK_Q  # first query token of this program
     if m0 >= q_len:
         return
     kv_len = tl.load(seq_lens_ptr + seq)
-    ctx = kv_len - q_len  # cached prefix: query m sits at position ctx + m
+    ctx = kv_len - q_len  # cached prefix: query token m sits at position ctx + m
 
-    offs_m = m0 + tl.arange(0, BLOCK_M)
+    rows = tl.arange(0, BLOCK_M)
+    tok = m0 + rows // GROUP_PAD
+    g = rows % GROUP_PAD
+    head = kv_head * NUM_GROUPS + g
     offs_d = tl.arange(0, HEAD_DIM_PAD)
-    m_mask = offs_m < q_len
+    row_mask = (tok < q_len) & (g < NUM_GROUPS)
     d_mask = offs_d < HEAD_DIM
-    q_rows = (q_start + offs_m).to(tl.int64)
-    q = tl.load(q_ptr + q_rows[:, None] * stride_qt + head * stride_qh + offs_d[None, :],
-                mask=m_mask[:, None] & d_mask[None, :], other=0.0)
-    q_pos = ctx + offs_m
+    q_rows = (q_start + tok).to(tl.int64)
+    q = tl.load(q_ptr + q_rows[:, None] * stride_qt + head[:, None] * stride_qh + offs_d[None, :],
+                mask=row_mask[:, None] & d_mask[None, :], other=0.0)
+    q_pos = ctx + tok
 
     m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
     l_i = tl.zeros([BLOCK_M], tl.float32)
@@ -108,7 +115,7 @@ def _prefill_kernel(
             q_pos, kv_len, stride_kb, stride_ks, k_head_off, stride_vb, stride_vs, v_head_off,
             scale_log2, BLOCK_SIZE, BLOCK_N, 0,
         )
-    kv_end = tl.minimum(kv_len, ctx + m0 + BLOCK_M)
+    kv_end = tl.minimum(kv_len, ctx + m0 + BLOCK_Q)
     for start_n in range(full_end, kv_end, BLOCK_N):
         acc, m_i, l_i = _attend_tile(
             acc, m_i, l_i, q, start_n, k_cache_ptr, v_cache_ptr, block_table_row, offs_d, d_mask,
@@ -116,8 +123,8 @@ def _prefill_kernel(
             scale_log2, BLOCK_SIZE, BLOCK_N, 2,
         )
     acc = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
-    tl.store(out_ptr + q_rows[:, None] * stride_ot + head * stride_oh + offs_d[None, :],
-             acc.to(out_ptr.dtype.element_ty), mask=m_mask[:, None] & d_mask[None, :])
+    tl.store(out_ptr + q_rows[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
+             acc.to(out_ptr.dtype.element_ty), mask=row_mask[:, None] & d_mask[None, :])
 
 
 @triton.jit
@@ -297,12 +304,14 @@ def paged_attention(
 
     if not max_seqlen_q:
         max_seqlen_q = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())  # a device sync
-    block_m = 64 if max_seqlen_q > 16 else 16
+    group_pad = triton.next_power_of_2(groups)
+    # Rows = query tokens x heads of a group: 16 rows for short (decode-like) runs, 64 for prefill.
+    block_m = max(group_pad, 64 if max_seqlen_q * group_pad > 16 else 16)
     block_n = 64
-    grid = (num_seqs, math.ceil(max_seqlen_q / block_m), num_heads)
+    grid = (num_seqs, math.ceil(max_seqlen_q / (block_m // group_pad)), num_kv_heads)
     _prefill_kernel[grid](
         q, k_cache, v_cache, out, block_tables, cu_seqlens_q, seq_lens, scale_log2, *common_strides,
-        NUM_GROUPS=groups, BLOCK_SIZE=block_size, HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad,
-        BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps, num_stages=2,
+        NUM_GROUPS=groups, GROUP_PAD=group_pad, BLOCK_SIZE=block_size, HEAD_DIM=head_dim,
+        HEAD_DIM_PAD=head_dim_pad, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps, num_stages=2,
     )
     return out
