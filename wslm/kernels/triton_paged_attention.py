@@ -45,7 +45,7 @@ def _attend_tile(
                       stride_kb, stride_ks, k_head_off, BLOCK_SIZE)
     v = _load_kv_tile(v_cache_ptr, block_table_row, offs_n, offs_d, n_mask, d_mask,
                       stride_vb, stride_vs, v_head_off, BLOCK_SIZE)
-    s = tl.dot(q, tl.trans(k)) * scale_log2  # [M, BLOCK_N], log2 domain
+    s = tl.dot(q, tl.trans(k.to(q.dtype))) * scale_log2  # [M, BLOCK_N], log2 domain
     if MASK == 2:
         s = tl.where((offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :], s, float("-inf"))
     elif MASK == 1:
@@ -69,14 +69,13 @@ def _prefill_kernel(
     stride_bt,
     NUM_GROUPS: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
 ):
     """grid (num_seqs, cdiv(max_q_len, BLOCK_Q), num_kv_heads), BLOCK_Q = BLOCK_M // GROUP_PAD.
 
     The BLOCK_M rows of a program are BLOCK_Q query tokens x the GROUP_PAD query heads of one KV head
     (row r: token r // GROUP_PAD, head r % GROUP_PAD), so each K/V tile is read once per GQA group and
     a decode sequence in a mixed batch wastes few rows."""
-    BLOCK_Q: tl.constexpr = BLOCK_M // GROUP_PAD
     seq = tl.program_id(0)
     q_block = tl.program_id(1)
     kv_head = tl.program_id(2)
@@ -244,7 +243,11 @@ def paged_attention(
     max_seqlen_k: int | None = None,
     partition_size: int | None = None,
 ) -> torch.Tensor:
-    """See wslm.kernels.paged_attention. partition_size (a multiple of 64) forces the decode split."""
+    """See wslm.kernels.paged_attention. partition_size (a multiple of 64) forces the decode split.
+
+    Decode launches depend only on shapes and max_seqlen_k (grid, partition buffers), never on tensor
+    values, so a CUDA graph captured with a fixed max_seqlen_k (e.g. max_model_len) replays correctly
+    for any seq_lens up to it. The prefill path needs max_seqlen_q (or reads it with a device sync)."""
     if out is None:
         out = torch.empty_like(q)
     _check(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, out)
@@ -312,6 +315,7 @@ def paged_attention(
     _prefill_kernel[grid](
         q, k_cache, v_cache, out, block_tables, cu_seqlens_q, seq_lens, scale_log2, *common_strides,
         NUM_GROUPS=groups, GROUP_PAD=group_pad, BLOCK_SIZE=block_size, HEAD_DIM=head_dim,
-        HEAD_DIM_PAD=head_dim_pad, BLOCK_M=block_m, BLOCK_N=block_n, num_warps=num_warps, num_stages=2,
+        HEAD_DIM_PAD=head_dim_pad, BLOCK_M=block_m, BLOCK_Q=block_m // group_pad, BLOCK_N=block_n,
+        num_warps=num_warps, num_stages=2,
     )
     return out
