@@ -44,6 +44,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     s.add_argument("--dry-run", action="store_true", help="print the plan, change nothing")
     s.add_argument("--json", action="store_true", help="machine-readable output")
     s.add_argument("--show-key", "--show", dest="show_key", action="store_true", help="print the API key")
+    s.add_argument("--take-over", action="store_true",
+                   help="with `on`: replace a portproxy rule on the port that wslm did not create")
     s.add_argument("--regenerate", action="store_true", help="with `key`: make a new API key")
     s.set_defaults(func=share_handler)
 
@@ -153,7 +155,7 @@ def share_handler(args: argparse.Namespace) -> int:
             _emit(st.to_dict(), args.json, _status_text(st))
             return 0
         if args.action == "on":
-            res = share.share_on(args.port, args.distro, dry_run=args.dry_run)
+            res = share.share_on(args.port, args.distro, dry_run=args.dry_run, take_over=args.take_over)
         elif args.action == "off":
             res = share.share_off(args.port, dry_run=args.dry_run)
         else:

@@ -1,6 +1,6 @@
 """One-click LAN sharing of a backend running in WSL.
 
-    share_on(port=8000, distro=None, dry_run=False)   -> ShareResult
+    share_on(port=8000, distro=None, dry_run=False, take_over=False) -> ShareResult
     share_off(port=None, dry_run=False)               -> ShareResult  (port None: every wslm share)
     share_status(port=None, distro=None)              -> ShareStatus
     share_refresh(port=None, dry_run=False)           -> ShareResult  (cheap when nothing changed)
@@ -218,19 +218,28 @@ def _firewall_steps(current: firewall.FirewallRule | None, desired: firewall.Fir
     return steps
 
 
-def plan_share_on(ctx: _Context) -> Plan:
-    """The steps `share on` needs, given what is there (empty when everything is in place)."""
+def plan_share_on(ctx: _Context, take_over: bool = False) -> Plan:
+    """The steps `share on` needs, given what is there (empty when everything is in place).
+    `take_over`: replace portproxy rules on the same port that wslm did not create (e.g. the one the
+    user made by hand before wslm); otherwise they are a ShareConflictError."""
     port, plan = ctx.port, Plan("share on")
     owned_proxy = [o for o in ctx.owned.owned("portproxy", port) if o.listen_address == LISTEN_ADDRESS]
     live = _proxy_in_table(ctx.table, owned_proxy[0]) if owned_proxy else None
     foreign = [r for r in ctx.table if r.listen_port == port and not (owned_proxy and r == live)]
+    if foreign and take_over:
+        for r in foreign:
+            plan.steps.append(Step(f"remove the portproxy rule {r.listen_address}:{r.listen_port} -> "
+                                   f"{r.connect_address}:{r.connect_port} (taken over by wslm)",
+                                   portproxy.delete_argv(r), portproxy.add_argv(r)))
+        foreign = []
     if ctx.mode == "nat" and foreign:
         r = foreign[0]
         raise ShareConflictError(
             f"port {port} is already forwarded by a portproxy rule wslm did not create: "
             f"{r.listen_address}:{r.listen_port} -> {r.connect_address}:{r.connect_port}",
             f"remove it (administrator): netsh interface portproxy delete v4tov4 listenport={r.listen_port} "
-            f"listenaddress={r.listen_address}, or share another port with --port")
+            f"listenaddress={r.listen_address}; or let wslm replace it: wslm share on --take-over; "
+            f"or share another port with --port")
     if ctx.mode == "nat":
         if not ctx.wsl_ip:
             raise BridgeError(f"cannot find the IP of {ctx.distro.name}", "start the distro and try again")
@@ -314,7 +323,7 @@ def backend_report(distro: str, port: int, probe_host: str | None, key: str | No
 
 
 def share_on(port: int | None = None, distro: str | None = None, dry_run: bool = False,
-             check_backend: bool = True) -> ShareResult:
+             check_backend: bool = True, take_over: bool = False) -> ShareResult:
     """Forward the port to the distro, open the firewall, make sure an API key exists, and report the
     LAN URLs, warnings and whether the backend must be (re)started with server["serve_args"]."""
     port, distro = _defaults(port, distro)
@@ -324,7 +333,7 @@ def share_on(port: int | None = None, distro: str | None = None, dry_run: bool =
             raise ValidationError(f"port {port} is reserved by Windows (excluded port range {excluded[0]}-{excluded[1]}, "
                                   "usually Hyper-V or WinNAT)", "choose a port outside it with --port")
     ctx = _context(port, distro)
-    plan = plan_share_on(ctx)
+    plan = plan_share_on(ctx, take_over)
     messages = []
     if dry_run:
         key, created = apikey.read_api_key(), False
