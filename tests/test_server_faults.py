@@ -1,0 +1,152 @@
+"""When something breaks inside the server, the client gets a 500 (or an in-band SSE error) with a message,
+never a traceback, and the server keeps serving.
+
+A broken engine cannot be produced on demand with the real model, so this module runs the real app, engine
+loop and uvicorn on loopback around a small stand-in with LLMEngine's API (add_request / abort_request /
+step / has_unfinished_requests / apply_chat_template / get_stats) that fails on cue."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+from wslm.backend.outputs import CompletionOutput, RequestOutput
+
+
+class ByteTokenizer:
+    """One token per byte: enough for the HTTP layer."""
+
+    def __len__(self) -> int:
+        return 256
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        if "BREAK_TOKENIZER" in text:
+            raise RuntimeError("tokenizer exploded")
+        return list(text.encode())
+
+    def decode(self, ids: list[int]) -> str:
+        return bytes(ids).decode(errors="replace")
+
+
+class FlakyEngine:
+    """Emits "x" per step; prompt text FAIL_STEP makes step() raise, ENGINE_ERROR fails the request the way
+    LLMEngine does when a forward pass raises (finish_reason "error")."""
+
+    def __init__(self) -> None:
+        self.tokenizer = ByteTokenizer()
+        self.model_config = type("MC", (), {"max_model_len": 512, "vocab_size": 256})()
+        self.model_name = "flaky"
+        self.requests: dict[str, list] = {}
+
+    def add_request(self, request_id, prompt, params, arrival_time=None) -> None:
+        self.requests[request_id] = [list(prompt), params, 0]
+
+    def abort_request(self, request_id) -> None:
+        for rid in [request_id] if isinstance(request_id, str) else request_id:
+            self.requests.pop(rid, None)
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self.requests)
+
+    def step(self) -> list[RequestOutput]:
+        time.sleep(0.01)
+        outputs = []
+        for rid, entry in list(self.requests.items()):
+            prompt, params, done = entry
+            text = bytes(prompt).decode()
+            if "FAIL_STEP" in text:
+                raise RuntimeError("scheduler bug")
+            if "ENGINE_ERROR" in text:
+                del self.requests[rid]
+                outputs.append(RequestOutput(rid, None, prompt, [CompletionOutput(0, "", [], finish_reason="error")],
+                                             True, error="The engine failed on this request: boom"))
+                continue
+            entry[2] = done = done + 1
+            finish = "length" if done >= params.max_tokens else None
+            if finish:
+                del self.requests[rid]
+            outputs.append(RequestOutput(rid, None, prompt, [CompletionOutput(0, "x", [120], finish_reason=finish)],
+                                         finish is not None))
+        return outputs
+
+    def apply_chat_template(self, messages, chat_template=None, add_generation_prompt=True) -> list[int]:
+        return self.tokenizer.encode("\n".join(m["content"] for m in messages))
+
+    def get_stats(self) -> dict:
+        return {"num_requests_running": len(self.requests)}
+
+
+@pytest.fixture(scope="module")
+def url():
+    import uvicorn
+
+    from wslm.backend.server.app import build_app
+    from wslm.backend.server.async_engine import AsyncEngine
+    from wslm.backend.server.metrics import ServerMetrics
+    from wslm.backend.server.serving_base import ServerState
+
+    engine = FlakyEngine()
+    metrics = ServerMetrics("flaky")
+    state = ServerState(AsyncEngine(engine, metrics), engine.tokenizer, ["flaky"], 512, metrics=metrics)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(build_app(state), log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    server.should_exit = True
+    thread.join(30)
+
+
+def _chat(url: str, content: str, **extra) -> httpx.Response:
+    return httpx.post(url + "/v1/chat/completions", timeout=30,
+                      json={"model": "flaky", "messages": [{"role": "user", "content": content}], "max_tokens": 3,
+                            **extra})
+
+
+def _assert_still_serving(url: str) -> None:
+    r = _chat(url, "hello")
+    assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "xxx"
+    assert httpx.get(url + "/health").status_code == 200
+
+
+def test_engine_step_raising(url):
+    r = _chat(url, "FAIL_STEP")
+    assert r.status_code == 500
+    error = r.json()["error"]
+    assert "scheduler bug" in error["message"] and "Traceback" not in error["message"]
+    assert error["type"] == "server_error"
+    _assert_still_serving(url)
+    client = openai.OpenAI(base_url=url + "/v1", api_key="x", max_retries=0)
+    with pytest.raises(openai.APIError, match="scheduler bug"):
+        for _ in client.chat.completions.create(model="flaky", messages=[{"role": "user", "content": "FAIL_STEP"}],
+                                                stream=True, max_tokens=3):
+            pass
+    _assert_still_serving(url)
+
+
+def test_request_failed_by_engine(url):
+    r = _chat(url, "ENGINE_ERROR")
+    assert r.status_code == 500 and "boom" in r.json()["error"]["message"]
+    with httpx.stream("POST", url + "/v1/completions", timeout=30,
+                      json={"model": "flaky", "prompt": "ENGINE_ERROR", "stream": True}) as s:
+        lines = [line for line in s.iter_lines() if line]
+    assert '"error"' in lines[-2] and "boom" in lines[-2] and lines[-1] == "data: [DONE]"
+    _assert_still_serving(url)
+
+
+def test_handler_bug_is_a_500_with_a_message(url):
+    r = httpx.post(url + "/v1/completions", json={"model": "flaky", "prompt": "BREAK_TOKENIZER"}, timeout=30)
+    assert r.status_code == 500
+    message = r.json()["error"]["message"]
+    assert "tokenizer exploded" in message and "still running" in message and "Traceback" not in message
+    _assert_still_serving(url)
