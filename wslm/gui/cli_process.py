@@ -84,7 +84,8 @@ class JsonProcess(QObject):
         self._err += bytes(self._proc.readAllStandardError().data())
         *lines, self._err = self._err.split(b"\n")
         for raw in lines:
-            text = raw.decode("utf-8", "replace").rstrip("\r")
+            # Progress bars redraw with \r: keep what the line finally showed.
+            text = raw.decode("utf-8", "replace").rstrip("\r").rsplit("\r", 1)[-1]
             self._tail.append(text)
             self.log_line.emit(text)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from PySide6.QtCore import QObject, QTimer, QUrl, Signal
 from PySide6.QtNetwork import QNetworkAccessManager, QNetworkReply, QNetworkRequest
@@ -44,6 +44,7 @@ class ServerConfig:
     api_key: str = ""
     max_model_len: int = 0
     gpu_memory_utilization: float = 0.9
+    extra_args: list[str] = field(default_factory=list)  # any other `wslm serve` flags
 
     def serve_args(self) -> list[str]:
         args = ["--model", self.model or "demo", "--host", self.host, "--port", str(int(self.port))]
@@ -52,7 +53,7 @@ class ServerConfig:
         if self.max_model_len:
             args += ["--max-model-len", str(int(self.max_model_len))]
         args += ["--gpu-memory-utilization", f"{float(self.gpu_memory_utilization):g}"]
-        return args
+        return args + list(self.extra_args)
 
     def client_host(self) -> str:
         return "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
@@ -192,7 +193,8 @@ class ServerController(QObject):
                 QTimer.singleShot(0, self.start)
             return
         cause = likely_cause(code, tail.splitlines(), self._error_message)
-        msg = f"Exited with code {code} while {was}. {self._error_message + '. ' if self._error_message else ''}{cause}"
+        said = self._error_message.rstrip(". ")
+        msg = f"Exited with code {code} while {was}. {said + '. ' if said else ''}{cause}"
         self._set(CRASHED, msg)
         self._maybe_restart()
 

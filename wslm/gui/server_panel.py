@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import secrets
+import shlex
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
@@ -86,6 +87,8 @@ class ServerPanel(QWidget):
         key_row = QHBoxLayout()
         key_row.addWidget(self.api_key, 1)
         key_row.addWidget(gen)
+        self.extra = QLineEdit(settings.serve_extra_args, placeholderText="more wslm serve flags, e.g. --max-num-seqs 8")
+        self.extra.editingFinished.connect(self._save)
         self.auto_restart = QCheckBox("Restart automatically if it crashes")
         self.auto_restart.setChecked(settings.auto_restart)
         self.auto_restart.toggled.connect(self._save)
@@ -98,7 +101,9 @@ class ServerPanel(QWidget):
                 grid.addLayout(w, r, c + 1)
             else:
                 grid.addWidget(w, r, c + 1)
-        grid.addWidget(self.auto_restart, 3, 1, 1, 3)
+        grid.addWidget(QLabel("Extra flags", objectName="Muted"), 3, 0)
+        grid.addWidget(self.extra, 3, 1)
+        grid.addWidget(self.auto_restart, 3, 3)
         grid.setColumnStretch(1, 1)
         grid.setColumnStretch(3, 1)
         for w in (self.port, self.context, self.gpu):
@@ -155,21 +160,33 @@ class ServerPanel(QWidget):
         self.model.setCurrentText(current or "demo")
         self.model.blockSignals(False)
 
+    def extra_args(self) -> list[str] | None:
+        """The extra flags split like a shell would; None (and a message) when the quoting is broken."""
+        try:
+            return shlex.split(self.extra.text())
+        except ValueError as exc:
+            self.detail.setText(f"⚠ Extra flags: {exc}")
+            return None
+
     def config(self) -> ServerConfig:
         return ServerConfig(model=self.model.currentText().strip() or "demo", host=self.settings.host,
                             port=self.port.value(), api_key=self.api_key.text().strip(),
-                            max_model_len=self.context.value(), gpu_memory_utilization=self.gpu.value())
+                            max_model_len=self.context.value(), gpu_memory_utilization=self.gpu.value(),
+                            extra_args=self.extra_args() or [])
 
     def _save(self, *_args) -> None:
         s = self.settings
         s.model, s.port, s.max_model_len = self.model.currentText().strip() or "demo", self.port.value(), self.context.value()
         s.gpu_memory_utilization, s.api_key = self.gpu.value(), self.api_key.text().strip()
         s.auto_restart = self.auto_restart.isChecked()
+        s.serve_extra_args = self.extra.text().strip()
         self.controller.auto_restart = s.auto_restart
         self.settings_changed.emit()
 
     def start(self) -> None:
         self._save()
+        if self.extra_args() is None:
+            return
         self.controller.start(self.config())
 
     def restart(self) -> None:

@@ -32,6 +32,7 @@ class Settings:
     gpu_memory_utilization: float = 0.9
     api_key: str = ""
     auto_restart: bool = False
+    serve_extra_args: str = ""  # more `wslm serve` flags, shell-quoted
     # Chat: against our server, or any OpenAI-compatible URL.
     chat_use_server: bool = True
     chat_base_url: str = "http://127.0.0.1:8000/v1"

@@ -1,0 +1,128 @@
+"""The server panel starts a real `wslm serve` on the demo model (local launcher, loopback port), the chat
+streams a reply from it, Stop ends the stream (the server aborts the request), and Stop stops the server."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+import httpx
+import pytest
+
+pytest.importorskip("PySide6")
+
+from PySide6.QtCore import QTimer  # noqa: E402
+
+from wslm.gui.chat_store import ChatStore  # noqa: E402
+from wslm.gui.main_window import MainWindow  # noqa: E402
+from wslm.gui.metrics import metric, parse_prometheus  # noqa: E402
+from wslm.gui.server_controller import CRASHED, READY, STOPPED  # noqa: E402
+from wslm.gui.settings import Settings  # noqa: E402
+
+# Small KV cache and context: loads fast on a shared CPU.
+FAST_FLAGS = "--kv-cache-memory 64MiB --max-num-seqs 4"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def running_requests(base: str) -> float:
+    text = httpx.get(base.removesuffix("/v1") + "/metrics", timeout=5).text
+    return metric(parse_prometheus(text), "num_requests_running")
+
+
+@pytest.mark.timeout(400)
+def test_server_panel_real_backend_chat_stream_and_stop(qtbot, tmp_path, monkeypatch):
+    monkeypatch.setenv("WSLM_CONFIG_DIR", str(tmp_path / "config"))
+    settings = Settings(first_run_done=True, port=free_port(), model="demo", max_model_len=1024,
+                        serve_extra_args=FAST_FLAGS, max_tokens=400, system_prompt="")
+    store = ChatStore(tmp_path / "chats.sqlite3")
+    window = MainWindow(settings, store, watch=False)
+    qtbot.addWidget(window)
+    window.show()
+    panel = window.server_panel
+    states = []
+    window.server.state_changed.connect(lambda s, _d: states.append(s))
+
+    panel.start_button.click()
+    qtbot.waitUntil(lambda: window.server.state in (READY, CRASHED), timeout=300_000)
+    assert window.server.state == READY, f"server did not start: {window.server.detail}\n{window.logs.text()[-3000:]}"
+    assert states[:3] == ["starting", "loading", "ready"]
+    assert panel.badge.text() == "Ready" and not panel.start_button.isEnabled()
+    assert "Backend ready" in window.status.state.text()
+    assert any("wslm" in window.logs.data(window.logs.index(i)) for i in range(window.logs.rowCount()))
+
+    # The chat follows the server on its own.
+    base = window.session.base_url
+    assert base == f"http://127.0.0.1:{settings.port}/v1" and window.session.model == "demo"
+    chat = window.chat_panel
+    window.sidebar.select("chat")
+    chat.input.setPlainText("Tell me a long story about a cat who learns to sail.")
+
+    ticks = []
+    timer = QTimer()
+    timer.timeout.connect(lambda: ticks.append(time.monotonic()))
+    timer.start(20)
+    with qtbot.waitSignal(window.session.first_token, timeout=120_000):
+        chat.send_button.click()
+    assert chat.input.toPlainText() == ""  # sent
+    qtbot.waitUntil(lambda: len(window.session.messages.messages()[-1].content) > 20, timeout=60_000)
+    assert chat.stop_button.isVisible() and not chat.send_button.isVisible()
+    t_stop = time.monotonic()
+    chat.stop_button.click()
+    timer.stop()
+    assert time.monotonic() - t_stop < 0.5  # Stop does not wait for the server
+    assert chat.send_button.isVisible()
+    reply = window.session.messages.messages()[-1]
+    assert reply.role == "assistant" and reply.content and reply.stats.get("stopped") is True
+    # The event loop kept turning while tokens streamed in (no gap near a second).
+    assert len(ticks) > 5 and max(b - a for a, b in zip(ticks, ticks[1:], strict=False)) < 1.0
+    # The connection closed, so the server aborted the request.
+    qtbot.waitUntil(lambda: running_requests(base) == 0, timeout=20_000)
+    qtbot.wait(300)
+    content_after_stop = reply.content
+    assert window.session.messages.messages()[-1].content == content_after_stop
+    # The reply and the question are in SQLite.
+    saved = store.messages(window.session.messages.conversation_id)
+    assert [m.role for m in saved] == ["user", "assistant"] and saved[1].content == content_after_stop
+
+    # A second, complete reply gets its tokens/s and TTFT line.
+    chat.input.setPlainText("Say hi.")
+    window.session.store.update_conversation(window.session.messages.conversation_id, max_tokens=8)
+    with qtbot.waitSignal(window.session.reply_finished, timeout=120_000) as done:
+        chat.send_button.click()
+    assert done.args[0]["tokens"] > 0 and done.args[0]["ttft_s"] is not None
+    chat.view.render()
+    assert "TTFT" in chat.view.toPlainText()
+
+    panel.stop_button.click()
+    assert window.server.state == "stopping"
+    qtbot.waitUntil(lambda: window.server.state == STOPPED, timeout=30_000)
+    assert panel.start_button.isEnabled()
+    assert window.session.base_url == ""  # the chat knows the server is gone
+    with pytest.raises(httpx.ConnectError):
+        httpx.get(base.removesuffix("/v1") + "/health", timeout=2)
+    window.close()
+    store.close()
+
+
+def test_crash_shows_cause(qtbot, tmp_path, monkeypatch):
+    monkeypatch.setenv("WSLM_CONFIG_DIR", str(tmp_path / "config"))
+    # The port is taken: the real server fails to bind; the panel says so, with the fix.
+    blocker = socket.socket()
+    blocker.bind(("127.0.0.1", 0))
+    blocker.listen()
+    port = blocker.getsockname()[1]
+    settings = Settings(first_run_done=True, port=port, model="no-such-model-anywhere")
+    window = MainWindow(settings, ChatStore(tmp_path / "c.sqlite3"), watch=False)
+    qtbot.addWidget(window)
+    window.server_panel.start_button.click()
+    qtbot.waitUntil(lambda: window.server.state == CRASHED, timeout=120_000)
+    assert window.server_panel.crash_box.isVisible() or not window.isVisible()
+    text = window.server_panel.crash_box.text()
+    assert "stopped unexpectedly" in text and ("port" in text.lower() or "model" in text.lower())
+    blocker.close()
+    window.close()
