@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 from hub_server import FakeHub, make_tiny_gguf
-from test_models_pull import env, wslm, wslm_text  # noqa: F401 - shared fixture and runners
+from test_models_pull import env, warm_metadata, wslm, wslm_text  # noqa: F401 - shared fixture and runners
 
 from wslm.backend.hub.quant import gguf_variants, pick_variant, quant_label
 

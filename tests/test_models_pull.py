@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -33,9 +34,24 @@ def hub(tiny_llama):
         yield h
 
 
+@pytest.fixture(scope="session")
+def warm_metadata(tmp_path_factory) -> Path:
+    """The demo GGUF's header, read once: GGUFReader takes seconds on its 49k-token vocabulary."""
+
+    folder = tmp_path_factory.mktemp("warm-config")
+    code = "from wslm.backend.hub.catalog import find_model; find_model('demo')"
+    subprocess.run(
+        [sys.executable, "-c", code], env={**os.environ, "WSLM_CONFIG_DIR": str(folder)}, check=True
+    )
+    return folder / "data" / "gguf-metadata.json"
+
+
 @pytest.fixture
-def env(tmp_path, monkeypatch) -> dict[str, str]:
+def env(tmp_path, monkeypatch, warm_metadata) -> dict[str, str]:
     """A private HF cache, models folder and config dir, for this process and the CLI it starts."""
+    (tmp_path / "config" / "data").mkdir(parents=True)
+    if warm_metadata.exists():
+        shutil.copy(warm_metadata, tmp_path / "config" / "data" / "gguf-metadata.json")
     for var in (
         "HF_TOKEN",
         "HF_ENDPOINT",
