@@ -53,9 +53,10 @@ def _prefill_one(
     q_len = q.shape[0]
     n_blocks = -(-kv_len // block_size)
     blocks = blocks_row[:n_blocks].long()
-    k = _gather_kv(k_cache, blocks)[:kv_len].transpose(0, 1)  # [Hkv, S, D]
-    v = _gather_kv(v_cache, blocks)[:kv_len].transpose(0, 1)
-    qh = q.transpose(0, 1)  # [H, L, D]
+    # 4-D inputs: CPU SDPA takes its flash kernel (GQA included) for them, the slow math path for 3-D.
+    k = _gather_kv(k_cache, blocks)[:kv_len].transpose(0, 1)[None]  # [1, Hkv, S, D]
+    v = _gather_kv(v_cache, blocks)[:kv_len].transpose(0, 1)[None]
+    qh = q.transpose(0, 1)[None]  # [1, H, L, D]
     if q_len == kv_len:
         out = F.scaled_dot_product_attention(qh, k, v, is_causal=True, scale=scale, enable_gqa=True)
     else:
@@ -64,7 +65,7 @@ def _prefill_one(
         kpos = torch.arange(kv_len, device=q.device)
         mask = kpos[None, :] <= qpos[:, None]
         out = F.scaled_dot_product_attention(qh, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
-    return out.transpose(0, 1)
+    return out[0].transpose(0, 1)
 
 
 def paged_attention(
