@@ -53,6 +53,7 @@ class PullJob(QObject):
         self.logs = logs
         self.progress = PullProgress()
         self._proc: JsonProcess | None = None
+        self._final: tuple[str, str] | None = None
 
     def argv(self) -> list[str]:
         args = ["models", "pull", self.repo]
@@ -75,8 +76,9 @@ class PullJob(QObject):
         proc = JsonProcess(self)
         proc.event.connect(self._on_event)
         proc.log_line.connect(self._on_log)
-        proc.finished.connect(self._on_finished)
+        proc.finished.connect(lambda code, tail, pr=proc: self._on_finished(pr, code, tail))
         self._proc = proc
+        self._final: tuple[str, str] | None = None
         self.changed.emit()
         proc.start(self.argv())
 
@@ -109,21 +111,24 @@ class PullJob(QObject):
             name = str(e.get("file", ""))
             if name and name not in p.files_done:
                 p.files_done.append(name)
+        # Final events take effect when the process has exited, so Resume never overlaps the old run.
         elif kind == "done":
-            p.state = DONE
             p.bytes = p.total_bytes or p.bytes
-            p.message = "Download complete"
+            self._final = (DONE, "Download complete")
         elif kind == "error":
-            p.state = FAILED
-            p.message = str(e.get("message") or "download failed")
+            err = e.get("message") or (e.get("error") or {}).get("message") or "download failed"
+            self._final = (FAILED, str(err))
         elif kind == "cancelled":
-            p.state = CANCELLED
-            p.message = "Cancelled; Resume continues where it stopped"
+            self._final = (CANCELLED, "Cancelled; Resume continues where it stopped")
         self.changed.emit()
 
-    def _on_finished(self, code: int, tail: str) -> None:
+    def _on_finished(self, proc: JsonProcess, code: int, tail: str) -> None:
+        if proc is not self._proc:
+            return
         p = self.progress
-        if p.state == RUNNING:  # no final event: decide from the exit code
+        if self._final:
+            p.state, p.message = self._final
+        else:  # no final event: decide from the exit code
             if code == 0:
                 p.state, p.message = DONE, "Download complete"
             elif code == 130:
