@@ -9,8 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 from wslm.backend import doctor
 from wslm.backend.doctor import ERROR, LIBCUDA_FIX, OK, TORCH_CUDA_INSTALL, WARN, Probe, run_checks
 
@@ -203,10 +201,20 @@ def test_demo_model_missing(tmp_path, monkeypatch):
     assert c.status == WARN and c.fix == wslm.demo.DEMO_INSTALL
 
 
-@pytest.mark.parametrize("healthy", [True, False], ids=["healthy", "wsl1"])
-def test_cli_json_and_exit_code(tmp_path, healthy):
+def test_cli_exit_code_on_an_error(tmp_path, monkeypatch, capsys):
+    import argparse
+
+    monkeypatch.setenv("WSLM_DOCTOR_ROOT", str(fake_machine(tmp_path, version=WSL1_VERSION, smi=None)))
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}")
+    assert doctor.cmd_doctor(argparse.Namespace(json=True)) == 1
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] is False and report["checks"][0]["status"] == ERROR
+
+
+def test_cli_json_and_text(tmp_path):
+    healthy = True
     # The real torch here is a CPU build, so the "healthy" machine has no GPU (a GPU would make that an error).
-    root = fake_machine(tmp_path, version=WSL2_VERSION if healthy else WSL1_VERSION, smi=None)
+    root = fake_machine(tmp_path, version=WSL2_VERSION, smi=None)
     env = {**os.environ, "WSLM_DOCTOR_ROOT": str(root), "PATH": f"{tmp_path / 'bin'}{os.pathsep}{os.environ['PATH']}",
            "WSLM_CONFIG_DIR": str(tmp_path / "cfg"), "WSLM_MODELS_DIR": str(tmp_path / "models")}  # fmt: skip
     p = subprocess.run([sys.executable, "-m", "wslm", "doctor", "--json"], cwd=ROOT, env=env, capture_output=True,

@@ -37,13 +37,13 @@ def hub(tiny_llama):
 @pytest.fixture(scope="session")
 def warm_metadata(tmp_path_factory) -> Path:
     """The demo GGUF's header, read once: GGUFReader takes seconds on its 49k-token vocabulary."""
-
-    folder = tmp_path_factory.mktemp("warm-config")
-    code = "from wslm.backend.hub.catalog import find_model; find_model('demo')"
-    subprocess.run(
-        [sys.executable, "-c", code], env={**os.environ, "WSLM_CONFIG_DIR": str(folder)}, check=True
-    )
-    return folder / "data" / "gguf-metadata.json"
+    if "metadata" not in _TINY:  # memoized: each module importing this fixture gets its own copy of it
+        folder = tmp_path_factory.mktemp("warm-config")
+        code = "from wslm.backend.hub.catalog import find_model; find_model('demo')"
+        env = {**os.environ, "WSLM_CONFIG_DIR": str(folder)}
+        subprocess.run([sys.executable, "-c", code], env=env, check=True)
+        _TINY["metadata"] = folder / "data" / "gguf-metadata.json"
+    return _TINY["metadata"]
 
 
 @pytest.fixture
