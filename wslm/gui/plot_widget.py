@@ -20,7 +20,7 @@ class Sparkline(QWidget):
         self.values: deque[float] = deque(maxlen=points)
         self.caption = ""  # e.g. "3.1 / 16 GiB"
         self.note = ""  # shown instead of a plot when there is no data source
-        self.setMinimumSize(170, 86)
+        self.setMinimumSize(120, 86)
         self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
 
     def sizeHint(self) -> QSize:
