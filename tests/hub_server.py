@@ -88,6 +88,7 @@ class FakeHub:
         self.requests: list[Request] = []
         self._drops: dict[str, list[int]] = {}  # file name -> byte positions at which to drop, once each
         self.corrupt: set[str] = set()  # files whose bytes get flipped in transit
+        self.honour_range = True  # False: answer Range with the whole file (200), as some proxies do
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer((host, 0), _Handler)
         self._server.daemon_threads = True
@@ -360,7 +361,7 @@ class _Handler(BaseHTTPRequestHandler):
         """Send a file (or its requested Range), throttled and cut short as the test asked."""
         size, start, end = len(data), 0, len(data)
         status = 200
-        rng = self.headers.get("Range")
+        rng = self.headers.get("Range") if self.hub.honour_range else None
         if rng:
             try:
                 unit, spec = rng.split("=", 1)

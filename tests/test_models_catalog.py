@@ -157,7 +157,22 @@ def test_unfinished_download_is_listed_resumable_and_removable(env, tiny_llama, 
     partial = next(m for m in list_models(include_partial=True) if m.id == "org/tiny")
     assert not partial.complete and not partial.supported and 0 < partial.partial_bytes <= 150_000
     assert partial.pull["repo"] == "org/tiny" and "model.safetensors" in partial.pull["files"]
-    assert "wslm models pull org/tiny" in partial.unsupported_reason
+    assert partial.pull["command"] == ["wslm", "models", "pull", "org/tiny", "--endpoint", hub.url]
+    assert f"wslm models pull org/tiny --endpoint {hub.url}" in partial.unsupported_reason
+    rc, out = run_cli("models", "list", capsys=capsys)
+    assert "Unfinished download: org/tiny" in out and "--endpoint" in out
+    rc, out = run_cli("models", "list", "--json", "--all", capsys=capsys)
+    assert any(m["id"] == "org/tiny" and not m["complete"] for m in json.loads(out)["models"])
     rc, out = run_cli("models", "rm", "org/tiny", "--yes", capsys=capsys)
     assert rc == 0 and not (Path(env["HF_HUB_CACHE"]) / "models--org--tiny").exists()
     assert find_model("org/tiny") is None
+
+
+def test_models_folder_oddities(env):  # noqa: F811
+    root = Path(env["WSLM_MODELS_DIR"])
+    # An LM Studio-style folder: a config.json beside the GGUF, no HF weights.
+    make_tiny_gguf(root / "pub" / "repo" / "repo-Q4_K_M.gguf")
+    (root / "pub" / "repo" / "config.json").write_text("{}")
+    (root / "pub" / "loop").symlink_to(root / "pub")  # a link loop must not hang the scan
+    ids = {m.id for m in list_models()}
+    assert "pub/repo/repo-Q4_K_M.gguf" in ids and "pub/repo" not in ids

@@ -331,3 +331,15 @@ def test_cancel_event_for_in_process_callers(hub, env):
     hub.rate_bps = None
     done = Puller("org/tiny", endpoint=hub.url).run()
     assert done["id"] == "org/tiny" and hub.file_requests(WEIGHTS)[-1].range
+
+
+def test_a_server_that_ignores_range_still_gives_a_whole_file(hub, env, tiny_llama):
+    from wslm.backend.hub.download import Puller, PullError
+
+    hub.drop_at(WEIGHTS, 100_000)
+    with pytest.raises(PullError):
+        Puller("org/tiny", endpoint=hub.url, retries=0).run()
+    hub.honour_range = False
+    done = Puller("org/tiny", endpoint=hub.url).run()
+    assert hub.file_requests(WEIGHTS)[-1].status == 200  # the whole body again, written from the start
+    assert (Path(done["path"]) / WEIGHTS).read_bytes() == (tiny_llama / WEIGHTS).read_bytes()

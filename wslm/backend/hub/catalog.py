@@ -96,11 +96,19 @@ def _demo_entries() -> Iterator[_Entry]:
 
 
 def _models_dir_entries(root: Path) -> Iterator[_Entry]:
-    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):
+    seen: set[str] = set()
+    for dirpath, dirnames, filenames in os.walk(root, followlinks=True):  # users link model folders in
         folder = Path(dirpath)
+        real = os.path.realpath(folder)
+        if real in seen:  # a link loop, or the same folder linked twice
+            dirnames[:] = []
+            continue
+        seen.add(real)
         dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and not d.startswith("models--"))
         rel = folder.relative_to(root).as_posix()
-        if "config.json" in filenames and folder != root:
+        has_weights = any(f.endswith((".safetensors", ".bin", ".pt", ".pth")) for f in filenames)
+        has_gguf = any(f.lower().endswith(".gguf") for f in filenames)
+        if "config.json" in filenames and folder != root and (has_weights or not has_gguf):
             dirnames[:] = []  # an HF folder: its subfolders belong to it
             files = [folder / f for f in filenames if not f.startswith(".")]
             yield _Entry(rel, folder, "hf", "models-dir", files=files)
@@ -212,7 +220,7 @@ def _support(entry: _Entry, meta: ModelMetadata) -> str | None:
     from wslm.backend.modeling import GGUF_ARCHITECTURES, SUPPORTED_ARCHITECTURES
 
     if not entry.complete:
-        return "download not finished: run `wslm models pull " + (entry.repo_id or entry.id) + "` to resume"
+        return f"download not finished: run `{resume_hint(entry.pull, entry.repo_id or entry.id)}` to resume"
     if meta.error:
         return meta.error
     if meta.missing_files:
@@ -236,6 +244,13 @@ def _support(entry: _Entry, meta: ModelMetadata) -> str | None:
     if not meta.has_tokenizer:
         return "no tokenizer in the model files"
     return None
+
+
+def resume_hint(state: dict | None, repo_id: str) -> str:
+    import shlex
+
+    command = (state or {}).get("command") or ["wslm", "models", "pull", repo_id]
+    return shlex.join(command)
 
 
 def _describe(entry: _Entry, context: int | None = None) -> ModelInfo:

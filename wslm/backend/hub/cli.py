@@ -107,12 +107,14 @@ def human_count(n: int | None) -> str:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    from wslm.backend.hub.catalog import list_models
+    from wslm.backend.hub.catalog import list_models, resume_hint
 
-    models = list_models(context=args.context, include_partial=args.all)
+    everything = list_models(context=args.context, include_partial=True)
+    models = [m for m in everything if m.complete or args.all]
     if args.json:
         _print_json({"models": [m.to_dict() for m in models]})
         return EXIT_OK
+    unfinished = [m for m in everything if not m.complete and not args.all]
     if not models:
         print("No models yet. Download one with: wslm models pull HuggingFaceTB/SmolLM2-360M-Instruct")
         return EXIT_OK
@@ -134,11 +136,14 @@ def cmd_list(args: argparse.Namespace) -> int:
     for m in models:
         if not m.supported and m.unsupported_reason:
             print(f"  {m.id}: {m.unsupported_reason}")
+    for m in unfinished:
+        hint = resume_hint(m.pull, m.repo_id or m.id)
+        print(f"Unfinished download: {m.id} ({human_size(m.partial_bytes)} so far); resume with: {hint}")
     return EXIT_OK
 
 
 def cmd_info(args: argparse.Namespace) -> int:
-    from wslm.backend.hub.catalog import find_model
+    from wslm.backend.hub.catalog import find_model, resume_hint
 
     info = find_model(args.id, context=args.context)
     if info is None:
@@ -170,9 +175,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(f"{'Chat template:':16}{'yes' if info.has_chat_template else 'no'}")
     print(f"{'Supported:':16}{'yes' if info.supported else 'no: ' + str(info.unsupported_reason)}")
     if info.partial_bytes:
-        print(
-            f"{'Unfinished:':16}{human_size(info.partial_bytes)} downloaded; resume with: wslm models pull {info.repo_id}"
-        )
+        hint = resume_hint(info.pull, info.repo_id or info.id)
+        print(f"{'Unfinished:':16}{human_size(info.partial_bytes)} downloaded; resume with: {hint}")
     if info.files:
         print("Files:")
         for f in info.files[:50]:

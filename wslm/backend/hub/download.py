@@ -192,6 +192,17 @@ class Puller:
         self._last_emit = 0.0
         self._last_sent: tuple[str, int] | None = None
 
+    def resume_command(self) -> list[str]:
+        """The command line that continues this pull (what `models list` offers for unfinished ones)."""
+        cmd = ["wslm", "models", "pull", self.spec.strip()]
+        for p in self.patterns or []:
+            cmd += ["--file", p]
+        if self.revision:
+            cmd += ["--revision", self.revision]
+        if self.endpoint != hf_cache.DEFAULT_ENDPOINT:
+            cmd += ["--endpoint", self.endpoint]
+        return cmd
+
     # --- planning ----------------------------------------------------------------------------------
 
     def plan(self) -> PullPlan:
@@ -264,7 +275,7 @@ class Puller:
         pull_state.save(self.repo_id, {
             "repo": plan.repo_id, "revision": plan.revision, "commit": plan.commit, "endpoint": plan.endpoint,
             "files": [f.name for f in plan.files], "patterns": self.patterns, "total_bytes": plan.total_bytes,
-            "state": "in_progress", "started": time.time(),
+            "state": "in_progress", "started": time.time(), "command": self.resume_command(),
         })  # fmt: skip
         speed = _Speed()
         done_before = 0
