@@ -409,7 +409,7 @@ class _Handler(BaseHTTPRequestHandler):
 # --- tiny models for the hub to serve -----------------------------------------------------------------
 
 
-def make_tiny_llama(folder: Path, seed: int = 0) -> Path:
+def make_tiny_llama(folder: Path, seed: int = 0, max_shard_size: str | None = None) -> Path:
     """A real, loadable Llama checkpoint of ~110K parameters with a byte-level BPE tokenizer (~450 KB)."""
     import torch
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
@@ -432,7 +432,8 @@ def make_tiny_llama(folder: Path, seed: int = 0) -> Path:
         tie_word_embeddings=False,
     )  # fmt: skip
     torch.manual_seed(seed)
-    LlamaForCausalLM(config).save_pretrained(folder)
+    model = LlamaForCausalLM(config)
+    model.save_pretrained(folder, **({"max_shard_size": max_shard_size} if max_shard_size else {}))
     return folder
 
 

@@ -7,7 +7,7 @@ import shutil
 from pathlib import Path
 
 import pytest
-from hub_server import FakeHub, make_tiny_gguf
+from hub_server import FakeHub, make_tiny_gguf, make_tiny_llama
 from test_models_pull import env, tiny_llama, warm_metadata, wslm  # noqa: F401 - shared fixtures and runner
 
 from wslm.backend.hub import catalog
@@ -147,16 +147,21 @@ def test_gguf_metadata_is_cached(models_dir, monkeypatch):
 def test_unfinished_download_is_listed_resumable_and_removable(env, tiny_llama, capsys):  # noqa: F811
     from wslm.backend.hub.download import Puller, PullError
 
+    sharded = make_tiny_llama(Path(env["HF_HOME"]) / "src", max_shard_size="200KB")
+    shards = sorted(p.name for p in sharded.glob("model-*.safetensors"))
+    assert len(shards) >= 2 and (sharded / "model.safetensors.index.json").exists()
     with FakeHub() as hub:
-        hub.add_repo("org/tiny", tiny_llama)
-        hub.drop_at("model.safetensors", 150_000)
+        hub.add_repo("org/tiny", sharded)
+        hub.drop_at(shards[-1], 50_000)  # the first shard arrives, the last is cut short
         with pytest.raises(PullError):
             Puller("org/tiny", endpoint=hub.url, retries=0).run()
+    snapshot = next((Path(env["HF_HUB_CACHE"]) / "models--org--tiny" / "snapshots").iterdir())
+    assert (snapshot / shards[0]).exists() and (snapshot / "config.json").exists()
     assert resolve_model("org/tiny") is None  # never half a model
     assert "org/tiny" not in {m.id for m in list_models()}
     partial = next(m for m in list_models(include_partial=True) if m.id == "org/tiny")
-    assert not partial.complete and not partial.supported and 0 < partial.partial_bytes <= 150_000
-    assert partial.pull["repo"] == "org/tiny" and "model.safetensors" in partial.pull["files"]
+    assert not partial.complete and not partial.supported and 0 < partial.partial_bytes <= 50_000
+    assert partial.pull["repo"] == "org/tiny" and shards[-1] in partial.pull["files"]
     assert partial.pull["command"] == ["wslm", "models", "pull", "org/tiny", "--endpoint", hub.url]
     assert f"wslm models pull org/tiny --endpoint {hub.url}" in partial.unsupported_reason
     rc, out = run_cli("models", "list", capsys=capsys)

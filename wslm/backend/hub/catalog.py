@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from wslm.backend.hub import hf_cache, pull_state
-from wslm.backend.hub.metadata import ModelMetadata, gguf_shards, read_gguf, read_hf_folder
+from wslm.backend.hub.metadata import ModelMetadata, gguf_shards, read_gguf, read_hf_folder, weight_files
 from wslm.backend.hub.quant import gguf_variants, is_model_gguf, pick_variant, quant_label
 
 DEFAULT_ESTIMATE_CONTEXT = 4096
@@ -143,7 +143,8 @@ def _repo_entries(repo: hf_cache.CachedRepo) -> Iterator[_Entry]:
     found: list[_Entry] = []
     if "config.json" in names:
         meta_files = [snapshot / n for n in names if not n.endswith(".gguf")]
-        has_weights = any(n.endswith((".safetensors", ".bin", ".pt", ".pth")) for n in names)
+        present, missing = weight_files(snapshot)
+        has_weights = bool(present) and not missing  # a sharded download cut short is not a model yet
         found.append(
             _Entry(
                 repo.repo_id,

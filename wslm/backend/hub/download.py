@@ -230,7 +230,9 @@ class Puller:
                     plan.note = (f"Picked {variant.label or variant.name} ({variant.name}) out of {len(variants)} "
                                  f"GGUF files; others: {', '.join(others)}. Choose one with --file '*Q8_0*' or "
                                  f"{self.repo_id}:Q8_0.")  # fmt: skip
-        for name in names:
+        # Small files first: with config.json and the shard index in place, an interrupted download is
+        # recognisably unfinished (the catalog never offers half a model to the engine).
+        for name in sorted(names, key=lambda n: (n.endswith((".safetensors", ".bin", ".gguf")), n)):
             plan.files.append(self._head(name, info.sha, siblings.get(name)))
         return plan
 

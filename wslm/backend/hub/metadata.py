@@ -19,6 +19,7 @@ log = logging.getLogger(__name__)
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tiktoken.model", "tokenizer.tiktoken")
+_SHARD_RE = re.compile(r"-(\d{5})-of-(\d{5})(\.safetensors|\.bin)$")
 SPLIT_RE = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
 _CACHE_VERSION = 1
 
@@ -98,7 +99,7 @@ def _safetensors_header(path: Path) -> dict:
         return json.loads(f.read(length))
 
 
-def _weight_files(folder: Path) -> tuple[list[str], list[str]]:
+def weight_files(folder: Path) -> tuple[list[str], list[str]]:
     """Weight files of an HF folder (safetensors preferred), and any shard an index names but lacks."""
     for index_name, suffix in (
         ("model.safetensors.index.json", ".safetensors"),
@@ -115,7 +116,15 @@ def _weight_files(folder: Path) -> tuple[list[str], list[str]]:
     for pattern in ("*.safetensors", "pytorch_model*.bin", "*.pt", "*.pth"):
         files = sorted(p.name for p in folder.glob(pattern) if p.exists())
         if files:
-            return files, []
+            # No index (yet): shard names still say how many there should be.
+            missing = []
+            for name in files:
+                m = _SHARD_RE.search(name)
+                if m:
+                    total, stem, ext = int(m.group(2)), name[: m.start()], m.group(3)
+                    wanted = [f"{stem}-{i:05d}-of-{total:05d}{ext}" for i in range(1, total + 1)]
+                    missing += [w for w in wanted if w not in files and w not in missing]
+            return files, missing
     return [], []
 
 
@@ -154,7 +163,7 @@ def read_hf_folder(folder: Path) -> ModelMetadata:
             )
         except (OSError, ValueError):
             pass
-    meta.weight_files, meta.missing_files = _weight_files(folder)
+    meta.weight_files, meta.missing_files = weight_files(folder)
     counted = 0
     try:
         for name in meta.weight_files:
