@@ -343,3 +343,19 @@ def test_a_server_that_ignores_range_still_gives_a_whole_file(hub, env, tiny_lla
     done = Puller("org/tiny", endpoint=hub.url).run()
     assert hub.file_requests(WEIGHTS)[-1].status == 200  # the whole body again, written from the start
     assert (Path(done["path"]) / WEIGHTS).read_bytes() == (tiny_llama / WEIGHTS).read_bytes()
+
+
+def test_revisions_by_tag_and_commit(hub, env, tiny_llama):
+    from wslm.backend.hub.download import Puller
+
+    sha = hub.add_repo("org/tagged", tiny_llama, tags=("v1.0",))
+    done = Puller("org/tagged", revision="v1.0", endpoint=hub.url).run()
+    repo = Path(env["HF_HUB_CACHE"]) / "models--org--tagged"
+    assert (repo / "refs" / "v1.0").read_text() == sha and Path(done["path"]).name == sha
+    assert all(f"/resolve/{sha}/" in r.path for r in hub.requests if "/resolve/" in r.path)  # pinned to the commit
+    shutil.rmtree(repo)
+    done = Puller("org/tagged", revision=sha, endpoint=hub.url).run()
+    assert not (repo / "refs").exists() and Path(done["path"]).name == sha
+    from wslm.backend.hub import resolve_model
+
+    assert resolve_model("org/tagged") == Path(done["path"])  # no refs/main: the snapshot there is used
