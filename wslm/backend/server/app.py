@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -71,6 +72,8 @@ def build_app(state: ServerState) -> FastAPI:
 
     if state.api_key:
         app.add_middleware(APIKeyMiddleware, api_key=state.api_key)
+    # Outermost, so that 401s carry CORS headers too; open to any origin as vLLM's default (browser UIs).
+    app.add_middleware(CORSMiddleware, allow_origins=["*"], allow_methods=["*"], allow_headers=["*"])
     return app
 
 

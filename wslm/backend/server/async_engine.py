@@ -164,7 +164,7 @@ class AsyncEngine:
             if command.future.cancelled():
                 return  # the client went away before we got to it
             try:
-                self.engine.add_request(command.request_id, command.prompt, command.params)
+                self.engine.add_request(command.request_id, command.prompt, command.params, command.arrival)
             except Exception as exc:  # noqa: BLE001 - ValueError is the user's; anything else is reported too
                 deliveries.append((command.future, exc))
                 return

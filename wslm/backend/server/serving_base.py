@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from starlette.requests import Request
+from starlette.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from wslm.backend.outputs import Logprob
 from wslm.backend.server.async_engine import Aborted, AsyncEngine, EngineFailure
@@ -90,6 +92,22 @@ def check_unsupported(found: list[tuple[str, str]]) -> None:
 def check_max_tokens(value: int | None, param: str) -> None:
     if value is not None and value < 1:
         raise bad_request(f"{param} must be at least 1, got {value}.", param=param)
+
+
+class EventStream(StreamingResponse):
+    """An SSE response that aborts its engine requests however it ends: a generator that never started
+    (the client left before the first byte) would otherwise never run its own clean-up."""
+
+    def __init__(self, content: Any, group: Any) -> None:
+        super().__init__(content, media_type="text/event-stream",
+                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.group = group
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.group.abort()
 
 
 def sse(obj: dict) -> str:

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
 from wslm.backend.server.async_engine import EngineFailure, RequestGroup
 from wslm.backend.server.errors import APIError, bad_request, internal_error
@@ -17,6 +17,7 @@ from wslm.backend.server.protocol import ChatCompletionRequest, ChatMessage, par
 from wslm.backend.server.serving_base import (
     SSE_DONE,
     ClientGone,
+    EventStream,
     ServerState,
     Tracker,
     chat_logprobs,
@@ -95,11 +96,7 @@ async def create_chat_completion(state: ServerState, request: Request) -> Respon
     tracker = Tracker(1, params.n, [len(prompt_ids)])
     created = int(time.time())
     if req.stream:
-        return StreamingResponse(
-            _stream(state, group, tracker, response_id, created, model, req, top_n),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-        )
+        return EventStream(_stream(state, group, tracker, response_id, created, model, req, top_n), group)
     try:
         results = await until_disconnect(request, collect(group, tracker))
     except ClientGone:

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import JSONResponse, Response
 
 from wslm.backend.server.async_engine import EngineFailure, RequestGroup
 from wslm.backend.server.errors import APIError, bad_request, internal_error
@@ -17,6 +17,7 @@ from wslm.backend.server.protocol import CompletionRequest, parse_body
 from wslm.backend.server.serving_base import (
     SSE_DONE,
     ClientGone,
+    EventStream,
     ServerState,
     Tracker,
     check_max_tokens,
@@ -66,11 +67,7 @@ async def create_completion(state: ServerState, request: Request) -> Response:
     created = int(time.time())
     echo = prompt_texts if req.echo else None
     if req.stream:
-        return StreamingResponse(
-            _stream(state, group, tracker, response_id, created, model, req, echo),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-        )
+        return EventStream(_stream(state, group, tracker, response_id, created, model, req, echo), group)
     try:
         results = await until_disconnect(request, collect(group, tracker))
     except ClientGone:
