@@ -42,6 +42,7 @@ HF_MODEL_PATTERNS = [
     "*.txt",
     "*.jinja",
 ]
+_SAFE_ETAG = re.compile(r"^[A-Za-z0-9_\-][A-Za-z0-9._\-]{0,127}$")  # it becomes blobs/<etag>
 _HEX40 = re.compile(r"^[0-9a-f]{40}$")
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -242,6 +243,12 @@ class Puller:
         url = f"{self.endpoint}/{self.repo_id}/resolve/{commit}/{quote(name)}"
         with self._hub_errors(name):
             meta = get_hf_file_metadata(url, token=self.token or False, endpoint=self.endpoint)
+        if Path(name).is_absolute() or ".." in name.split("/"):
+            raise PullError(f"The hub listed an unsafe file name {name!r}; refusing to write it.", "network")
+        if meta.etag and not _SAFE_ETAG.match(meta.etag):
+            raise PullError(
+                f"{url} sent an ETag that is not a file name ({meta.etag!r}); is it a Hub mirror?", "network"
+            )
         if not meta.etag:
             raise PullError(
                 f"{url} has no ETag: {self.endpoint} does not behave like the Hugging Face hub.", "network"
