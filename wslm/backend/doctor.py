@@ -39,6 +39,7 @@ class Check:
     status: str  # ok | warn | error
     detail: str
     fix: str | None = None
+    data: dict | None = None  # numbers for the GUI (GPU memory, free disk, RAM), where a check has them
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -220,10 +221,12 @@ def check_gpu(probe: Probe, t: dict, exe: str | None, smi: list[dict] | None, sm
             f"{g['name']}, {g['total_mib']} MiB ({g['used_mib']} MiB in use), driver {g['driver']}"
             for g in smi
         ]
-        return Check("gpu", OK, "; ".join(parts) + f" [{exe}]")
+        gpus = [{"name": g["name"], "total_bytes": (g["total_mib"] or 0) * 2**20,
+                 "used_bytes": (g["used_mib"] or 0) * 2**20, "driver": g["driver"]} for g in smi]  # fmt: skip
+        return Check("gpu", OK, "; ".join(parts) + f" [{exe}]", data={"gpus": gpus, "source": exe})
     if t.get("gpus"):
         parts = [f"{g['name']}, {g['total_bytes'] // 2**20} MiB" for g in t["gpus"]]
-        return Check("gpu", OK, "; ".join(parts) + " (torch)")
+        return Check("gpu", OK, "; ".join(parts) + " (torch)", data={"gpus": t["gpus"], "source": "torch"})
     if exe and smi_error:
         fix = ("In PowerShell: wsl --shutdown, then reopen the distro. If it persists: " + WINDOWS_DRIVER) if wsl else (
             "Reinstall the NVIDIA driver (sudo ubuntu-drivers install) and reboot"
@@ -286,11 +289,13 @@ def check_disk(probe: Probe) -> Check:
         "HF cache": probe.hf_cache or hub_cache_dir(probe.env),
     }
     details, status, fixes, seen = [], OK, [], set()
+    free_bytes: dict[str, int] = {}
     for label, path in places.items():
         probe_path = Path(path)
         while not probe_path.exists() and probe_path != probe_path.parent:
             probe_path = probe_path.parent
         usage = shutil.disk_usage(probe_path)
+        free_bytes[str(path)] = usage.free
         if re.match(r"^/mnt/[a-z]/", str(path)):
             status = WARN if status == OK else status
             var = (
@@ -312,7 +317,9 @@ def check_disk(probe: Probe) -> Check:
             status = WARN
         if usage.free < 10 * GIB:
             fixes.append(f"free space on {path}: wslm models list, then wslm models rm ID")
-    return Check("disk", status, "; ".join(details), " ; ".join(dict.fromkeys(fixes)) or None)
+    return Check(
+        "disk", status, "; ".join(details), " ; ".join(dict.fromkeys(fixes)) or None, data=free_bytes
+    )
 
 
 def check_memory(probe: Probe) -> Check:
@@ -321,13 +328,14 @@ def check_memory(probe: Probe) -> Check:
     if not total:
         return Check("memory", WARN, "cannot read /proc/meminfo")
     detail = f"{total / GIB:.1f} GiB RAM, {avail / GIB if avail else 0:.1f} GiB available"
+    data = {"total_bytes": total, "available_bytes": avail}
     wsl = wsl_kind(probe)
     if total < 8 * GIB:
         fix = (
             "WSL gets half of Windows' RAM by default: in %UserProfile%\\.wslconfig put [wsl2] and memory=16GB, "
             "then in PowerShell: wsl --shutdown"
         ) if wsl else "Add RAM or use smaller models (GGUF Q4_K_M)"  # fmt: skip
-        return Check("memory", WARN, detail + ": little for loading models", fix)
+        return Check("memory", WARN, detail + ": little for loading models", fix, data)
     if avail is not None and avail < 2 * GIB:
         return Check(
             "memory",
@@ -335,7 +343,7 @@ def check_memory(probe: Probe) -> Check:
             detail + ": almost none free",
             "Close other programs (or `wsl --shutdown` idle distros)",
         )
-    return Check("memory", OK, detail)
+    return Check("memory", OK, detail, data=data)
 
 
 def check_demo(probe: Probe) -> Check:
