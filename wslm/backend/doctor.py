@@ -342,6 +342,7 @@ def check_memory(probe: Probe) -> Check:
             WARN,
             detail + ": almost none free",
             "Close other programs (or `wsl --shutdown` idle distros)",
+            data,
         )
     return Check("memory", OK, detail, data=data)
 
