@@ -30,7 +30,8 @@ def free_port() -> int:
 
 
 def running_requests(base: str) -> float:
-    text = httpx.get(base.removesuffix("/v1") + "/metrics", timeout=5).text
+    text = httpx.get(base.removesuffix("/v1") + "/metrics", timeout=5,
+                     headers={"Authorization": "Bearer sk-gui-test"}).text
     return metric(parse_prometheus(text), "num_requests_running")
 
 
@@ -38,7 +39,7 @@ def running_requests(base: str) -> float:
 def test_server_panel_real_backend_chat_stream_and_stop(qtbot, tmp_path, monkeypatch):
     monkeypatch.setenv("WSLM_CONFIG_DIR", str(tmp_path / "config"))
     settings = Settings(first_run_done=True, port=free_port(), model="demo", max_model_len=1024,
-                        serve_extra_args=FAST_FLAGS, max_tokens=400, system_prompt="")
+                        serve_extra_args=FAST_FLAGS, max_tokens=400, system_prompt="", api_key="sk-gui-test")
     store = ChatStore(tmp_path / "chats.sqlite3")
     window = MainWindow(settings, store, watch=False)
     qtbot.addWidget(window)
@@ -58,6 +59,9 @@ def test_server_panel_real_backend_chat_stream_and_stop(qtbot, tmp_path, monkeyp
     # The chat follows the server on its own.
     base = window.session.base_url
     assert base == f"http://127.0.0.1:{settings.port}/v1" and window.session.model == "demo"
+    # The key reached the server through the environment, not the command line (nor the log).
+    assert httpx.get(base + "/models", timeout=5).status_code == 401
+    assert "sk-gui-test" not in window.logs.text() and window.session.api_key == "sk-gui-test"
     chat = window.chat_panel
     window.sidebar.select("chat")
     chat.input.setPlainText("Tell me a long story about a cat who learns to sail.")

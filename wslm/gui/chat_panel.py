@@ -73,6 +73,7 @@ class ChatPanel(QWidget):
         split.setStretchFactor(2, 0)
         split.setSizes([230, 700, 270])
         split.setChildrenCollapsible(False)
+        split.setHandleWidth(1)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
         lay.addWidget(split)
@@ -82,6 +83,9 @@ class ChatPanel(QWidget):
         session.reply_failed.connect(self._on_failed)
         self.view.regenerate_requested.connect(self._regenerate)
         self._apply_connection()
+        first = session.conversations.conversation(0)
+        if first is not None and not session.messages.conversation_id:
+            session.open(first.id)  # reopen the latest chat, as chat apps do
         self._on_current(session.messages.conversation_id)
 
     # Layout
@@ -103,6 +107,9 @@ class ChatPanel(QWidget):
         self.list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
         self.list.customContextMenuRequested.connect(self._list_menu)
         self.list.installEventFilter(self)
+        self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.list.setTextElideMode(Qt.TextElideMode.ElideRight)
+        self.list.setUniformItemSizes(True)
         lay.addWidget(self.new_button)
         lay.addWidget(self.search)
         lay.addWidget(self.list, 1)
@@ -187,9 +194,8 @@ class ChatPanel(QWidget):
         if self.settings.chat_model:
             self.model_combo.addItem(self.settings.chat_model)
         self.model_combo.currentTextChanged.connect(self._model_changed)
-        refresh = QPushButton("↻")
-        refresh.setToolTip("List the server's models")
-        refresh.setFixedWidth(34)
+        refresh = QPushButton("List")
+        refresh.setToolTip("Ask the server which models it serves")
         refresh.clicked.connect(self.refresh_models)
         model_row.addWidget(self.model_combo, 1)
         model_row.addWidget(refresh)

@@ -48,7 +48,9 @@ class ChatView(QTextBrowser):
         self._cache: dict[tuple[int, str], str] = {}
         self._timer = QTimer(self, singleShot=True, interval=RENDER_DELAY_MS)
         self._timer.timeout.connect(self.render)
-        for sig in (model.modelReset, model.rowsInserted, model.rowsRemoved, model.dataChanged):
+        self._to_end = True
+        model.modelReset.connect(self._on_reset)
+        for sig in (model.rowsInserted, model.rowsRemoved, model.dataChanged):
             sig.connect(self.schedule)
         self.document().setDefaultStyleSheet(
             f"a {{ color: {theme.MUTED}; text-decoration: none; }} pre {{ margin: 0; }} p {{ margin: 0 0 6px 0; }}"
@@ -57,6 +59,10 @@ class ChatView(QTextBrowser):
 
     def set_empty_hint(self, text: str) -> None:
         self.empty_hint = text
+        self.schedule()
+
+    def _on_reset(self) -> None:
+        self._to_end = True  # a conversation was opened: show its latest messages
         self.schedule()
 
     def schedule(self, *_args) -> None:
@@ -103,12 +109,13 @@ class ChatView(QTextBrowser):
 
     def render(self) -> None:
         bar = self.verticalScrollBar()
-        at_bottom = bar.value() >= bar.maximum() - 40
+        at_bottom = self._to_end or bar.value() >= bar.maximum() - 40
+        self._to_end = False
         keep = bar.value()
         rows = self.model.rowCount()
         if not rows:
             self.setHtml(
-                f'<p align="center" style="margin-top:160px; font-size:20pt; font-weight:600;">'
+                f'<br><br><br><br><br><br><p align="center" style="font-size:20pt; font-weight:600;">'
                 f"What can I help with?</p><p align='center' style='color:{theme.MUTED};'>{html.escape(self.empty_hint)}</p>"
             )
             return

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from collections import deque
 
-from PySide6.QtCore import QObject, QProcess, Signal
+from PySide6.QtCore import QObject, QProcess, QProcessEnvironment, Signal
 
 import wslm.gui.qt_fix  # noqa: F401  (PySide6 6.12 emit() refcount bug)
 
@@ -33,10 +33,16 @@ class JsonProcess(QObject):
     def tail(self) -> list[str]:
         return list(self._tail)
 
-    def start(self, argv: list[str]) -> None:
+    def start(self, argv: list[str], env: dict[str, str] | None = None) -> None:
+        """`env`: the child's whole environment (default: inherit ours)."""
         self._out, self._err, self._done = b"", b"", False
         self._tail.clear()
         proc = QProcess(self)
+        if env is not None:
+            qenv = QProcessEnvironment()
+            for key, value in env.items():
+                qenv.insert(key, value)
+            proc.setProcessEnvironment(qenv)
         proc.readyReadStandardOutput.connect(self._read_out)
         proc.readyReadStandardError.connect(self._read_err)
         proc.finished.connect(self._on_finished)

@@ -1,9 +1,11 @@
-"""Work around PySide6 6.12's SignalInstance.emit() returning True without a new reference.
+"""Work around PySide6 6.12's missing references to None, True and False on CPython < 3.12.
 
-Every emit() of a Python-defined signal then steals one reference to True; on Python < 3.12 (where
-True is not immortal) the app aborts with "bool_dealloc: deallocating True or False" after enough
-emits. We probe once at import and, when the bug is present, raise True's refcount far out of reach,
-which is what Python 3.12+ does for it anyway (immortal objects). Import this module before emitting."""
+Seen with PySide6 6.12.0 on Python 3.11: SignalInstance.emit() returns True without a new reference,
+and a C++ signal calling a Python slot (QPushButton.clicked) or QModelIndex.data() returning None
+each drop one reference to None. After enough of them the app aborts with "bool_dealloc: deallocating
+True or False" / "none_dealloc: deallocating None". Python 3.12+ makes these objects immortal, which
+hides the bug. We probe once at import and, when it is present, give the three singletons a refcount
+far out of reach, which is what 3.12 does anyway. Import this module before any Qt signal fires."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import sys
 
 from PySide6.QtCore import QObject, Signal
 
-_HEADROOM = 1 << 40  # a trillion emits
+_HEADROOM = 1 << 40  # a trillion lost references
 
 
 class _Probe(QObject):
@@ -33,8 +35,9 @@ def apply() -> bool:
         return False
     if not _emit_steals_true():
         return False
-    # ob_refcnt is the first field of every CPython object.
-    ctypes.c_ssize_t.from_address(id(True)).value += _HEADROOM
+    for obj in (None, True, False):
+        # ob_refcnt is the first field of every CPython object.
+        ctypes.c_ssize_t.from_address(id(obj)).value += _HEADROOM
     return True
 
 

@@ -9,6 +9,7 @@ The process is a QProcess (no thread); health and /metrics are polled with QNetw
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 
@@ -21,7 +22,7 @@ from wslm.gui.cli_process import JsonProcess
 from wslm.gui.crash_hints import likely_cause
 from wslm.gui.log_model import LogModel
 from wslm.gui.metrics import ThroughputMeter, metric, parse_prometheus
-from wslm.wsl_bridge.launcher import Target, stop_backend
+from wslm.wsl_bridge.launcher import Target, api_key_env, stop_backend
 
 log = logging.getLogger(__name__)
 
@@ -47,13 +48,22 @@ class ServerConfig:
     extra_args: list[str] = field(default_factory=list)  # any other `wslm serve` flags
 
     def serve_args(self) -> list[str]:
+        """The flags; the API key is not among them (it goes in the environment, see env())."""
         args = ["--model", self.model or "demo", "--host", self.host, "--port", str(int(self.port))]
-        if self.api_key:
-            args += ["--api-key", self.api_key]
         if self.max_model_len:
             args += ["--max-model-len", str(int(self.max_model_len))]
         args += ["--gpu-memory-utilization", f"{float(self.gpu_memory_utilization):g}"]
         return args + list(self.extra_args)
+
+    def env(self) -> dict[str, str]:
+        """Our environment plus WSLM_API_KEY (passed into WSL through WSLENV): a key on the command line
+        would show in `ps` and in the log. Without a key, an inherited WSLM_API_KEY is dropped so the
+        server is as open as the panel says."""
+        if self.api_key:
+            return api_key_env(self.api_key)
+        env = dict(os.environ)
+        env.pop("WSLM_API_KEY", None)
+        return env
 
     def client_host(self) -> str:
         return "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
@@ -117,14 +127,15 @@ class ServerController(QObject):
         self.last_lines = []
         self._health_failures = 0
         argv = self.target.wslm_argv(["serve", *self.config.serve_args()])
-        self.logs.add("server", "$ " + " ".join(argv))
+        shown = ["<hidden>" if i and argv[i - 1] == "--api-key" else a for i, a in enumerate(argv)]
+        self.logs.add("server", "$ " + " ".join(shown))
         proc = JsonProcess(self, keep_lines=60)
         proc.event.connect(self._on_event)
         proc.log_line.connect(self._on_log)
         proc.finished.connect(self._on_finished)
         self._proc = proc
         self._set(STARTING, f"Starting on {self.target.describe()}…")
-        proc.start(argv)
+        proc.start(argv, env=self.config.env())
         return True
 
     def stop(self) -> None:
