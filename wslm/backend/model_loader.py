@@ -50,6 +50,19 @@ class ModelSource:
     folder: Path  # a folder with config.json + weights, or the folder holding the gguf file
     gguf_file: str | None = None
 
+    @property
+    def gguf_path(self) -> Path | None:
+        return self.folder / self.gguf_file if self.gguf_file else None
+
+    def converted(self) -> Path | None:
+        """The GGUF's converted copy (tokenizer + config), if one is ready."""
+        from wslm.backend import gguf_cache
+
+        if not self.gguf_file or not gguf_cache.enabled():
+            return None
+        folder = gguf_cache.folder_for(self.gguf_path)
+        return folder if gguf_cache.has_tokenizer_and_config(folder) else None
+
 
 def resolve_model(model: str) -> ModelSource:
     """Turn what the user typed into files on disk, or raise FileNotFoundError saying what to do."""
@@ -103,6 +116,9 @@ def _resolve_by_name(name: str) -> Path | None:
 def _read_hf_config(source: ModelSource, trust_remote_code: bool):
     from transformers import AutoConfig
 
+    converted = source.converted()
+    if converted is not None:
+        return AutoConfig.from_pretrained(str(converted))
     kwargs = {"gguf_file": source.gguf_file} if source.gguf_file else {}
     return AutoConfig.from_pretrained(str(source.folder), trust_remote_code=trust_remote_code, **kwargs)
 
@@ -112,6 +128,9 @@ def load_tokenizer(source: ModelSource, tokenizer: str | None = None, trust_remo
 
     if tokenizer:
         return AutoTokenizer.from_pretrained(tokenizer, trust_remote_code=trust_remote_code)
+    converted = source.converted()
+    if converted is not None:
+        return AutoTokenizer.from_pretrained(str(converted))
     kwargs = {"gguf_file": source.gguf_file} if source.gguf_file else {}
     return AutoTokenizer.from_pretrained(str(source.folder), trust_remote_code=trust_remote_code, **kwargs)
 
@@ -173,6 +192,11 @@ def load_model_config(source: ModelSource, tokenizer, dtype: str, device: torch.
     arch = archs[0]
     if arch not in SUPPORTED_ARCHITECTURES:
         raise ValueError(unsupported_message(arch))
+    if source.gguf_file and source.converted() is None:
+        from wslm.backend import gguf_cache
+
+        if gguf_cache.enabled():
+            gguf_cache.save_tokenizer_and_config(gguf_cache.folder_for(source.gguf_path), tokenizer, hf_config, arch)
     num_heads = hf_config.num_attention_heads
     head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // num_heads
     theta, scaling = _rope_settings(hf_config)
@@ -220,6 +244,16 @@ def iter_weights(source: ModelSource, dtype: torch.dtype):
 
 
 def _iter_gguf_weights(source: ModelSource, dtype: torch.dtype):
+    from wslm.backend import gguf_cache
+
+    cached = gguf_cache.weights_file(gguf_cache.folder_for(source.gguf_path), dtype)
+    if gguf_cache.enabled() and cached.is_file():
+        from safetensors import safe_open
+
+        with safe_open(str(cached), framework="pt") as f:
+            for name in f.keys():
+                yield name, f.get_tensor(name)
+        return
     # transformers knows how to dequantize GGUF and undo llama.cpp's q/k permutation; we borrow its
     # loader once and keep only the tensors.
     from transformers import AutoModelForCausalLM
@@ -231,4 +265,6 @@ def _iter_gguf_weights(source: ModelSource, dtype: torch.dtype):
     )
     state = hf_model.state_dict()
     del hf_model
+    if gguf_cache.enabled():
+        gguf_cache.save_weights(cached, state)
     yield from state.items()
