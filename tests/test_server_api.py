@@ -154,6 +154,17 @@ def test_seed(client):
     assert len({first, sample(1), sample(2)}) > 1
 
 
+def test_sampling_extras_and_max_completion_tokens(client):
+    r = client.chat.completions.create(model="demo", messages=HELLO, max_completion_tokens=5, user="ada",
+                                       presence_penalty=0.5, frequency_penalty=0.5,
+                                       extra_body={"top_k": 20, "min_p": 0.05, "repetition_penalty": 1.1,
+                                                   "min_tokens": 5})
+    assert r.usage.completion_tokens == 5 and r.choices[0].finish_reason == "length"
+    r = client.completions.create(model="demo", prompt="Hi", max_tokens=4, temperature=0,
+                                  extra_body={"ignore_eos": True, "stop_token_ids": []})
+    assert r.usage.completion_tokens == 4
+
+
 def test_completion_prompt_forms_echo_logprobs(server, client):
     ids = httpx.post(server.url + "/tokenize", json={"prompt": "Hello there"}).json()["tokens"]
     assert httpx.post(server.url + "/detokenize", json={"tokens": ids}).json()["prompt"] == "Hello there"

@@ -228,7 +228,8 @@ class AsyncEngine:
             if out.finished:
                 del self._tracked[out.request_id]
                 if metrics is not None:
-                    metrics.observe_finished(now - tracked.arrival, [c.finish_reason or "stop" for c in out.outputs])
+                    reason = out.outputs[-1].finish_reason if out.outputs else None
+                    metrics.observe_finished(now - tracked.arrival, [reason or "stop"])
 
     def _snapshot_stats(self, force: bool) -> None:
         if self.metrics is None:

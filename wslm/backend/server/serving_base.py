@@ -55,6 +55,9 @@ class ServerState:
     def check_not_draining(self) -> None:
         if self.engine.draining:
             raise APIError("The server is shutting down and takes no new requests.", 503)
+        if not self.engine.alive:
+            raise APIError(f"The engine loop is not running ({self.engine.dead or 'not started'}); restart "
+                           "`wslm serve` (its log on stderr says what stopped it).", 503)
 
     def check_length(self, prompt_len: int, max_tokens: int | None, what: str) -> None:
         """vLLM's context-overflow messages, with the token counts."""

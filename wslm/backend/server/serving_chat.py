@@ -100,10 +100,8 @@ async def create_chat_completion(state: ServerState, request: Request) -> Respon
     try:
         results = await until_disconnect(request, collect(group, tracker))
     except ClientGone:
-        group.abort()
         return Response(status_code=499)
     except EngineFailure as exc:
-        group.abort()
         raise APIError(str(exc), 500, type="server_error") from exc
     finally:
         group.abort()
@@ -131,6 +129,7 @@ async def create_chat_completion(state: ServerState, request: Request) -> Respon
 async def _stream(state: ServerState, group: RequestGroup, tracker: Tracker, response_id: str, created: int,
                   model: str, req: ChatCompletionRequest, top_n: int | None) -> AsyncIterator[str]:
     include_usage = req.include_usage
+    continuous = include_usage and bool(req.stream_options and req.stream_options.continuous_usage_stats)
     head = {"id": response_id, "object": "chat.completion.chunk", "created": created, "model": model}
 
     def chunk(index: int, delta: dict, logprobs: Any = None, finish: str | None = None, stop: Any = None) -> str:
@@ -138,8 +137,8 @@ async def _stream(state: ServerState, group: RequestGroup, tracker: Tracker, res
         if finish is not None:
             choice["stop_reason"] = stop
         body = {**head, "choices": [choice]}
-        if include_usage:
-            body["usage"] = None
+        if include_usage:  # as OpenAI: null on every chunk but the last (running totals if asked)
+            body["usage"] = tracker.usage() if continuous else None
         return sse(body)
 
     try:

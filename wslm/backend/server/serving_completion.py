@@ -104,6 +104,7 @@ async def create_completion(state: ServerState, request: Request) -> Response:
 async def _stream(state: ServerState, group: RequestGroup, tracker: Tracker, response_id: str, created: int,
                   model: str, req: CompletionRequest, echo: list[str] | None) -> AsyncIterator[str]:
     include_usage = req.include_usage
+    continuous = include_usage and bool(req.stream_options and req.stream_options.continuous_usage_stats)
     n = tracker.n
     head = {"id": response_id, "object": "text_completion", "created": created, "model": model}
     offsets: dict[int, int] = {}  # choice index -> characters sent so far (for logprobs.text_offset)
@@ -113,8 +114,8 @@ async def _stream(state: ServerState, group: RequestGroup, tracker: Tracker, res
         if finish is not None:
             choice["stop_reason"] = stop
         body = {**head, "choices": [choice]}
-        if include_usage:
-            body["usage"] = None
+        if include_usage:  # as OpenAI: null on every chunk but the last (running totals if asked)
+            body["usage"] = tracker.usage() if continuous else None
         return sse(body)
 
     try:
