@@ -27,8 +27,11 @@ _events: TextIO | None = None
 def emit(event: str, **fields: Any) -> None:
     """One JSON line on the real stdout, flushed at once (the GUI reads line by line)."""
     stream = _events or sys.stdout
-    stream.write(json.dumps({"event": event, **fields}) + "\n")
-    stream.flush()
+    try:
+        stream.write(json.dumps({"event": event, **fields}) + "\n")
+        stream.flush()
+    except (OSError, ValueError):  # the reader (GUI) went away: keep serving, just log it
+        log.warning("could not write the %s event to stdout", event)
 
 
 def _claim_stdout() -> None:
@@ -232,7 +235,10 @@ def _serve(args: Namespace, engine: Any, sock: socket.socket) -> int:
         timeout_keep_alive=5,
     )
     server = _Server(config, on_ready, on_signal)
-    server.run(sockets=[sock])
+    try:
+        server.run(sockets=[sock])
+    except SystemExit:  # uvicorn exits this way when the app fails its start-up
+        server.started = False
     if not server.started:
         emit("error", message="The HTTP server could not start; see the log above (stderr).")
         return 1
