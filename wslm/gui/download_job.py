@@ -80,7 +80,10 @@ class PullJob(QObject):
         self._proc = proc
         self._final: tuple[str, str] | None = None
         self.changed.emit()
-        proc.start(self.argv())
+        argv = self.argv()
+        if self.logs:
+            self.logs.add("download", "$ " + " ".join(argv))
+        proc.start(argv)
 
     def cancel(self) -> None:
         if self._proc and self.running:

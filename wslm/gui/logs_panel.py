@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QComboBox, QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
 
 from wslm.gui.log_model import LogModel
 from wslm.gui.log_view import LogView
@@ -19,9 +19,19 @@ class LogsPanel(QWidget):
         head.addWidget(title)
         head.addSpacing(12)
         head.addWidget(hint, 1)
+        self.source = QComboBox()
+        self.source.addItem("All sources", "")
+        for src, label in (("server", "Server"), ("models", "Models"), ("download", "Downloads")):
+            self.source.addItem(label, src)
+        head.addWidget(self.source)
         head.addWidget(clear)
         self.view = LogView(logs)
+        self.source.currentIndexChanged.connect(self._filter_source)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(18, 14, 18, 14)
         lay.addLayout(head)
         lay.addWidget(self.view, 1)
+
+    def _filter_source(self, _index: int) -> None:
+        self.view.proxy.only = self.source.currentData() or ""
+        self.view.proxy.invalidateFilter()

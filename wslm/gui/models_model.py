@@ -13,10 +13,13 @@ COLUMNS = ["Model", "Architecture", "Params", "Format", "Quant", "Size", "Contex
 ModelRole = Qt.ItemDataRole.UserRole + 1
 
 
-def fit_hint(model: dict, vram_total_bytes: int | None, gpu_share: float = 0.9) -> tuple[str, str]:
+def fit_hint(model: dict, vram_total_bytes: int | None, gpu_share: float = 0.9,
+             no_gpu: bool = False) -> tuple[str, str]:
     """(text, color): whether the model's memory estimate fits the GPU memory share."""
     if not model.get("supported", True):
         return "unsupported", theme.ERROR
+    if no_gpu:
+        return "no GPU (CPU)", theme.MUTED
     need = model.get("memory_estimate_bytes") or model.get("size_bytes")
     if not vram_total_bytes or not need:
         return "unknown", theme.MUTED
@@ -34,6 +37,7 @@ class ModelsTableModel(QAbstractTableModel):
         self.models: list[dict] = []
         self.vram_total_bytes: int | None = None
         self.gpu_share = 0.9
+        self.no_gpu = False  # nvidia-smi found no GPU on the target
 
     def rowCount(self, parent: QModelIndex = QModelIndex()) -> int:  # noqa: B008
         return 0 if parent.isValid() else len(self.models)
@@ -62,10 +66,10 @@ class ModelsTableModel(QAbstractTableModel):
                 m.get("quantization") or m.get("dtype") or "—",
                 human_bytes(m.get("size_bytes")),
                 f"{m['context_length']:,}" if m.get("context_length") else "—",
-                fit_hint(m, self.vram_total_bytes, self.gpu_share)[0],
+                fit_hint(m, self.vram_total_bytes, self.gpu_share, self.no_gpu)[0],
             ][col]
         if role == Qt.ItemDataRole.ForegroundRole and col == 7:
-            return QColor(fit_hint(m, self.vram_total_bytes, self.gpu_share)[1])
+            return QColor(fit_hint(m, self.vram_total_bytes, self.gpu_share, self.no_gpu)[1])
         if role == Qt.ItemDataRole.ToolTipRole:
             tip = [m.get("path", ""), f"source: {m.get('source', '?')}"]
             if m.get("memory_estimate_bytes"):
@@ -78,8 +82,9 @@ class ModelsTableModel(QAbstractTableModel):
         self.models = [m for m in models if isinstance(m, dict)]
         self.endResetModel()
 
-    def set_vram(self, total_bytes: int | None, gpu_share: float | None = None) -> None:
+    def set_vram(self, total_bytes: int | None, gpu_share: float | None = None, no_gpu: bool = False) -> None:
         self.vram_total_bytes = total_bytes
+        self.no_gpu = no_gpu
         if gpu_share is not None:
             self.gpu_share = gpu_share
         if self.models:

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import html
+
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
     QAbstractItemView,
+    QFrame,
     QHBoxLayout,
     QHeaderView,
     QLabel,
@@ -20,7 +23,7 @@ from wslm.gui.download_dialog import DownloadDialog
 from wslm.gui.download_job import DONE, PullJob
 from wslm.gui.download_view import DownloadProgressView
 from wslm.gui.format import human_bytes
-from wslm.gui.models_model import ModelRole
+from wslm.gui.models_model import ModelRole, fit_hint
 from wslm.gui.models_service import ModelsService
 
 
@@ -57,6 +60,8 @@ class ModelsPanel(QWidget):
         self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
         self.table.setAlternatingRowColors(True)
         self.table.setShowGrid(False)
+        self.table.setWordWrap(False)
+        self.table.setTextElideMode(Qt.TextElideMode.ElideMiddle)
         self.table.verticalHeader().hide()
         self.table.verticalHeader().setDefaultSectionSize(34)
         header = self.table.horizontalHeader()
@@ -66,6 +71,12 @@ class ModelsPanel(QWidget):
         header.setDefaultAlignment(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter)
         self.table.doubleClicked.connect(lambda _i: self._serve_selected())
 
+        self.details = QLabel()
+        self.details.setWordWrap(True)
+        self.details.setTextFormat(Qt.TextFormat.RichText)
+        self.details.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.details.setText("Select a model to see where it is and how much memory it needs.")
+        self.table.selectionModel().selectionChanged.connect(self._show_details)
         self.error = QLabel()
         self.error.setWordWrap(True)
         self.error.hide()
@@ -75,6 +86,11 @@ class ModelsPanel(QWidget):
         lay.addLayout(head)
         lay.addWidget(self.error)
         lay.addWidget(self.table, 1)
+        details_card = QFrame(objectName="Card")
+        dl = QVBoxLayout(details_card)
+        dl.setContentsMargins(14, 10, 14, 10)
+        dl.addWidget(self.details)
+        lay.addWidget(details_card)
         lay.addLayout(self.downloads)
 
         service.table.modelReset.connect(self._update_summary)
@@ -86,8 +102,36 @@ class ModelsPanel(QWidget):
     def _update_summary(self, *_args) -> None:
         t = self.service.table
         vram = f" · GPU memory {human_bytes(t.vram_total_bytes)}" if t.vram_total_bytes else ""
-        self.summary.setText(f"{t.rowCount()} models · {human_bytes(t.total_bytes())} on disk on "
+        n = t.rowCount()
+        self.summary.setText(f"{n} model{'s' if n != 1 else ''} · {human_bytes(t.total_bytes())} on disk on "
                              f"{self.service.target.describe()}{vram}")
+
+    def _show_details(self, *_args) -> None:
+        m = self.selected_model()
+        if not m:
+            return
+        t = self.service.table
+        fit, color = fit_hint(m, t.vram_total_bytes, t.gpu_share, t.no_gpu)
+        parts = [f"<b style='color:#e6e9ef;'>{html.escape(m.get('name') or m.get('id', ''))}</b>",
+                 html.escape(str(m.get("path", "")))]
+        if m.get("memory_estimate_bytes"):
+            ctx = m.get("estimate_context") or m.get("context_length")
+            parts.append(f"needs about {human_bytes(m['memory_estimate_bytes'])} "
+                         f"(weights + KV cache{f' at {ctx:,} tokens' if ctx else ''}) · "
+                         f"fits GPU: <span style='color:{color};'>{fit}</span>")
+        if not m.get("supported", True):
+            parts.append(f"<span style='color:#f85149;'>not supported: {html.escape(str(m.get('unsupported_reason')))}</span>")
+        if m.get("complete") is False:
+            parts.append("<span style='color:#d29922;'>incomplete download: pull it again to resume</span>")
+        self.details.setText("<br>".join(parts))
+
+    def shutdown(self, wait_ms: int = 3000) -> None:
+        """App exit: cancel running downloads (they resume next time) and let them exit."""
+        for job in self.jobs:
+            if job.running:
+                job.cancel()
+                if job._proc:
+                    job._proc.wait(wait_ms)
 
     def _show_error(self, text: str) -> None:
         self.error.setText(f"<span style='color:#f85149;'>⚠</span> {text}")

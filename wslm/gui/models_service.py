@@ -52,7 +52,9 @@ class ModelsService(QObject):
         proc = JsonProcess(self)
         proc.log_line.connect(lambda line: self.logs.add("models", line))
         proc.finished.connect(lambda code, tail: self._removed(model_id, code, tail))
-        proc.start(self.target.wslm_argv(["models", "rm", model_id, "--yes"]))
+        argv = self.target.wslm_argv(["models", "rm", model_id, "--yes"])
+        self.logs.add("models", "$ " + " ".join(argv))
+        proc.start(argv)
 
     def _removed(self, model_id: str, code: int, tail: str) -> None:
         if code != 0:

@@ -35,6 +35,10 @@ MAX_AUTO_RESTARTS = 3
 STOP_GRACE_S = 10.0
 
 
+_OWN_POLL = "127.0.0.1"
+_POLL_PATHS = ('"GET /health HTTP', '"GET /metrics HTTP')
+
+
 @dataclass
 class ServerConfig:
     """`wslm serve` flags, named as in vLLM."""
@@ -182,7 +186,8 @@ class ServerController(QObject):
             self._set(LOADING, f"Loading {event.get('model') or self.config.model}…")
         elif kind == "ready":
             self.ready_event = event
-            self._set(READY, f"{event.get('model', '')} at {event.get('url', '')}")
+            self.state = READY  # base_url needs it
+            self._set(READY, f"{event.get('model', '')} at {self.base_url}")
             self._health_timer.start()
             self.ready.emit(event)
         elif kind == "error":
@@ -190,6 +195,8 @@ class ServerController(QObject):
             self.logs.add("server", f"error: {self._error_message}")
 
     def _on_log(self, line: str) -> None:
+        if _OWN_POLL in line and '" 200' in line and any(p in line for p in _POLL_PATHS):
+            return  # our own /health and /metrics polls, every 2 s: noise in the log
         self.logs.add("server", line)
 
     def _on_finished(self, code: int, tail: str) -> None:

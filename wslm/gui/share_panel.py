@@ -196,7 +196,7 @@ class SharePanel(QWidget):
             w.deleteLater()
         self.url_rows = []
         for url in st.get("lan_urls") or []:
-            row = QWidget()
+            row = QWidget(objectName="Row")
             h = QHBoxLayout(row)
             h.setContentsMargins(0, 0, 0, 0)
             label = QLabel(f"<span style='font-family:monospace; font-size:11pt;'>{html.escape(url)}</span>")

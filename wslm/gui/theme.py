@@ -56,6 +56,8 @@ QListView::item:selected, QTableView::item:selected {{ background-color: #26324a
 QHeaderView::section {{ background-color: {PANEL}; color: {MUTED}; border: none; border-bottom: 1px solid {BORDER};
     padding: 6px 8px; font-weight: 600; }}
 QTableView {{ gridline-color: transparent; }}
+QTableView::item {{ padding: 0 8px; }}
+QWidget#Row {{ background: transparent; }}
 QProgressBar {{ background-color: {RAISED}; border: 1px solid {BORDER}; border-radius: 6px; text-align: center; height: 16px; }}
 QProgressBar::chunk {{ background-color: {ACCENT}; border-radius: 5px; }}
 QStatusBar {{ background-color: {PANEL}; border-top: 1px solid {BORDER}; color: {MUTED}; }}

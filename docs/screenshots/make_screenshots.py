@@ -1,0 +1,119 @@
+"""Regenerate the README screenshots: a real demo server (CPU is fine), a seeded chat, a model download
+from the loopback hub and LAN sharing on against the fake Windows programs of tests/fake_windows.
+
+    QT_QPA_PLATFORM=offscreen .venv/bin/python docs/screenshots/make_screenshots.py [OUT_DIR]
+
+Plain `wslm gui --screenshot DIR` renders whatever the user's own app shows; this script only stages
+something worth showing first. Everything lives in a temporary config dir."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path[:0] = [str(ROOT / "tests"), str(ROOT)]
+
+CJK_REPLY = """**列表推导式**（list comprehension）是一种用一行代码创建列表的写法，比 `for` 循环更简洁。
+
+基本形式：
+
+```python
+squares = [x * x for x in range(10) if x % 2 == 0]
+print(squares)  # [0, 4, 16, 36, 64]
+```
+
+要点：
+- 方括号里先写*表达式*，再写 `for` 子句
+- 可以加 `if` 条件过滤元素
+- 结果是一个新的列表，原来的数据不变"""
+
+JS_REPLY = """In JavaScript there is no comprehension syntax, but `filter` and `map` do the same:
+
+```js
+const squares = [...Array(10).keys()]
+  .filter((x) => x % 2 === 0)
+  .map((x) => x * x);
+console.log(squares); // [0, 4, 16, 36, 64]
+```
+
+| Python | JavaScript |
+|---|---|
+| `if` clause | `filter()` |
+| expression | `map()` |"""
+
+
+def seed_chats(cfg: Path) -> None:
+    from wslm.gui.chat_store import ChatStore
+
+    (cfg / "data").mkdir(parents=True, exist_ok=True)
+    s = ChatStore(cfg / "data" / "chats.sqlite3")
+    c0 = s.create_conversation("Plan a weekend in Kyoto", system_prompt="You are a helpful assistant.", max_tokens=48)
+    s.add_message(c0.id, "user", "Plan a weekend in Kyoto")
+    s.add_message(c0.id, "assistant", "Sure — here is a relaxed two-day plan.",
+                  stats={"tokens_per_s": 38.2, "tokens": 212, "ttft_s": 0.18})
+    c1 = s.create_conversation("用中文解释 Python 的列表推导式")
+    s.add_message(c1.id, "user", "用中文解释 Python 的列表推导式，并给一个例子。")
+    s.add_message(c1.id, "assistant", CJK_REPLY, stats={"tokens_per_s": 41.7, "tokens": 143, "ttft_s": 0.21})
+    s.add_message(c1.id, "user", "Can you do the same in JavaScript?")
+    s.add_message(c1.id, "assistant", JS_REPLY, stats={"tokens_per_s": 40.3, "tokens": 96, "ttft_s": 0.17})
+    s.close()
+
+
+def main(out: Path) -> None:
+    cfg = Path(tempfile.mkdtemp(prefix="wslm-shots-"))
+    os.environ.update(WSLM_CONFIG_DIR=str(cfg), HF_HUB_CACHE=str(cfg / "hf"), WSLM_MODELS_DIR=str(cfg / "models"),
+                      WSLM_ASSUME_ADMIN="1")
+    seed_chats(cfg)
+    from fake_windows import install
+    from hub_server import FakeHub, make_tiny_gguf
+
+    os.environ["WSLM_WINDOWS_BIN"] = str(install(cfg / "winbin").dir)
+    hub = FakeHub().start()
+    blob = make_tiny_gguf(cfg / "src" / "a.gguf", "Q4_K_M").read_bytes()
+    hub.add_repo("bartowski/Qwen2.5-0.5B-Instruct-GGUF", {"Qwen2.5-0.5B-Instruct-Q4_K_M.gguf": blob + bytes(3_000_000)})
+    hub.add_repo("HuggingFaceTB/SmolLM2-360M-Instruct-GGUF", {"smollm2-360m-instruct-q8_0.gguf": blob + bytes(2_000_000)})
+    subprocess.run([sys.executable, "-m", "wslm", "models", "pull", "HuggingFaceTB/SmolLM2-360M-Instruct-GGUF",
+                    "--endpoint", hub.url, "--json"], check=True, capture_output=True)
+
+    from wslm.gui.app import make_app, process_events_for, screenshot
+    from wslm.gui.main_window import MainWindow
+    from wslm.gui.settings import Settings
+
+    make_app()
+    w = MainWindow(Settings(first_run_done=True, port=18555, max_model_len=2048,
+                            serve_extra_args="--kv-cache-memory 256MiB"), watch=True)
+    w.resize(1280, 800)
+    w.show()
+    w.share.turn_on()
+    process_events_for(30, until=lambda: not w.share.busy and w.share.status.get("enabled"))
+    w.server_panel.start()
+    process_events_for(300, until=lambda: w.server.state in ("ready", "crashed"))
+    kyoto = next(c for c in w.store.list_conversations() if "Kyoto" in c.title)
+    w.session.open(kyoto.id)
+    w.chat_panel.input.setPlainText("Give me one tip for Kyoto.")
+    w.chat_panel.send()
+    process_events_for(90, until=lambda: not w.session.busy)
+    w.session.open(next(c for c in w.store.list_conversations() if "Python" in c.title).id)
+    hub.rate_bps = 150_000
+    dialog = w.models_panel.open_download()
+    dialog.repo.setText("bartowski/Qwen2.5-0.5B-Instruct-GGUF")
+    dialog.pattern.setText("*Q4_K_M.gguf")
+    dialog.endpoint.setText(hub.url)
+    dialog.start()
+    process_events_for(30, until=lambda: dialog.job.progress.fraction > 0.4)
+    dialog.hide()
+    w.models_panel.table.selectRow(1)
+    process_events_for(4)
+    w.sidebar.select("chat")
+    for path in screenshot(w, out):
+        print(path)
+    w.close()
+    hub.stop()
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]) if len(sys.argv) > 1 else Path(__file__).resolve().parent)
