@@ -6,6 +6,8 @@ import pytest
 
 # Qt tests run without a display.
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+# Before anything loads torch: the servers the tests start compete with the test process for 2 cores.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).parent))
 

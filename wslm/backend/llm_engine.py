@@ -112,7 +112,8 @@ class LLMEngine:
         arrival_time: float | None = None,
     ) -> None:
         """Queue a request. Raises ValueError (nothing queued) when the request cannot be served."""
-        params = params or SamplingParams()
+        # A private copy: validation fills in max_tokens, and callers may share one params object.
+        params = params.clone() if params is not None else SamplingParams()
         if request_id in self.requests:
             raise ValueError(f"Request id {request_id!r} is already in use.")
         text, ids = validate_prompt(prompt, params, self.tokenizer, self.max_model_len, self.model_config.vocab_size)

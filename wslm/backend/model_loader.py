@@ -85,6 +85,8 @@ def resolve_model(model: str) -> ModelSource:
         )
     if path.exists():
         raise FileNotFoundError(f"{path} is not a model: give a model folder or a .gguf file.")
+    if model.startswith(("/", "./", "../", "~")) or model.endswith(".gguf") or "\\" in model:
+        raise FileNotFoundError(f"No such model file or folder: {path}. Check the path, or list models with `wslm models list`.")
     found = _resolve_by_name(model)
     if found is not None:
         return resolve_model(str(found))
