@@ -192,3 +192,72 @@ def test_markdown_code_blocks_and_cjk():
     streaming = render_markdown("Here:\n```js\nlet a = 1")
     assert "<pre" in streaming and "let a = 1" in streaming
     assert "<script>" not in render_markdown("<script>alert(1)</script>")
+
+
+def test_chat_panel_send_copy_regenerate_rename_delete(qtbot, tmp_path, fake_server):
+    from PySide6.QtCore import Qt, QUrl
+    from PySide6.QtGui import QGuiApplication
+
+    from wslm.gui.chat_panel import ChatPanel
+    from wslm.gui.settings import Settings
+
+    store = ChatStore(tmp_path / "chats.sqlite3")
+    settings = Settings(chat_use_server=False, chat_base_url=fake_server, chat_api_key="sk-test", chat_model="demo")
+    session = ChatSession(store, {"system_prompt": settings.system_prompt})
+    panel = ChatPanel(session, settings)
+    qtbot.addWidget(panel)
+    panel.resize(1100, 700)
+    panel.show()
+    assert session.base_url == fake_server and session.model == "demo"
+    assert fake_server in panel.connection_label.text()
+
+    panel.input.setPlainText("First question")
+    with qtbot.waitSignal(session.reply_finished, timeout=10000):
+        qtbot.keyClick(panel.input, Qt.Key.Key_Return)  # Enter sends
+    assert panel.input.toPlainText() == ""
+    qtbot.waitUntil(lambda: "Regenerate" in panel.view.toPlainText(), timeout=3000)
+    assert "".join(WORDS) in panel.view.toPlainText() and "tok/s" in panel.view.toPlainText()
+
+    panel.view.anchorClicked.emit(QUrl("copy:1"))
+    assert QGuiApplication.clipboard().text() == "".join(WORDS)
+    FakeOpenAI.requests.clear()
+    with qtbot.waitSignal(session.reply_finished, timeout=10000):
+        panel.view.anchorClicked.emit(QUrl("regen:1"))
+    assert len(session.messages.messages()) == 2 and len(FakeOpenAI.requests) == 1
+    assert FakeOpenAI.requests[0]["messages"][-1] == {"role": "user", "content": "First question"}
+
+    # Shift+Enter is a new line, not a send.
+    panel.input.setPlainText("line one")
+    qtbot.keyClick(panel.input, Qt.Key.Key_Return, Qt.KeyboardModifier.ShiftModifier)
+    assert "\n" in panel.input.toPlainText() and not session.busy
+
+    model = session.conversations
+    assert model.setData(model.index(0), "Renamed chat")
+    assert store.list_conversations()[0].title == "Renamed chat"
+    panel.new_chat()
+    assert model.rowCount() == 2 and session.messages.rowCount() == 0
+    panel.temperature.setValue(1.3)
+    assert store.get_conversation(session.messages.conversation_id).temperature == pytest.approx(1.3)
+    panel._delete(0, confirm=False)
+    assert model.rowCount() == 1 and session.messages.conversation_id == 0
+    panel.search.setText("Renamed")
+    assert model.rowCount() == 1
+    panel.search.setText("zzz")
+    assert model.rowCount() == 0
+    panel.close()
+    store.close()
+
+
+def test_no_endpoint_keeps_the_text(qtbot, tmp_path):
+    from wslm.gui.chat_panel import ChatPanel
+    from wslm.gui.settings import Settings
+
+    store = ChatStore(tmp_path / "chats.sqlite3")
+    session = ChatSession(store)
+    panel = ChatPanel(session, Settings(chat_use_server=True))
+    qtbot.addWidget(panel)
+    panel.input.setPlainText("keep me")
+    panel.send()
+    assert panel.input.toPlainText() == "keep me" and not panel.error_label.isHidden()
+    assert "Server panel" in panel.error_label.text() and session.messages.rowCount() == 0
+    store.close()

@@ -4,7 +4,9 @@ streams a reply from it, Stop ends the stream (the server aborts the request), a
 from __future__ import annotations
 
 import socket
+import sys
 import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -129,4 +131,85 @@ def test_crash_shows_cause(qtbot, tmp_path, monkeypatch):
     text = window.server_panel.crash_box.text()
     assert "stopped unexpectedly" in text and ("port" in text.lower() or "model" in text.lower())
     blocker.close()
+    window.close()
+
+
+@pytest.mark.timeout(300)
+def test_wsl_target_hung_backend_is_detected_and_killed(qtbot, tmp_path, monkeypatch):
+    """Through (fake) wsl.exe: models list and serve run in the "distro"; a backend that stops answering
+    /health is reported as crashed and killed by its Linux PID, not left behind."""
+    import os
+    import signal
+
+    from fake_windows import use
+
+    from wslm.gui import server_controller
+    from wslm.wsl_bridge.launcher import Target
+
+    use(monkeypatch, tmp_path)
+    monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
+    monkeypatch.setattr(server_controller, "HEALTH_INTERVAL_MS", 400)
+    monkeypatch.setattr(server_controller, "HEALTH_FAILURES_TO_CRASH", 2)
+    settings = Settings(first_run_done=True, port=free_port(), max_model_len=1024, serve_extra_args=FAST_FLAGS,
+                        target={"kind": "wsl", "distro": "Ubuntu"})
+    window = MainWindow(settings, ChatStore(tmp_path / "c.sqlite3"), watch=False)
+    qtbot.addWidget(window)
+    assert window.server.target == Target.wsl("Ubuntu")
+    assert window.server_panel.target_label.text() == "WSL: Ubuntu"
+    qtbot.waitUntil(lambda: not window.models.loading, timeout=60_000)
+    assert "demo" in window.models.table.ids(), window.logs.text()[-2000:]
+
+    window.server_panel.start_button.click()
+    qtbot.waitUntil(lambda: window.server.state in (READY, CRASHED), timeout=300_000)
+    assert window.server.state == READY, window.logs.text()[-3000:]
+    first_pid = int(window.server.ready_event["pid"])
+    assert "wsl.exe" in window.logs.text()
+    # Restart = Stop by the Linux PID (kill -TERM through wsl.exe), then a fresh start.
+    states = []
+    window.server.state_changed.connect(lambda s, _d: states.append(s))
+    window.server_panel.restart_button.click()
+    qtbot.waitUntil(lambda: states[-1:] == [READY] or CRASHED in states, timeout=300_000)
+    assert states[:2] == ["stopping", "stopped"] and states[-1] == READY, window.logs.text()[-3000:]
+    assert not _alive(first_pid)
+    pid = int(window.server.ready_event["pid"])
+    assert pid != first_pid
+    os.kill(pid, signal.SIGSTOP)  # hung: the port still accepts, nothing answers
+    try:
+        qtbot.waitUntil(lambda: window.server.state == CRASHED, timeout=30_000)
+        assert "/health" in window.server.detail
+        qtbot.waitUntil(lambda: not _alive(pid), timeout=20_000)
+    finally:
+        if _alive(pid):
+            os.kill(pid, signal.SIGKILL)
+    window.close()
+
+
+def _alive(pid: int) -> bool:
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is gone for our purposes
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return True
+
+
+@pytest.mark.timeout(120)
+def test_auto_restart_after_a_crash(qtbot, tmp_path, monkeypatch):
+    monkeypatch.setenv("WSLM_CONFIG_DIR", str(tmp_path / "config"))
+    settings = Settings(first_run_done=True, port=free_port(), model="no-such-model-anywhere", auto_restart=True)
+    window = MainWindow(settings, ChatStore(tmp_path / "c.sqlite3"), watch=False)
+    qtbot.addWidget(window)
+    states = []
+    window.server.state_changed.connect(lambda s, _d: states.append(s))
+    window.server_panel.start_button.click()
+    qtbot.waitUntil(lambda: states.count(CRASHED) >= 1 and states[-1] == "starting", timeout=90_000)
+    assert "auto-restart in 2 s" in window.logs.text()
+    window.server_panel.auto_restart.setChecked(False)
+    qtbot.waitUntil(lambda: window.server.state == CRASHED, timeout=90_000)
+    window.server_panel.stop_button.click()  # a crashed server: Stop clears it
+    assert window.server.state in (CRASHED, STOPPED)
     window.close()

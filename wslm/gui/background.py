@@ -29,11 +29,13 @@ class BackgroundCall(QObject):
 
     def _run(self) -> None:
         try:
-            value = self._fn()
+            value, error = self._fn(), ""
         except Exception as exc:  # noqa: BLE001 - reported to the GUI as text
-            self._result.emit(None, f"{type(exc).__name__}: {exc}")
-            return
-        self._result.emit(value, "")
+            value, error = None, f"{type(exc).__name__}: {exc}"
+        try:
+            self._result.emit(value, error)
+        except RuntimeError:  # the window (and this object with it) closed meanwhile: nobody to tell
+            pass
 
     @Slot(object, str)
     def _deliver(self, value: object, error: str) -> None:

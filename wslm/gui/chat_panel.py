@@ -190,7 +190,7 @@ class ChatPanel(QWidget):
             w.editingFinished.connect(self._connection_edited)
         model_row = QHBoxLayout()
         self.model_combo = QComboBox(editable=True)
-        self.model_combo.setPlaceholderText("model")
+        self.model_combo.lineEdit().setPlaceholderText("model")  # (QComboBox.setPlaceholderText would unselect)
         if self.settings.chat_model:
             self.model_combo.addItem(self.settings.chat_model)
         self.model_combo.currentTextChanged.connect(self._model_changed)

@@ -6,6 +6,7 @@ come out as log lines, so nothing the command says is lost."""
 from __future__ import annotations
 
 import json
+import threading
 from collections import deque
 
 from PySide6.QtCore import QObject, QProcess, QProcessEnvironment, Signal
@@ -25,6 +26,8 @@ class JsonProcess(QObject):
         self._err = b""
         self._tail: deque[str] = deque(maxlen=keep_lines)
         self._done = False
+        # Set on the GUI thread when the process has ended; safe to read from any thread.
+        self.exited = threading.Event()
 
     @property
     def running(self) -> bool:
@@ -36,6 +39,7 @@ class JsonProcess(QObject):
     def start(self, argv: list[str], env: dict[str, str] | None = None) -> None:
         """`env`: the child's whole environment (default: inherit ours)."""
         self._out, self._err, self._done = b"", b"", False
+        self.exited.clear()
         self._tail.clear()
         proc = QProcess(self)
         if env is not None:
@@ -113,6 +117,7 @@ class JsonProcess(QObject):
         if self._done:
             return
         self._done = True
+        self.exited.set()
         self._flush()
         if status == QProcess.ExitStatus.CrashExit and code == 0:
             code = -1
@@ -121,6 +126,7 @@ class JsonProcess(QObject):
     def _on_error(self, error: QProcess.ProcessError) -> None:
         if error == QProcess.ProcessError.FailedToStart and not self._done:
             self._done = True
+            self.exited.set()
             program = self._proc.program()
             msg = f"Could not start {program}: {self._proc.errorString()}"
             self._tail.append(msg)

@@ -156,7 +156,7 @@ class ServerController(QObject):
         if self.target.via_wsl and pid:
             # Killing wsl.exe would leave the Linux process running: signal it by its Linux PID.
             call = BackgroundCall(lambda: stop_backend(self.target, pid, timeout=STOP_GRACE_S,
-                                                       exited=lambda: not proc.running), self)
+                                                       exited=proc.exited.is_set), self)
             call.failed.connect(lambda err: self.logs.add("server", f"stop: {err}"))
             call.start()
         else:
@@ -272,8 +272,21 @@ class ServerController(QObject):
             self.logs.add("server", self._error_message)
             # The process is hung: end it; _on_finished then reports the crash (and restarts if asked).
             self._health_timer.stop()
-            if self._proc:
-                self._proc.kill()
+            self._kill_hung()
+
+    def _kill_hung(self) -> None:
+        proc = self._proc
+        if proc is None:
+            return
+        pid = int(self.ready_event.get("pid") or 0)
+        if not (self.target.via_wsl and pid):
+            proc.kill()  # local: our child is the backend
+            return
+        # Through WSL, killing wsl.exe would leave the Linux process hanging: TERM, then KILL, by its PID.
+        call = BackgroundCall(lambda: stop_backend(self.target, pid, timeout=1.0, exited=proc.exited.is_set), self)
+        call.done.connect(lambda _r: proc.kill())
+        call.failed.connect(lambda err: (self.logs.add("server", f"kill: {err}"), proc.kill()))
+        call.start()
 
     def _on_metrics(self, reply: QNetworkReply) -> None:
         reply.deleteLater()
