@@ -66,6 +66,8 @@ class LLMEngine:
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.block_manager)
         self.runner = ModelRunner(model, config.block_size, num_blocks)
+        if self.device.type == "cuda" and not config.enforce_eager:
+            self.runner.enable_cuda_graphs(config.max_num_seqs, mc.max_model_len)
         self.sampler = Sampler(mc.vocab_size, self.device, config.seed)
         self.output_processor = OutputProcessor(self.tokenizer, mc.max_model_len)
         self.chat_template = _read_template(config.chat_template)

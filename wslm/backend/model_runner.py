@@ -23,6 +23,14 @@ class ModelRunner:
         # One allocation for the whole pool: [layers, k|v, blocks, block_size, kv_heads, head_dim].
         self.kv_pool = torch.zeros((self.cfg.num_layers, 2, *shape), dtype=self.cfg.dtype, device=self.device)
         self.kv_caches = [(self.kv_pool[i, 0], self.kv_pool[i, 1]) for i in range(self.cfg.num_layers)]
+        self.graphs = None  # DecodeGraphs, when CUDA graphs are on
+
+    def enable_cuda_graphs(self, max_num_seqs: int, max_model_len: int) -> None:
+        from wslm.backend.cuda_graphs import DecodeGraphs
+
+        graphs = DecodeGraphs(self.model, self.kv_caches, max_num_seqs, max_model_len, self.block_size)
+        if graphs.capture():
+            self.graphs = graphs
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         if not pairs:
@@ -78,5 +86,8 @@ class ModelRunner:
     def execute(self, scheduled: list[tuple[Sequence, int]]) -> tuple[torch.Tensor | None, list[Sequence]]:
         """Run one step. Returns logits [len(sampled), vocab] for the sequences that get a new token."""
         input_ids, positions, meta, sampled = self.prepare(scheduled)
+        is_decode = meta.max_seqlen_q == 1 and len(sampled) == len(scheduled)
+        if self.graphs is not None and is_decode and self.graphs.can_run(len(scheduled)):
+            return self.graphs.run(input_ids, positions, meta), sampled
         logits = self.model.forward(input_ids, positions, meta, self.kv_caches)
         return (logits if sampled else None), sampled
