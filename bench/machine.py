@@ -8,7 +8,7 @@ from pathlib import Path
 
 
 def describe() -> str:
-    cpu = platform.processor() or platform.machine()
+    cpu = platform.processor() or "unknown CPU"
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             if line.startswith("model name"):
@@ -16,6 +16,15 @@ def describe() -> str:
                 break
     except OSError:
         pass
+    cores = os.cpu_count() or 0
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else cores
+    try:
+        import torch
+
+        device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU only"
+        threads = torch.get_num_threads()
+    except ImportError:
+        device, threads = "torch not installed", 0
     mem = ""
     try:
         import psutil
@@ -23,17 +32,8 @@ def describe() -> str:
         mem = f", {psutil.virtual_memory().total / 2**30:.0f} GiB RAM"
     except ImportError:
         pass
-    gpu = ""
-    try:
-        import torch
-
-        if torch.cuda.is_available():
-            gpu = f", GPU {torch.cuda.get_device_name(0)}"
-        else:
-            gpu = f", no GPU (torch {torch.__version__})"
-    except ImportError:
-        pass
-    return f"{cpu}, {os.cpu_count()} cores{mem}{gpu}, {platform.system()} {platform.release()}"
+    return (f"{cpu}, {cores} cores ({usable} usable, torch threads {threads}){mem}; {device}; "
+            f"{platform.system()} {platform.release()}; Python {platform.python_version()}")
 
 
 def append_section(title: str, body: str) -> Path:
@@ -45,5 +45,5 @@ def append_section(title: str, body: str) -> Path:
         path.write_text("# Benchmarks\n\nEach section: what ran, on which machine, when.\n")
     stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
     with path.open("a", encoding="utf-8") as f:
-        f.write(f"\n## {title} ({stamp})\n\nMachine: {describe()}\n\n{body.rstrip()}\n")
+        f.write(f"\n## {stamp} — {title}\n\nMachine: {describe()}\n\n{body.rstrip()}\n")
     return path

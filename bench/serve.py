@@ -17,8 +17,6 @@ import argparse
 import asyncio
 import datetime
 import json
-import os
-import platform
 import signal
 import subprocess
 import sys
@@ -158,25 +156,10 @@ def _generate_all(llm, args: argparse.Namespace, prompts: list[str]) -> dict:
 
 # ---- report ------------------------------------------------------------------------------------------
 def machine() -> str:
-    cpu = platform.processor() or "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    cores = os.cpu_count() or 0
-    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else cores
-    try:
-        import torch
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from machine import describe
 
-        device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "CPU only"
-        threads = torch.get_num_threads()
-    except ImportError:
-        device, threads = "torch not installed", 0
-    return (f"{cpu}, {cores} cores ({usable} usable, torch threads {threads}); {device}; "
-            f"{platform.system()} {platform.release()}; Python {platform.python_version()}")
+    return describe()
 
 
 def report(args: argparse.Namespace, served: dict, offline: dict | None, where: str) -> str:
