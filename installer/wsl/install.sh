@@ -75,6 +75,7 @@ STATE="$PREFIX/install-state"
 BIN_DIR="${WSLM_BIN_DIR:-$HOME/.local/bin}"
 SYSTEM_BIN_DIR="${WSLM_SYSTEM_BIN_DIR:-/usr/local/bin}"
 SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" 2>/dev/null && pwd || true)"
+SCRIPT_PATH="$SCRIPT_DIR/$(basename "${BASH_SOURCE[0]}")"
 
 in_wsl() { [ -n "${WSL_DISTRO_NAME:-}" ] || grep -qi microsoft /proc/version 2>/dev/null; }
 
@@ -183,7 +184,8 @@ find_python() {
     return 1
 }
 if ! PY="$(find_python)"; then
-    found="$(command -v python3 >/dev/null 2>&1 && python3 --version 2>&1 || echo 'no python3')"
+    found="no python3"
+    if command -v python3 >/dev/null 2>&1; then found="$(python3 --version 2>&1 || true)"; fi
     die "wslm needs Python 3.10 or newer ($found found)" "$APT_FIX   (or set WSLM_PYTHON=/path/to/python3.X)"
 fi
 if ! "$PY" -c 'import venv, ensurepip' 2>/dev/null; then
@@ -334,7 +336,8 @@ if system_link_wanted && ! our_link "$SYSTEM_BIN_DIR/wslm"; then
         CHANGED=1
     else
         say "note: for the Windows app, link wslm where wsl.exe finds it: sudo ln -s $VENV/bin/wslm $SYSTEM_BIN_DIR/wslm"
-        say "needs-system-link: bash install.sh --system-link --prefix $PREFIX"
+        # Machine-readable: the Windows installer and the GUI run this line's command with wsl.exe -u root.
+        say "needs-system-link: $(printf '%q ' bash "$SCRIPT_PATH" --system-link --prefix "$PREFIX")"
     fi
 fi
 
