@@ -8,6 +8,10 @@ import pytest
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 # Before anything loads torch: the servers the tests start compete with the test process for 2 cores.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+# Without a GPU the Triton kernels run under Triton's interpreter. It must be on before the first
+# `import triton` anywhere in the session, whichever test module happens to import it first.
+if not (os.path.exists("/dev/nvidia0") or os.path.exists("/dev/dxg")):
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 sys.path.insert(0, str(Path(__file__).parent))
 

@@ -105,6 +105,10 @@ def test_stream_ready_and_stop(fw, tmp_path, via_wsl: bool, ignore_term: bool) -
     ready = proc.wait_ready(timeout=20)
     assert ready is not None and ready.model == "demo" and ready.port == 8000
     assert [e["event"] for e in proc.events] == ["loading", "ready"]
+    # stdout and stderr are read by separate threads: the stderr line may trail the ready event.
+    deadline = time.monotonic() + 10
+    while ("stderr", "log line on stderr") not in lines and time.monotonic() < deadline:
+        time.sleep(0.02)
     assert ("stderr", "log line on stderr") in lines
     started = time.monotonic()
     result = proc.stop(timeout=1.0)
