@@ -249,14 +249,14 @@ function Install-Gui {
     if ($null -eq $py) {
         Stop-WithError "the Python launcher (py.exe) is not installed, and there is no packaged app next to this script" "install Python 3.10 or newer: winget install -e --id Python.Python.3.12 (or python.org), then re-run"
     }
-    $check = Invoke-Captured $py.Source "-3 -c `"import sys; print(sys.version_info >= (3, 10))`"" ([System.Text.Encoding]::UTF8) $null
+    $check = Invoke-Captured $py.Path "-3 -c `"import sys; print(sys.version_info >= (3, 10))`"" ([System.Text.Encoding]::UTF8) $null
     if ($check.Code -ne 0 -or -not $check.Output.Trim().EndsWith("True")) {
         Stop-WithError "py -3 is not Python 3.10 or newer ($($check.Output.Trim()))" "install a newer Python: winget install -e --id Python.Python.3.12, then re-run"
     }
     $venvPython = Join-Path $GuiVenv "Scripts\python.exe"
     if (-not (Test-Path -LiteralPath $venvPython)) {
         Write-Info "creating the app's venv in $GuiVenv"
-        & $py.Source -3 -m venv $GuiVenv | Out-Host
+        & $py.Path -3 -m venv $GuiVenv | Out-Host
         if ($LASTEXITCODE -ne 0) { Stop-WithError "py -3 -m venv failed (exit $LASTEXITCODE)" "repair or reinstall Python, then re-run" }
     }
     if (Test-Path -LiteralPath (Join-Path $Checkout "pyproject.toml")) {
@@ -323,18 +323,18 @@ function Remove-SharingRules {
         if ($LASTEXITCODE -ne 0) { Write-Info "warning: wslm share off --port $port failed (exit $LASTEXITCODE)" }
     }
     # Fallback: firewall rules whose name starts with "wslm" (wslm names every rule so); nothing else.
-    $rules = @(Get-NetFirewallRule -ErrorAction SilentlyContinue | Where-Object { $_.DisplayName.StartsWith("wslm") })
+    $rules = @(Get-NetFirewallRule -ErrorAction SilentlyContinue | Where-Object { ([string]$_.DisplayName).StartsWith("wslm") })
     $hyperv = @()
     if ($null -ne (Get-Command "Get-NetFirewallHyperVRule" -ErrorAction SilentlyContinue)) {
-        $hyperv = @(Get-NetFirewallHyperVRule -ErrorAction SilentlyContinue | Where-Object { $_.Name.StartsWith("wslm") })
+        $hyperv = @(Get-NetFirewallHyperVRule -ErrorAction SilentlyContinue | Where-Object { ([string]$_.Name).StartsWith("wslm") })
     }
     if ($rules.Count -eq 0 -and $hyperv.Count -eq 0) { return }
     $names = @($rules | ForEach-Object { $_.DisplayName }) + @($hyperv | ForEach-Object { $_.Name })
     Write-Info "removing leftover firewall rules: $($names -join ', ')"
     # The elevated copy re-selects by the same rule: a fixed command, no names from outside in it.
-    $command = "Get-NetFirewallRule | Where-Object { `$_.DisplayName.StartsWith('wslm') } | Remove-NetFirewallRule; " +
+    $command = "Get-NetFirewallRule | Where-Object { ([string]`$_.DisplayName).StartsWith('wslm') } | Remove-NetFirewallRule; " +
         "if (Get-Command Get-NetFirewallHyperVRule -ErrorAction SilentlyContinue) { " +
-        "Get-NetFirewallHyperVRule | Where-Object { `$_.Name.StartsWith('wslm') } | Remove-NetFirewallHyperVRule }"
+        "Get-NetFirewallHyperVRule | Where-Object { ([string]`$_.Name).StartsWith('wslm') } | Remove-NetFirewallHyperVRule }"
     if (Test-Admin) {
         $rules | Remove-NetFirewallRule
         foreach ($rule in $hyperv) { Remove-NetFirewallHyperVRule -Name $rule.Name }
@@ -390,14 +390,23 @@ function Install-Wslm {
 
     Write-Step 2 "WSL"
     $wsl = Get-WslExe
-    $status = $null
-    if ($null -ne $wsl) { $status = Invoke-Captured $wsl "--status" ([System.Text.Encoding]::Unicode) $null }
-    if ($null -eq $wsl -or $status.Code -ne 0) {
+    $wslWorks = $false
+    if ($null -ne $wsl) {
+        # Older inbox wsl.exe has no --status; a working `wsl -l -q` says the same.
+        $status = Invoke-Captured $wsl "--status" ([System.Text.Encoding]::Unicode) $null
+        $list = Invoke-Captured $wsl "-l -q" ([System.Text.Encoding]::Unicode) $null
+        $wslWorks = ($status.Code -eq 0 -or $list.Code -eq 0)
+    }
+    if (-not $wslWorks) {
         Write-Info "WSL is not installed (or not enabled)."
         if (-not (Confirm-Choice "Install WSL with Ubuntu now (wsl --install; needs administrator rights and a restart)?")) {
             Stop-WithError "WSL is required" "in an administrator PowerShell run: wsl --install ; restart, then re-run this installer"
         }
-        Start-Process -FilePath "wsl.exe" -ArgumentList @("--install") -Verb RunAs -Wait
+        try {
+            Start-Process -FilePath "wsl.exe" -ArgumentList @("--install") -Verb RunAs -Wait
+        } catch {
+            Stop-WithError "could not start wsl --install: $($_.Exception.Message)" "enable WSL in an administrator PowerShell: dism.exe /online /enable-feature /featurename:Microsoft-Windows-Subsystem-Linux /all ; restart, then re-run"
+        }
         Write-Info "WSL is being installed. Restart Windows, open Ubuntu once from the Start menu to create your Linux user, then run this installer again."
         exit 0
     }
@@ -413,6 +422,10 @@ function Install-Wslm {
         if ($names.Count -eq 0) {
             Stop-WithError "Ubuntu is not ready yet" "open Ubuntu once from the Start menu to finish its set-up (user name, password), then re-run"
         }
+    }
+    $previous = Read-Record
+    if ($Distro -eq "" -and $null -ne $previous -and $null -ne $previous.PSObject.Properties["distro"] -and $names -contains [string]$previous.distro) {
+        $script:Distro = [string]$previous.distro  # a re-run keeps the distro of the last install
     }
     $script:Distro = Select-Distro $names
     Write-Info "using WSL distro $Distro"

@@ -150,6 +150,42 @@ def test_second_run_changes_nothing(inst: Install):
     assert inst.tree() == before
 
 
+@pytest.mark.timeout(300)
+def test_first_run_dialog_runs_install_sh_in_the_distro(inst: Install, qtbot, tmp_path, monkeypatch):
+    """The GUI's offer, through the fake wsl.exe (it runs `bash -c` here like the real one in a distro):
+    wslm is missing from the distro's PATH, the button streams install.sh into the distro and runs it,
+    and the re-check then finds wslm through the system link install.sh made."""
+    pytest.importorskip("PySide6")
+    from fake_windows import use
+
+    from wslm.gui.first_run import FirstRunDialog
+    from wslm.wsl_bridge.launcher import Target
+
+    fw = use(monkeypatch, tmp_path)
+    for key, value in inst.env.items():
+        monkeypatch.setenv(key, value)
+    # What wsl.exe's non-login shell sees: /usr/local/bin (here inst.system_bin), not ~/.local/bin.
+    monkeypatch.setenv("PATH", f"{inst.system_bin}{os.pathsep}{inst.env['PATH']}")
+    monkeypatch.setenv("WSLM_INSTALL_SH", str(inst.script))
+    (inst.system_bin / "wslm").unlink()
+
+    dialog = FirstRunDialog(Target.wsl("Ubuntu"))
+    qtbot.addWidget(dialog)
+    qtbot.waitUntil(lambda: dialog.target() == Target.wsl("Ubuntu") and "Fix:" in dialog.result.text(),
+                    timeout=60_000)
+    assert dialog.install_button.isVisibleTo(dialog)
+    dialog.install_button.click()
+    qtbot.waitUntil(lambda: dialog.installed, timeout=240_000)
+    log = dialog.install_log.toPlainText()
+    assert "[wslm-install] step 7/7: wslm doctor" in log and "[wslm-install] done: wslm is installed" in log
+    assert "already installed from" in log  # the same checkout: only the missing link was made
+    assert os.readlink(inst.system_bin / "wslm") == str(inst.venv / "bin" / "wslm")
+    assert (inst.prefix / "install.sh").read_bytes() == inst.script.read_bytes()
+    runs = [c for c in fw.calls if c[0] == "wsl.exe" and "sh" in c and "-c" in c]
+    assert runs and runs[0][1:5] == ["-d", "Ubuntu", "--", "sh"], runs
+    assert "is installed" in dialog.result.text()
+
+
 @pytest.mark.timeout(120)
 def test_system_link_step_alone(inst: Install):
     (inst.system_bin / "wslm").unlink()

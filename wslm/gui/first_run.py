@@ -47,7 +47,10 @@ class FirstRunDialog(QDialog):
         self.setMinimumWidth(560)
         self.chosen: Target | None = None
         self.installed = False
+        self.checks: list[dict] = []
+        self._installed_text = ""
         self._check: JsonProcess | None = None
+        self._doctor: JsonProcess | None = None
         title = QLabel("Where should models run?", objectName="Title")
         intro = QLabel("wslm runs its engine on Linux: inside a WSL distro on Windows, or on this machine "
                        "when it is Linux. You can change this later in the Server panel.", objectName="Muted")
@@ -131,8 +134,10 @@ class FirstRunDialog(QDialog):
         text = " ".join(x for x in out if x.strip())
         if code == 0 and "wslm" in text:
             self.installed = True
-            self.result.setText(f"<span style='color:{theme.OK};'>✔</span> {html.escape(text)} is installed on "
-                                f"{html.escape(target.describe())}.")
+            self._installed_text = (f"<span style='color:{theme.OK};'>✔</span> {html.escape(text)} is installed on "
+                                    f"{html.escape(target.describe())}.")
+            self.result.setText(self._installed_text + "<br><span style='color:#8d96a8;'>Running wslm doctor…</span>")
+            self._run_doctor(target)
             return
         fix = INSTALL_FIX.format(distro=target.distro or "<distro>") if target.via_wsl else (
             "Install it here: pip install wslm[backend] (or run ./setup.sh in a checkout).")
@@ -140,6 +145,33 @@ class FirstRunDialog(QDialog):
                             f"{html.escape(target.describe())} (exit {code}: {html.escape(text[-200:]) or 'no output'})."
                             f"<br><br><b>Fix:</b> {html.escape(fix)}")
         self.install_button.setVisible(target.via_wsl and not (self._installer and self._installer.running))
+
+    def _run_doctor(self, target: Target) -> None:
+        """`wslm doctor --json` on the target: what works there (GPU, disk, demo model) and how to fix the rest."""
+        proc = JsonProcess(self)
+        found: list[dict] = []
+        proc.event.connect(found.append)
+        proc.finished.connect(lambda _code, _tail, t=target: self._doctored(t, found))
+        self._doctor = proc
+        proc.start(target.wslm_argv(["doctor", "--json"]))
+
+    def _doctored(self, target: Target, events: list[dict]) -> None:
+        if target != self.target():
+            return
+        report = next((e for e in events if isinstance(e.get("checks"), list)), None)
+        self.checks = report["checks"] if report else []
+        if not report:
+            self.result.setText(self._installed_text)
+            return
+        marks = {"ok": ("✔", theme.OK), "warn": ("⚠", theme.WARN), "error": ("✘", theme.ERROR),
+                 "fail": ("✘", theme.ERROR)}
+        rows = []
+        for c in self.checks:
+            mark, color = marks.get(str(c.get("status")), ("•", theme.MUTED))
+            fix = f"<br>&nbsp;&nbsp;&nbsp;&nbsp;<b>Fix:</b> {html.escape(str(c['fix']))}" if c.get("fix") else ""
+            rows.append(f"<span style='color:{color};'>{mark}</span> <b>{html.escape(str(c.get('name', '')))}</b>: "
+                        f"<span style='color:#aab1bf;'>{html.escape(str(c.get('detail', '')))}</span>{fix}")
+        self.result.setText(self._installed_text + "<br><br>" + "<br>".join(rows))
 
     def _accept(self) -> None:
         self.chosen = self.target()
