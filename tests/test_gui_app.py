@@ -84,6 +84,8 @@ def test_first_run_finds_wslm_on_this_machine(qtbot):
     qtbot.addWidget(dialog)
     qtbot.waitUntil(lambda: dialog.installed, timeout=30_000)
     assert "is installed" in dialog.result.text()
+    qtbot.waitUntil(lambda: bool(dialog.checks), timeout=30_000)  # wslm doctor ran there
+    assert {"python", "gpu"} <= {c["name"] for c in dialog.checks} and "gpu" in dialog.result.text()
     dialog.ok.click()
     assert dialog.chosen == Target.local()
 

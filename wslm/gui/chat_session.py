@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 
-from PySide6.QtCore import QObject, Signal
+from PySide6.QtCore import QObject, Signal, Slot
 
 import wslm.gui.qt_fix  # noqa: F401  (PySide6 6.12 emit() refcount bug)
 from wslm.gui.chat_errors import normalize_base_url
@@ -166,7 +166,10 @@ class ChatSession(QObject):
         worker.first_token.connect(self.first_token)
         worker.done.connect(self._on_done)
         worker.failed.connect(self._on_failed)
-        worker.finished.connect(lambda w=worker: self._reap(w))
+        # A bound slot, not a lambda: QThread.finished is emitted on the worker thread, and only a
+        # receiver living on the GUI thread makes the call queued (deleting the QThread object from
+        # its own, still-running thread crashes).
+        worker.finished.connect(self._on_worker_finished)
         self._worker = worker
         self.busy_changed.emit(True)
         worker.start()
@@ -181,9 +184,12 @@ class ChatSession(QObject):
         self._worker = None
         self._retired.append(worker)
 
-    def _reap(self, worker: StreamWorker) -> None:
-        if worker in self._retired:
+    @Slot()
+    def _on_worker_finished(self) -> None:
+        worker = self.sender()
+        if isinstance(worker, StreamWorker) and worker in self._retired:
             self._retired.remove(worker)
+            worker.wait()  # returns at once: run() is over, let the thread finish exiting
             worker.deleteLater()
 
     def _on_delta(self, text: str) -> None:
