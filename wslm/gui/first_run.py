@@ -8,14 +8,16 @@ import shlex
 import sys
 from pathlib import Path
 
-from PySide6.QtCore import QObject, QProcess, Signal
+from PySide6.QtCore import QObject, QProcess, Qt, Signal
 from PySide6.QtWidgets import (
     QComboBox,
     QDialog,
+    QFrame,
     QHBoxLayout,
     QLabel,
     QPlainTextEdit,
     QPushButton,
+    QScrollArea,
     QVBoxLayout,
 )
 
@@ -44,7 +46,7 @@ class FirstRunDialog(QDialog):
     def __init__(self, current: Target | None = None, parent=None) -> None:
         super().__init__(parent)
         self.setWindowTitle("Welcome to wslm")
-        self.setMinimumWidth(560)
+        self.setMinimumSize(620, 480)
         self.chosen: Target | None = None
         self.installed = False
         self.checks: list[dict] = []
@@ -60,6 +62,12 @@ class FirstRunDialog(QDialog):
         self.combo.currentIndexChanged.connect(self.check)
         self.result = QLabel("Checking…")
         self.result.setWordWrap(True)
+        self.result.setAlignment(Qt.AlignmentFlag.AlignTop | Qt.AlignmentFlag.AlignLeft)
+        self.result.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        scroll = QScrollArea()
+        scroll.setWidgetResizable(True)
+        scroll.setFrameShape(QFrame.Shape.NoFrame)
+        scroll.setWidget(self.result)
         self.install_button = QPushButton("Run the installer in the distro")
         self.install_button.clicked.connect(lambda: self.install_requested.emit(self.target()))
         self.install_button.hide()
@@ -83,9 +91,8 @@ class FirstRunDialog(QDialog):
         lay.addWidget(intro)
         lay.addSpacing(8)
         lay.addWidget(self.combo)
-        lay.addWidget(self.result)
+        lay.addWidget(scroll, 1)
         lay.addWidget(self.install_log)
-        lay.addStretch(1)
         lay.addLayout(buttons)
         self._current = current
         self._load_distros()
