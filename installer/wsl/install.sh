@@ -74,7 +74,7 @@ VENV="$PREFIX/venv"
 STATE="$PREFIX/install-state"
 BIN_DIR="${WSLM_BIN_DIR:-$HOME/.local/bin}"
 SYSTEM_BIN_DIR="${WSLM_SYSTEM_BIN_DIR:-/usr/local/bin}"
-SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" 2>/dev/null && pwd || true)"
+SCRIPT_DIR="$(cd "$(dirname "${BASH_SOURCE[0]}")" 2>/dev/null && pwd)" || SCRIPT_DIR=""
 SCRIPT_PATH="$SCRIPT_DIR/$(basename "${BASH_SOURCE[0]}")"
 
 in_wsl() { [ -n "${WSL_DISTRO_NAME:-}" ] || grep -qi microsoft /proc/version 2>/dev/null; }
@@ -261,13 +261,13 @@ if [ -d "$SOURCE" ]; then
     SOURCE="$(cd "$SOURCE" && pwd)"
     [ -f "$SOURCE/pyproject.toml" ] || die "$SOURCE is not a wslm checkout (no pyproject.toml)" \
         "pass a checkout folder, a wheel or a requirement: --source wslm==0.1.0"
-    REQ="$SOURCE[backend]"
+    REQ="${SOURCE}[backend]"
     # A checkout changes under us: fingerprint its sources so a re-run reinstalls only after a change.
     FINGERPRINT="$(cd "$SOURCE" && find pyproject.toml wslm -type f \( -name '*.py' -o -name '*.toml' \
         -o -name '*.json' -o -name '*.png' -o -name '*.qss' -o -name '*.sh' -o -name '*.ps1' \) \
         -not -path '*/__pycache__/*' | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -d' ' -f1)"
 elif [ -f "$SOURCE" ]; then
-    REQ="$SOURCE[backend]"
+    REQ="${SOURCE}[backend]"
     FINGERPRINT="$(sha256sum "$SOURCE" | cut -d' ' -f1)"
 elif [[ "$SOURCE" =~ ^wslm(\[[^]]*\])?(.*)$ ]]; then
     REQ="wslm[backend]${BASH_REMATCH[2]}"
@@ -291,7 +291,7 @@ else
         (cd "$SOURCE" && tar --exclude=.venv --exclude=.git --exclude=build --exclude=dist \
             --exclude='*.egg-info' --exclude=__pycache__ -cf - pyproject.toml README.md wslm) \
             | tar -C "$BUILD_DIR" -xf -
-        REQ="$BUILD_DIR[backend]"
+        REQ="${BUILD_DIR}[backend]"
     fi
     pip_install -c "$CONSTRAINTS" "$REQ" || die "installing wslm failed ($REQ)" \
         "check the network (pip must reach PyPI) and free disk space, then re-run this installer"

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
 import sys
@@ -256,3 +257,32 @@ def test_unknown_option_says_what_to_do(tmp_path):
     assert bad.returncode == 1 and "unknown option: --frobnicate" in bad.stderr and "--help" in bad.stderr
     help_text = subprocess.run(["bash", script, "--help"], env=env, capture_output=True, text=True)
     assert help_text.returncode == 0 and "--uninstall" in help_text.stdout
+
+
+@pytest.mark.skipif(not shutil.which("shellcheck"), reason="shellcheck is not installed (apt install shellcheck)")
+def test_shellcheck_clean():
+    # SC2015 (A && B || C): used on purpose where C is the fallback for both A and B failing.
+    proc = subprocess.run(["shellcheck", "-e", "SC2015", str(REPO / "installer" / "wsl" / "install.sh"),
+                           str(REPO / "installer" / "pyinstaller" / "build.sh")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout
+
+
+@pytest.mark.timeout(180)
+def test_gpu_picks_the_cuda_build_and_a_failed_step_says_what_to_run(tmp_path):
+    """A visible NVIDIA GPU (a fake nvidia-smi) selects the CUDA wheel from the PyTorch index; when pip
+    cannot get it (here: no index at all) the step, the cause and the fix are named, and a re-run is safe."""
+    fake_bin = tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "nvidia-smi").write_text("#!/bin/sh\necho 'GPU 0: NVIDIA GeForce RTX 4090 (UUID: GPU-1)'\n")
+    (fake_bin / "nvidia-smi").chmod(0o755)
+    path = [p for p in os.environ["PATH"].split(os.pathsep) if not p.startswith(sys.prefix)]
+    env = {"HOME": str(tmp_path), "PATH": os.pathsep.join([str(fake_bin), *path]),
+           "WSLM_PIP_ARGS": f"--no-index --find-links {tmp_path / 'no-wheels'} -q"}
+    proc = subprocess.run(["bash", str(REPO / "installer" / "wsl" / "install.sh")], env=env,
+                          capture_output=True, text=True, timeout=170)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert (f"{TAG} NVIDIA GPU found: CUDA build (torch==2.13.0 --index-url "
+            "https://download.pytorch.org/whl/cu128)") in proc.stdout
+    assert f"{TAG} error: installing torch failed" in proc.stderr and f"{TAG} fix: " in proc.stderr
+    assert (tmp_path / ".wslm" / "venv" / "bin" / "python").exists()
+    assert "torch=" not in (tmp_path / ".wslm" / "install-state").read_text()  # not recorded: a re-run retries
