@@ -261,3 +261,17 @@ def test_no_endpoint_keeps_the_text(qtbot, tmp_path):
     assert panel.input.toPlainText() == "keep me" and not panel.error_label.isHidden()
     assert "Server panel" in panel.error_label.text() and session.messages.rowCount() == 0
     store.close()
+
+
+def test_log_model_is_capped_and_searchable(qtbot):
+    from wslm.gui.log_model import LogFilter, LogModel
+
+    logs = LogModel(max_lines=100)
+    for i in range(250):
+        logs.add("server" if i % 2 else "models", f"line {i} {'CUDA out of memory' if i == 249 else ''}")
+    assert logs.rowCount() == 100 and "line 150" in logs.data(logs.index(0))
+    only = LogFilter(logs, "server")
+    assert only.rowCount() == 50
+    only.setFilterFixedString("cuda OUT")
+    assert only.rowCount() == 1
+    assert logs.tail("server", 2)[-1].startswith("line 249")

@@ -48,6 +48,7 @@ def test_share_switch_on_refresh_off(qtbot, tmp_path, monkeypatch):
     key = panel.key_edit.text()
     assert key and window.settings.host == "0.0.0.0" and window.settings.api_key == key
     assert window.server_panel.api_key.text() == key
+    assert "not running" in panel.notes.text()  # where to go next
     url_copy = panel.url_rows[0].findChildren(type(panel.refresh_button))[0]
     url_copy.click()
     assert QGuiApplication.clipboard().text().startswith("http://")
@@ -66,6 +67,7 @@ def test_share_switch_on_refresh_off(qtbot, tmp_path, monkeypatch):
     qtbot.waitUntil(lambda: not service.busy)
     assert not panel.switch.isChecked() and our_proxies(fw) == []
     assert not any(r["name"] == "wslm-share-8000" for r in fw.state["firewall"])
+    assert window.settings.host == "127.0.0.1"  # loopback again
     window.close()
 
 

@@ -10,6 +10,8 @@ from wslm.wsl_bridge.launcher import Target
 
 def target_from_settings(data: dict | None) -> Target:
     data = data or {}
+    if not data.get("kind"):
+        return Target.default()  # not chosen yet
     if data.get("kind") == "wsl":
         try:
             return Target.wsl(data.get("distro") or None)

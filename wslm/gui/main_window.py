@@ -104,6 +104,7 @@ class MainWindow(QMainWindow):
         self.monitor.gpu_unavailable.connect(lambda _why: self.models.table.set_vram(None, no_gpu=True))
         self.session.reply_finished.connect(lambda st: self.status.set_speed(st.get("tokens_per_s")))
         self.share_panel.server_change.connect(self._on_share_server)
+        self.share.result.connect(lambda r: self._on_share_off() if r.get("action") == "off" else None)
         self._on_server_state(self.server.state, "")
 
     def _watch_share(self) -> None:
@@ -144,6 +145,15 @@ class MainWindow(QMainWindow):
         self.server_panel.model.setCurrentText(model_id)
         self.sidebar.select("server")
 
+    def _on_share_off(self) -> None:
+        """Share off: back to loopback only; a backend listening on the LAN restarts on 127.0.0.1."""
+        if self.settings.host == "127.0.0.1":
+            return
+        self.settings.host = "127.0.0.1"
+        self.save()
+        if self.server.running and self.server.config.host != "127.0.0.1":
+            self.server_panel.restart()
+
     def _on_share_server(self, server: dict) -> None:
         """Share on: the backend must listen on 0.0.0.0 with the share's API key."""
         self.settings.host = str(server.get("host") or "0.0.0.0")
@@ -152,8 +162,11 @@ class MainWindow(QMainWindow):
             self.settings.api_key = key
             self.server_panel.api_key.setText(key)
         self.save()
-        if self.server.running and server.get("restart_required"):
+        if self.server.running and (server.get("restart_required") or self.server.config.host != self.settings.host):
             self.server_panel.restart()
+        elif not self.server.running:
+            self.share_panel.add_note("The server is not running: start it in the Server panel; it will listen "
+                                      "on the LAN and require this API key.")
 
     # Target
     def choose_target(self) -> None:

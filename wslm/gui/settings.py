@@ -21,8 +21,9 @@ SETTINGS_FILE = "gui.json"
 
 @dataclass
 class Settings:
-    # Where the backend runs: {"kind": "local"} or {"kind": "wsl", "distro": "Ubuntu"}.
-    target: dict = field(default_factory=lambda: {"kind": "local"})
+    # Where the backend runs: {"kind": "local"} or {"kind": "wsl", "distro": "Ubuntu"};
+    # {} until chosen: WSL's default distro on Windows, else this machine.
+    target: dict = field(default_factory=dict)
     first_run_done: bool = False
     # Server panel (names follow `wslm serve` / vLLM flags).
     model: str = "demo"

@@ -40,6 +40,7 @@ class SharePanel(QWidget):
         super().__init__(parent)
         self.service = service
         self._key_visible = False
+        self._notes: list[tuple[str, str]] = []
 
         title = QLabel("Share on LAN", objectName="Title")
         subtitle = QLabel("Let other devices on your network use this model through the OpenAI API.",
@@ -166,17 +167,22 @@ class SharePanel(QWidget):
         self._on_result_key()
         notes = [(m, theme.MUTED) for m in data.get("messages", [])]
         notes += [(w, theme.WARN) for w in data.get("warnings", [])]
+        self._set_notes(notes)
         if data.get("action") == "on" and data.get("server"):
             self.server_change.emit({**data["server"], "restart_required": data.get("restart_required", False),
                                      "backend": data.get("backend", {})})
-        self._set_notes(notes)
 
     def _on_failed(self, action: str, message: str) -> None:
         self.switch.setChecked(bool(self.service.status.get("enabled")))
         self.state_label.setText("On" if self.switch.isChecked() else "Off")
         self._set_notes([(f"Share {action} failed: {message}", theme.ERROR)])
 
+    def add_note(self, text: str) -> None:
+        self._notes.append((text, theme.WARN))
+        self._set_notes(self._notes)
+
     def _set_notes(self, notes: list[tuple[str, str]]) -> None:
+        self._notes = list(notes)
         self.notes.setText("<br>".join(f"<span style='color:{c};'>{'⚠ ' if c != theme.MUTED else ''}"
                                        f"{html.escape(t)}</span>" for t, c in notes))
         self.notes.setVisible(bool(notes))
