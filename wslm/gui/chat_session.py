@@ -67,6 +67,9 @@ class ChatSession(QObject):
         self.current_changed.emit(conv_id)
 
     def new_conversation(self) -> Conversation:
+        current = self.current()
+        if current is not None and not self.messages.rowCount():
+            return current  # an empty chat is already open: no second empty one
         self.stop()
         params = {k: v for k, v in self.defaults.items() if k in ("system_prompt", "temperature", "top_p", "max_tokens")}
         conv = self.conversations.create(**params)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import base64
 import logging
 
-from PySide6.QtCore import QByteArray, QTimer
-from PySide6.QtGui import QCloseEvent
+from PySide6.QtCore import QByteArray, Qt, QTimer
+from PySide6.QtGui import QCloseEvent, QKeySequence, QShortcut
 from PySide6.QtWidgets import QHBoxLayout, QMainWindow, QStackedWidget, QWidget
 
 import wslm.gui.qt_fix  # noqa: F401  (PySide6 6.12 emit() refcount bug)
@@ -80,6 +80,7 @@ class MainWindow(QMainWindow):
         self.setStatusBar(self.status)
 
         self._wire()
+        self._shortcuts()
         self._restore_geometry()
         self.sidebar.select(s.last_panel if s.last_panel in self.panels else "chat")
         self.models.refresh()
@@ -107,6 +108,14 @@ class MainWindow(QMainWindow):
         self.share.result.connect(lambda r: self._on_share_off() if r.get("action") == "off" else None)
         self._on_server_state(self.server.state, "")
 
+    def _shortcuts(self) -> None:
+        """Ctrl+1..5: panels; Ctrl+N: new chat; Esc: stop the reply."""
+        for i, (key, _icon, _label) in enumerate(PANELS, start=1):
+            QShortcut(QKeySequence(f"Ctrl+{i}"), self, activated=lambda k=key: self.sidebar.select(k))
+        QShortcut(QKeySequence("Ctrl+N"), self, activated=lambda: (self.sidebar.select("chat"),
+                                                                  self.chat_panel.new_chat()))
+        QShortcut(QKeySequence(Qt.Key.Key_Escape), self, activated=self.session.stop)
+
     def _watch_share(self) -> None:
         from wslm.wsl_bridge import winexec
 
@@ -124,7 +133,7 @@ class MainWindow(QMainWindow):
 
     def _on_server_state(self, state: str, _detail: str) -> None:
         self.status.set_state(state, target_label(self.target))
-        self.status.set_model(self.server.ready_event.get("model") or self.server.config.model if state == READY else "")
+        self.status.set_model((self.server.ready_event.get("model") or self.server.config.model) if state == READY else "")
         if state != READY:
             self.chat_panel.set_server("", "", "")
             self.status.set_kv(None)
