@@ -24,6 +24,7 @@ class FakeOpenAI(BaseHTTPRequestHandler):
     """Streams WORDS as chat.completion.chunk events, `delay` seconds apart; 401 without the key."""
 
     delay = 0.05
+    first_delay = 0.0  # a long prefill
     repeat = 1
     api_key = "sk-test"
     requests: list[dict] = []
@@ -44,7 +45,9 @@ class FakeOpenAI(BaseHTTPRequestHandler):
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
+        self.wfile.flush()
         try:
+            time.sleep(self.first_delay)
             for word in WORDS * self.repeat:
                 chunk = {"id": "c1", "object": "chat.completion.chunk", "model": body["model"],
                          "choices": [{"index": 0, "delta": {"content": word}, "finish_reason": None}]}
@@ -72,6 +75,7 @@ def fake_server():
     FakeOpenAI.requests = []
     FakeOpenAI.delay = 0.05
     FakeOpenAI.repeat = 1
+    FakeOpenAI.first_delay = 0.0
     FakeOpenAI.disconnected = threading.Event()
     server = ThreadingHTTPServer(("127.0.0.1", 0), FakeOpenAI)
     server.daemon_threads = True
@@ -134,6 +138,20 @@ def test_stop_ends_stream_and_closes_connection(session, fake_server, qtbot):
     # The partial reply is in the database too.
     again = session.store.messages(session.messages.conversation_id)
     assert again[-1].content == partial.content
+
+
+def test_stop_before_the_first_token_returns_at_once(session, fake_server, qtbot):
+    FakeOpenAI.first_delay = 5.0  # the server is busy with a long prompt
+    session.set_endpoint(fake_server, "sk-test", "demo")
+    session.send("A very long prompt")
+    qtbot.wait(400)
+    worker = session._worker
+    assert worker is not None and worker.isRunning()
+    session.stop()
+    assert not session.busy
+    # The blocked read was woken (not left for 5 s) and the worker reaped.
+    qtbot.waitUntil(lambda: worker not in session._retired, timeout=1500)
+    assert session.messages.messages()[-1].stats.get("stopped") is True
 
 
 def test_errors_shown_in_place_and_input_kept(session, fake_server, qtbot):

@@ -56,7 +56,8 @@ def run(screenshot_dir: str | None = None) -> int:
     window = MainWindow(watch=True)
     if screenshot_dir:
         for path in screenshot(window, Path(screenshot_dir)):
-            print(path)
+            if sys.stdout is not None:  # a windowed (packaged) app has no console
+                print(path)
         window.close()
         return 0
     window.show()

@@ -6,6 +6,7 @@ connection (which makes the server abort the request) and reports the partial re
 from __future__ import annotations
 
 import json
+import socket
 import threading
 import time
 from dataclasses import dataclass, field
@@ -57,11 +58,17 @@ class StreamWorker(QThread):
     def stop(self) -> None:
         self._stop.set()
         resp = self._response
-        if resp is not None:
-            try:
-                resp.close()  # unblocks a read waiting on the socket
-            except Exception:  # noqa: BLE001 - closing from another thread is best effort
-                pass
+        if resp is None:
+            return
+        # shutdown(), unlike close(), wakes a recv() blocked in the worker thread (e.g. during a long
+        # prefill, before any token), and the server sees the connection end at once and aborts.
+        try:
+            stream = resp.extensions.get("network_stream")
+            sock = stream.get_extra_info("socket") if stream is not None else None
+            if sock is not None:
+                sock.shutdown(socket.SHUT_RDWR)
+        except (OSError, AttributeError):  # already closed, or a transport without a socket
+            pass
 
     @property
     def stopped(self) -> bool:
