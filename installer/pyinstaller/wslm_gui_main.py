@@ -13,7 +13,8 @@ import sys
 def main(argv: list[str]) -> int:
     if argv[:2] == ["-m", "wslm"]:
         argv = argv[2:]
-    elif argv[:1] == ["-I"] and len(argv) > 1 and argv[1].replace("\\", "/").endswith("wsl_bridge/elevated.py"):
+    elif argv[:1] == ["-I"] and len(argv) > 1 and argv[1].replace("\\", "/").endswith(
+            ("wsl_bridge/elevated.py", "wsl_bridge/elevated.pyc")):  # its __file__ inside the bundle
         from wslm.wsl_bridge import elevated
 
         return elevated.main(argv[2:])

@@ -316,11 +316,9 @@ function Remove-SharingRules {
     foreach ($port in $ports) {
         if ($null -eq $wslmCommand) { break }
         Write-Info "removing LAN sharing on port $port (wslm share off; Windows may ask for permission)"
-        $saved = $ErrorActionPreference
-        $ErrorActionPreference = "Continue"
-        & $wslmCommand share off --port $port | Out-Host
-        $ErrorActionPreference = $saved
-        if ($LASTEXITCODE -ne 0) { Write-Info "warning: wslm share off --port $port failed (exit $LASTEXITCODE)" }
+        # Start-Process -Wait: the packaged app is a windowed program, which `&` would not wait for.
+        $proc = Start-Process -FilePath $wslmCommand -ArgumentList @("share", "off", "--port", [string]$port) -Wait -PassThru -NoNewWindow
+        if ($proc.ExitCode -ne 0) { Write-Info "warning: wslm share off --port $port failed (exit $($proc.ExitCode))" }
     }
     # Fallback: firewall rules whose name starts with "wslm" (wslm names every rule so); nothing else.
     $rules = @(Get-NetFirewallRule -ErrorAction SilentlyContinue | Where-Object { ([string]$_.DisplayName).StartsWith("wslm") })

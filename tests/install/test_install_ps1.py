@@ -117,7 +117,7 @@ def test_variables_are_assigned(source: str):
 
 def test_uninstall_touches_only_wslm_rules(source: str):
     body = source[source.index("function Remove-SharingRules"):source.index("function Uninstall-Wslm")]
-    assert "share off --port $port" in body
+    assert '@("share", "off", "--port", [string]$port)' in body
     assert body.count('StartsWith("wslm")') == 2 and body.count("StartsWith('wslm')") == 2
     assert "Remove-NetFirewallRule" in body and "netsh" not in body  # portproxy only through `wslm share off`
 

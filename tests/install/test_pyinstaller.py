@@ -57,3 +57,7 @@ def test_bundle_contents_and_commands(bundle: Path, tmp_path):
         assert proc.returncode == 0 and proc.stdout.strip() == f"wslm {wslm.__version__}", proc.stdout + proc.stderr
     proc = subprocess.run([str(exe), "share", "--help"], env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0 and "{on,off,status,refresh,key}" in proc.stdout
+    # LAN sharing's elevated helper is started as `sys.executable -I .../elevated.py ...`.
+    helper = internal / "wslm" / "wsl_bridge" / "elevated.py"
+    proc = subprocess.run([str(exe), "-I", str(helper), "--help"], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0 and "elevated helper" in proc.stdout, proc.stdout + proc.stderr
