@@ -28,7 +28,7 @@ from wslm.gui.cli_process import JsonProcess
 from wslm.wsl_bridge.launcher import Target
 
 INSTALL_FIX = ("Install wslm inside the distro: open it (wsl -d {distro}) and run the installer, "
-               "installer/install.sh from the wslm release.")
+               "installer/wsl/install.sh from the wslm release (bash install.sh), or click the button below.")
 
 
 def list_wsl_distros() -> list[dict]:
