@@ -45,6 +45,8 @@ def screenshot(window: MainWindow, out_dir: Path) -> list[Path]:
     for key, _icon, _label in PANELS:
         window.sidebar.select(key)
         process_events_for(0.3)
+        window.grab()  # offscreen, painting is what lays text out: the first grab settles scroll positions
+        process_events_for(0.1)
         path = out_dir / f"{key}.png"
         window.grab().save(str(path))
         paths.append(path)

@@ -8,13 +8,13 @@ from __future__ import annotations
 import html
 
 from PySide6.QtCore import QTimer, QUrl, Signal
-from PySide6.QtGui import QGuiApplication
+from PySide6.QtGui import QDesktopServices, QGuiApplication, QTextCursor
 from PySide6.QtWidgets import QTextBrowser
 
 import wslm.gui.qt_fix  # noqa: F401  (PySide6 6.12 emit() refcount bug)
 from wslm.gui import theme
 from wslm.gui.chat_model import MessageListModel
-from wslm.gui.markdown import render_markdown
+from wslm.gui.markdown import code_blocks, render_markdown
 
 RENDER_DELAY_MS = 40
 
@@ -45,10 +45,18 @@ class ChatView(QTextBrowser):
         self.anchorClicked.connect(self._on_link)
         self.model = model
         self.empty_hint = ""
-        self._cache: dict[tuple[int, str], str] = {}
+        self._cache: dict[tuple[int, int, str], str] = {}
         self._timer = QTimer(self, singleShot=True, interval=RENDER_DELAY_MS)
         self._timer.timeout.connect(self.render)
-        self._to_end = True
+        # Follow the end of the transcript (as chat apps do) until the user scrolls up; the document
+        # lays out lazily and the view resizes, so re-apply on every range change.
+        self._follow = True
+        bar = self.verticalScrollBar()
+        # Only the user's own scrolling (wheel, drag, keys: scroll bar actions) changes whether we follow;
+        # Qt moves the value itself on setHtml and while laying out.
+        bar.actionTriggered.connect(lambda _a: QTimer.singleShot(0, self._on_user_scrolled))
+        bar.sliderReleased.connect(self._on_user_scrolled)
+        bar.rangeChanged.connect(self._on_range)
         model.modelReset.connect(self._on_reset)
         for sig in (model.rowsInserted, model.rowsRemoved, model.dataChanged):
             sig.connect(self.schedule)
@@ -62,8 +70,16 @@ class ChatView(QTextBrowser):
         self.schedule()
 
     def _on_reset(self) -> None:
-        self._to_end = True  # a conversation was opened: show its latest messages
+        self._follow = True  # a conversation was opened: show its latest messages
         self.schedule()
+
+    def _on_user_scrolled(self) -> None:
+        bar = self.verticalScrollBar()
+        self._follow = bar.value() >= bar.maximum() - 40
+
+    def _on_range(self, _min: int, maximum: int) -> None:
+        if self._follow:
+            self.verticalScrollBar().setValue(maximum)
 
     def schedule(self, *_args) -> None:
         if not self._timer.isActive():
@@ -72,10 +88,10 @@ class ChatView(QTextBrowser):
     def _message_html(self, row: int) -> str:
         msg = self.model.message(row)
         streaming = row == self.model.streaming_row
-        key = (msg.id, msg.content)
+        key = (msg.id, row, msg.content)
         body = None if streaming else self._cache.get(key)
         if body is None:
-            body = render_markdown(msg.content) if msg.role == "assistant" else (
+            body = render_markdown(msg.content, f"copycode:{row}:") if msg.role == "assistant" else (
                 "<p>" + html.escape(msg.content).replace("\n", "<br>") + "</p>")
             if not streaming:
                 self._cache[key] = body
@@ -109,8 +125,6 @@ class ChatView(QTextBrowser):
 
     def render(self) -> None:
         bar = self.verticalScrollBar()
-        at_bottom = self._to_end or bar.value() >= bar.maximum() - 40
-        self._to_end = False
         keep = bar.value()
         rows = self.model.rowCount()
         if not rows:
@@ -120,10 +134,25 @@ class ChatView(QTextBrowser):
             )
             return
         self.setHtml("".join(self._message_html(r) for r in range(rows)))
-        bar.setValue(bar.maximum() if at_bottom else keep)
+        if self._follow:
+            # Put the cursor at the end: Qt keeps the cursor in view as it (lazily) lays the text out.
+            self.moveCursor(QTextCursor.MoveOperation.End)
+            bar.setValue(bar.maximum())
+        else:
+            bar.setValue(keep)
 
     def _on_link(self, url: QUrl) -> None:
+        if url.scheme() in ("http", "https"):
+            QDesktopServices.openUrl(url)
+            return
         action, _, arg = url.toString().partition(":")
+        if action == "copycode":
+            row, _, idx = arg.partition(":")
+            msg = self.model.message(int(row)) if row.isdigit() else None
+            blocks = code_blocks(msg.content) if msg else []
+            if idx.isdigit() and int(idx) < len(blocks):
+                QGuiApplication.clipboard().setText(blocks[int(idx)])
+            return
         if action not in ("copy", "regen") or not arg.isdigit():
             return
         row = int(arg)

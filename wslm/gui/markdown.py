@@ -43,15 +43,17 @@ def _inline(text: str) -> str:
     return "".join(out)
 
 
-def _code_block(lang: str, lines: list[str], open_fence: bool) -> str:
+def _code_block(lang: str, lines: list[str], open_fence: bool, copy_href: str = "") -> str:
     code = html.escape("\n".join(lines))
     label = html.escape(lang) if lang else "code"
     tail = " …" if open_fence else ""
+    copy = (f'</td><td align="right" style="font-size:small;"><a href="{html.escape(copy_href)}" '
+            f'style="color:#8a93a6;">Copy</a>') if copy_href and not open_fence else ""
     return (
         f'<table width="100%" cellspacing="0" cellpadding="8" style="background-color:{CODE_BG}; '
         f'margin-top:4px; margin-bottom:6px;">'
-        f'<tr><td style="color:#8a93a6; font-size:small;">{label}{tail}</td></tr>'
-        f'<tr><td><pre style="font-family:{MONO}; color:{CODE_FG}; white-space:pre-wrap;">{code}</pre></td></tr>'
+        f'<tr><td style="color:#8a93a6; font-size:small;">{label}{tail}{copy}</td></tr>'
+        f'<tr><td colspan="2"><pre style="font-family:{MONO}; color:{CODE_FG}; white-space:pre-wrap;">{code}</pre></td></tr>'
         "</table>"
     )
 
@@ -75,12 +77,29 @@ def _table(rows: list[str]) -> str:
     return "".join(out)
 
 
-def render_markdown(text: str) -> str:
-    """HTML for QTextBrowser; safe for any input (all text is escaped)."""
+def code_blocks(text: str) -> list[str]:
+    """The contents of the fenced code blocks, in order (what the code blocks' Copy links copy)."""
+    blocks, lines, i = [], text.replace("\r\n", "\n").split("\n"), 0
+    while i < len(lines):
+        fence = _FENCE.match(lines[i])
+        if fence:
+            body, i = [], i + 1
+            while i < len(lines) and not lines[i].strip().startswith(fence.group(1)):
+                body.append(lines[i])
+                i += 1
+            blocks.append("\n".join(body))
+        i += 1
+    return blocks
+
+
+def render_markdown(text: str, copy_prefix: str = "") -> str:
+    """HTML for QTextBrowser; safe for any input (all text is escaped). With `copy_prefix`, each closed
+    code block gets a Copy link to `{copy_prefix}{index}`."""
     lines = text.replace("\r\n", "\n").split("\n")
     out: list[str] = []
     para: list[str] = []
     list_stack: list[str] = []  # "ul" / "ol"
+    n_blocks = 0
     i = 0
 
     def flush_para() -> None:
@@ -105,7 +124,9 @@ def render_markdown(text: str) -> str:
                 body.append(lines[i])
                 i += 1
             open_fence = i >= len(lines)
-            out.append(_code_block(lang, body, open_fence))
+            href = f"{copy_prefix}{n_blocks}" if copy_prefix else ""
+            n_blocks += 1
+            out.append(_code_block(lang, body, open_fence, href))
             i += 1
             continue
         if not line.strip():
