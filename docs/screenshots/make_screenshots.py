@@ -84,7 +84,7 @@ def main(out: Path) -> None:
     from wslm.gui.settings import Settings
 
     make_app()
-    w = MainWindow(Settings(first_run_done=True, port=18555, max_model_len=2048,
+    w = MainWindow(Settings(first_run_done=True, target={"kind": "local"}, port=18555, max_model_len=2048,
                             serve_extra_args="--kv-cache-memory 256MiB"), watch=True)
     w.resize(1280, 800)
     w.show()

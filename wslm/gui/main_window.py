@@ -170,6 +170,7 @@ class MainWindow(QMainWindow):
         if key:
             self.settings.api_key = key
             self.server_panel.api_key.setText(key)
+            self.server_panel.api_key.setCursorPosition(0)
         self.save()
         if self.server.running and (server.get("restart_required") or self.server.config.host != self.settings.host):
             self.server_panel.restart()

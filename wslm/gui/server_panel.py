@@ -82,6 +82,7 @@ class ServerPanel(QWidget):
         self.gpu.setToolTip("Share of GPU memory the engine may use for weights and KV cache (--gpu-memory-utilization)")
         self.api_key = QLineEdit(settings.api_key, placeholderText="none (anyone on this machine can connect)")
         self.api_key.setEchoMode(QLineEdit.EchoMode.PasswordEchoOnEdit)
+        self.api_key.setCursorPosition(0)
         gen = QPushButton("Generate")
         gen.clicked.connect(lambda: self.api_key.setText("sk-wslm-" + secrets.token_urlsafe(24)))
         key_row = QHBoxLayout()
