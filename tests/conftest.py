@@ -21,7 +21,8 @@ def demo_llm():
     """One engine on the demo model for the whole session (loading takes a while on 2 cores)."""
     from wslm.backend import LLM
 
-    return LLM("demo", kv_cache_memory=256 << 20, max_model_len=2048, max_num_seqs=32)
+    # float32: the parity tests compare with HF transformers in float32, token for token.
+    return LLM("demo", kv_cache_memory=256 << 20, max_model_len=2048, max_num_seqs=32, dtype="float32")
 
 
 @pytest.fixture(scope="session")

@@ -32,7 +32,7 @@ def test_tiny_random_models_match_hf(tiny_models, arch):
     folder = tiny_models[arch]
     hf = AutoModelForCausalLM.from_pretrained(folder).eval()
     tok = AutoTokenizer.from_pretrained(folder)
-    llm = LLM(str(folder), kv_cache_memory=16 << 20, block_size=16)
+    llm = LLM(str(folder), kv_cache_memory=16 << 20, block_size=16, dtype="float32")
     prompts = ["Hello there, how are you today?", "A", "The quick brown fox jumps over the lazy dog " * 3]
     ids = [tok.encode(p) for p in prompts]
     outs = llm.generate([{"prompt_token_ids": i} for i in ids], SamplingParams(temperature=0, max_tokens=24))
@@ -51,3 +51,17 @@ def test_unsupported_architecture_is_named(tmp_path):
 def test_missing_model_says_how_to_get_it():
     with pytest.raises(FileNotFoundError, match="wslm models pull"):
         LLM("no-such-org/no-such-model")
+
+
+def test_bfloat16_engine_answers_sensibly():
+    import torch
+
+    from wslm.backend.model_loader import cpu_has_amx_bf16, resolve_dtype
+
+    llm = LLM("demo", dtype="bfloat16", kv_cache_memory=64 << 20, max_model_len=512)
+    assert llm.llm_engine.model_config.dtype.is_floating_point
+    assert str(llm.llm_engine.runner.kv_pool.dtype) == "torch.bfloat16"
+    out = llm.chat([{"role": "user", "content": "What is the capital of France?"}], SamplingParams(temperature=0, max_tokens=12))
+    assert "Paris" in out[0].outputs[0].text
+    auto = "bfloat16" if cpu_has_amx_bf16() else "float32"
+    assert str(resolve_dtype("auto", None, torch.device("cpu"))) == f"torch.{auto}"

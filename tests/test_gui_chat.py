@@ -238,6 +238,12 @@ def test_chat_panel_send_copy_regenerate_rename_delete(qtbot, tmp_path, fake_ser
 
     panel.view.anchorClicked.emit(QUrl("copy:1"))
     assert QGuiApplication.clipboard().text() == "".join(WORDS)
+    session.messages.append("assistant", "Two blocks:\n```sh\necho one\n```\nand\n```py\nprint(2)\n```")
+    panel.view.render()
+    assert "copycode:2:1" in panel.view.toHtml()
+    panel.view.anchorClicked.emit(QUrl("copycode:2:1"))
+    assert QGuiApplication.clipboard().text() == "print(2)"
+    session.messages.remove_from(2)
     FakeOpenAI.requests.clear()
     with qtbot.waitSignal(session.reply_finished, timeout=10000):
         panel.view.anchorClicked.emit(QUrl("regen:1"))

@@ -15,7 +15,7 @@ class EngineConfig:
     block_size: int = 16
     enable_prefix_caching: bool = True
     device: str = "auto"  # "auto", "cpu", "cuda", "cuda:N"
-    dtype: str = "auto"  # "auto", "float32", "float16", "bfloat16"
+    dtype: str = "auto"  # auto: bf16 on GPUs and AMX CPUs, else fp32 (fp16 when the model is fp16 on GPU)
     gpu_memory_utilization: float = 0.9  # CUDA: share of the card the engine may use
     kv_cache_memory: int | None = None  # CPU: bytes for the KV pool (None: from free RAM)
     num_gpu_blocks_override: int | None = None  # exact pool size in blocks (tests, tuning)

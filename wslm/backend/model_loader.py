@@ -177,12 +177,25 @@ def resolve_dtype(requested: str, hf_config, device: torch.device) -> torch.dtyp
     if requested != "auto":
         return names[requested]
     if device.type == "cpu":
-        return torch.float32  # CPU half-precision matmuls are slow without AMX
+        # With AMX, bf16 matmuls run ~2x faster at batch 32 and cost ~5% at batch 1 (bench/throughput.py),
+        # and the KV cache holds twice the tokens. Without AMX, CPU half precision is slow: stay in fp32.
+        return torch.bfloat16 if cpu_has_amx_bf16() else torch.float32
     cfg = getattr(hf_config, "torch_dtype", None) or getattr(hf_config, "dtype", None)
     cfg = names.get(str(cfg).removeprefix("torch."), torch.float32) if cfg is not None else torch.float32
     if cfg == torch.float32:
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     return cfg
+
+
+def cpu_has_amx_bf16() -> bool:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return "amx_bf16" in line.split()
+    except OSError:
+        pass
+    return False
 
 
 def load_model_config(source: ModelSource, tokenizer, dtype: str, device: torch.device, trust_remote_code=False):
@@ -262,10 +275,11 @@ def _iter_gguf_weights(source: ModelSource, dtype: torch.dtype):
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()
+    # Dequantizing is fastest in fp32; the cast to the engine's dtype happens once, here.
     hf_model = AutoModelForCausalLM.from_pretrained(
-        str(source.folder), gguf_file=source.gguf_file, dtype=dtype, low_cpu_mem_usage=True
+        str(source.folder), gguf_file=source.gguf_file, dtype=torch.float32, low_cpu_mem_usage=True
     )
-    state = hf_model.state_dict()
+    state = {name: t.to(dtype) for name, t in hf_model.state_dict().items()}
     del hf_model
     if gguf_cache.enabled():
         gguf_cache.save_weights(cached, state)

@@ -77,7 +77,8 @@ class LlamaModel:
             elif name == "model.norm.weight":
                 self.norm = tensor
             elif name == "lm_head.weight":
-                self.lm_head = tensor
+                if not self.cfg.tie_word_embeddings:  # tied: one tensor serves both (set below)
+                    self.lm_head = tensor
             elif name.startswith("model.layers."):
                 idx_str, rest = name[len("model.layers.") :].split(".", 1)
                 layer = self.layers[int(idx_str)]
