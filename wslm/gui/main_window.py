@@ -31,6 +31,9 @@ from wslm.wsl_bridge.launcher import Target
 
 log = logging.getLogger(__name__)
 
+SERVER_NOT_RUNNING = ("The server is not running: start it in the Server panel; it will listen on the LAN and "
+                      "require this API key.")
+
 
 class MainWindow(QMainWindow):
     def __init__(self, settings: Settings | None = None, store: ChatStore | None = None,
@@ -139,6 +142,7 @@ class MainWindow(QMainWindow):
             self.status.set_kv(None)
 
     def _on_server_ready(self, event: dict) -> None:
+        self.share_panel.remove_note(SERVER_NOT_RUNNING)
         self.chat_panel.set_server(self.server.base_url, str(event.get("model") or self.server.config.model),
                                    self.server.config.api_key)
 
@@ -175,8 +179,7 @@ class MainWindow(QMainWindow):
         if self.server.running and (server.get("restart_required") or self.server.config.host != self.settings.host):
             self.server_panel.restart()
         elif not self.server.running:
-            self.share_panel.add_note("The server is not running: start it in the Server panel; it will listen "
-                                      "on the LAN and require this API key.")
+            self.share_panel.add_note(SERVER_NOT_RUNNING)
 
     # Target
     def choose_target(self) -> None:

@@ -177,6 +177,9 @@ class SharePanel(QWidget):
         self.state_label.setText("On" if self.switch.isChecked() else "Off")
         self._set_notes([(f"Share {action} failed: {message}", theme.ERROR)])
 
+    def remove_note(self, text: str) -> None:
+        self._set_notes([n for n in self._notes if n[0] != text])
+
     def add_note(self, text: str) -> None:
         self._notes.append((text, theme.WARN))
         self._set_notes(self._notes)
