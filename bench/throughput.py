@@ -96,33 +96,47 @@ def main() -> int:
     ap.add_argument("--hf-sequential", type=int, default=3, help="HF requests run one at a time")
     ap.add_argument("--hf-batch", type=int, default=16)
     ap.add_argument("--no-hf", action="store_true")
+    ap.add_argument("--dtype", default="auto", help="auto (also runs float32 when auto is not float32) or a dtype")
     ap.add_argument("--no-write", action="store_true", help="print only, leave docs/benchmarks.md alone")
     args = ap.parse_args()
 
-    from wslm.backend import LLM, SamplingParams
+    import torch
 
-    llm = LLM("demo", max_num_seqs=max(args.requests, 1))
-    llm.generate("warm up", SamplingParams(max_tokens=4))
-    single = run_wslm(llm, 1, 128)
-    many = run_wslm(llm, args.requests, args.max_tokens)
+    from wslm.backend import LLM, SamplingParams
+    from wslm.backend.model_loader import resolve_dtype
+
+    auto = str(resolve_dtype("auto", None, torch.device("cpu"))).removeprefix("torch.")
+    dtypes = [args.dtype] if args.dtype != "auto" else (["auto", "float32"] if auto != "float32" else ["auto"])
     rows = [
         "| run | output tok/s | TTFT p50 (s) | TTFT max (s) | step overhead |",
         "|---|---:|---:|---:|---:|",
-        f"| wslm, 1 stream, 128 tokens | {single['tok_s']:.1f} | {single['ttft_p50']:.3f} | "
-        f"{single['ttft_max']:.3f} | {single['overhead']:.1%} |",
-        f"| wslm, {args.requests} concurrent, {args.max_tokens} tokens each | {many['tok_s']:.1f} | "
-        f"{many['ttft_p50']:.3f} | {many['ttft_max']:.3f} | {many['overhead']:.1%} |",
     ]
-    if not args.no_hf:
+    results = {}
+    for dtype in dtypes:
+        label = f"auto = {auto}" if dtype == "auto" else dtype
+        llm = LLM("demo", max_num_seqs=max(args.requests, 1), dtype=dtype)
+        llm.generate("warm up", SamplingParams(max_tokens=4))
+        single = run_wslm(llm, 1, 128)
+        many = run_wslm(llm, args.requests, args.max_tokens)
+        results[dtype] = (single, many)
         del llm
+        rows += [
+            f"| wslm ({label}), 1 stream, 128 tokens | {single['tok_s']:.1f} | {single['ttft_p50']:.3f} | "
+            f"{single['ttft_max']:.3f} | {single['overhead']:.1%} |",
+            f"| wslm ({label}), {args.requests} concurrent, {args.max_tokens} tokens each | {many['tok_s']:.1f} | "
+            f"{many['ttft_p50']:.3f} | {many['ttft_max']:.3f} | {many['overhead']:.1%} |",
+        ]
+    single, many = results[dtypes[0]]
+    if not args.no_hf:
         hf = run_hf(args.hf_sequential, args.hf_batch, args.max_tokens)
         rows += [
             f"| HF transformers generate, one at a time ({args.hf_sequential} requests) | "
             f"{hf['sequential_tok_s']:.1f} | | | |",
             f"| HF transformers generate, padded batch of {args.hf_batch} | {hf['batch_tok_s']:.1f} | | | |",
         ]
-        ratio = many["tok_s"] / hf["batch_tok_s"]
-        rows.append(f"\nwslm at {args.requests} concurrent = {ratio:.1f}x HF's padded batch (target >= 3x).")
+        for dtype, (_, m) in results.items():
+            rows.append(f"\nwslm ({dtype}) at {args.requests} concurrent = {m['tok_s'] / hf['batch_tok_s']:.1f}x "
+                        "HF's padded batch (target >= 3x). HF runs in float32, its default.")
     rows.append(
         f"Single stream {single['tok_s']:.1f} tok/s (target >= 20); step overhead at batch {args.requests} "
         f"{many['overhead']:.1%} (target < 10%). Overhead = step time outside the model forward "
