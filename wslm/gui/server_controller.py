@@ -93,6 +93,7 @@ class ServerController(QObject):
         self._error_message = ""
         self._restarts: list[float] = []
         self._restart_after_stop = False
+        self._stop_pending = False
         self._health_failures = 0
         self._net = QNetworkAccessManager(self)
         self._health_timer = QTimer(self, interval=HEALTH_INTERVAL_MS)
@@ -136,8 +137,9 @@ class ServerController(QObject):
         proc = JsonProcess(self, keep_lines=60)
         proc.event.connect(self._on_event)
         proc.log_line.connect(self._on_log)
-        proc.finished.connect(self._on_finished)
+        proc.finished.connect(lambda code, tail, p=proc: self._on_finished(code, tail) if p is self._proc else None)
         self._proc = proc
+        self._stop_pending = False
         self._set(STARTING, f"Starting on {self.target.describe()}…")
         proc.start(argv, env=self.config.env())
         return True
@@ -153,6 +155,15 @@ class ServerController(QObject):
         self._health_timer.stop()
         proc = self._proc
         pid = int(self.ready_event.get("pid") or 0)
+        if self.target.via_wsl and not pid:
+            # No Linux PID yet (still loading), and killing wsl.exe would leave the backend running in the
+            # distro (it keeps serving without its stdout): stop it the moment its ready line names it.
+            self._stop_pending = True
+            self.logs.add("server", "will stop as soon as the backend reports its PID (it is still loading)")
+            return
+        self._stop_now(proc, pid)
+
+    def _stop_now(self, proc: JsonProcess, pid: int) -> None:
         if self.target.via_wsl and pid:
             # Killing wsl.exe would leave the Linux process running: signal it by its Linux PID.
             call = BackgroundCall(lambda: stop_backend(self.target, pid, timeout=STOP_GRACE_S,
@@ -182,8 +193,11 @@ class ServerController(QObject):
     # Process events
     def _on_event(self, event: dict) -> None:
         kind = event.get("event")
-        if kind == "loading":
+        if kind == "loading" and self.state != STOPPING:
             self._set(LOADING, f"Loading {event.get('model') or self.config.model}…")
+        elif kind == "ready" and self._stop_pending:
+            self.ready_event = event
+            self._stop_now(self._proc, int(event.get("pid") or 0))
         elif kind == "ready":
             self.ready_event = event
             self.state = READY  # base_url needs it
