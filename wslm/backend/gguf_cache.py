@@ -3,7 +3,7 @@
 Dequantizing a GGUF and parsing its vocabulary takes tens of seconds on a small CPU; the copy makes every
 later start (a server restart, the GUI's Restart button) load like a plain HF folder. Keyed by the file's
 path, size and mtime, so a replaced file is converted again. WSLM_CACHE_DIR moves it;
-WSLM_GGUF_CACHE=0 turns it off."""
+WSLM_GGUF_CACHE=0 turns it off; weights above WSLM_GGUF_CACHE_MAX_GB (default 8) are not copied."""
 
 from __future__ import annotations
 
@@ -66,8 +66,21 @@ def weights_file(folder: Path, dtype: torch.dtype) -> Path:
     return folder / f"model-{str(dtype).removeprefix('torch.')}.safetensors"
 
 
+def max_weights_bytes() -> int:
+    """Above this size the dequantized copy costs more disk than the start-up time it saves."""
+    return int(float(os.environ.get("WSLM_GGUF_CACHE_MAX_GB", "8")) * 2**30)
+
+
 def save_weights(path: Path, state: dict[str, torch.Tensor]) -> None:
     from safetensors.torch import save_file
+
+    total = sum(t.numel() * t.element_size() for t in state.values())
+    if total > max_weights_bytes():
+        logger.info(
+            "Not caching the dequantized weights (%.1f GiB > WSLM_GGUF_CACHE_MAX_GB); each start dequantizes again.",
+            total / 2**30,
+        )
+        return
 
     tmp = path.with_name(path.name + f".tmp{os.getpid()}")
     try:
