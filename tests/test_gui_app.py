@@ -99,3 +99,22 @@ def test_first_run_shows_the_fix_when_wslm_is_missing(qtbot):
     dialog.combo.setCurrentIndex(dialog.combo.count() - 1)
     qtbot.waitUntil(lambda: "Fix:" in dialog.result.text(), timeout=30_000)
     assert not dialog.installed and "not installed" in dialog.result.text()
+
+
+def test_chats_survive_an_app_restart(qtbot, tmp_path, monkeypatch):
+    """The whole app, twice, on its default SQLite file in the data dir."""
+    monkeypatch.setenv("WSLM_CONFIG_DIR", str(tmp_path / "config"))
+    w = MainWindow(Settings(first_run_done=True), watch=False)
+    qtbot.addWidget(w)
+    conv = w.session.new_conversation()
+    w.session.messages.append("user", "Do you remember me? 还记得我吗？")
+    w.session.messages.append("assistant", "Yes.")
+    w.session.conversations.rename(0, "Memory test")
+    w.close()  # closes its own database
+    assert (tmp_path / "config" / "data" / "chats.sqlite3").exists()
+    w2 = MainWindow(load_settings(), watch=False)
+    qtbot.addWidget(w2)
+    assert w2.session.messages.conversation_id == conv.id  # the latest chat is open again
+    assert [m.content for m in w2.session.messages.messages()] == ["Do you remember me? 还记得我吗？", "Yes."]
+    assert w2.chat_panel.title.text() == "Memory test"
+    w2.close()

@@ -45,6 +45,7 @@ class MainWindow(QMainWindow):
         s = self.settings
         self.target = target_from_settings(s.target)
         self.logs = LogModel(parent=self)
+        self._own_store = store is None
         self.store = store or ChatStore()
         self.session = ChatSession(self.store, {"system_prompt": s.system_prompt, "temperature": s.temperature,
                                                 "top_p": s.top_p, "max_tokens": s.max_tokens}, self)
@@ -228,4 +229,6 @@ class MainWindow(QMainWindow):
         self.session.shutdown()
         self.models_panel.shutdown()
         self.server.shutdown()
+        if self._own_store:
+            self.store.close()
         super().closeEvent(event)
