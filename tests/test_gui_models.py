@@ -91,3 +91,21 @@ def test_fit_hint():
     assert fit_hint({"memory_estimate_bytes": 9 * gib}, 8 * gib)[0] == "no"
     assert fit_hint({"memory_estimate_bytes": 2 * gib}, None)[0] == "unknown"
     assert fit_hint({"supported": False}, 8 * gib)[0] == "unsupported"
+
+
+def test_models_list_failure_names_the_fix(qtbot, tmp_path, monkeypatch):
+    """A WSL distro without wslm (fake wsl.exe, nothing on its PATH): the panel says so and how to fix it."""
+    from fake_windows import use
+
+    use(monkeypatch, tmp_path)
+    monkeypatch.setenv("PATH", "/usr/bin:/bin")
+    window = MainWindow(Settings(first_run_done=True, target={"kind": "wsl", "distro": "Ubuntu"}),
+                        ChatStore(tmp_path / "c.sqlite3"), watch=False)
+    qtbot.addWidget(window)
+    window.show()
+    window.sidebar.select("models")
+    with qtbot.waitSignal(window.models.failed, timeout=60_000) as failed:
+        pass
+    assert "WSL distro Ubuntu" in failed.args[0] and "install" in failed.args[0].lower()
+    assert window.models_panel.error.isVisible() and "install.sh" in window.models_panel.error.text()
+    window.close()

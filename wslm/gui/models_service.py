@@ -6,6 +6,7 @@ from PySide6.QtCore import QObject, Signal
 
 import wslm.gui.qt_fix  # noqa: F401  (PySide6 6.12 emit() refcount bug)
 from wslm.gui.cli_process import JsonProcess
+from wslm.gui.crash_hints import likely_cause
 from wslm.gui.log_model import LogModel
 from wslm.gui.models_model import ModelsTableModel
 from wslm.wsl_bridge.launcher import Target
@@ -43,7 +44,7 @@ class ModelsService(QObject):
         if code != 0 or payload is None:
             err = next((e.get("message") for e in events if e.get("event") == "error"), "") or tail.strip()
             self.failed.emit(f"`wslm models list` failed on {self.target.describe()} (exit {code}): "
-                             f"{err[-400:] or 'no output'}")
+                             f"{err[-300:] or 'no output'}. {likely_cause(code, tail.splitlines(), err)}")
             return
         self.table.set_models(payload["models"])
         self.listed.emit(self.table.ids())
