@@ -137,6 +137,8 @@ class MainWindow(QMainWindow):
 
     def _on_server_state(self, state: str, _detail: str) -> None:
         self.status.set_state(state, target_label(self.target))
+        model = self.server.ready_event.get("model") or self.server.config.model
+        self.setWindowTitle(f"wslm — {model}" if state == READY else f"wslm — server {state}")
         self.status.set_model((self.server.ready_event.get("model") or self.server.config.model) if state == READY else "")
         if state != READY:
             self.chat_panel.set_server("", "", "")

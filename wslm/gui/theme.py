@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from PySide6.QtGui import QColor, QFont, QPalette
+from PySide6.QtCore import QRectF, Qt
+from PySide6.QtGui import QColor, QFont, QIcon, QPainter, QPalette, QPixmap
 from PySide6.QtWidgets import QApplication
 
 ACCENT = "#4f9dff"
@@ -83,8 +84,32 @@ QToolTip {{ background-color: {RAISED}; color: {TEXT}; border: 1px solid {BORDER
 """
 
 
+def app_icon() -> QIcon:
+    """The window/taskbar icon, drawn (no image files to ship): a rounded accent square with "w"."""
+    icon = QIcon()
+    for size in (16, 32, 64, 256):
+        pm = QPixmap(size, size)
+        pm.fill(Qt.GlobalColor.transparent)
+        p = QPainter(pm)
+        p.setRenderHint(QPainter.RenderHint.Antialiasing)
+        p.setPen(Qt.PenStyle.NoPen)
+        p.setBrush(QColor(ACCENT))
+        p.drawRoundedRect(QRectF(0, 0, size, size), size * 0.22, size * 0.22)
+        font = QFont()
+        font.setFamilies(UI_FONTS)
+        font.setBold(True)
+        font.setPixelSize(int(size * 0.7))
+        p.setFont(font)
+        p.setPen(QColor("#0b1220"))
+        p.drawText(QRectF(0, -size * 0.06, size, size), Qt.AlignmentFlag.AlignCenter, "w")
+        p.end()
+        icon.addPixmap(pm)
+    return icon
+
+
 def apply_theme(app: QApplication) -> None:
     app.setStyle("Fusion")
+    app.setWindowIcon(app_icon())
     font = QFont()
     font.setFamilies(UI_FONTS)
     font.setPointSizeF(10)
