@@ -6,6 +6,8 @@ come out as log lines, so nothing the command says is lost."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 from collections import deque
 
@@ -52,7 +54,13 @@ class JsonProcess(QObject):
         proc.finished.connect(self._on_finished)
         proc.errorOccurred.connect(self._on_error)
         self._proc = proc
-        proc.start(argv[0], argv[1:])
+        if sys.platform == "win32" and hasattr(proc, "setNativeArguments"):
+            # Quote exactly as the launcher's own subprocess calls do (wsl.exe re-joins its arguments).
+            proc.setProgram(argv[0])
+            proc.setNativeArguments(subprocess.list2cmdline(argv[1:]))
+            proc.start()
+        else:
+            proc.start(argv[0], argv[1:])
 
     def terminate(self) -> None:
         """SIGTERM: `wslm` commands treat it like Ctrl+C (pull exits 130, resumable)."""
