@@ -5,7 +5,9 @@ and a C++ signal calling a Python slot (QPushButton.clicked) or QModelIndex.data
 each drop one reference to None. After enough of them the app aborts with "bool_dealloc: deallocating
 True or False" / "none_dealloc: deallocating None". Python 3.12+ makes these objects immortal, which
 hides the bug. We probe once at import and, when it is present, give the three singletons a refcount
-far out of reach, which is what 3.12 does anyway. Import this module before any Qt signal fires."""
+far out of reach, which is what 3.12 does anyway. Import this module before any Qt signal fires.
+pyproject.toml keeps PySide6 below 6.12 (6.11.3 is clean); this stays as a guard for installs that
+pick up an affected build anyway."""
 
 from __future__ import annotations
 
