@@ -13,6 +13,7 @@ import torch
 from wslm import kernels
 from wslm.backend.block_manager import BlockManager
 from wslm.backend.config import EngineConfig
+from wslm.backend.cpu_tuning import tune_allocator
 from wslm.backend.kv_cache import determine_num_blocks
 from wslm.backend.model_loader import iter_weights, load_model_config, load_tokenizer, resolve_model
 from wslm.backend.model_runner import ModelRunner
@@ -51,6 +52,8 @@ class LLMEngine:
         start = time.monotonic()
         self.config = config
         self.device = pick_device(config.device)
+        if self.device.type == "cpu":
+            tune_allocator()
         source = resolve_model(config.model)
         self.model_name = source.name
         self.tokenizer = load_tokenizer(source, config.tokenizer, config.trust_remote_code)
