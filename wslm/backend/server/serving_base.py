@@ -15,7 +15,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from wslm.backend.outputs import Logprob
-from wslm.backend.server.async_engine import Aborted, AsyncEngine, EngineFailure
+from wslm.backend.server.async_engine import Aborted, AsyncEngine, EngineFailure, RequestGroup
 from wslm.backend.server.errors import APIError, bad_request
 from wslm.backend.server.metrics import ServerMetrics
 
@@ -299,3 +299,25 @@ async def collect(group: Any, tracker: Tracker) -> dict[tuple[int, int], Result]
         for i in range(tracker.n):
             results.setdefault((p, i), Result(p, i, finish_reason="abort"))
     return results
+
+
+async def start_group(engine: Any, response_id: str, prompts: list[list[int]], params: Any) -> RequestGroup:
+    """Queue every (prompt, n) completion of one API request; a request the engine refuses is a 400."""
+    group = RequestGroup(engine, response_id)
+    try:
+        await group.start(prompts, params)
+    except ValueError as exc:
+        raise bad_request(str(exc)) from exc
+    return group
+
+
+async def collect_all(request: Request, group: Any, tracker: Tracker) -> dict[tuple[int, int], Result] | None:
+    """A non-streamed request's results; None when the client left first (the caller answers 499)."""
+    try:
+        return await until_disconnect(request, collect(group, tracker))
+    except ClientGone:
+        return None
+    except EngineFailure as exc:
+        raise APIError(str(exc), 500, type="server_error") from exc
+    finally:
+        group.abort()

@@ -16,16 +16,15 @@ from wslm.backend.server.errors import APIError, bad_request, internal_error
 from wslm.backend.server.protocol import ChatCompletionRequest, ChatMessage, parse_body
 from wslm.backend.server.serving_base import (
     SSE_DONE,
-    ClientGone,
     EventStream,
     ServerState,
     Tracker,
     chat_logprobs,
     check_max_tokens,
     check_unsupported,
-    collect,
+    collect_all,
     sse,
-    until_disconnect,
+    start_group,
 )
 
 log = logging.getLogger("wslm.server")
@@ -88,23 +87,14 @@ async def create_chat_completion(state: ServerState, request: Request) -> Respon
     params = req.sampling_params(max_tokens, top_n)
 
     response_id = f"chatcmpl-{uuid.uuid4().hex}"
-    group = RequestGroup(state.engine, response_id)
-    try:
-        await group.start([prompt_ids], params)
-    except ValueError as exc:
-        raise bad_request(str(exc)) from exc
+    group = await start_group(state.engine, response_id, [prompt_ids], params)
     tracker = Tracker(1, params.n, [len(prompt_ids)])
     created = int(time.time())
     if req.stream:
         return EventStream(_stream(state, group, tracker, response_id, created, model, req, top_n), group)
-    try:
-        results = await until_disconnect(request, collect(group, tracker))
-    except ClientGone:
+    results = await collect_all(request, group, tracker)
+    if results is None:
         return Response(status_code=499)
-    except EngineFailure as exc:
-        raise APIError(str(exc), 500, type="server_error") from exc
-    finally:
-        group.abort()
     choices = []
     for i in range(params.n):
         r = results[(0, i)]

@@ -16,16 +16,15 @@ from wslm.backend.server.errors import APIError, bad_request, internal_error
 from wslm.backend.server.protocol import CompletionRequest, parse_body
 from wslm.backend.server.serving_base import (
     SSE_DONE,
-    ClientGone,
     EventStream,
     ServerState,
     Tracker,
     check_max_tokens,
     check_unsupported,
-    collect,
+    collect_all,
     completion_logprobs,
     sse,
-    until_disconnect,
+    start_group,
 )
 
 log = logging.getLogger("wslm.server")
@@ -58,24 +57,15 @@ async def create_completion(state: ServerState, request: Request) -> Response:
     params = req.sampling_params(req.max_tokens, req.logprobs)
 
     response_id = f"cmpl-{uuid.uuid4().hex}"
-    group = RequestGroup(state.engine, response_id)
-    try:
-        await group.start(prompts_ids, params)
-    except ValueError as exc:
-        raise bad_request(str(exc)) from exc
+    group = await start_group(state.engine, response_id, prompts_ids, params)
     tracker = Tracker(len(prompts_ids), params.n, [len(ids) for ids in prompts_ids])
     created = int(time.time())
     echo = prompt_texts if req.echo else None
     if req.stream:
         return EventStream(_stream(state, group, tracker, response_id, created, model, req, echo), group)
-    try:
-        results = await until_disconnect(request, collect(group, tracker))
-    except ClientGone:
+    results = await collect_all(request, group, tracker)
+    if results is None:
         return Response(status_code=499)
-    except EngineFailure as exc:
-        raise APIError(str(exc), 500, type="server_error") from exc
-    finally:
-        group.abort()
     choices = []
     for p in range(len(prompts_ids)):
         prefix = echo[p] if echo else ""
