@@ -29,7 +29,7 @@ class ShareService(QObject):
         self.status: dict = {}
         self.busy = False
         self._timer = QTimer(self, interval=POLL_MS)
-        self._timer.timeout.connect(self.poll)
+        self._timer.timeout.connect(self._watch_tick)
 
     def start_watching(self) -> None:
         self._timer.start()
@@ -66,6 +66,13 @@ class ShareService(QObject):
         self.busy = False
         self.busy_changed.emit(False)
         self.failed.emit(action, _error_text(err))
+
+    def _watch_tick(self) -> None:
+        # The watch exists to re-point an active share after the WSL IP changes. Asking WSL for its
+        # status starts a stopped distro, so with nothing shared the timer leaves WSL alone (the panel
+        # and the user's Refresh still poll on demand).
+        if self.status.get("enabled"):
+            self.poll()
 
     def poll(self) -> None:
         from wslm.wsl_bridge import share
