@@ -65,3 +65,20 @@ def test_bfloat16_engine_answers_sensibly():
     assert "Paris" in out[0].outputs[0].text
     auto = "bfloat16" if cpu_has_amx_bf16() else "float32"
     assert str(resolve_dtype("auto", None, torch.device("cpu"))) == f"torch.{auto}"
+
+
+def test_sliding_window_models_keep_the_context_inside_the_window(tmp_path):
+    import json
+
+    from engine_helpers import demo_tokenizer, make_tiny_model
+
+    folder = make_tiny_model(tmp_path / "m", "llama", demo_tokenizer())
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg.update(architectures=["MistralForCausalLM"], model_type="mistral", sliding_window=128)
+    cfg.pop("rope_scaling", None)
+    cfg.pop("rope_parameters", None)
+    (folder / "config.json").write_text(json.dumps(cfg))
+    llm = LLM(str(folder), kv_cache_memory=16 << 20)
+    assert llm.llm_engine.max_model_len == 128
+    with pytest.raises(ValueError, match="model's context"):
+        LLM(str(folder), kv_cache_memory=16 << 20, max_model_len=256)

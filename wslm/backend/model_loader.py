@@ -38,6 +38,9 @@ class ModelConfig:
     eos_token_ids: frozenset[int]
     dtype: torch.dtype
     max_model_len: int = 0  # resolved by the engine
+    # Mistral v0.1-style sliding-window attention, which our kernels do not implement: the engine keeps
+    # the context within the window, where full attention gives the same result.
+    sliding_window: int | None = None
 
     def kv_bytes_per_token(self, dtype: torch.dtype | None = None) -> int:
         elem = torch.empty(0, dtype=dtype or self.dtype).element_size()
@@ -234,7 +237,18 @@ def load_model_config(source: ModelSource, tokenizer, dtype: str, device: torch.
         qkv_bias=SUPPORTED_ARCHITECTURES[arch]["qkv_bias"] or bool(getattr(hf_config, "attention_bias", False)),
         eos_token_ids=_eos_ids(source, hf_config, tokenizer),
         dtype=resolve_dtype(dtype, hf_config, device),
+        sliding_window=_sliding_window(hf_config),
     )
+
+
+def _sliding_window(hf_config) -> int | None:
+    window = getattr(hf_config, "sliding_window", None)
+    if not isinstance(window, int) or window <= 0:
+        return None
+    # Qwen2 configs carry a window but switch it off with use_sliding_window=False.
+    if getattr(hf_config, "use_sliding_window", True) is False:
+        return None
+    return window
 
 
 def iter_weights(source: ModelSource, dtype: torch.dtype):
