@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 _ROLES = {"system", "user", "assistant", "tool", "developer"}
 
 
@@ -51,3 +53,15 @@ def render_chat(tokenizer, messages, template: str | None, add_generation_prompt
     )
     # The template already wrote any BOS token; encoding must not add a second one.
     return tokenizer.encode(text, add_special_tokens=False)
+
+
+def read_template(value: str | None) -> str | None:
+    """A chat template given inline, or as a path to a Jinja file."""
+    if not value:
+        return None
+    if "{" not in value and len(value) < 4096:
+        path = Path(value).expanduser()
+        if path.is_file():
+            return path.read_text(encoding="utf-8")
+        raise FileNotFoundError(f"Chat template file {value} not found (give a Jinja file or the template text).")
+    return value

@@ -6,12 +6,12 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
 from wslm import kernels
 from wslm.backend.block_manager import BlockManager
+from wslm.backend.chat import read_template, render_chat
 from wslm.backend.config import EngineConfig
 from wslm.backend.cpu_tuning import tune_allocator
 from wslm.backend.kv_cache import determine_num_blocks
@@ -73,7 +73,7 @@ class LLMEngine:
             self.runner.enable_cuda_graphs(config.max_num_seqs, mc.max_model_len)
         self.sampler = Sampler(mc.vocab_size, self.device, config.seed)
         self.output_processor = OutputProcessor(self.tokenizer, mc.max_model_len)
-        self.chat_template = _read_template(config.chat_template)
+        self.chat_template = read_template(config.chat_template)
         self.requests: dict[str, _Request] = {}
         self._pending: list[RequestOutput] = []  # outputs made outside step() (aborts)
         self._next_seq_id = 0
@@ -267,9 +267,7 @@ class LLMEngine:
     def apply_chat_template(
         self, messages: list[dict], chat_template: str | None = None, add_generation_prompt: bool = True
     ) -> list[int]:
-        from wslm.backend.chat import render_chat
-
-        template = _read_template(chat_template) or self.chat_template
+        template = read_template(chat_template) or self.chat_template
         return render_chat(self.tokenizer, messages, template, add_generation_prompt, self.model_name)
 
     def get_stats(self) -> dict:
@@ -287,14 +285,3 @@ class LLMEngine:
             "num_preemptions_total": self.scheduler.num_preemptions,
         }
 
-
-def _read_template(value: str | None) -> str | None:
-    """A chat template given inline, or as a path to a Jinja file."""
-    if not value:
-        return None
-    if "{" not in value and len(value) < 4096:
-        path = Path(value).expanduser()
-        if path.is_file():
-            return path.read_text(encoding="utf-8")
-        raise FileNotFoundError(f"Chat template file {value} not found (give a Jinja file or the template text).")
-    return value

@@ -1,15 +1,15 @@
-"""Finds a model (demo, HF folder, .gguf file, HF cache repo id, `wslm models` id), reads its config and
-tokenizer, and loads its weights into our own model code."""
+"""Reads a model's config and tokenizer and yields its weights, whatever the format (see model_source for
+where the files are)."""
 
 from __future__ import annotations
 
 import json
 import logging
 from dataclasses import dataclass
-from pathlib import Path
 
 import torch
 
+from wslm.backend.model_source import ModelSource, resolve_model  # noqa: F401  (resolve_model re-exported)
 from wslm.backend.modeling import GGUF_ARCHITECTURES, SUPPORTED_ARCHITECTURES, unsupported_message
 
 logger = logging.getLogger(__name__)
@@ -45,77 +45,6 @@ class ModelConfig:
     def kv_bytes_per_token(self, dtype: torch.dtype | None = None) -> int:
         elem = torch.empty(0, dtype=dtype or self.dtype).element_size()
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * elem
-
-
-@dataclass(slots=True)
-class ModelSource:
-    name: str  # what the user asked for
-    folder: Path  # a folder with config.json + weights, or the folder holding the gguf file
-    gguf_file: str | None = None
-
-    @property
-    def gguf_path(self) -> Path | None:
-        return self.folder / self.gguf_file if self.gguf_file else None
-
-    def converted(self) -> Path | None:
-        """The GGUF's converted copy (tokenizer + config), if one is ready."""
-        from wslm.backend import gguf_cache
-
-        if not self.gguf_file or not gguf_cache.enabled():
-            return None
-        folder = gguf_cache.folder_for(self.gguf_path)
-        return folder if gguf_cache.has_tokenizer_and_config(folder) else None
-
-
-def resolve_model(model: str) -> ModelSource:
-    """Turn what the user typed into files on disk, or raise FileNotFoundError saying what to do."""
-    from wslm.demo import demo_model_path, is_demo
-
-    if is_demo(model):
-        path = demo_model_path()
-        return ModelSource("demo", path.parent, path.name)
-    path = Path(model).expanduser()
-    if path.is_file() and path.suffix == ".gguf":
-        return ModelSource(model, path.parent, path.name)
-    if path.is_dir():
-        if (path / "config.json").is_file():
-            return ModelSource(model, path)
-        ggufs = sorted(path.glob("*.gguf"))
-        if len(ggufs) == 1:
-            return ModelSource(model, path, ggufs[0].name)
-        raise FileNotFoundError(
-            f"{path} is neither a Hugging Face model folder (no config.json) nor a folder with one .gguf file."
-        )
-    if path.exists():
-        raise FileNotFoundError(f"{path} is not a model: give a model folder or a .gguf file.")
-    if model.startswith(("/", "./", "../", "~")) or model.endswith(".gguf") or "\\" in model:
-        raise FileNotFoundError(f"No such model file or folder: {path}. Check the path, or list models with `wslm models list`.")
-    found = _resolve_by_name(model)
-    if found is not None:
-        return resolve_model(str(found))
-    raise FileNotFoundError(
-        f"Model {model!r} was not found: not a path, not in `wslm models list`, not in the local Hugging Face "
-        f"cache. Download it with `wslm models pull {model}`, or pass a model folder or .gguf file."
-    )
-
-
-def _resolve_by_name(name: str) -> Path | None:
-    try:
-        from wslm.backend.hub.catalog import resolve_model as catalog_resolve
-    except ImportError:
-        catalog_resolve = None
-    if catalog_resolve is not None:
-        found = catalog_resolve(name)
-        if found is not None:
-            return Path(found)
-    if name.count("/") == 1:
-        try:
-            from huggingface_hub import snapshot_download
-
-            return Path(snapshot_download(name, local_files_only=True))
-        except Exception:  # not in the cache: the caller raises the user-facing error
-            return None
-    return None
 
 
 def _read_hf_config(source: ModelSource, trust_remote_code: bool):
