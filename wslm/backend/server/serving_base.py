@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import math
 from collections.abc import Awaitable
 from dataclasses import dataclass, field
@@ -16,7 +17,7 @@ from starlette.types import Receive, Scope, Send
 
 from wslm.backend.outputs import Logprob
 from wslm.backend.server.async_engine import Aborted, AsyncEngine, EngineFailure, RequestGroup
-from wslm.backend.server.errors import APIError, bad_request
+from wslm.backend.server.errors import APIError, bad_request, internal_error
 from wslm.backend.server.metrics import ServerMetrics
 
 
@@ -321,3 +322,53 @@ async def collect_all(request: Request, group: Any, tracker: Tracker) -> dict[tu
         raise APIError(str(exc), 500, type="server_error") from exc
     finally:
         group.abort()
+
+
+class ChunkWriter:
+    """The SSE chunks of one streamed response: the shared head, and usage the way OpenAI sends it
+    (null on every chunk but a final one, or running totals with continuous_usage_stats)."""
+
+    def __init__(self, head: dict, tracker: Tracker, req: Any) -> None:
+        self.head = head
+        self.tracker = tracker
+        self.include_usage = bool(req.include_usage)
+        self.continuous = self.include_usage and bool(req.stream_options and req.stream_options.continuous_usage_stats)
+
+    def choice(self, choice: dict, finish: str | None = None, stop: Any = None) -> str:
+        choice["finish_reason"] = finish
+        if finish is not None:
+            choice["stop_reason"] = stop
+        body = {**self.head, "choices": [choice]}
+        if self.include_usage:
+            body["usage"] = self.tracker.usage() if self.continuous else None
+        return sse(body)
+
+    def closing(self) -> str:
+        usage_chunk = sse({**self.head, "choices": [], "usage": self.tracker.usage()}) if self.include_usage else ""
+        return usage_chunk + SSE_DONE
+
+
+async def stream_deltas(group: RequestGroup, tracker: Tracker, writer: ChunkWriter, response_id: str,
+                        first: str, render: Any) -> Any:
+    """The body of a streamed response: `first`, then render(delta) for each engine delta, then the
+    closing chunks. Failures after the headers are reported in-band, as vLLM does."""
+    log = logging.getLogger("wslm.server")
+    try:
+        if first:
+            yield first
+        while not group.done:
+            try:
+                deltas = tracker.fold(await group.next_items())
+            except EngineFailure as exc:
+                log.error("request %s failed: %s", response_id, exc)
+                yield sse(APIError(str(exc), 500, type="server_error").body()) + SSE_DONE
+                return
+            out = "".join(render(d) for d in deltas)
+            if out:
+                yield out
+        yield writer.closing()
+    except Exception as exc:  # noqa: BLE001 - headers are sent: report in-band
+        log.exception("streaming %s failed", response_id)
+        yield sse(internal_error(exc).body()) + SSE_DONE
+    finally:
+        group.abort()  # no-op when finished; frees the KV blocks when the client went away

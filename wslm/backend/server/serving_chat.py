@@ -11,11 +11,11 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from wslm.backend.server.async_engine import EngineFailure, RequestGroup
-from wslm.backend.server.errors import APIError, bad_request, internal_error
+from wslm.backend.server.async_engine import RequestGroup
+from wslm.backend.server.errors import bad_request
 from wslm.backend.server.protocol import ChatCompletionRequest, ChatMessage, parse_body
 from wslm.backend.server.serving_base import (
-    SSE_DONE,
+    ChunkWriter,
     EventStream,
     ServerState,
     Tracker,
@@ -23,8 +23,8 @@ from wslm.backend.server.serving_base import (
     check_max_tokens,
     check_unsupported,
     collect_all,
-    sse,
     start_group,
+    stream_deltas,
 )
 
 log = logging.getLogger("wslm.server")
@@ -116,46 +116,23 @@ async def create_chat_completion(state: ServerState, request: Request) -> Respon
     })
 
 
-async def _stream(state: ServerState, group: RequestGroup, tracker: Tracker, response_id: str, created: int,
-                  model: str, req: ChatCompletionRequest, top_n: int | None) -> AsyncIterator[str]:
-    include_usage = req.include_usage
-    continuous = include_usage and bool(req.stream_options and req.stream_options.continuous_usage_stats)
+def _stream(state: ServerState, group: RequestGroup, tracker: Tracker, response_id: str, created: int,
+            model: str, req: ChatCompletionRequest, top_n: int | None) -> AsyncIterator[str]:
     head = {"id": response_id, "object": "chat.completion.chunk", "created": created, "model": model}
+    writer = ChunkWriter(head, tracker, req)
 
-    def chunk(index: int, delta: dict, logprobs: Any = None, finish: str | None = None, stop: Any = None) -> str:
-        choice: dict[str, Any] = {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
-        if finish is not None:
-            choice["stop_reason"] = stop
-        body = {**head, "choices": [choice]}
-        if include_usage:  # as OpenAI: null on every chunk but the last (running totals if asked)
-            body["usage"] = tracker.usage() if continuous else None
-        return sse(body)
+    def render(d) -> str:
+        out = ""
+        lp = None
+        if top_n is not None and d.token_ids:
+            lp = {"content": chat_logprobs(state.tokenizer, d.token_ids, d.logprobs or [], top_n)}
+        if d.text or lp is not None:
+            out += writer.choice({"index": d.index, "delta": {"content": d.text}, "logprobs": lp})
+        if d.finish_reason is not None:
+            out += writer.choice({"index": d.index, "delta": {}, "logprobs": None}, d.finish_reason, d.stop_reason)
+        return out
 
-    try:
-        yield "".join(chunk(i, {"role": "assistant", "content": ""}) for i in range(tracker.n))
-        while not group.done:
-            try:
-                deltas = tracker.fold(await group.next_items())
-            except EngineFailure as exc:
-                log.error("request %s failed: %s", response_id, exc)
-                yield sse(APIError(str(exc), 500, type="server_error").body()) + SSE_DONE
-                return
-            out = []
-            for d in deltas:
-                lp = None
-                if top_n is not None and d.token_ids:
-                    lp = {"content": chat_logprobs(state.tokenizer, d.token_ids, d.logprobs or [], top_n)}
-                if d.text or lp is not None:
-                    out.append(chunk(d.index, {"content": d.text}, lp))
-                if d.finish_reason is not None:
-                    out.append(chunk(d.index, {}, None, d.finish_reason, d.stop_reason))
-            if out:
-                yield "".join(out)
-        if include_usage:
-            yield sse({**head, "choices": [], "usage": tracker.usage()})
-        yield SSE_DONE
-    except Exception as exc:  # noqa: BLE001 - headers are sent: report in-band, as vLLM does
-        log.exception("streaming %s failed", response_id)
-        yield sse(internal_error(exc).body()) + SSE_DONE
-    finally:
-        group.abort()  # no-op when finished; frees the KV blocks when the client went away
+    # The first delta of each choice carries the role, as OpenAI's do.
+    first = "".join(writer.choice({"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None})
+                    for i in range(tracker.n))
+    return stream_deltas(group, tracker, writer, response_id, first, render)

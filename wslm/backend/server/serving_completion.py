@@ -6,16 +6,15 @@ import logging
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from wslm.backend.server.async_engine import EngineFailure, RequestGroup
-from wslm.backend.server.errors import APIError, bad_request, internal_error
+from wslm.backend.server.async_engine import RequestGroup
+from wslm.backend.server.errors import bad_request
 from wslm.backend.server.protocol import CompletionRequest, parse_body
 from wslm.backend.server.serving_base import (
-    SSE_DONE,
+    ChunkWriter,
     EventStream,
     ServerState,
     Tracker,
@@ -23,8 +22,8 @@ from wslm.backend.server.serving_base import (
     check_unsupported,
     collect_all,
     completion_logprobs,
-    sse,
     start_group,
+    stream_deltas,
 )
 
 log = logging.getLogger("wslm.server")
@@ -91,57 +90,29 @@ async def create_completion(state: ServerState, request: Request) -> Response:
     })
 
 
-async def _stream(state: ServerState, group: RequestGroup, tracker: Tracker, response_id: str, created: int,
-                  model: str, req: CompletionRequest, echo: list[str] | None) -> AsyncIterator[str]:
-    include_usage = req.include_usage
-    continuous = include_usage and bool(req.stream_options and req.stream_options.continuous_usage_stats)
+def _stream(state: ServerState, group: RequestGroup, tracker: Tracker, response_id: str, created: int,
+            model: str, req: CompletionRequest, echo: list[str] | None) -> AsyncIterator[str]:
     n = tracker.n
     head = {"id": response_id, "object": "text_completion", "created": created, "model": model}
+    writer = ChunkWriter(head, tracker, req)
     offsets: dict[int, int] = {}  # choice index -> characters sent so far (for logprobs.text_offset)
 
-    def chunk(index: int, text: str, logprobs: Any = None, finish: str | None = None, stop: Any = None) -> str:
-        choice: dict[str, Any] = {"index": index, "text": text, "logprobs": logprobs, "finish_reason": finish}
-        if finish is not None:
-            choice["stop_reason"] = stop
-        body = {**head, "choices": [choice]}
-        if include_usage:  # as OpenAI: null on every chunk but the last (running totals if asked)
-            body["usage"] = tracker.usage() if continuous else None
-        return sse(body)
+    def render(d) -> str:
+        index = d.prompt * n + d.index
+        out = ""
+        lp = None
+        if req.logprobs is not None and d.token_ids:
+            lp = completion_logprobs(state.tokenizer, d.token_ids, d.logprobs or [], req.logprobs, offsets.get(index, 0))
+        if d.text or lp is not None:
+            out += writer.choice({"index": index, "text": d.text, "logprobs": lp})
+        offsets[index] = offsets.get(index, 0) + len(d.text)
+        if d.finish_reason is not None:
+            out += writer.choice({"index": index, "text": "", "logprobs": None}, d.finish_reason, d.stop_reason)
+        return out
 
-    try:
-        if echo:
-            first = []
-            for p, text in enumerate(echo):
-                for i in range(n):
-                    offsets[p * n + i] = len(text)
-                    first.append(chunk(p * n + i, text))
-            yield "".join(first)
-        while not group.done:
-            try:
-                deltas = tracker.fold(await group.next_items())
-            except EngineFailure as exc:
-                log.error("request %s failed: %s", response_id, exc)
-                yield sse(APIError(str(exc), 500, type="server_error").body()) + SSE_DONE
-                return
-            out = []
-            for d in deltas:
-                index = d.prompt * n + d.index
-                lp = None
-                if req.logprobs is not None and d.token_ids:
-                    lp = completion_logprobs(state.tokenizer, d.token_ids, d.logprobs or [], req.logprobs,
-                                             offsets.get(index, 0))
-                if d.text or lp is not None:
-                    out.append(chunk(index, d.text, lp))
-                offsets[index] = offsets.get(index, 0) + len(d.text)
-                if d.finish_reason is not None:
-                    out.append(chunk(index, "", None, d.finish_reason, d.stop_reason))
-            if out:
-                yield "".join(out)
-        if include_usage:
-            yield sse({**head, "choices": [], "usage": tracker.usage()})
-        yield SSE_DONE
-    except Exception as exc:  # noqa: BLE001 - headers are sent: report in-band, as vLLM does
-        log.exception("streaming %s failed", response_id)
-        yield sse(internal_error(exc).body()) + SSE_DONE
-    finally:
-        group.abort()
+    first = ""
+    for p, text in enumerate(echo or []):
+        for i in range(n):
+            offsets[p * n + i] = len(text)
+            first += writer.choice({"index": p * n + i, "text": text, "logprobs": None})
+    return stream_deltas(group, tracker, writer, response_id, first, render)
