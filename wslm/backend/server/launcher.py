@@ -19,6 +19,8 @@ import threading
 from argparse import Namespace
 from typing import Any, TextIO
 
+from wslm.backend.chat import read_template
+
 log = logging.getLogger("wslm.server")
 
 _events: TextIO | None = None
@@ -85,9 +87,11 @@ def parse_model_len(text: str | None) -> int | None:
 def engine_config(args: Namespace):
     from wslm.backend.config import EngineConfig
 
-    if args.chat_template and "{" not in args.chat_template and not os.path.isfile(args.chat_template):
+    try:
+        read_template(args.chat_template)  # the engine's own reading of it: a missing file fails fast here
+    except FileNotFoundError as exc:
         raise StartupError(f"--chat-template: no such file {args.chat_template!r}. Pass a path to a Jinja file "
-                           "or the template text itself.")
+                           "or the template text itself.") from exc
     kwargs: dict[str, Any] = dict(
         model=args.model,
         max_model_len=parse_model_len(args.max_model_len),
