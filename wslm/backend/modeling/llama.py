@@ -128,12 +128,11 @@ class LlamaModel:
                 )
             qkv = F.linear(hidden, layer.qkv, layer.qkv_bias)
             q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-            q, k = kernels.rotary_embedding(
-                positions, q.contiguous(), k.contiguous(), self.cos_sin_cache, cfg.head_dim, backend=be
-            )
+            # Strided slices of qkv go straight to the kernels (both backends take them): no copies.
+            q, k = kernels.rotary_embedding(positions, q, k, self.cos_sin_cache, cfg.head_dim, backend=be)
             q = q.view(num_tokens, cfg.num_heads, cfg.head_dim)
             k = k.view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
-            v = v.contiguous().view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
+            v = v.view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
             kernels.reshape_and_cache(k, v, k_cache, v_cache, meta.slot_mapping, backend=be)
             attn = kernels.paged_attention(
                 q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q, meta.seq_lens, self.scale,
