@@ -22,14 +22,16 @@ class EngineConfig:
     chat_template: str | None = None  # a Jinja template, or a path to one
     seed: int = 0
     tensor_parallel_size: int = 1
+    distributed_executor_backend: str | None = None  # "mp" (one machine, default) or "ray" (a Ray cluster)
     enforce_eager: bool = False  # CUDA: no CUDA graphs
     trust_remote_code: bool = False
 
     def __post_init__(self) -> None:
-        if self.tensor_parallel_size != 1:
+        if self.tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be at least 1, got {self.tensor_parallel_size}.")
+        if self.distributed_executor_backend not in (None, "mp", "ray", "uni"):
             raise ValueError(
-                f"tensor_parallel_size={self.tensor_parallel_size} is not supported yet: wslm runs a model "
-                "on one device. Use --tensor-parallel-size 1."
+                f"distributed_executor_backend must be mp or ray, got {self.distributed_executor_backend!r}."
             )
         if self.block_size not in (8, 16, 32, 64, 128):
             raise ValueError(f"block_size must be one of 8, 16, 32, 64, 128, got {self.block_size}.")

@@ -15,9 +15,9 @@ from wslm.backend.chat import read_template, render_chat
 from wslm.backend.config import EngineConfig
 from wslm.backend.cpu_tuning import tune_allocator
 from wslm.backend.kv_cache import determine_num_blocks
-from wslm.backend.model_loader import iter_weights, load_model_config, load_tokenizer, resolve_model
-from wslm.backend.model_runner import ModelRunner
-from wslm.backend.modeling.llama import LlamaModel
+from wslm.backend.model_loader import load_model_config, load_tokenizer, resolve_model
+from wslm.backend.distributed.executor import EngineDeadError
+from wslm.backend.model_runner import ModelRunner, load_model
 from wslm.backend.output_processor import OutputProcessor
 from wslm.backend.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from wslm.backend.sampler import Sampler
@@ -61,15 +61,23 @@ class LLMEngine:
         self.model_config = mc
         logger.info("Loading %s (%s, %s) on %s", source.name, mc.architecture, mc.dtype, self.device)
         logger.info("Kernels: %s", kernels.backend_description(self.device))
-        model = LlamaModel(mc, self.device)
-        model.load_weights(iter_weights(source, mc.dtype))
-        num_blocks = determine_num_blocks(config, mc, self.device)
+        if config.tensor_parallel_size > 1:
+            from wslm.backend.distributed.executor import make_executor
+            from wslm.backend.distributed.parallel_state import check_divisible
+
+            check_divisible(mc, config.tensor_parallel_size)
+            self.runner = make_executor(config, source, mc)
+            num_blocks = self.runner.num_blocks
+        else:
+            model = load_model(source, mc, self.device)
+            num_blocks = determine_num_blocks(config, mc, self.device)
         mc.max_model_len = self._resolve_max_model_len(num_blocks * config.block_size)
         self.max_model_len = mc.max_model_len
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.block_manager)
-        self.runner = ModelRunner(model, config.block_size, num_blocks)
-        if self.device.type == "cuda" and not config.enforce_eager:
+        if config.tensor_parallel_size == 1:
+            self.runner = ModelRunner(model, config.block_size, num_blocks)
+        if self.device.type == "cuda" and not config.enforce_eager and config.tensor_parallel_size == 1:
             self.runner.enable_cuda_graphs(config.max_num_seqs, mc.max_model_len)
         self.sampler = Sampler(mc.vocab_size, self.device, config.seed)
         self.output_processor = OutputProcessor(self.tokenizer, mc.max_model_len)
@@ -79,11 +87,13 @@ class LLMEngine:
         self._next_seq_id = 0
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
-        kv_gib = self.runner.kv_pool.numel() * self.runner.kv_pool.element_size() / 2**30
+        kv_gib = self.runner.kv_cache_bytes / 2**30
         logger.info(
-            "KV cache: %d blocks of %d tokens = %d tokens (%.2f GiB); max_model_len %d; "
+            "KV cache: %d blocks of %d tokens = %d tokens (%.2f GiB%s); max_model_len %d; "
             "max concurrent full-length sequences %.1f; prefix caching %s; ready in %.1fs",
-            num_blocks, config.block_size, num_blocks * config.block_size, kv_gib, mc.max_model_len,
+            num_blocks, config.block_size, num_blocks * config.block_size, kv_gib,
+            f" per rank, {config.tensor_parallel_size} ranks" if config.tensor_parallel_size > 1 else "",
+            mc.max_model_len,
             num_blocks * config.block_size / mc.max_model_len, "on" if config.enable_prefix_caching else "off",
             time.monotonic() - start,
         )  # fmt: skip
@@ -173,6 +183,8 @@ class LLMEngine:
             if sampled:
                 sampled, logits = self._fork_siblings(sampled, logits)
                 result = self.sampler(logits, sampled)
+        except EngineDeadError:
+            raise  # the workers are gone: nothing more can be served (the server exits, LLM raises)
         except Exception as exc:  # one broken step must not take the server down
             logger.exception("Engine step failed")
             return outputs + self._fail([s for s, _ in sched.scheduled], exc)
@@ -262,6 +274,14 @@ class LLMEngine:
             ),
             error=error,
         )
+
+    def shutdown(self) -> None:
+        """Stop the tensor-parallel workers, if any (idempotent; also runs at exit)."""
+        self.runner.shutdown()
+
+    def check_health(self) -> None:
+        """Raises EngineDeadError when the model's workers are gone."""
+        self.runner.check_health()
 
     # ---- chat and stats ------------------------------------------------------------------------
     def apply_chat_template(

@@ -8,8 +8,18 @@ import torch
 
 from wslm.backend.modeling.llama import AttentionMetadata, LlamaModel
 from wslm.backend.sequence import Sequence
+from wslm.backend.step_inputs import StepInputs, prepare_step
 
 logger = logging.getLogger(__name__)
+
+
+def load_model(source, mc, device: torch.device) -> LlamaModel:
+    """Build the model for mc and load its weights (this rank's shard under tensor parallelism)."""
+    from wslm.backend.model_loader import iter_weights
+
+    model = LlamaModel(mc, device)
+    model.load_weights(iter_weights(source, mc.dtype))
+    return model
 
 
 class ModelRunner:
@@ -19,11 +29,13 @@ class ModelRunner:
         self.device = model.device
         self.block_size = block_size
         self.num_blocks = num_blocks
-        shape = (num_blocks, block_size, self.cfg.num_kv_heads, self.cfg.head_dim)
+        kv_heads = getattr(model, "num_kv_heads", self.cfg.num_kv_heads)  # this rank's, under tensor parallelism
+        shape = (num_blocks, block_size, kv_heads, self.cfg.head_dim)
         # One allocation for the whole pool: [layers, k|v, blocks, block_size, kv_heads, head_dim].
         self.kv_pool = torch.zeros((self.cfg.num_layers, 2, *shape), dtype=self.cfg.dtype, device=self.device)
         self.kv_caches = [(self.kv_pool[i, 0], self.kv_pool[i, 1]) for i in range(self.cfg.num_layers)]
         self.graphs = None  # DecodeGraphs, when CUDA graphs are on
+        self.kv_cache_bytes = self.kv_pool.numel() * self.kv_pool.element_size()
 
     def enable_cuda_graphs(self, max_num_seqs: int, max_model_len: int) -> None:
         from wslm.backend.cuda_graphs import DecodeGraphs
@@ -31,6 +43,12 @@ class ModelRunner:
         graphs = DecodeGraphs(self.model, self.kv_caches, max_num_seqs, max_model_len, self.block_size)
         if graphs.capture():
             self.graphs = graphs
+
+    def shutdown(self) -> None:
+        pass  # one process: nothing to stop
+
+    def check_health(self) -> None:
+        pass
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         if not pairs:
@@ -40,48 +58,32 @@ class ModelRunner:
         self.kv_pool[:, :, dst] = self.kv_pool[:, :, src]
 
     def prepare(self, scheduled: list[tuple[Sequence, int]]):
-        bs = self.block_size
-        input_ids: list[int] = []
-        positions: list[int] = []
-        slots: list[int] = []
-        cu = [0]
-        seq_lens: list[int] = []
-        logits_idx: list[int] = []
-        sampled: list[Sequence] = []
-        max_q = 0
-        for seq, n in scheduled:
-            start = seq.num_computed_tokens
-            end = start + n
-            input_ids.extend(seq.tokens_slice(start, end))
-            positions.extend(range(start, end))
-            table = seq.block_table
-            if n == 1:
-                slots.append(table[start // bs] * bs + start % bs)
-            else:
-                slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
-            cu.append(cu[-1] + n)
-            seq_lens.append(end)
-            max_q = max(max_q, n)
-            if end == seq.num_tokens:  # reached the end of what is known: a new token is due
-                logits_idx.append(cu[-1] - 1)
-                sampled.append(seq)
-        max_blocks = -(-max(seq_lens) // bs)
-        tables = [seq.block_table[:max_blocks] + [0] * (max_blocks - len(seq.block_table)) for seq, _ in scheduled]
+        step, sampled = prepare_step(scheduled, self.block_size)
+        input_ids, positions, meta = self.tensorize(step)
+        return input_ids, positions, meta, sampled
+
+    def tensorize(self, step: StepInputs):
         dev = self.device
 
         def t(values, dtype):
             return torch.tensor(values, dtype=dtype, device=dev)
 
         meta = AttentionMetadata(
-            slot_mapping=t(slots, torch.int64),
-            block_tables=t(tables, torch.int32),
-            cu_seqlens_q=t(cu, torch.int32),
-            seq_lens=t(seq_lens, torch.int32),
-            logits_indices=t(logits_idx, torch.int64),
-            max_seqlen_q=max_q,
-            max_seqlen_k=max(seq_lens),
+            slot_mapping=t(step.slots, torch.int64),
+            block_tables=t(step.block_tables, torch.int32),
+            cu_seqlens_q=t(step.cu_seqlens_q, torch.int32),
+            seq_lens=t(step.seq_lens, torch.int32),
+            logits_indices=t(step.logits_indices, torch.int64),
+            max_seqlen_q=step.max_seqlen_q,
+            max_seqlen_k=max(step.seq_lens),
         )
-        return t(input_ids, torch.int64), t(positions, torch.int64), meta, sampled
+        return t(step.input_ids, torch.int64), t(step.positions, torch.int64), meta
+
+    def execute_step(self, step: StepInputs) -> torch.Tensor | None:
+        """Run prepared host-side inputs (what tensor-parallel workers receive). Logits or None."""
+        input_ids, positions, meta = self.tensorize(step)
+        logits = self.model.forward(input_ids, positions, meta, self.kv_caches)
+        return logits if step.logits_indices else None
 
     def execute(self, scheduled: list[tuple[Sequence, int]]) -> tuple[torch.Tensor | None, list[Sequence]]:
         """Run one step. Returns logits [len(sampled), vocab] for the sequences that get a new token."""

@@ -11,6 +11,18 @@ import torch
 import torch.nn.functional as F
 
 from wslm import kernels
+from wslm.backend.distributed.parallel_state import get_tp_size
+from wslm.backend.distributed.sharding import (
+    local_num_heads,
+    local_num_kv_heads,
+    parallel_lm_head,
+    row_parallel_linear,
+    shard_dim,
+    shard_heads,
+    shard_kv_heads,
+    shard_vocab,
+    vocab_parallel_embedding,
+)
 from wslm.backend.modeling.rotary import build_cos_sin_cache
 
 
@@ -41,8 +53,11 @@ class LlamaModel:
         self.device = device
         self.dtype = cfg.dtype
         self.backend = kernel_backend
-        self.q_size = cfg.num_heads * cfg.head_dim
-        self.kv_size = cfg.num_kv_heads * cfg.head_dim
+        # Under tensor parallelism this rank runs its share of the heads (sharding.py).
+        self.num_heads = local_num_heads(cfg.num_heads)
+        self.num_kv_heads = local_num_kv_heads(cfg.num_kv_heads)
+        self.q_size = self.num_heads * cfg.head_dim
+        self.kv_size = self.num_kv_heads * cfg.head_dim
         self.scale = cfg.head_dim**-0.5
         self.layers = [LlamaLayerWeights() for _ in range(cfg.num_layers)]
         self.embed: torch.Tensor | None = None
@@ -71,7 +86,7 @@ class LlamaModel:
         for name, tensor in weights:
             if "rotary_emb" in name:
                 continue
-            tensor = tensor.to(device=self.device, dtype=self.dtype)
+            tensor = self._shard(name, tensor).to(device=self.device, dtype=self.dtype)
             if name == "model.embed_tokens.weight":
                 self.embed = tensor
             elif name == "model.norm.weight":
@@ -95,6 +110,23 @@ class LlamaModel:
             self.lm_head = self.embed
         self._check_loaded(pending)
 
+    def _shard(self, name: str, t: torch.Tensor) -> torch.Tensor:
+        """This rank's part of a checkpoint tensor (all of it without tensor parallelism)."""
+        if get_tp_size() == 1:
+            return t
+        cfg = self.cfg
+        if name in ("model.embed_tokens.weight", "lm_head.weight"):
+            return shard_vocab(t, cfg.vocab_size)
+        if ".q_proj." in name:
+            return shard_heads(t, cfg.num_heads, cfg.head_dim)
+        if ".k_proj." in name or ".v_proj." in name:
+            return shard_kv_heads(t, cfg.num_kv_heads, cfg.head_dim)
+        if ".gate_proj." in name or ".up_proj." in name:
+            return shard_dim(t, 0)
+        if name.endswith("o_proj.weight") or name.endswith("down_proj.weight"):
+            return shard_dim(t, 1)
+        return t
+
     def _check_loaded(self, pending) -> None:
         missing = [n for n in ("embed", "norm", "lm_head") if getattr(self, n) is None]
         for i, layer in enumerate(self.layers):
@@ -115,7 +147,7 @@ class LlamaModel:
         """Returns logits [num_sampled, vocab] (fp32) for meta.logits_indices."""
         cfg = self.cfg
         be = self.backend
-        hidden = F.embedding(input_ids, self.embed)
+        hidden = vocab_parallel_embedding(input_ids, self.embed)
         residual = None
         num_tokens = hidden.shape[0]
         for layer, (k_cache, v_cache) in zip(self.layers, kv_caches):
@@ -130,21 +162,21 @@ class LlamaModel:
             q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
             # Strided slices of qkv go straight to the kernels (both backends take them): no copies.
             q, k = kernels.rotary_embedding(positions, q, k, self.cos_sin_cache, cfg.head_dim, backend=be)
-            q = q.view(num_tokens, cfg.num_heads, cfg.head_dim)
-            k = k.view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
-            v = v.view(num_tokens, cfg.num_kv_heads, cfg.head_dim)
+            q = q.view(num_tokens, self.num_heads, cfg.head_dim)
+            k = k.view(num_tokens, self.num_kv_heads, cfg.head_dim)
+            v = v.view(num_tokens, self.num_kv_heads, cfg.head_dim)
             kernels.reshape_and_cache(k, v, k_cache, v_cache, meta.slot_mapping, backend=be)
             attn = kernels.paged_attention(
                 q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q, meta.seq_lens, self.scale,
                 backend=be, max_seqlen_q=meta.max_seqlen_q, max_seqlen_k=meta.max_seqlen_k,
             )
-            hidden = F.linear(attn.reshape(num_tokens, self.q_size), layer.o)
+            hidden = row_parallel_linear(attn.reshape(num_tokens, self.q_size), layer.o)
             hidden, residual = kernels.rms_norm(
                 hidden, layer.post_norm, cfg.rms_norm_eps, residual=residual, backend=be
             )
             gate_up = F.linear(hidden, layer.gate_up)
             gate, up = gate_up.chunk(2, dim=-1)
-            hidden = F.linear(F.silu(gate) * up, layer.down)
+            hidden = row_parallel_linear(F.silu(gate) * up, layer.down)
         last = (hidden + residual).index_select(0, meta.logits_indices)
         last = kernels.rms_norm(last, self.norm, cfg.rms_norm_eps, backend=be)
-        return F.linear(last, self.lm_head).float()
+        return parallel_lm_head(last, self.lm_head, cfg.vocab_size).float()

@@ -1,0 +1,86 @@
+"""What the engine needs from a tensor-parallel executor, and the errors it raises. The engine keeps the
+scheduler, block manager and sampler; an executor runs the model's ranks and returns rank 0's logits."""
+
+from __future__ import annotations
+
+import socket
+
+import numpy as np
+import torch
+
+from wslm.backend.sequence import Sequence
+from wslm.backend.step_inputs import prepare_step
+
+
+class EngineDeadError(RuntimeError):
+    """The model's workers are gone: no request can be served any more. The server reports it on /health
+    and exits; LLM raises it."""
+
+
+class WorkerStepError(RuntimeError):
+    """Every rank raised the same way inside one step: that step's requests fail, the engine goes on."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+class TPExecutorBase:
+    """Duck-types the parts of ModelRunner the engine calls: execute, copy_blocks, shutdown."""
+
+    block_size: int
+    num_blocks: int
+    kv_cache_bytes: int  # per rank
+
+    def _call_all(self, method: str, *args) -> list:
+        raise NotImplementedError
+
+    def shutdown(self) -> None:
+        raise NotImplementedError
+
+    def execute(self, scheduled: list[tuple[Sequence, int]]) -> tuple[torch.Tensor | None, list[Sequence]]:
+        step, sampled = prepare_step(scheduled, self.block_size)
+        results = self._call_all("execute_step", step)
+        logits = results[0]
+        if logits is None:
+            return None, sampled
+        return torch.from_numpy(np.asarray(logits)), sampled
+
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        if pairs:
+            self._call_all("copy_blocks", pairs)
+
+    def _start(self, device_names: list[str]) -> None:
+        """The start-up sequence both executors share."""
+        self.pids = self._call_each("init_device", [(d,) for d in device_names])
+        # Rank 0 loads first: a GGUF's first load writes the converted-copy cache that the others then read.
+        self._call_some([0], "load_model")
+        if len(device_names) > 1:
+            self._call_some(list(range(1, len(device_names))), "load_model")
+        self.num_blocks = min(self._call_all("determine_num_blocks"))
+        self.kv_cache_bytes = self._call_all("init_cache", self.num_blocks)[0]
+
+    def _call_each(self, method: str, per_rank_args: list[tuple]) -> list:
+        raise NotImplementedError
+
+    def _call_some(self, ranks: list[int], method: str, *args) -> list:
+        raise NotImplementedError
+
+    def __del__(self) -> None:
+        try:
+            self.shutdown()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def make_executor(config, source, model_config) -> TPExecutorBase:
+    backend = config.distributed_executor_backend or "mp"
+    if backend == "ray":
+        from wslm.backend.distributed.ray_executor import RayExecutor
+
+        return RayExecutor(config, source, model_config)
+    from wslm.backend.distributed.mp_executor import MultiprocExecutor
+
+    return MultiprocExecutor(config, source, model_config)

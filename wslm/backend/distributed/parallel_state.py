@@ -1,0 +1,92 @@
+"""The tensor-parallel group of this process (vLLM's names). A process that never joined a group is rank 0
+of 1, so model code calls these unconditionally and pays nothing when running on one device."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(slots=True)
+class _TPGroup:
+    rank: int = 0
+    size: int = 1
+    backend: str = ""
+
+
+_TP = _TPGroup()
+
+
+def get_tp_rank() -> int:
+    return _TP.rank
+
+
+def get_tp_size() -> int:
+    return _TP.size
+
+
+def init_tensor_parallel(rank: int, size: int, init_method: str, backend: str, timeout_s: float = 600) -> None:
+    """Join the group: gloo on CPU, nccl on CUDA. init_method is a tcp://host:port both ends can reach."""
+    import datetime
+
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        backend=backend, init_method=init_method, rank=rank, world_size=size,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )  # fmt: skip
+    _TP.rank, _TP.size, _TP.backend = rank, size, backend
+
+
+def destroy_tensor_parallel() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    _TP.rank, _TP.size, _TP.backend = 0, 1, ""
+
+
+def tensor_model_parallel_all_reduce(x: torch.Tensor) -> torch.Tensor:
+    """Sum over ranks in place (row-parallel outputs, vocab-parallel embedding)."""
+    if _TP.size == 1:
+        return x
+    import torch.distributed as dist
+
+    dist.all_reduce(x)
+    return x
+
+
+def tensor_model_parallel_all_gather(x: torch.Tensor, dim: int = -1) -> torch.Tensor:
+    """Concatenate every rank's slice along dim (vocab-parallel logits)."""
+    if _TP.size == 1:
+        return x
+    import torch.distributed as dist
+
+    x = x.contiguous()
+    parts = [torch.empty_like(x) for _ in range(_TP.size)]
+    dist.all_gather(parts, x)
+    return torch.cat(parts, dim=dim)
+
+
+def divide(total: int, parts: int, what: str) -> int:
+    if total % parts:
+        raise ValueError(
+            f"tensor_parallel_size={parts} does not divide the model's {what} ({total}). Pick a size that "
+            f"divides {total}."
+        )
+    return total // parts
+
+
+def check_divisible(mc, size: int) -> None:
+    """Fail before any worker starts when the model cannot be split size ways."""
+    divide(mc.num_heads, size, "number of attention heads")
+    kv = mc.num_kv_heads
+    if kv >= size:
+        divide(kv, size, "number of KV heads")
+    elif size % kv:
+        raise ValueError(
+            f"tensor_parallel_size={size} cannot share the model's {kv} KV heads evenly: with fewer KV heads "
+            f"than ranks, the size must be a multiple of {kv}."
+        )
+    divide(mc.intermediate_size, size, "MLP intermediate size")

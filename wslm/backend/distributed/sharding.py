@@ -1,0 +1,99 @@
+"""How weights split across tensor-parallel ranks (Megatron-style, as vLLM does):
+- column-parallel (q/k/v, gate/up): each rank keeps its heads / its slice of the MLP's inner width;
+- row-parallel (o, down): each rank keeps the matching input columns, and the outputs are summed
+  (one all-reduce each);
+- vocab-parallel (embedding, lm_head): each rank keeps a slice of the vocabulary, padded so it divides.
+KV heads are split when there are at least as many as ranks, else replicated (each rank keeps the one its
+query heads read)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from wslm.backend.distributed.parallel_state import (
+    get_tp_rank,
+    get_tp_size,
+    tensor_model_parallel_all_gather,
+    tensor_model_parallel_all_reduce,
+)
+
+
+def local_num_heads(num_heads: int) -> int:
+    return num_heads // get_tp_size()
+
+
+def local_num_kv_heads(num_kv_heads: int) -> int:
+    return max(1, num_kv_heads // get_tp_size())
+
+
+def shard_dim(t: torch.Tensor, dim: int) -> torch.Tensor:
+    """This rank's equal slice along dim (column-parallel: dim 0 of a weight; row-parallel: dim 1)."""
+    size = get_tp_size()
+    if size == 1:
+        return t
+    return t.chunk(size, dim=dim)[get_tp_rank()].contiguous()
+
+
+def shard_heads(t: torch.Tensor, num_heads: int, head_dim: int) -> torch.Tensor:
+    """Rows of a q projection (weight or bias): this rank's query heads."""
+    size, rank = get_tp_size(), get_tp_rank()
+    if size == 1:
+        return t
+    per = num_heads // size
+    return t[rank * per * head_dim : (rank + 1) * per * head_dim].contiguous()
+
+
+def shard_kv_heads(t: torch.Tensor, num_kv_heads: int, head_dim: int) -> torch.Tensor:
+    """Rows of a k or v projection: this rank's KV heads, or the one replicated KV head its queries use."""
+    size, rank = get_tp_size(), get_tp_rank()
+    if size == 1:
+        return t
+    if num_kv_heads >= size:
+        per = num_kv_heads // size
+        first = rank * per
+    else:
+        per, first = 1, rank * num_kv_heads // size
+    return t[first * head_dim : (first + per) * head_dim].contiguous()
+
+
+def vocab_shard_size(vocab_size: int) -> int:
+    return -(-vocab_size // get_tp_size())
+
+
+def shard_vocab(t: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Rows [rank * per, (rank + 1) * per) of an embedding or lm_head, zero-padded past the vocabulary."""
+    size, rank = get_tp_size(), get_tp_rank()
+    if size == 1:
+        return t
+    per = vocab_shard_size(vocab_size)
+    part = t[rank * per : min((rank + 1) * per, vocab_size)]
+    if part.shape[0] < per:
+        part = torch.cat([part, part.new_zeros(per - part.shape[0], *part.shape[1:])])
+    return part.contiguous()
+
+
+def vocab_parallel_embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    if get_tp_size() == 1:
+        return F.embedding(ids, weight)
+    per = weight.shape[0]
+    local = ids - get_tp_rank() * per
+    outside = (local < 0) | (local >= per)
+    out = F.embedding(local.masked_fill(outside, 0), weight)
+    out.masked_fill_(outside.unsqueeze(-1), 0.0)
+    return tensor_model_parallel_all_reduce(out)
+
+
+def parallel_lm_head(hidden: torch.Tensor, weight: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Logits over the whole vocabulary on every rank: each computes its slice, then they gather."""
+    logits = F.linear(hidden, weight)
+    if get_tp_size() == 1:
+        return logits
+    return tensor_model_parallel_all_gather(logits, dim=-1)[..., :vocab_size]
+
+
+def row_parallel_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """o / down projections: partial sums on each rank, summed by one all-reduce (bias added once)."""
+    out = F.linear(x, weight)
+    out = tensor_model_parallel_all_reduce(out)
+    return out if bias is None else out + bias
