@@ -14,9 +14,9 @@ from wslm.backend.block_manager import BlockManager
 from wslm.backend.chat import read_template, render_chat
 from wslm.backend.config import EngineConfig
 from wslm.backend.cpu_tuning import tune_allocator
+from wslm.backend.distributed.executor import EngineDeadError
 from wslm.backend.kv_cache import determine_num_blocks
 from wslm.backend.model_loader import load_model_config, load_tokenizer, resolve_model
-from wslm.backend.distributed.executor import EngineDeadError
 from wslm.backend.model_runner import ModelRunner, load_model
 from wslm.backend.output_processor import OutputProcessor
 from wslm.backend.outputs import CompletionOutput, RequestMetrics, RequestOutput
