@@ -29,7 +29,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--kv-cache-memory", default=None, help="KV-cache size: bytes, or like 4GiB / 512MiB")
     p.add_argument("--dtype", default="auto", help="auto, float32, float16 or bfloat16")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1, help="only 1 is supported for now")
+    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
+                   help="split the model over N GPUs (or N CPU processes) with torch.distributed")
+    p.add_argument("--distributed-executor-backend", choices=["mp", "ray"], default=None,
+                   help="mp: one process per rank on this machine (default); ray: ranks on a Ray cluster")
     p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
                    help="reuse the KV cache of shared prompt prefixes (default: on)")
     p.add_argument("--chat-template", default=None, help="a Jinja chat template, or a path to one")

@@ -46,19 +46,19 @@ class TPExecutorBase:
         logits = results[0]
         if logits is None:
             return None, sampled
-        return torch.from_numpy(np.asarray(logits)), sampled
+        return torch.from_numpy(np.require(logits, requirements="W")), sampled  # Ray hands read-only arrays
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         if pairs:
             self._call_all("copy_blocks", pairs)
 
-    def _start(self, device_names: list[str]) -> None:
-        """The start-up sequence both executors share."""
-        self.pids = self._call_each("init_device", [(d,) for d in device_names])
+    def _start(self, init_args: list[tuple]) -> None:
+        """The start-up sequence both executors share; init_args: Worker.init_device's, per rank."""
+        self.pids = self._call_each("init_device", init_args)
         # Rank 0 loads first: a GGUF's first load writes the converted-copy cache that the others then read.
         self._call_some([0], "load_model")
-        if len(device_names) > 1:
-            self._call_some(list(range(1, len(device_names))), "load_model")
+        if len(init_args) > 1:
+            self._call_some(list(range(1, len(init_args))), "load_model")
         self.num_blocks = min(self._call_all("determine_num_blocks"))
         self.kv_cache_bytes = self._call_all("init_cache", self.num_blocks)[0]
 

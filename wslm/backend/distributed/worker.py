@@ -32,7 +32,24 @@ class Worker:
         self.runner = None
 
     # ---- start-up, in the order the executor calls them --------------------------------------
-    def init_device(self, device: str) -> int:
+    def node_address(self) -> tuple[str, int]:
+        """Where rank 0 can be reached for the process group (Ray: the node it was placed on)."""
+        import socket
+
+        from wslm.backend.distributed.executor import free_port
+
+        host = socket.gethostbyname(socket.gethostname())
+        try:
+            import ray
+
+            host = ray.util.get_node_ip_address()
+        except Exception:  # noqa: BLE001 — no Ray: this machine
+            pass
+        return host, free_port("0.0.0.0")
+
+    def init_device(self, device: str, init_method: str | None = None) -> int:
+        if init_method:
+            self.init_method = init_method
         self.device = torch.device(device)
         if self.device.type == "cuda":
             self.device = torch.device("cuda", self.device.index if self.device.index is not None else 0)

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from wslm.backend.distributed.executor import EngineDeadError  # noqa: E402
 from wslm.backend.outputs import RequestOutput
 from wslm.backend.sampling_params import SamplingParams
 from wslm.backend.server.metrics import ServerMetrics
@@ -94,6 +95,12 @@ class AsyncEngine:
         self._post(_Stop())
         if self._thread is not None:
             self._thread.join(timeout)
+        shutdown = getattr(self.engine, "shutdown", None)
+        if shutdown is not None:  # tensor-parallel workers: stopped with the server, never orphaned
+            try:
+                shutdown()
+            except Exception:  # noqa: BLE001
+                log.exception("Stopping the engine's workers failed")
 
     @property
     def alive(self) -> bool:
@@ -199,6 +206,8 @@ class AsyncEngine:
     def _step(self, deliveries: list) -> None:
         try:
             outputs: list[RequestOutput] = self.engine.step()
+        except EngineDeadError:
+            raise  # the model's workers are gone: the loop ends, /health turns 503
         except Exception as exc:  # noqa: BLE001 - fail this step's requests, keep serving the next ones
             log.exception("engine.step() failed; failing the requests in flight")
             message = f"The engine failed while running this request ({type(exc).__name__}: {exc})."

@@ -100,6 +100,7 @@ def engine_config(args: Namespace):
         dtype=args.dtype,
         chat_template=args.chat_template,
         tensor_parallel_size=args.tensor_parallel_size,
+        distributed_executor_backend=getattr(args, "distributed_executor_backend", None),
         kv_cache_memory=parse_size(args.kv_cache_memory),
         device=args.device,
         seed=args.seed,
