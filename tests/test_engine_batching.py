@@ -111,10 +111,19 @@ def test_bad_requests_raise_and_engine_keeps_serving(demo_llm):
         engine.add_request("bad1", "", SamplingParams())
     with pytest.raises(ValueError, match="maximum context length is 2048"):
         engine.add_request("bad2", {"prompt_token_ids": [1] * 2048}, SamplingParams())
-    with pytest.raises(ValueError, match=r"2100 tokens \(100 in the prompt, 2000 for the completion\)"):
+    with pytest.raises(ValueError, match=r"2100 tokens \(100 in the prompt, 2000 in the completion\)"):
         engine.add_request("bad3", {"prompt_token_ids": [1] * 100}, SamplingParams(max_tokens=2000))
-    with pytest.raises(ValueError, match="token ids must be integers"):
+    with pytest.raises(ValueError, match="out of range"):
         engine.add_request("bad4", [10**9], SamplingParams())
+    # Limits (validation.py, shared with the server): n against max_num_seqs (32 here), the KV pool, stops.
+    with pytest.raises(ValueError, match="n must be at most 32"):
+        engine.add_request("bad5", "Hello", SamplingParams(n=33))
+    pool = engine.block_manager.num_blocks * engine.block_manager.block_size
+    with pytest.raises(ValueError, match="can never fit the KV cache") as exc:
+        engine.add_request("bad6", "Hello", SamplingParams(n=32, max_tokens=pool // 16))
+    assert exc.value.param == "n" and exc.value.code == "kv_cache_exceeded"
+    with pytest.raises(ValueError, match="--max-stop-strings"):
+        engine.add_request("bad7", "Hello", SamplingParams(stop=[str(i) for i in range(65)]))
     with pytest.raises(ValueError, match="temperature"):
         SamplingParams(temperature=-1)
     with pytest.raises(ValueError, match="top_p"):

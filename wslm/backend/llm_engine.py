@@ -24,7 +24,7 @@ from wslm.backend.sampler import Sampler
 from wslm.backend.sampling_params import SamplingParams
 from wslm.backend.scheduler import Scheduler
 from wslm.backend.sequence import Sequence
-from wslm.backend.validation import validate_prompt
+from wslm.backend.validation import RequestLimits, validate_prompt
 
 logger = logging.getLogger("wslm.engine")
 
@@ -75,6 +75,8 @@ class LLMEngine:
         self.max_model_len = mc.max_model_len
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.block_manager)
+        # What one request may ask for; the server swaps in its own stop-list limits (its flags).
+        self.limits = RequestLimits(mc.max_model_len, mc.vocab_size, config.max_num_seqs, num_blocks, config.block_size)
         if config.tensor_parallel_size == 1:
             self.runner = ModelRunner(model, config.block_size, num_blocks)
         if self.device.type == "cuda" and not config.enforce_eager and config.tensor_parallel_size == 1:
@@ -136,7 +138,7 @@ class LLMEngine:
         params = params.clone() if params is not None else SamplingParams()
         if request_id in self.requests:
             raise ValueError(f"Request id {request_id!r} is already in use.")
-        text, ids = validate_prompt(prompt, params, self.tokenizer, self.max_model_len, self.model_config.vocab_size)
+        text, ids = validate_prompt(prompt, params, self.tokenizer, self.limits)
         arrival = time.monotonic() if arrival_time is None else arrival_time
         seqs = []
         for i in range(params.n):

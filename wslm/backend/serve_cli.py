@@ -39,6 +39,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="random seed")
     p.add_argument("--shutdown-timeout", type=float, default=5.0,
                    help="seconds running requests get to finish after SIGTERM/SIGINT (default 5)")
+    p.add_argument("--max-request-body-bytes", type=int, default=None,
+                   help="largest request body accepted, in bytes (default 8 MiB; larger: 413)")
+    p.add_argument("--max-json-depth", type=int, default=None,
+                   help="deepest nesting of arrays/objects in a request body (default 64; deeper: 400)")
+    p.add_argument("--max-stop-strings", type=int, default=None,
+                   help="most `stop` strings in one request (default 64)")
+    p.add_argument("--max-stop-string-length", type=int, default=None,
+                   help="longest `stop` string, in characters (default 512)")
     p.add_argument("--uvicorn-log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug", "trace"], help="uvicorn's log level")
     p.set_defaults(func=_serve)

@@ -18,8 +18,9 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from wslm import __version__
-from wslm.backend.server import serving_chat, serving_completion, serving_tokens
+from wslm.backend.server import http_limits, serving_chat, serving_completion, serving_tokens
 from wslm.backend.server.errors import APIError, http_status_error, internal_error
+from wslm.backend.server.http_limits import BodySizeLimitMiddleware
 from wslm.backend.server.serving_base import ServerState
 
 log = logging.getLogger("wslm.server")
@@ -70,7 +71,9 @@ def build_app(state: ServerState) -> FastAPI:
     async def _api_error(request: Request, exc: APIError) -> Response:
         return exc.response()
 
-    if state.api_key:
+    http_limits.current = state.http_limits
+    app.add_middleware(BodySizeLimitMiddleware, max_bytes=state.http_limits.max_request_body_bytes)
+    if state.api_key:  # outside the body limit: a client without the key is refused before any reading
         app.add_middleware(APIKeyMiddleware, api_key=state.api_key)
     # Outermost, so that 401s carry CORS headers too; open to any origin as vLLM's default (browser UIs).
     app.add_middleware(CORSMiddleware, allow_origins=["*"], allow_methods=["*"], allow_headers=["*"])

@@ -185,6 +185,7 @@ def run(args: Namespace) -> int:
             raise StartupError(f"--port must be in 0..65535, got {args.port}.")
         if args.shutdown_timeout < 0:
             raise StartupError(f"--shutdown-timeout must not be negative, got {args.shutdown_timeout}.")
+        check_limit_flags(args)
         config = engine_config(args)
         sock = bind(args.host, args.port)
         engine = load_engine(config)
@@ -196,11 +197,31 @@ def run(args: Namespace) -> int:
     return _serve(args, engine, sock)
 
 
+def request_limits(args: Namespace, engine: Any):
+    """The engine's per-request limits with the server's stop-list flags; the engine checks with the same."""
+    import dataclasses
+
+    limits = getattr(engine, "limits", None)
+    if limits is None:
+        return None
+    changes = {k: v for k in ("max_stop_strings", "max_stop_string_length") if (v := getattr(args, k, None)) is not None}
+    engine.limits = dataclasses.replace(limits, **changes)
+    return engine.limits
+
+
+def check_limit_flags(args: Namespace) -> None:
+    for flag in ("max_request_body_bytes", "max_json_depth", "max_stop_strings", "max_stop_string_length"):
+        value = getattr(args, flag, None)
+        if value is not None and value < 1:
+            raise StartupError(f"--{flag.replace('_', '-')} must be at least 1, got {value}.")
+
+
 def _serve(args: Namespace, engine: Any, sock: socket.socket) -> int:
     import uvicorn
 
     from wslm.backend.server.app import build_app
     from wslm.backend.server.async_engine import AsyncEngine
+    from wslm.backend.server.http_limits import HTTPLimits
     from wslm.backend.server.metrics import ServerMetrics
     from wslm.backend.server.serving_base import ServerState
 
@@ -218,6 +239,9 @@ def _serve(args: Namespace, engine: Any, sock: socket.socket) -> int:
         metrics=metrics,
         aliases={model_name, args.model} - set(names),
         vocab_size=getattr(engine.model_config, "vocab_size", None),
+        limits=request_limits(args, engine),
+        http_limits=HTTPLimits(**{k: v for k, v in (("max_request_body_bytes", args.max_request_body_bytes),
+                                                    ("max_json_depth", args.max_json_depth)) if v is not None}),
     )
     app = build_app(state)
     host, port = sock.getsockname()[:2]

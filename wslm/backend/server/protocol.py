@@ -10,14 +10,16 @@ from __future__ import annotations
 import json
 from typing import Any, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from wslm.backend.sampling_params import SamplingParams
 from wslm.backend.server.errors import APIError, bad_request
+from wslm.backend.server.http_limits import load_json
 
 
 class _Request(BaseModel):
-    model_config = ConfigDict(extra="ignore", protected_namespaces=())
+    # strict: "stream": "yes" or "n": "2" is a 400, not a guess (JSON ints still fill float fields).
+    model_config = ConfigDict(extra="ignore", protected_namespaces=(), strict=True)
 
 
 class StreamOptions(_Request):
@@ -28,6 +30,12 @@ class StreamOptions(_Request):
 class ContentPart(_Request):
     type: str = "text"
     text: str | None = None
+
+    @model_validator(mode="after")
+    def _text_needs_text(self) -> ContentPart:
+        if self.type in ("text", "input_text") and self.text is None:
+            raise ValueError(f"a content part of type {self.type!r} needs a `text` string")
+        return self
 
 
 class ChatMessage(_Request):
@@ -218,10 +226,7 @@ def parse_body(raw: bytes, model: type[_Request]) -> Any:
     """Parse a JSON body into a request model; every problem is a 400 in OpenAI's shape (never a 422)."""
     if not raw.strip():
         raise bad_request("The request body is empty: send a JSON object.")
-    try:
-        data = json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise bad_request(f"The request body is not valid JSON: {exc}.") from exc
+    data = load_json(raw)
     if not isinstance(data, dict):
         raise bad_request(f"The request body must be a JSON object, got {type(data).__name__}.")
     try:

@@ -7,7 +7,8 @@ import asyncio
 import json
 import logging
 import math
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -15,10 +16,13 @@ from starlette.requests import Request
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
+from wslm.backend import validation
 from wslm.backend.outputs import Logprob
 from wslm.backend.server.async_engine import Aborted, AsyncEngine, EngineFailure, RequestGroup
 from wslm.backend.server.errors import APIError, bad_request, internal_error
+from wslm.backend.server.http_limits import HTTPLimits
 from wslm.backend.server.metrics import ServerMetrics
+from wslm.backend.validation import RequestLimits
 
 
 @dataclass
@@ -34,6 +38,8 @@ class ServerState:
     metrics: ServerMetrics | None = None
     aliases: set[str] = field(default_factory=set)  # other accepted names (the resolved model id/path)
     vocab_size: int | None = None  # the model's (may exceed len(tokenizer))
+    limits: RequestLimits | None = None  # None: from max_model_len and vocab_size (a stand-in engine)
+    http_limits: HTTPLimits = field(default_factory=HTTPLimits)
 
     @property
     def model_name(self) -> str:
@@ -60,31 +66,31 @@ class ServerState:
             raise APIError(f"The engine loop is not running ({self.engine.dead or 'not started'}); restart "
                            "`wslm serve` (its log on stderr says what stopped it).", 503)
 
+    def __post_init__(self) -> None:
+        if self.limits is None:
+            self.limits = RequestLimits(self.max_model_len, self.vocab_size or len(self.tokenizer))
+
     def check_length(self, prompt_len: int, max_tokens: int | None, what: str) -> None:
-        """vLLM's context-overflow messages, with the token counts."""
-        limit = self.max_model_len
-        if prompt_len >= limit:
-            raise bad_request(
-                f"This model's maximum context length is {limit} tokens. However, your request has "
-                f"{prompt_len} input tokens. Please reduce the length of the input {what}.",
-                param=what,
-                code="context_length_exceeded",
-            )
-        if max_tokens is not None and prompt_len + max_tokens > limit:
-            raise bad_request(
-                f"This model's maximum context length is {limit} tokens. However, you requested "
-                f"{prompt_len + max_tokens} tokens ({prompt_len} in the {what}, {max_tokens} in the completion). "
-                f"Please reduce the length of the {what} or completion.",
-                param="max_tokens",
-                code="context_length_exceeded",
-            )
+        with as_bad_request():
+            validation.check_length(prompt_len, max_tokens, self.max_model_len, what)
 
     def check_token_ids(self, ids: list[int], param: str) -> None:
-        vocab = self.vocab_size or len(self.tokenizer)
-        bad = next((t for t in ids if not 0 <= t < vocab), None)
-        if bad is not None:
-            raise bad_request(f"Token id {bad} is out of range: this model's vocabulary has {vocab} tokens.",
-                              param=param)
+        with as_bad_request():
+            validation.check_token_ids(ids, self.limits.vocab_size, param)
+
+    def check_request(self, prompt_ids: list[int], params: Any, what: str) -> None:
+        """The engine's own checks (validation.py), run before queueing so that the 400 comes at once."""
+        with as_bad_request():
+            validation.check_request(prompt_ids, params, self.limits, what)
+
+
+@contextmanager
+def as_bad_request() -> Iterator[None]:
+    """validation.py's RequestError (or any ValueError) as a 400 carrying its param and code."""
+    try:
+        yield
+    except ValueError as exc:
+        raise bad_request(str(exc), param=getattr(exc, "param", None), code=getattr(exc, "code", None)) from exc
 
 
 def check_unsupported(found: list[tuple[str, str]]) -> None:
@@ -305,10 +311,8 @@ async def collect(group: Any, tracker: Tracker) -> dict[tuple[int, int], Result]
 async def start_group(engine: Any, response_id: str, prompts: list[list[int]], params: Any) -> RequestGroup:
     """Queue every (prompt, n) completion of one API request; a request the engine refuses is a 400."""
     group = RequestGroup(engine, response_id)
-    try:
+    with as_bad_request():
         await group.start(prompts, params)
-    except ValueError as exc:
-        raise bad_request(str(exc)) from exc
     return group
 
 

@@ -83,8 +83,8 @@ async def create_chat_completion(state: ServerState, request: Request) -> Respon
         raise bad_request(f"The chat template could not render these messages: {type(exc).__name__}: {exc}",
                           param="messages") from exc
     prompt_ids = list(prompt_ids)
-    state.check_length(len(prompt_ids), max_tokens, "messages")
     params = req.sampling_params(max_tokens, top_n)
+    state.check_request(prompt_ids, params, "messages")
 
     response_id = f"chatcmpl-{uuid.uuid4().hex}"
     group = await start_group(state.engine, response_id, [prompt_ids], params)

@@ -38,6 +38,7 @@ async def create_completion(state: ServerState, request: Request) -> Response:
     check_max_tokens(req.max_tokens, "max_tokens")
     if req.logprobs is not None and not 0 <= req.logprobs <= 20:
         raise bad_request(f"logprobs must be in [0, 20], got {req.logprobs}.", param="logprobs")
+    params = req.sampling_params(req.max_tokens, req.logprobs)
     prompts_ids: list[list[int]] = []
     prompt_texts: list[str] = []
     for p in req.prompts():
@@ -50,10 +51,9 @@ async def create_completion(state: ServerState, request: Request) -> Response:
             ids = list(p)
             state.check_token_ids(ids, "prompt")
             text = state.tokenizer.decode(ids) if req.echo else ""
-        state.check_length(len(ids), req.max_tokens, "prompt")
+        state.check_request(ids, params, "prompt")
         prompts_ids.append(ids)
         prompt_texts.append(text)
-    params = req.sampling_params(req.max_tokens, req.logprobs)
 
     response_id = f"cmpl-{uuid.uuid4().hex}"
     group = await start_group(state.engine, response_id, prompts_ids, params)
