@@ -241,3 +241,21 @@ def test_cli_json_and_text(tmp_path):
             and "[warn] libcuda" in human.stdout
             and "fix: In an administrator" in human.stdout
         )
+
+
+def test_two_gpus_offer_tensor_parallel_sizes(tmp_path):
+    two = SMI_OK + SMI_OK  # nvidia-smi prints one CSV line per GPU
+    root = fake_machine(tmp_path, libcuda="link", smi=(two, 0))
+    gpu = by_name(run_checks(probe(tmp_path, root, WSL_DISTRO_NAME="Ubuntu")))["gpu"]
+    assert gpu.data["gpu_count"] == 2 and gpu.data["tensor_parallel_sizes"] == [1, 2]
+    assert "--tensor-parallel-size up to 2" in gpu.detail
+
+
+def test_tensor_parallel_sizes_follow_the_model():
+    from wslm.backend.distributed.sizes import tensor_parallel_sizes
+
+    assert tensor_parallel_sizes(4) == [1, 2, 3, 4]
+    assert tensor_parallel_sizes(4, num_heads=32, num_kv_heads=8) == [1, 2, 4]
+    assert tensor_parallel_sizes(4, num_heads=9, num_kv_heads=3) == [1, 3]  # the demo model
+    assert tensor_parallel_sizes(8, num_heads=32, num_kv_heads=2) == [1, 2, 4, 8]  # KV heads replicated
+    assert tensor_parallel_sizes(0) == [1]

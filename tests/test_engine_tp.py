@@ -142,8 +142,9 @@ def test_serve_tp2_answers_the_openai_client_and_stops_every_worker(tiny_models)
     srv = ServerProcess("--port", "0", "--model", str(tiny_models["llama"]), "--tensor-parallel-size", "2",
                         "--dtype", "float32", *SMALL[:2], "--max-model-len", "256")  # fmt: skip
     try:
-        workers = psutil.Process(srv.proc.pid).children(recursive=True)
-        assert len([w for w in workers if "resource_tracker" not in " ".join(w.cmdline())]) == 2
+        workers = [w for w in psutil.Process(srv.proc.pid).children(recursive=True)
+                   if "resource_tracker" not in " ".join(w.cmdline())]  # fmt: skip
+        assert len(workers) == 2
         client = openai.OpenAI(base_url=srv.base_url, api_key="unused", max_retries=0, timeout=120)
         model = client.models.list().data[0].id
         out = client.completions.create(model=model, prompt=PROMPTS[0], max_tokens=16, temperature=0)
@@ -153,4 +154,5 @@ def test_serve_tp2_answers_the_openai_client_and_stops_every_worker(tiny_models)
         assert streamed == out.choices[0].text and out.usage.completion_tokens > 0
     finally:
         assert srv.stop() == 0, srv.stderr()[-3000:]
-    assert not any(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers)
+    _, alive = psutil.wait_procs(workers, timeout=10)
+    assert not alive

@@ -223,10 +223,11 @@ def check_gpu(probe: Probe, t: dict, exe: str | None, smi: list[dict] | None, sm
         ]
         gpus = [{"name": g["name"], "total_bytes": (g["total_mib"] or 0) * 2**20,
                  "used_bytes": (g["used_mib"] or 0) * 2**20, "driver": g["driver"]} for g in smi]  # fmt: skip
-        return Check("gpu", OK, "; ".join(parts) + f" [{exe}]", data={"gpus": gpus, "source": exe})
+        return Check("gpu", OK, "; ".join(parts) + f" [{exe}]" + _tp_hint(len(gpus)), data=_gpu_data(gpus, exe))
     if t.get("gpus"):
         parts = [f"{g['name']}, {g['total_bytes'] // 2**20} MiB" for g in t["gpus"]]
-        return Check("gpu", OK, "; ".join(parts) + " (torch)", data={"gpus": t["gpus"], "source": "torch"})
+        return Check("gpu", OK, "; ".join(parts) + " (torch)" + _tp_hint(len(t["gpus"])),
+                     data=_gpu_data(t["gpus"], "torch"))  # fmt: skip
     if exe and smi_error:
         fix = ("In PowerShell: wsl --shutdown, then reopen the distro. If it persists: " + WINDOWS_DRIVER) if wsl else (
             "Reinstall the NVIDIA driver (sudo ubuntu-drivers install) and reboot"
@@ -239,6 +240,19 @@ def check_gpu(probe: Probe, t: dict, exe: str | None, smi: list[dict] | None, sm
     return Check(
         "gpu", WARN, "no NVIDIA GPU found (nvidia-smi is not installed): models run on the CPU", None
     )
+
+
+def _gpu_data(gpus: list[dict], source: str | None) -> dict:
+    from wslm.backend.distributed.sizes import tensor_parallel_sizes
+
+    return {"gpus": gpus, "source": source, "gpu_count": len(gpus),
+            "tensor_parallel_sizes": tensor_parallel_sizes(len(gpus))}  # fmt: skip
+
+
+def _tp_hint(count: int) -> str:
+    if count < 2:
+        return ""
+    return f". {count} GPUs: a model too big for one can be split with --tensor-parallel-size up to {count}"
 
 
 def check_libcuda(probe: Probe) -> Check | None:

@@ -13,6 +13,9 @@ class _TPGroup:
     rank: int = 0
     size: int = 1
     backend: str = ""
+    profile: bool = False  # bench/tp.py: time the collectives (synchronizing, so only when asked)
+    comm_s: float = 0.0
+    comm_calls: int = 0
 
 
 _TP = _TPGroup()
@@ -53,7 +56,11 @@ def tensor_model_parallel_all_reduce(x: torch.Tensor) -> torch.Tensor:
         return x
     import torch.distributed as dist
 
-    dist.all_reduce(x)
+    if not _TP.profile:
+        dist.all_reduce(x)
+        return x
+    with _timed():
+        dist.all_reduce(x)
     return x
 
 
@@ -65,8 +72,38 @@ def tensor_model_parallel_all_gather(x: torch.Tensor, dim: int = -1) -> torch.Te
 
     x = x.contiguous()
     parts = [torch.empty_like(x) for _ in range(_TP.size)]
-    dist.all_gather(parts, x)
+    if _TP.profile:
+        with _timed():
+            dist.all_gather(parts, x)
+    else:
+        dist.all_gather(parts, x)
     return torch.cat(parts, dim=dim)
+
+
+class _timed:
+    def __enter__(self):
+        import time
+
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        self.t = time.perf_counter()
+
+    def __exit__(self, *exc):
+        import time
+
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+        _TP.comm_s += time.perf_counter() - self.t
+        _TP.comm_calls += 1
+
+
+def comm_profile(enable: bool | None = None) -> tuple[float, int]:
+    """(seconds, calls) spent in collectives since the last call; enable turns the timing on or off."""
+    out = (_TP.comm_s, _TP.comm_calls)
+    _TP.comm_s, _TP.comm_calls = 0.0, 0
+    if enable is not None:
+        _TP.profile = enable
+    return out
 
 
 def divide(total: int, parts: int, what: str) -> int:

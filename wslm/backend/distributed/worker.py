@@ -93,6 +93,11 @@ class Worker:
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         self.runner.copy_blocks(pairs)
 
+    def comm_profile(self, enable: bool | None = None) -> tuple[float, int]:
+        from wslm.backend.distributed.parallel_state import comm_profile
+
+        return comm_profile(enable)
+
     def ping(self) -> int:
         return self.rank
 
