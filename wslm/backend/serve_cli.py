@@ -39,6 +39,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--seed", type=int, default=0, help="random seed")
     p.add_argument("--shutdown-timeout", type=float, default=5.0,
                    help="seconds running requests get to finish after SIGTERM/SIGINT (default 5)")
+    p.add_argument("--allowed-origins", default=None,
+                   help="browser origins allowed besides this machine's, as a JSON list (vLLM's form) or commas; "
+                        "'[\"*\"]' allows any web page (default: loopback pages only)")
+    p.add_argument("--allowed-hosts", default=None,
+                   help="Host header names accepted besides localhost when listening on loopback (e.g. behind a "
+                        "proxy); '*' turns the check off")
     p.add_argument("--max-request-body-bytes", type=int, default=None,
                    help="largest request body accepted, in bytes (default 8 MiB; larger: 413)")
     p.add_argument("--max-json-depth", type=int, default=None,

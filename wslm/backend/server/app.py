@@ -18,7 +18,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from wslm import __version__
-from wslm.backend.server import http_limits, serving_chat, serving_completion, serving_tokens
+from wslm.backend.server import http_limits, security, serving_chat, serving_completion, serving_tokens
 from wslm.backend.server.errors import APIError, http_status_error, internal_error
 from wslm.backend.server.http_limits import BodySizeLimitMiddleware
 from wslm.backend.server.serving_base import ServerState
@@ -75,8 +75,14 @@ def build_app(state: ServerState) -> FastAPI:
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=state.http_limits.max_request_body_bytes)
     if state.api_key:  # outside the body limit: a client without the key is refused before any reading
         app.add_middleware(APIKeyMiddleware, api_key=state.api_key)
-    # Outermost, so that 401s carry CORS headers too; open to any origin as vLLM's default (browser UIs).
-    app.add_middleware(CORSMiddleware, allow_origins=["*"], allow_methods=["*"], allow_headers=["*"])
+    # Outside the key check, so that 401s carry CORS headers too. Loopback pages and --allowed-origins only:
+    # any other web page is refused by OriginCheckMiddleware (security.py says why).
+    origins = state.allowed_origins or []
+    app.add_middleware(CORSMiddleware, allow_origins=origins, allow_origin_regex=security.LOOPBACK_ORIGIN_PATTERN,
+                       allow_methods=["*"], allow_headers=["*"])
+    app.add_middleware(security.OriginCheckMiddleware, allowed_origins=origins)
+    if state.bound_host is not None and security.is_loopback(state.bound_host):
+        app.add_middleware(security.HostCheckMiddleware, allowed_hosts=state.allowed_hosts)
     return app
 
 

@@ -210,6 +210,13 @@ def request_limits(args: Namespace, engine: Any):
 
 
 def check_limit_flags(args: Namespace) -> None:
+    from wslm.backend.server.security import parse_list
+
+    try:
+        args.allowed_origins_list = parse_list(getattr(args, "allowed_origins", None), "--allowed-origins")
+        args.allowed_hosts_list = parse_list(getattr(args, "allowed_hosts", None), "--allowed-hosts")
+    except ValueError as exc:
+        raise StartupError(str(exc)) from exc
     for flag in ("max_request_body_bytes", "max_json_depth", "max_stop_strings", "max_stop_string_length"):
         value = getattr(args, flag, None)
         if value is not None and value < 1:
@@ -219,6 +226,7 @@ def check_limit_flags(args: Namespace) -> None:
 def _serve(args: Namespace, engine: Any, sock: socket.socket) -> int:
     import uvicorn
 
+    from wslm.backend.server import security
     from wslm.backend.server.app import build_app
     from wslm.backend.server.async_engine import AsyncEngine
     from wslm.backend.server.http_limits import HTTPLimits
@@ -240,6 +248,9 @@ def _serve(args: Namespace, engine: Any, sock: socket.socket) -> int:
         aliases={model_name, args.model} - set(names),
         vocab_size=getattr(engine.model_config, "vocab_size", None),
         limits=request_limits(args, engine),
+        allowed_origins=args.allowed_origins_list,
+        allowed_hosts=args.allowed_hosts_list,
+        bound_host=sock.getsockname()[0],
         http_limits=HTTPLimits(**{k: v for k, v in (("max_request_body_bytes", args.max_request_body_bytes),
                                                     ("max_json_depth", args.max_json_depth)) if v is not None}),
     )
@@ -248,10 +259,15 @@ def _serve(args: Namespace, engine: Any, sock: socket.socket) -> int:
     shown_host = f"[{host}]" if ":" in host else host
     url = f"http://{shown_host}:{port}"
 
+    warning = security.exposure_warning(host, api_key)
+
     def on_ready() -> None:
         log.info("wslm serving %s at %s/v1%s", names[0], url, " (API key required)" if api_key else "")
+        if warning:
+            log.warning("%s\n%s\n%s", "!" * 100, "WARNING: " + warning, "!" * 100)
+        extra = {"warning": warning} if warning else {}
         emit("ready", url=url, host=host, port=port, model=names[0], pid=os.getpid(),
-             max_model_len=state.max_model_len)
+             max_model_len=state.max_model_len, api_key_required=bool(api_key), **extra)
 
     def on_signal() -> None:
         state.engine.begin_drain(args.shutdown_timeout)

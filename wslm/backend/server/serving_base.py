@@ -40,6 +40,9 @@ class ServerState:
     vocab_size: int | None = None  # the model's (may exceed len(tokenizer))
     limits: RequestLimits | None = None  # None: from max_model_len and vocab_size (a stand-in engine)
     http_limits: HTTPLimits = field(default_factory=HTTPLimits)
+    allowed_origins: list[str] | None = None  # browser origins besides loopback ones (["*"]: any)
+    allowed_hosts: list[str] | None = None  # Host names besides loopback ones, when bound to loopback
+    bound_host: str | None = None  # the address listened on (loopback: the Host header is checked)
 
     @property
     def model_name(self) -> str:
