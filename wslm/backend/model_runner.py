@@ -92,4 +92,4 @@ class ModelRunner:
         if self.graphs is not None and is_decode and self.graphs.can_run(len(scheduled)):
             return self.graphs.run(input_ids, positions, meta), sampled
         logits = self.model.forward(input_ids, positions, meta, self.kv_caches)
-        return (logits if sampled else None), sampled
+        return (logits if meta.logits_indices.numel() else None), sampled

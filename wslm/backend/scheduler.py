@@ -70,7 +70,8 @@ class Scheduler:
         now = time.monotonic()
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not out.preempted:
             seq = self.waiting[0]
-            computed = bm.get_computed_blocks(seq)
+            # prompt_logprobs need the logits of every prompt position: no prefix-cache hit (as in vLLM).
+            computed = bm.get_computed_blocks(seq) if seq.params.prompt_logprobs is None else []
             num_cached = len(computed) * bm.block_size
             num_new = min(seq.num_tokens - num_cached, budget)
             if not bm.allocate_slots(seq, num_new, computed):

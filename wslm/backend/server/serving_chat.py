@@ -14,6 +14,7 @@ from starlette.responses import JSONResponse, Response
 from wslm.backend.server.async_engine import RequestGroup
 from wslm.backend.server.errors import bad_request
 from wslm.backend.server.protocol import ChatCompletionRequest, ChatMessage, parse_body
+from wslm.backend.server.sampling_extras import ChatStreamExtras, chat_response_extras, truncate_prompt
 from wslm.backend.server.serving_base import (
     ChunkWriter,
     EventStream,
@@ -89,6 +90,7 @@ async def create_chat_completion(state: ServerState, request: Request) -> Respon
     messages = template_messages(req.messages)
     prompt_ids = await render_prompt(state, messages, chat_template=req.chat_template,
                                      add_generation_prompt=req.add_generation_prompt)
+    prompt_ids = truncate_prompt(prompt_ids, req.truncate_prompt_tokens, state.max_model_len)
     params = req.sampling_params(max_tokens, top_n)
     await compile_structured(state, params.structured_outputs, req.structured_source)
     state.check_request(prompt_ids, params, "messages")
@@ -98,7 +100,8 @@ async def create_chat_completion(state: ServerState, request: Request) -> Respon
     tracker = state.tracker(1, params.n, [len(prompt_ids)])
     created = int(time.time())
     if req.stream:
-        return EventStream(_stream(state, group, tracker, response_id, created, model, req, top_n), group)
+        extras = ChatStreamExtras(req, tracker, prompt_ids, state.tokenizer)
+        return EventStream(_stream(state, group, tracker, response_id, created, model, req, top_n, extras), group)
     results = await collect_all(request, group, tracker)
     if results is None:
         return Response(status_code=499)
@@ -108,23 +111,27 @@ async def create_chat_completion(state: ServerState, request: Request) -> Respon
         choices.append({
             "index": i,
             "message": {"role": "assistant", "content": r.text},
-            "logprobs": {"content": chat_logprobs(state.tokenizer, r.token_ids, r.logprobs or [], top_n)}
+            "logprobs": {"content": chat_logprobs(state.tokenizer, r.token_ids, r.logprobs or [], top_n,
+                                                  req.return_tokens_as_token_ids)}
             if top_n is not None else None,
             "finish_reason": r.finish_reason,
             "stop_reason": r.stop_reason,
         })
-    return JSONResponse({
+    body = {
         "id": response_id,
         "object": "chat.completion",
         "created": created,
         "model": model,
         "choices": choices,
         "usage": tracker.usage(),
-    })
+    }
+    token_ids = [results[(0, i)].token_ids for i in range(params.n)]
+    return JSONResponse(chat_response_extras(body, req, tracker, prompt_ids, state.tokenizer, token_ids))
 
 
 def _stream(state: ServerState, group: RequestGroup, tracker: Tracker, response_id: str, created: int,
-            model: str, req: ChatCompletionRequest, top_n: int | None) -> AsyncIterator[str]:
+            model: str, req: ChatCompletionRequest, top_n: int | None,
+            extras: ChatStreamExtras) -> AsyncIterator[str]:
     head = {"id": response_id, "object": "chat.completion.chunk", "created": created, "model": model}
     writer = ChunkWriter(head, tracker, req)
 
@@ -132,14 +139,17 @@ def _stream(state: ServerState, group: RequestGroup, tracker: Tracker, response_
         out = ""
         lp = None
         if top_n is not None and d.token_ids:
-            lp = {"content": chat_logprobs(state.tokenizer, d.token_ids, d.logprobs or [], top_n)}
-        if d.text or lp is not None:
-            out += writer.choice({"index": d.index, "delta": {"content": d.text}, "logprobs": lp})
+            lp = {"content": chat_logprobs(state.tokenizer, d.token_ids, d.logprobs or [], top_n,
+                                           req.return_tokens_as_token_ids)}
+        if d.text or lp is not None or (d.token_ids and req.return_token_ids):
+            out += writer.choice(extras.content_chunk({"index": d.index, "delta": {"content": d.text},
+                                                       "logprobs": lp}, d.token_ids))
         if d.finish_reason is not None:
             out += writer.choice({"index": d.index, "delta": {}, "logprobs": None}, d.finish_reason, d.stop_reason)
         return out
 
     # The first delta of each choice carries the role, as OpenAI's do.
-    first = "".join(writer.choice({"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None})
+    first = "".join(writer.choice(extras.role_chunk({"index": i, "delta": {"role": "assistant", "content": ""},
+                                                     "logprobs": None}))
                     for i in range(tracker.n))
     return stream_deltas(group, tracker, writer, response_id, first, render)
