@@ -127,6 +127,16 @@ class AsyncEngine:
         self._post(_Add(request_id, prompt, params, queue, tag, future))
         return future
 
+    async def apply_chat_template(self, messages: list[dict], **kwargs: Any) -> list[int]:
+        """The engine's chat rendering (LLMEngine.apply_chat_template, the same as LLM.chat), run in a worker
+        thread: Jinja and tokenizing a long chat take milliseconds the event loop must not block on. It only
+        reads the tokenizer and the template, never the engine's scheduling state."""
+        return list(await asyncio.to_thread(self.engine.apply_chat_template, messages, **kwargs))
+
+    async def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Tokenize a prompt off the event loop (a long prompt takes a while)."""
+        return list(await asyncio.to_thread(self.engine.tokenizer.encode, text, add_special_tokens=add_special_tokens))
+
     def abort(self, request_ids: Sequence[str]) -> None:
         if request_ids:
             self._post(_Abort(list(request_ids)))

@@ -17,7 +17,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from wslm.backend import validation
-from wslm.backend.outputs import OUT_OF_MEMORY_ERROR, Logprob
+from wslm.backend.outputs import OUT_OF_MEMORY_ERROR, Logprob, fold_completion
 from wslm.backend.server.async_engine import Aborted, AsyncEngine, EngineFailure, RequestGroup
 from wslm.backend.server.errors import APIError, bad_request, internal_error
 from wslm.backend.server.http_limits import HTTPLimits
@@ -226,7 +226,8 @@ async def until_disconnect(request: Request, work: Awaitable[Any]) -> Any:
 
 @dataclass
 class Delta:
-    """What one choice gained in one batch of engine outputs."""
+    """What one choice gained in one batch of engine outputs (CompletionOutput's fields, plus its prompt);
+    outputs.fold_completion adds them up."""
 
     prompt: int  # which prompt (tag) it belongs to
     index: int  # the completion index within that prompt
@@ -271,15 +272,9 @@ class Tracker:
                     continue
                 if c.finish_reason == "error":
                     raise EngineFailure(item.error or "The engine failed while generating this completion.")
-                d = merged.setdefault((tag, c.index), Delta(tag, c.index))
-                d.text += c.text
-                d.token_ids.extend(c.token_ids)
+                fold_completion(merged.setdefault((tag, c.index), Delta(tag, c.index)), c)
                 self.completion_tokens += len(c.token_ids)
-                if c.logprobs is not None:
-                    d.logprobs = (d.logprobs or []) + list(c.logprobs)
                 if c.finish_reason is not None:
-                    d.finish_reason = c.finish_reason
-                    d.stop_reason = c.stop_reason
                     self.unfinished.discard((tag, c.index))
         return list(merged.values())
 
@@ -287,17 +282,8 @@ class Tracker:
         return usage(sum(self.prompt_tokens), self.completion_tokens, sum(self.cached_tokens))
 
 
-@dataclass
-class Result:
-    """A finished choice, for non-streamed answers."""
-
-    prompt: int
-    index: int
-    text: str = ""
-    token_ids: list[int] = field(default_factory=list)
-    logprobs: list | None = None
-    finish_reason: str | None = None
-    stop_reason: str | int | None = None
+# A finished choice, for non-streamed answers: the same record, with every delta folded in.
+Result = Delta
 
 
 async def collect(group: Any, tracker: Tracker) -> dict[tuple[int, int], Result]:
@@ -305,13 +291,7 @@ async def collect(group: Any, tracker: Tracker) -> dict[tuple[int, int], Result]
     results: dict[tuple[int, int], Result] = {}
     while not group.done:
         for d in tracker.fold(await group.next_items()):
-            r = results.setdefault((d.prompt, d.index), Result(d.prompt, d.index))
-            r.text += d.text
-            r.token_ids.extend(d.token_ids)
-            if d.logprobs is not None:
-                r.logprobs = (r.logprobs or []) + d.logprobs
-            if d.finish_reason is not None:
-                r.finish_reason, r.stop_reason = d.finish_reason, d.stop_reason
+            fold_completion(results.setdefault((d.prompt, d.index), Result(d.prompt, d.index)), d)
     for p in range(len(tracker.prompt_tokens)):
         for i in range(tracker.n):
             results.setdefault((p, i), Result(p, i, finish_reason="abort"))

@@ -43,7 +43,7 @@ async def create_completion(state: ServerState, request: Request) -> Response:
     prompt_texts: list[str] = []
     for p in req.prompts():
         if isinstance(p, str):
-            ids = list(state.tokenizer.encode(p))
+            ids = await state.engine.encode(p)
             if not ids:
                 raise bad_request("prompt must not be empty.", param="prompt")
             text = p
