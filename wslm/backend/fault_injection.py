@@ -4,6 +4,7 @@ Off unless WSLM_FAULT_INJECTION holds a JSON object (or a test sets LLMEngine.fa
   {"oom_above_tokens": N}   every step that computes more than N tokens raises out-of-memory, as a real
                             allocation would (torch.OutOfMemoryError on CUDA, MemoryError on CPU)
   {"die_after_steps": N}    the N-th step raises EngineDeadError, as when the model's workers are gone
+  {"load_delay_s": N}       loading the model takes N seconds longer (a big model, for stop-while-loading)
 Never set it in production: it exists so that these paths are exercised rather than assumed."""
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ ENV = "WSLM_FAULT_INJECTION"
 class Faults:
     oom_above_tokens: int | None = None
     die_after_steps: int | None = None
+    load_delay_s: int | None = None
     steps: int = 0
 
     @classmethod
@@ -31,6 +33,12 @@ class Faults:
             return cls(**{k: int(v) for k, v in values.items()})
         except (ValueError, TypeError) as exc:
             raise ValueError(f"{ENV} must be a JSON object like {{\"oom_above_tokens\": 64}}, got {raw!r}.") from exc
+
+    def before_load(self) -> None:
+        if self.load_delay_s:
+            import time
+
+            time.sleep(self.load_delay_s)
 
     def before_step(self, num_tokens: int) -> None:
         """Called by LLMEngine.step with the step's token count, just before the model runs."""

@@ -52,6 +52,9 @@ class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         start = time.monotonic()
         self.config = config
+        self.faults = Faults.from_env()  # tests only (fault_injection.py)
+        if self.faults is not None:
+            self.faults.before_load()
         self.device = pick_device(config.device)
         if self.device.type == "cpu":
             tune_allocator()
@@ -86,7 +89,6 @@ class LLMEngine:
         self.output_processor = OutputProcessor(self.tokenizer, mc.max_model_len)
         self.chat_template = read_template(config.chat_template)
         self.requests: dict[str, _Request] = {}
-        self.faults = Faults.from_env()  # tests only (fault_injection.py)
         self._pending: list[RequestOutput] = []  # outputs made outside step() (aborts)
         self._next_seq_id = 0
         self.prompt_tokens_total = 0

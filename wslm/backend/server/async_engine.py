@@ -156,13 +156,13 @@ class AsyncEngine:
         except BaseException as exc:  # noqa: BLE001 - must be reported, not lost with the thread
             self.dead = f"{type(exc).__name__}: {exc}"
             log.exception("The engine loop stopped")
-            self._deliver(self._deliveries)  # e.g. "accepted" for a request added in the fatal iteration
-            self._fail_all(f"The engine loop stopped ({self.dead}).")
             if self.on_death is not None:  # the server exits non-zero rather than live on as a zombie
                 try:
                     self.on_death(self.dead)
                 except Exception:  # noqa: BLE001
                     log.exception("on_death failed")
+            self._deliver(self._deliveries)  # e.g. "accepted" for a request added in the fatal iteration
+            self._fail_all(f"The engine loop stopped ({self.dead}).")
 
     def _run(self) -> None:
         while True:

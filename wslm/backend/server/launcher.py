@@ -174,7 +174,7 @@ def _log_config(level: str) -> dict:
 
 def run(args: Namespace) -> int:
     _claim_stdout()
-    emit("loading", model=args.model)
+    emit("loading", model=args.model, pid=os.getpid())  # the pid: a GUI can stop us while we load
     sock = None
     try:
         try:
