@@ -25,6 +25,8 @@ from wslm.backend.sampler import Sampler
 from wslm.backend.sampling_params import SamplingParams
 from wslm.backend.scheduler import Scheduler
 from wslm.backend.sequence import Sequence
+from wslm.backend.structured.compiler import GrammarState, StructuredOutputCompiler
+from wslm.backend.token_rules import TokenRules
 from wslm.backend.validation import RequestLimits, validate_prompt
 
 logger = logging.getLogger("wslm.engine")
@@ -87,6 +89,8 @@ class LLMEngine:
         if self.device.type == "cuda" and not config.enforce_eager and config.tensor_parallel_size == 1:
             self.runner.enable_cuda_graphs(config.max_num_seqs, mc.max_model_len)
         self.sampler = Sampler(mc.vocab_size, self.device, config.seed)
+        # Structured output: thread-safe, so the server compiles grammars in worker threads ahead of add_request.
+        self.structured = StructuredOutputCompiler(self.tokenizer, mc.vocab_size, sorted(mc.eos_token_ids))
         self.output_processor = OutputProcessor(self.tokenizer, mc.max_model_len)
         self.chat_template = read_template(config.chat_template)
         self.requests: dict[str, _Request] = {}
@@ -143,7 +147,12 @@ class LLMEngine:
         params = params.clone() if params is not None else SamplingParams()
         if request_id in self.requests:
             raise ValueError(f"Request id {request_id!r} is already in use.")
+        if params.truncate_prompt_tokens is not None:
+            prompt = self._truncate_prompt(prompt, params.truncate_prompt_tokens)
         text, ids = validate_prompt(prompt, params, self.tokenizer, self.limits)
+        # A cache hit when the caller compiled ahead (the server does, in a worker thread).
+        grammar = self.structured.compile(params.structured_outputs) if params.structured_outputs else None
+        rules = TokenRules.build(params, self.tokenizer)
         arrival = time.monotonic() if arrival_time is None else arrival_time
         seqs = []
         for i in range(params.n):
@@ -153,12 +162,29 @@ class LLMEngine:
             if p.seed is not None:
                 seq.generator = torch.Generator(device=self.device)
                 seq.generator.manual_seed(p.seed)
+            seq.grammar = GrammarState(grammar) if grammar is not None else None
+            seq.token_rules = rules
             self.output_processor.start(seq)
             seqs.append(seq)
         # Siblings wait for the first completion's prompt, then share its KV blocks (see step()).
         seqs[0].pending_forks = seqs[1:]
         self.requests[request_id] = _Request(request_id, text, ids, seqs, arrival)
         self.scheduler.add(seqs[0])
+
+    def _truncate_prompt(self, prompt, keep: int):
+        """truncate_prompt_tokens (vLLM's): keep the last `keep` tokens (-1: as many as the context holds)."""
+        if keep == -1:
+            keep = self.max_model_len - 1
+        text = prompt.get("prompt") if isinstance(prompt, dict) else prompt if isinstance(prompt, str) else None
+        if isinstance(text, str):
+            ids = self.tokenizer.encode(text)
+        elif isinstance(prompt, dict):
+            ids = prompt.get("prompt_token_ids")
+        else:
+            ids = prompt
+        if not isinstance(ids, (list, tuple)) or len(ids) <= keep:
+            return prompt
+        return {"prompt_token_ids": list(ids)[-keep:]}
 
     def abort_request(self, request_id: str | list[str]) -> None:
         ids = [request_id] if isinstance(request_id, str) else list(request_id)
@@ -210,7 +236,9 @@ class LLMEngine:
         for i, seq in enumerate(sampled):
             if seq.num_output_tokens == 0 and seq.index == 0:
                 self.prompt_tokens_total += seq.num_prompt_tokens
-            if self.output_processor.append_token(seq, result.token_ids[i], result.logprobs[i], now):
+            token = result.token_ids[i]
+            grammar_done = seq.grammar is not None and seq.grammar.accept(token)
+            if self.output_processor.append_token(seq, token, result.logprobs[i], now, grammar_done):
                 seq.finished_time = now
                 self.scheduler.finish(seq)
             touched.setdefault(seq.request_id, []).append(seq)

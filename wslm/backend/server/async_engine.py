@@ -142,6 +142,12 @@ class AsyncEngine:
         """Tokenize a prompt off the event loop (a long prompt takes a while)."""
         return list(await asyncio.to_thread(self.engine.tokenizer.encode, text, add_special_tokens=add_special_tokens))
 
+    async def compile_structured(self, spec: Any) -> None:
+        """Compile a structured-output grammar in a worker thread (tens of ms for a large schema) so that
+        neither the event loop nor the engine thread waits; the engine's add_request then hits the cache.
+        Raises GrammarError for an invalid schema, regex or grammar."""
+        await asyncio.to_thread(self.engine.structured.compile, spec)
+
     def abort(self, request_ids: Sequence[str]) -> None:
         if request_ids:
             self._post(_Abort(list(request_ids)))
