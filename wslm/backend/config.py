@@ -25,6 +25,9 @@ class EngineConfig:
     distributed_executor_backend: str | None = None  # "mp" (one machine, default) or "ray" (a Ray cluster)
     enforce_eager: bool = False  # CUDA: no CUDA graphs
     trust_remote_code: bool = False
+    revision: str | None = None  # a repo id's snapshot in the HF cache: branch, tag or commit (vLLM's --revision)
+    download_dir: str | None = None  # the HF cache folder to find repo ids in (vLLM's --download-dir)
+    max_logprobs: int = 20  # most top logprobs one request may ask for (vLLM's --max-logprobs; -1: vocabulary)
 
     def __post_init__(self) -> None:
         if self.tensor_parallel_size < 1:

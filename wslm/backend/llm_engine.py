@@ -54,7 +54,7 @@ class LLMEngine:
         self.device = pick_device(config.device)
         if self.device.type == "cpu":
             tune_allocator()
-        source = resolve_model(config.model)
+        source = resolve_model(config.model, config.revision, config.download_dir)
         self.model_name = source.name
         self.tokenizer = load_tokenizer(source, config.tokenizer, config.trust_remote_code)
         _, mc = load_model_config(source, self.tokenizer, config.dtype, self.device, config.trust_remote_code)
@@ -76,7 +76,8 @@ class LLMEngine:
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.block_manager)
         # What one request may ask for; the server swaps in its own stop-list limits (its flags).
-        self.limits = RequestLimits(mc.max_model_len, mc.vocab_size, config.max_num_seqs, num_blocks, config.block_size)
+        self.limits = RequestLimits(mc.max_model_len, mc.vocab_size, config.max_num_seqs, num_blocks, config.block_size,
+                                    max_logprobs=config.max_logprobs)
         if config.tensor_parallel_size == 1:
             self.runner = ModelRunner(model, config.block_size, num_blocks)
         if self.device.type == "cuda" and not config.enforce_eager and config.tensor_parallel_size == 1:

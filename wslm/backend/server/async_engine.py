@@ -71,9 +71,10 @@ class _Stop:
 
 
 class AsyncEngine:
-    def __init__(self, engine: Any, metrics: ServerMetrics | None = None) -> None:
+    def __init__(self, engine: Any, metrics: ServerMetrics | None = None, log_requests: bool = False) -> None:
         self.engine = engine
         self.metrics = metrics
+        self.log_requests = log_requests  # --enable-log-requests: one line per request queued
         self._cond = threading.Condition()
         self._inbox: list = []
         self._tracked: dict[str, _Tracked] = {}  # engine thread only
@@ -121,6 +122,10 @@ class AsyncEngine:
                ) -> asyncio.Future:
         """Queue a request; the future resolves (None, or the engine's ValueError) once the engine took it."""
         assert self._loop is not None, "AsyncEngine.start() was not called"
+        if self.log_requests:
+            ids = prompt.get("prompt_token_ids") if isinstance(prompt, dict) else prompt
+            size = f"{len(ids)} prompt tokens" if isinstance(ids, list) else f"{len(str(prompt))} prompt characters"
+            log.info("Received request %s: %s, params: %s", request_id, size, params)
         future = self._loop.create_future()
         self._post(_Add(request_id, prompt, params, queue, tag, future))
         return future

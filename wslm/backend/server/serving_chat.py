@@ -77,6 +77,7 @@ async def render_prompt(state: ServerState, messages: list[dict], **kwargs: Any)
 
 async def create_chat_completion(state: ServerState, request: Request) -> Response:
     req: ChatCompletionRequest = parse_body(await request.body(), ChatCompletionRequest)
+    state.apply_generation_defaults(req)
     model = state.check_model(req.model)
     check_unsupported(req.unsupported_fields())
     req.check_stream_options()
@@ -92,7 +93,7 @@ async def create_chat_completion(state: ServerState, request: Request) -> Respon
 
     response_id = f"chatcmpl-{uuid.uuid4().hex}"
     group = await start_group(state.engine, response_id, [prompt_ids], params)
-    tracker = Tracker(1, params.n, [len(prompt_ids)])
+    tracker = state.tracker(1, params.n, [len(prompt_ids)])
     created = int(time.time())
     if req.stream:
         return EventStream(_stream(state, group, tracker, response_id, created, model, req, top_n), group)
