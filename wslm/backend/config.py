@@ -12,6 +12,10 @@ class EngineConfig:
     max_model_len: int | None = None  # None: the model's own, capped by what the KV pool holds
     max_num_seqs: int = 128
     max_num_batched_tokens: int = 2048  # the per-step token budget (chunked prefill)
+    # Fairness (scheduler.py): while streams decode, prefill gets at most this many tokens per step
+    # (None: max_num_batched_tokens // 8), and one request adds at most fanout_per_step sequences per step.
+    long_prefill_token_threshold: int | None = None
+    fanout_per_step: int = 16
     block_size: int = 16
     enable_prefix_caching: bool = True
     device: str = "auto"  # "auto", "cpu", "cuda", "cuda:N"
@@ -42,6 +46,12 @@ class EngineConfig:
             raise ValueError(f"max_num_seqs must be at least 1, got {self.max_num_seqs}.")
         if self.max_num_batched_tokens < 1:
             raise ValueError(f"max_num_batched_tokens must be at least 1, got {self.max_num_batched_tokens}.")
+        if self.long_prefill_token_threshold is not None and self.long_prefill_token_threshold < 1:
+            raise ValueError(
+                f"long_prefill_token_threshold must be at least 1, got {self.long_prefill_token_threshold}."
+            )
+        if self.fanout_per_step < 1:
+            raise ValueError(f"fanout_per_step must be at least 1, got {self.fanout_per_step}.")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}.")
         if self.max_model_len is not None and self.max_model_len < 1:
