@@ -12,6 +12,10 @@ class EngineConfig:
     max_model_len: int | None = None  # None: the model's own, capped by what the KV pool holds
     max_num_seqs: int = 128
     max_num_batched_tokens: int = 2048  # the per-step token budget (chunked prefill)
+    # Fairness (scheduler.py): while streams decode, prefill gets at most this many tokens per step
+    # (None: max_num_batched_tokens // 8), and one request adds at most fanout_per_step sequences per step.
+    long_prefill_token_threshold: int | None = None
+    fanout_per_step: int = 16
     block_size: int = 16
     enable_prefix_caching: bool = True
     device: str = "auto"  # "auto", "cpu", "cuda", "cuda:N"
@@ -28,6 +32,9 @@ class EngineConfig:
     # None: as the checkpoint is (a GGUF file and AWQ/GPTQ checkpoints stay quantized); "int8" / "int4":
     # quantize a 16-bit checkpoint's linear weights while loading. vLLM's name and values.
     quantization: str | None = None
+    revision: str | None = None  # a repo id's snapshot in the HF cache: branch, tag or commit (vLLM's --revision)
+    download_dir: str | None = None  # the HF cache folder to find repo ids in (vLLM's --download-dir)
+    max_logprobs: int = 20  # most top logprobs one request may ask for (vLLM's --max-logprobs; -1: vocabulary)
 
     def __post_init__(self) -> None:
         if self.tensor_parallel_size < 1:
@@ -42,6 +49,12 @@ class EngineConfig:
             raise ValueError(f"max_num_seqs must be at least 1, got {self.max_num_seqs}.")
         if self.max_num_batched_tokens < 1:
             raise ValueError(f"max_num_batched_tokens must be at least 1, got {self.max_num_batched_tokens}.")
+        if self.long_prefill_token_threshold is not None and self.long_prefill_token_threshold < 1:
+            raise ValueError(
+                f"long_prefill_token_threshold must be at least 1, got {self.long_prefill_token_threshold}."
+            )
+        if self.fanout_per_step < 1:
+            raise ValueError(f"fanout_per_step must be at least 1, got {self.fanout_per_step}.")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}.")
         if self.max_model_len is not None and self.max_model_len < 1:

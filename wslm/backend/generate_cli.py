@@ -46,22 +46,25 @@ def _params(args):
 
 
 def _stream(engine, request_id: str, prompt, params, out=sys.stdout) -> tuple[str, object]:
-    """Run one request to the end, printing text as it arrives. Returns (text, last output)."""
+    """Run one request to the end, printing text as it arrives. Returns (text, the whole output)."""
+    from wslm.backend.outputs import fold_output
+
     engine.add_request(request_id, prompt, params)
-    text, last = [], None
+    results: dict = {}
     try:
         while engine.has_unfinished_requests():
             for o in engine.step():
-                last = o
+                fold_output(results, o)
                 for c in o.outputs:
-                    text.append(c.text)
                     if out is not None:
                         out.write(c.text)
                         out.flush()
     except KeyboardInterrupt:
         engine.abort_request(request_id)
-        engine.step()
-    return "".join(text), last
+        for o in engine.step():
+            fold_output(results, o)
+    total = results.get(request_id)
+    return ("".join(c.text for c in total.outputs) if total else ""), total
 
 
 def _generate(args) -> int:

@@ -6,7 +6,7 @@ import itertools
 
 from wslm.backend.config import EngineConfig
 from wslm.backend.llm_engine import LLMEngine
-from wslm.backend.outputs import CompletionOutput, RequestOutput
+from wslm.backend.outputs import RequestOutput, fold_output
 from wslm.backend.sampling_params import SamplingParams
 
 PromptType = str | list[int] | dict
@@ -56,6 +56,9 @@ class LLM:
             raise ValueError(f"Got {len(prompts)} prompts but {len(params)} SamplingParams.")
         engine = self.llm_engine
         ids = [f"llm-{next(self._ids)}" for _ in prompts]
+        for p in params:  # grammars compile before any request is queued (cached; a bad one raises here)
+            if p.structured_outputs is not None:
+                engine.structured.compile(p.structured_outputs)
         try:
             for rid, prompt, p in zip(ids, prompts, params):
                 engine.add_request(rid, prompt, p.clone())
@@ -66,30 +69,6 @@ class LLM:
         results: dict[str, RequestOutput] = {}
         while engine.has_unfinished_requests():
             for delta in engine.step():
-                merge_delta(results, delta)
+                fold_output(results, delta)
         return [results[rid] for rid in ids]
 
-
-def merge_delta(results: dict[str, RequestOutput], delta: RequestOutput) -> None:
-    """Fold one step's delta into the running total for its request."""
-    total = results.get(delta.request_id)
-    if total is None:
-        total = results[delta.request_id] = RequestOutput(
-            delta.request_id, delta.prompt, delta.prompt_token_ids, [], False
-        )
-    by_index = {c.index: c for c in total.outputs}
-    for c in delta.outputs:
-        acc = by_index.get(c.index)
-        if acc is None:
-            acc = by_index[c.index] = CompletionOutput(c.index, "", [], None, [] if c.logprobs is not None else None)
-        acc.text += c.text
-        acc.token_ids.extend(c.token_ids)
-        if c.logprobs is not None:
-            acc.logprobs = (acc.logprobs or []) + c.logprobs
-        acc.cumulative_logprob = c.cumulative_logprob
-        acc.finish_reason, acc.stop_reason = c.finish_reason, c.stop_reason
-    total.outputs = [by_index[i] for i in sorted(by_index)]
-    total.finished = delta.finished
-    total.num_cached_tokens = delta.num_cached_tokens
-    total.metrics = delta.metrics
-    total.error = delta.error

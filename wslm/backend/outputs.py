@@ -3,6 +3,11 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
+
+# RequestOutput.error starts with this when the request failed for lack of memory: the server answers 503
+# (try again later / smaller), not 500.
+OUT_OF_MEMORY_ERROR = "Out of memory"
 
 
 @dataclass(slots=True)
@@ -49,3 +54,38 @@ class RequestOutput:
     metrics: RequestMetrics | None = None
     error: str | None = None  # set when the engine failed this request (finish_reason "error")
     extra: dict = field(default_factory=dict)
+
+
+def fold_completion(total: Any, delta: Any) -> None:
+    """Fold one stream delta of a completion into its running total: the one place that knows how deltas
+    add up (LLM.generate, the server's per-batch merge and its non-streamed answers, `wslm generate`).
+    Works on anything with CompletionOutput's fields, so the server's per-choice records use it too."""
+    total.text += delta.text
+    total.token_ids.extend(delta.token_ids)
+    if delta.logprobs is not None:
+        total.logprobs = (total.logprobs or []) + list(delta.logprobs)
+    if getattr(delta, "cumulative_logprob", None) is not None and hasattr(total, "cumulative_logprob"):
+        total.cumulative_logprob = delta.cumulative_logprob
+    if delta.finish_reason is not None:
+        total.finish_reason, total.stop_reason = delta.finish_reason, delta.stop_reason
+
+
+def fold_output(results: dict[str, RequestOutput], delta: RequestOutput) -> RequestOutput:
+    """Fold one step's RequestOutput delta into the running total for its request (kept in results)."""
+    total = results.get(delta.request_id)
+    if total is None:
+        total = results[delta.request_id] = RequestOutput(delta.request_id, delta.prompt, delta.prompt_token_ids,
+                                                          [], False)
+    by_index = {c.index: c for c in total.outputs}
+    for c in delta.outputs:
+        acc = by_index.get(c.index)
+        if acc is None:
+            acc = by_index[c.index] = CompletionOutput(c.index, "", [])
+        fold_completion(acc, c)
+    total.outputs = [by_index[i] for i in sorted(by_index)]
+    total.finished = delta.finished
+    total.num_cached_tokens = delta.num_cached_tokens
+    total.metrics = delta.metrics
+    total.error = delta.error
+    total.extra.update(delta.extra)
+    return total

@@ -116,14 +116,14 @@ def divide(total: int, parts: int, what: str) -> int:
 
 
 def check_divisible(mc, size: int) -> None:
-    """Fail before any worker starts when the model cannot be split size ways."""
-    divide(mc.num_heads, size, "number of attention heads")
-    kv = mc.num_kv_heads
-    if kv >= size:
-        divide(kv, size, "number of KV heads")
-    elif size % kv:
-        raise ValueError(
-            f"tensor_parallel_size={size} cannot share the model's {kv} KV heads evenly: with fewer KV heads "
-            f"than ranks, the size must be a multiple of {kv}."
-        )
-    divide(mc.intermediate_size, size, "MLP intermediate size")
+    """Fail before any worker starts when the model cannot be split size ways, naming the sizes that can."""
+    from wslm.backend.distributed.sizes import fits, tensor_parallel_sizes
+
+    if fits(size, mc.num_heads, mc.num_kv_heads, mc.intermediate_size):
+        return
+    ok = tensor_parallel_sizes(max(8, size), mc.num_heads, mc.num_kv_heads, mc.intermediate_size)
+    raise ValueError(
+        f"tensor_parallel_size={size} does not divide this model evenly ({mc.num_heads} attention heads, "
+        f"{mc.num_kv_heads} KV heads, MLP width {mc.intermediate_size}). Use --tensor-parallel-size "
+        f"{' or '.join(str(n) for n in ok)}."
+    )

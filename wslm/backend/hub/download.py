@@ -240,11 +240,12 @@ class Puller:
     def _head(self, name: str, commit: str, listed_size: int | None) -> RemoteFile:
         from huggingface_hub import get_hf_file_metadata
 
+        # Before anything is fetched: a mirror listing "../x" or "/etc/x" must never get a write outside the cache.
+        if Path(name).is_absolute() or ".." in name.replace("\\", "/").split("/"):
+            raise PullError(f"The hub listed an unsafe file name {name!r}; refusing to write it.", "network")
         url = f"{self.endpoint}/{self.repo_id}/resolve/{commit}/{quote(name)}"
         with self._hub_errors(name):
             meta = get_hf_file_metadata(url, token=self.token or False, endpoint=self.endpoint)
-        if Path(name).is_absolute() or ".." in name.split("/"):
-            raise PullError(f"The hub listed an unsafe file name {name!r}; refusing to write it.", "network")
         if meta.etag and not _SAFE_ETAG.match(meta.etag):
             raise PullError(
                 f"{url} sent an ETag that is not a file name ({meta.etag!r}); is it a Hub mirror?", "network"

@@ -26,6 +26,7 @@ from wslm.backend.server.serving_base import (
     start_group,
     stream_deltas,
 )
+from wslm.backend.server.structured_request import compile_structured
 
 log = logging.getLogger("wslm.server")
 
@@ -63,8 +64,21 @@ def template_messages(messages: list[ChatMessage]) -> list[dict]:
     return out
 
 
+async def render_prompt(state: ServerState, messages: list[dict], **kwargs: Any) -> list[int]:
+    """The prompt ids for a chat, rendered by the engine (through the async client, off the event loop);
+    a template that fails on the user's messages or template is a 400 naming why."""
+    try:
+        return await state.engine.apply_chat_template(messages, **kwargs)
+    except ValueError as exc:
+        raise bad_request(str(exc), param="messages") from exc
+    except Exception as exc:  # noqa: BLE001 - a Jinja error from the user's messages or template is theirs
+        raise bad_request(f"The chat template could not render these messages: {type(exc).__name__}: {exc}",
+                          param="messages") from exc
+
+
 async def create_chat_completion(state: ServerState, request: Request) -> Response:
     req: ChatCompletionRequest = parse_body(await request.body(), ChatCompletionRequest)
+    state.apply_generation_defaults(req)
     model = state.check_model(req.model)
     check_unsupported(req.unsupported_fields())
     req.check_stream_options()
@@ -73,22 +87,15 @@ async def create_chat_completion(state: ServerState, request: Request) -> Respon
     check_max_tokens(max_tokens, "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens")
     top_n = req.requested_logprobs()
     messages = template_messages(req.messages)
-    try:
-        prompt_ids = state.engine.engine.apply_chat_template(
-            messages, chat_template=req.chat_template, add_generation_prompt=req.add_generation_prompt
-        )
-    except ValueError as exc:
-        raise bad_request(str(exc), param="messages") from exc
-    except Exception as exc:  # noqa: BLE001 - a Jinja error from the user's messages or template is theirs
-        raise bad_request(f"The chat template could not render these messages: {type(exc).__name__}: {exc}",
-                          param="messages") from exc
-    prompt_ids = list(prompt_ids)
+    prompt_ids = await render_prompt(state, messages, chat_template=req.chat_template,
+                                     add_generation_prompt=req.add_generation_prompt)
     params = req.sampling_params(max_tokens, top_n)
+    await compile_structured(state, params.structured_outputs, req.structured_source)
     state.check_request(prompt_ids, params, "messages")
 
     response_id = f"chatcmpl-{uuid.uuid4().hex}"
     group = await start_group(state.engine, response_id, [prompt_ids], params)
-    tracker = Tracker(1, params.n, [len(prompt_ids)])
+    tracker = state.tracker(1, params.n, [len(prompt_ids)])
     created = int(time.time())
     if req.stream:
         return EventStream(_stream(state, group, tracker, response_id, created, model, req, top_n), group)

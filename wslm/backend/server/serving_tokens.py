@@ -8,7 +8,7 @@ from starlette.responses import JSONResponse
 from wslm.backend.server.errors import bad_request
 from wslm.backend.server.protocol import DetokenizeRequest, TokenizeRequest, parse_body
 from wslm.backend.server.serving_base import ServerState
-from wslm.backend.server.serving_chat import template_messages
+from wslm.backend.server.serving_chat import render_prompt, template_messages
 
 
 async def tokenize(state: ServerState, request: Request) -> JSONResponse:
@@ -18,16 +18,11 @@ async def tokenize(state: ServerState, request: Request) -> JSONResponse:
         raise bad_request("Send either `prompt` (a string) or `messages` (a chat), not both and not neither.",
                           param="prompt")
     if req.messages is not None:
-        try:
-            ids = list(state.engine.engine.apply_chat_template(
-                template_messages(req.messages), chat_template=req.chat_template,
-                add_generation_prompt=req.add_generation_prompt,
-            ))
-        except ValueError as exc:
-            raise bad_request(str(exc), param="messages") from exc
+        ids = await render_prompt(state, template_messages(req.messages), chat_template=req.chat_template,
+                                  add_generation_prompt=req.add_generation_prompt)
     else:
         add_special = True if req.add_special_tokens is None else req.add_special_tokens
-        ids = list(state.tokenizer.encode(req.prompt, add_special_tokens=add_special))
+        ids = await state.engine.encode(req.prompt, add_special_tokens=add_special)
     body = {"count": len(ids), "max_model_len": state.max_model_len, "tokens": ids, "token_strs": None}
     if req.return_token_strs:
         body["token_strs"] = state.tokenizer.convert_ids_to_tokens(ids)
