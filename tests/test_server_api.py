@@ -44,7 +44,7 @@ def test_ready_line_models_health_version(server, client):
     ready = server.ready
     assert ready["host"] == "127.0.0.1" and ready["port"] > 0 and ready["model"] == "demo"
     assert ready["url"] == f"http://127.0.0.1:{ready['port']}" and ready["pid"] == server.proc.pid
-    assert server.events[0] == {"event": "loading", "model": "demo"}
+    assert server.events[0] == {"event": "loading", "model": "demo", "pid": server.proc.pid}
     models = client.models.list()
     assert [m.id for m in models.data] == ["demo"]
     assert models.data[0].object == "model" and models.data[0].max_model_len == 1024

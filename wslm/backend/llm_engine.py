@@ -15,11 +15,12 @@ from wslm.backend.chat import read_template, render_chat
 from wslm.backend.config import EngineConfig
 from wslm.backend.cpu_tuning import tune_allocator
 from wslm.backend.distributed.executor import EngineDeadError
+from wslm.backend.fault_injection import Faults
 from wslm.backend.kv_cache import determine_num_blocks
 from wslm.backend.model_loader import load_model_config, load_tokenizer, resolve_model
 from wslm.backend.model_runner import ModelRunner, load_model
 from wslm.backend.output_processor import OutputProcessor
-from wslm.backend.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from wslm.backend.outputs import OUT_OF_MEMORY_ERROR, CompletionOutput, RequestMetrics, RequestOutput
 from wslm.backend.prompt_logprobs import prompt_logprob_positions, record_prompt_logprobs
 from wslm.backend.sampler import Sampler
 from wslm.backend.sampling_params import SamplingParams
@@ -55,15 +56,23 @@ class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         start = time.monotonic()
         self.config = config
+        self.faults = Faults.from_env()  # tests only (fault_injection.py)
+        if self.faults is not None:
+            self.faults.before_load()
         self.device = pick_device(config.device)
         if self.device.type == "cpu":
             tune_allocator()
         source = resolve_model(config.model, config.revision, config.download_dir)
         self.model_name = source.name
         self.tokenizer = load_tokenizer(source, config.tokenizer, config.trust_remote_code)
-        _, mc = load_model_config(source, self.tokenizer, config.dtype, self.device, config.trust_remote_code)
+        _, mc = load_model_config(
+            source, self.tokenizer, config.dtype, self.device, config.trust_remote_code, config.quantization
+        )
         self.model_config = mc
-        logger.info("Loading %s (%s, %s) on %s", source.name, mc.architecture, mc.dtype, self.device)
+        logger.info(
+            "Loading %s (%s, %s, weights %s) on %s",
+            source.name, mc.architecture, mc.dtype, mc.quantization or "dense", self.device,
+        )
         logger.info("Kernels: %s", kernels.backend_description(self.device))
         if config.tensor_parallel_size > 1:
             from wslm.backend.distributed.executor import make_executor
@@ -209,10 +218,14 @@ class LLMEngine:
         sched = self.scheduler.schedule()
         if sched.is_empty():
             return outputs
+        advanced = False
         try:
+            if self.faults is not None:
+                self.faults.before_step(sched.num_tokens)
             # Before the step moves num_computed_tokens: which prompt positions report prompt_logprobs.
             prompt_rows = [(seq, r) for seq, n in sched.scheduled if (r := prompt_logprob_positions(seq, n))]
             logits, sampled = self.runner.execute(sched.scheduled)
+            advanced = True
             for seq, n in sched.scheduled:
                 seq.num_computed_tokens += n
                 self.block_manager.cache_full_blocks(seq)
@@ -224,9 +237,15 @@ class LLMEngine:
                 result = self.sampler(logits, sampled)
         except EngineDeadError:
             raise  # the workers are gone: nothing more can be served (the server exits, LLM raises)
+        except (MemoryError, torch.OutOfMemoryError) as exc:
+            if not advanced and self._shrink_after_oom(sched, exc):
+                return outputs  # nothing was computed: the same sequences run again in smaller steps
+            logger.error("Out of memory in a step that cannot be made smaller: failing its requests (%s)", exc)
+            return outputs + self._fail([s for s, _ in sched.scheduled], exc, OUT_OF_MEMORY_ERROR)
         except Exception as exc:  # one broken step must not take the server down
             logger.exception("Engine step failed")
             return outputs + self._fail([s for s, _ in sched.scheduled], exc)
+        self.scheduler.step_succeeded()
         now = time.monotonic()
         touched: dict[str, list[Sequence]] = {}
         for i, seq in enumerate(sampled):
@@ -256,12 +275,16 @@ class LLMEngine:
         for r, seq in enumerate(sampled):
             rows.append(r)
             seqs.append(seq)
-            for child in seq.pending_forks:
-                copies = self.block_manager.fork(seq, child)
+            sched = self.scheduler
+            for k, child in enumerate(seq.pending_forks):
                 child.num_cached_tokens = seq.num_cached_tokens
                 child.first_scheduled_time = seq.first_scheduled_time
+                # Fairness: a wide fan-out joins a few siblings per step (the scheduler admits the rest from
+                # its queue, their prompt from the prefix cache), and never past max_num_seqs.
+                fits = k + 1 < sched.fanout_per_step and len(sched.running) < sched.max_num_seqs
+                copies = self.block_manager.fork(seq, child) if fits else None
                 if copies is None:
-                    self.scheduler.add(child)  # no free block: it recomputes (mostly from the prefix cache)
+                    sched.add(child)  # no room or no free block: it recomputes (mostly from the prefix cache)
                     continue
                 self.runner.copy_blocks(copies)
                 self.scheduler.adopt_running(child)
@@ -270,8 +293,27 @@ class LLMEngine:
             seq.pending_forks = []
         return seqs, logits.index_select(0, torch.tensor(rows, device=logits.device))
 
-    def _fail(self, seqs: list[Sequence], exc: Exception) -> list[RequestOutput]:
-        message = f"The engine failed on this request: {type(exc).__name__}: {exc}"
+    def _shrink_after_oom(self, sched, exc: BaseException) -> bool:
+        """Out of memory before anything was computed: give the memory back and make later steps smaller
+        (the scheduler grows them again after a run of good steps). False when the step is as small as it
+        gets, i.e. one sequence and one token: then its request fails."""
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        if sched.num_tokens <= 1:
+            return False
+        tokens, seqs = self.scheduler.shrink(sched.num_tokens, len(sched.scheduled))
+        logger.warning("Out of memory in a %d-token step of %d sequences (%s); continuing with at most %d tokens "
+                       "and %d new sequences per step until memory allows more", sched.num_tokens,
+                       len(sched.scheduled), exc, tokens, seqs)
+        return True
+
+    def _fail(self, seqs: list[Sequence], exc: BaseException, what: str = "") -> list[RequestOutput]:
+        if what == OUT_OF_MEMORY_ERROR:
+            message = (f"{OUT_OF_MEMORY_ERROR} while running this request ({type(exc).__name__}: {exc}). The server "
+                       "is still running: retry with a shorter prompt, fewer completions (n) or max_tokens, or "
+                       "start the server with a smaller --max-num-seqs / --max-num-batched-tokens.")
+        else:
+            message = f"The engine failed on this request: {type(exc).__name__}: {exc}"
         outputs = []
         for rid in dict.fromkeys(s.request_id for s in seqs):
             req = self.requests.get(rid)

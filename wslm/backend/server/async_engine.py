@@ -79,11 +79,13 @@ class AsyncEngine:
         self._inbox: list = []
         self._tracked: dict[str, _Tracked] = {}  # engine thread only
         self._busy = False  # engine thread only
+        self._deliveries: list = []  # this iteration's, delivered even if the loop dies mid-iteration
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._last_stats = 0.0
         self.draining = False  # set on SIGTERM/SIGINT: new requests are refused
         self.dead: str | None = None  # set if the loop thread ever exits by accident
+        self.on_death: Any = None  # called (engine thread) with the cause when the loop dies
 
     # ---- lifecycle (event-loop thread) ----
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -165,8 +167,13 @@ class AsyncEngine:
         except BaseException as exc:  # noqa: BLE001 - must be reported, not lost with the thread
             self.dead = f"{type(exc).__name__}: {exc}"
             log.exception("The engine loop stopped")
+            if self.on_death is not None:  # the server exits non-zero rather than live on as a zombie
+                try:
+                    self.on_death(self.dead)
+                except Exception:  # noqa: BLE001
+                    log.exception("on_death failed")
+            self._deliver(self._deliveries)  # e.g. "accepted" for a request added in the fatal iteration
             self._fail_all(f"The engine loop stopped ({self.dead}).")
-            raise
 
     def _run(self) -> None:
         while True:
@@ -175,6 +182,7 @@ class AsyncEngine:
                     self._cond.wait()
                 commands, self._inbox = self._inbox, []
             deliveries: list = []
+            self._deliveries = deliveries
             for command in commands:
                 if isinstance(command, _Stop):
                     self._abort_tracked(deliveries)
