@@ -24,10 +24,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-model-len", default=None, help="context length in tokens (e.g. 4096 or 4k)")
     p.add_argument("--max-num-seqs", type=int, default=None, help="most sequences in one batch")
     p.add_argument("--max-num-batched-tokens", type=int, default=None, help="token budget per step")
+    p.add_argument("--long-prefill-token-threshold", type=int, default=None,
+                   help="while streams decode, prefill tokens per step at most this (fairness; default: "
+                        "max-num-batched-tokens / 8)")
+    p.add_argument("--fanout-per-step", type=int, default=None,
+                   help="new sequences one request (n > 1) may start per step (fairness; default 16)")
     p.add_argument("--block-size", type=int, default=16, help="KV-cache block size in tokens")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="CUDA: share of the GPU to use")
     p.add_argument("--kv-cache-memory", default=None, help="KV-cache size: bytes, or like 4GiB / 512MiB")
     p.add_argument("--dtype", default="auto", help="auto, float32, float16 or bfloat16")
+    p.add_argument("--quantization", "-q", default=None, choices=["gguf", "awq", "gptq", "int8", "int4"],
+                   help="weights format; a GGUF file or an AWQ/GPTQ checkpoint needs no flag; int8/int4 quantize "
+                   "a 16-bit checkpoint while loading")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
                    help="split the model over N GPUs (or N CPU processes) with torch.distributed")

@@ -109,6 +109,8 @@ def check_sampling(params: SamplingParams, limits: RequestLimits) -> None:
     if len(params.stop_token_ids or []) > limits.vocab_size:
         raise RequestError("stop_token_ids lists more ids than the vocabulary has.", param="stop_token_ids")
     check_token_ids(params.stop_token_ids or [], limits.vocab_size, "stop_token_ids")
+    check_token_ids(list(params.logit_bias or {}), limits.vocab_size, "logit_bias")
+    check_token_ids(params.allowed_token_ids or [], limits.vocab_size, "allowed_token_ids")
 
 
 def check_fits_pool(prompt_len: int, params: SamplingParams, limits: RequestLimits) -> None:

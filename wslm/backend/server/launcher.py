@@ -99,6 +99,7 @@ def engine_config(args: Namespace):
         block_size=args.block_size,
         gpu_memory_utilization=args.gpu_memory_utilization,
         dtype=args.dtype,
+        quantization=getattr(args, "quantization", None),
         chat_template=args.chat_template,
         tensor_parallel_size=args.tensor_parallel_size,
         distributed_executor_backend=getattr(args, "distributed_executor_backend", None),
@@ -117,6 +118,9 @@ def engine_config(args: Namespace):
         kwargs["max_num_seqs"] = args.max_num_seqs
     if args.max_num_batched_tokens is not None:
         kwargs["max_num_batched_tokens"] = args.max_num_batched_tokens
+    for name in ("long_prefill_token_threshold", "fanout_per_step"):
+        if getattr(args, name, None) is not None:
+            kwargs[name] = getattr(args, name)
     if args.enable_prefix_caching is not None:
         kwargs["enable_prefix_caching"] = args.enable_prefix_caching
     try:
@@ -188,7 +192,7 @@ def _log_config(level: str) -> dict:
 
 def run(args: Namespace) -> int:
     _claim_stdout()
-    emit("loading", model=args.model)
+    emit("loading", model=args.model, pid=os.getpid())  # the pid: a GUI can stop us while we load
     sock = None
     try:
         try:
@@ -323,6 +327,19 @@ def _serve(args: Namespace, engine: Any, sock: socket.socket) -> int:
         access_log=not getattr(args, "disable_uvicorn_access_log", False),
     )
     server = _Server(config, on_ready, on_signal)
+    died: list[str] = []
+
+    def on_death(why: str) -> None:
+        # /health already answers 503; stop listening and exit non-zero so that whoever runs us (the GUI's
+        # auto-restart, systemd, a script) sees it, instead of a server that takes requests it cannot serve.
+        died.append(why)
+        log.error("The engine stopped (%s): the server exits.", why)
+        emit("error", message=f"The engine stopped ({why}); the server exited. Restart it; its log (stderr) "
+                              "has the details.")
+        state.engine.draining = True
+        server.should_exit = True
+
+    state.engine.on_death = on_death
     try:
         server.run(sockets=[sock])
     except SystemExit:  # uvicorn exits this way when the app fails its start-up
@@ -330,7 +347,7 @@ def _serve(args: Namespace, engine: Any, sock: socket.socket) -> int:
     if not server.started:
         emit("error", message="The HTTP server could not start; see the log above (stderr).")
         return 1
-    return 0
+    return 1 if died else 0
 
 
 def _make_server_class():

@@ -17,7 +17,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from wslm.backend import validation
-from wslm.backend.outputs import Logprob, fold_completion
+from wslm.backend.outputs import OUT_OF_MEMORY_ERROR, Logprob, fold_completion
 from wslm.backend.server.async_engine import Aborted, AsyncEngine, EngineFailure, RequestGroup
 from wslm.backend.server.errors import APIError, bad_request, internal_error
 from wslm.backend.server.http_limits import HTTPLimits
@@ -217,6 +217,13 @@ def completion_logprobs(tokenizer: Any, token_ids: list[int], logprobs: list[dic
     return out
 
 
+def engine_failure(exc: EngineFailure) -> APIError:
+    """The engine failed the request: 503 when it ran out of memory (retry later, or smaller), else 500."""
+    if str(exc).startswith(OUT_OF_MEMORY_ERROR):
+        return APIError(str(exc), 503, type="server_error", code="out_of_memory")
+    return APIError(str(exc), 500, type="server_error")
+
+
 class ClientGone(Exception):
     """The client closed the connection before a non-streamed answer was ready."""
 
@@ -338,7 +345,7 @@ async def collect_all(request: Request, group: Any, tracker: Tracker) -> dict[tu
     except ClientGone:
         return None
     except EngineFailure as exc:
-        raise APIError(str(exc), 500, type="server_error") from exc
+        raise engine_failure(exc) from exc
     finally:
         group.abort()
 
@@ -381,7 +388,7 @@ async def stream_deltas(group: RequestGroup, tracker: Tracker, writer: ChunkWrit
                 deltas = tracker.fold(await group.next_items())
             except EngineFailure as exc:
                 log.error("request %s failed: %s", response_id, exc)
-                yield sse(APIError(str(exc), 500, type="server_error").body()) + SSE_DONE
+                yield sse(engine_failure(exc).body()) + SSE_DONE
                 return
             out = "".join(render(d) for d in deltas)
             if out:

@@ -26,6 +26,7 @@ from wslm.backend.server.serving_base import (
     start_group,
     stream_deltas,
 )
+from wslm.backend.server.structured_request import compile_structured
 
 log = logging.getLogger("wslm.server")
 
@@ -89,6 +90,7 @@ async def create_chat_completion(state: ServerState, request: Request) -> Respon
     prompt_ids = await render_prompt(state, messages, chat_template=req.chat_template,
                                      add_generation_prompt=req.add_generation_prompt)
     params = req.sampling_params(max_tokens, top_n)
+    await compile_structured(state, params.structured_outputs, req.structured_source)
     state.check_request(prompt_ids, params, "messages")
 
     response_id = f"chatcmpl-{uuid.uuid4().hex}"

@@ -25,6 +25,7 @@ from wslm.backend.server.serving_base import (
     start_group,
     stream_deltas,
 )
+from wslm.backend.server.structured_request import compile_structured
 
 log = logging.getLogger("wslm.server")
 
@@ -40,6 +41,7 @@ async def create_completion(state: ServerState, request: Request) -> Response:
     if req.logprobs is not None and req.logprobs < 0:
         raise bad_request(f"logprobs must not be negative, got {req.logprobs}.", param="logprobs")
     params = req.sampling_params(req.max_tokens, req.logprobs)
+    await compile_structured(state, params.structured_outputs, req.structured_source)
     prompts_ids: list[list[int]] = []
     prompt_texts: list[str] = []
     for p in req.prompts():
