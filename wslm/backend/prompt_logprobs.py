@@ -15,7 +15,7 @@ from wslm.backend.sequence import Sequence
 def prompt_logprob_positions(seq: Sequence, num_new: int) -> range:
     """Positions of this step's chunk whose logits score the next prompt token, skipping those already
     recorded (a preempted sequence recomputes its prompt)."""
-    if seq.params.prompt_logprobs is None:
+    if getattr(seq.params, "prompt_logprobs", None) is None:  # embedding requests carry PoolingParams
         return range(0)
     start = seq.num_computed_tokens
     lo = max(start, len(seq.prompt_logprobs))

@@ -51,6 +51,7 @@ class ServerState:
     default_sampling: dict[str, Any] = field(default_factory=dict)  # --generation-config: request defaults
     chat_template: str | None = None  # the template in use (GET /tokenizer_info shows it)
     server_load: int = 0  # requests in flight (with --enable-server-load-tracking)
+    task: str = "generate"  # what the model serves: "generate" (chat, completions) or "embed" (embeddings)
 
     @property
     def model_name(self) -> str:
