@@ -64,9 +64,14 @@ class LLMEngine:
         source = resolve_model(config.model, config.revision, config.download_dir)
         self.model_name = source.name
         self.tokenizer = load_tokenizer(source, config.tokenizer, config.trust_remote_code)
-        _, mc = load_model_config(source, self.tokenizer, config.dtype, self.device, config.trust_remote_code)
+        _, mc = load_model_config(
+            source, self.tokenizer, config.dtype, self.device, config.trust_remote_code, config.quantization
+        )
         self.model_config = mc
-        logger.info("Loading %s (%s, %s) on %s", source.name, mc.architecture, mc.dtype, self.device)
+        logger.info(
+            "Loading %s (%s, %s, weights %s) on %s",
+            source.name, mc.architecture, mc.dtype, mc.quantization or "dense", self.device,
+        )
         logger.info("Kernels: %s", kernels.backend_description(self.device))
         if config.tensor_parallel_size > 1:
             from wslm.backend.distributed.executor import make_executor

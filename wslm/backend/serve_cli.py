@@ -33,6 +33,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="CUDA: share of the GPU to use")
     p.add_argument("--kv-cache-memory", default=None, help="KV-cache size: bytes, or like 4GiB / 512MiB")
     p.add_argument("--dtype", default="auto", help="auto, float32, float16 or bfloat16")
+    p.add_argument("--quantization", "-q", default=None, choices=["gguf", "awq", "gptq", "int8", "int4"],
+                   help="weights format; a GGUF file or an AWQ/GPTQ checkpoint needs no flag; int8/int4 quantize "
+                   "a 16-bit checkpoint while loading")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
                    help="split the model over N GPUs (or N CPU processes) with torch.distributed")

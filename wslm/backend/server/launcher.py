@@ -99,6 +99,7 @@ def engine_config(args: Namespace):
         block_size=args.block_size,
         gpu_memory_utilization=args.gpu_memory_utilization,
         dtype=args.dtype,
+        quantization=getattr(args, "quantization", None),
         chat_template=args.chat_template,
         tensor_parallel_size=args.tensor_parallel_size,
         distributed_executor_backend=getattr(args, "distributed_executor_backend", None),
