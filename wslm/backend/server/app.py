@@ -24,6 +24,7 @@ from wslm.backend.server import (
     security,
     serving_chat,
     serving_completion,
+    serving_embedding,
     serving_tokens,
     serving_vllm,
 )
@@ -76,8 +77,10 @@ def build_app(state: ServerState, root_path: str = "", docs: bool = True) -> Fas
     app.add_api_route("/load", route(serving_vllm.get_load), methods=["GET"])
     if state.enable_tokenizer_info_endpoint:
         app.add_api_route("/tokenizer_info", route(serving_vllm.get_tokenizer_info), methods=["GET"])
+    app.add_api_route("/v1/embeddings", route(serving_embedding.create_embedding), methods=["POST"])
     invocation_routes = {"messages": serving_chat.create_chat_completion,
-                         "prompt": serving_completion.create_completion}
+                         "prompt": serving_completion.create_completion,
+                         "input": serving_embedding.create_embedding}
     app.add_api_route("/invocations", route(serving_vllm.invocations(invocation_routes)), methods=["POST"])
 
     @app.exception_handler(StarletteHTTPException)
@@ -143,6 +146,10 @@ def _model_card(state: ServerState, name: str) -> dict:
         "root": state.model_path or name,
         "parent": None,
         "max_model_len": state.max_model_len,
+        # What the model can do (the GUI and clients pick endpoints by it): vLLM's task name, and the API
+        # capabilities it gives.
+        "task": state.task,
+        "capabilities": ["embeddings"] if state.task == "embed" else ["completion", "chat"],
     }
 
 

@@ -112,6 +112,7 @@ def engine_config(args: Namespace):
         trust_remote_code=bool(getattr(args, "trust_remote_code", False)),
         enforce_eager=bool(getattr(args, "enforce_eager", False)),
         max_logprobs=getattr(args, "max_logprobs", 20),
+        task=_task(args),
     )
     if args.max_num_seqs is not None:
         kwargs["max_num_seqs"] = args.max_num_seqs
@@ -126,6 +127,15 @@ def engine_config(args: Namespace):
         return EngineConfig(**kwargs)
     except ValueError as exc:
         raise StartupError(str(exc)) from exc
+
+
+def _task(args: Namespace) -> str:
+    """--task, or vLLM's newer --runner (pooling = embed)."""
+    runner = getattr(args, "runner", None)
+    if runner in ("generate", "pooling"):
+        return "embed" if runner == "pooling" else "generate"
+    task = getattr(args, "task", "auto") or "auto"
+    return "embed" if task == "embedding" else task
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -157,10 +167,10 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def load_engine(config: Any):
-    from wslm.backend.llm_engine import LLMEngine
+    from wslm.backend.engine_factory import create_engine
 
     try:
-        return LLMEngine(config)
+        return create_engine(config)
     except (ValueError, FileNotFoundError) as exc:
         raise StartupError(str(exc)) from exc
     except MemoryError as exc:
@@ -287,6 +297,7 @@ def _serve(args: Namespace, engine: Any, sock: socket.socket) -> int:
         enable_server_load_tracking=bool(getattr(args, "enable_server_load_tracking", False)),
         enable_tokenizer_info_endpoint=bool(getattr(args, "enable_tokenizer_info_endpoint", False)),
         default_sampling=defaults,
+        task=getattr(engine, "task", "generate"),
         chat_template=getattr(engine, "chat_template", None),
         **parsers,
         http_limits=HTTPLimits(**{k: v for k, v in (("max_request_body_bytes", args.max_request_body_bytes),

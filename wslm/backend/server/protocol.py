@@ -295,3 +295,34 @@ def _short(value: object) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
+
+
+class EmbeddingRequest(_Request):
+    """POST /v1/embeddings (OpenAI's fields plus vLLM's `normalize`)."""
+
+    model: str | None = None
+    input: Union[str, list[str], list[int], list[list[int]]]
+    encoding_format: str = "float"
+    dimensions: int | None = None
+    user: str | None = None
+    normalize: bool | None = None
+
+    def inputs(self) -> list[str | list[int]]:
+        """The input field as a list of inputs, each a string or token ids (LangChain sends ids)."""
+        x = self.input
+        if isinstance(x, str):
+            items: list[str | list[int]] = [x]
+        elif x and all(isinstance(t, int) for t in x):
+            items = [list(x)]  # type: ignore[arg-type]
+        else:
+            items = list(x)  # type: ignore[arg-type]
+        if not items:
+            raise bad_request("input must not be empty: send a string, a list of strings, or token ids.",
+                              param="input")
+        for i, item in enumerate(items):
+            if len(item) == 0:
+                raise bad_request(f"input[{i}] is empty: every input needs some text or tokens.", param="input")
+        if self.encoding_format not in ("float", "base64"):
+            raise bad_request(f"encoding_format must be float or base64, got {self.encoding_format!r}.",
+                              param="encoding_format")
+        return items

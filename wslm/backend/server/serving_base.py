@@ -55,6 +55,7 @@ class ServerState:
     enable_auto_tool_choice: bool = False
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
+    task: str = "generate"  # what the model serves: "generate" (chat, completions) or "embed" (embeddings)
 
     @property
     def model_name(self) -> str:

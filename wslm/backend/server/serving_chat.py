@@ -31,6 +31,7 @@ from wslm.backend.server.structured_request import compile_structured
 
 log = logging.getLogger("wslm.server")
 
+
 def template_messages(messages: list[ChatMessage]) -> list[dict]:
     """The request's messages as plain dicts; chat.normalize_messages (inside the engine's rendering, the same
     for LLM.chat) checks and shapes them for the template."""
