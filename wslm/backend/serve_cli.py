@@ -73,8 +73,9 @@ def _add_vllm_flags(p: argparse.ArgumentParser) -> None:
     from wslm.backend.server.vllm_flags import add_no_effect_flags
 
     g = p.add_argument_group("vLLM flags")
-    g.add_argument("--task", default="auto", choices=["auto", "generate", "embed", "embedding"],
-                   help="generate (text) or embed (/v1/embeddings); auto: from the checkpoint (vLLM's --task)")
+    g.add_argument("--task", default="auto", choices=["auto", "generate", "embed", "embedding", "score"],
+                   help="generate (text), embed (/v1/embeddings) or score (/rerank, /score: cross-encoders); "
+                        "auto: from the checkpoint (vLLM's --task)")
     g.add_argument("--runner", default=None, choices=["auto", "generate", "pooling"],
                    help="vLLM's newer name for --task: pooling = embed")
     g.add_argument("--tokenizer", default=None, help="a tokenizer folder or repo id other than the model's")

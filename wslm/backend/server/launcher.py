@@ -130,10 +130,10 @@ def engine_config(args: Namespace):
 
 
 def _task(args: Namespace) -> str:
-    """--task, or vLLM's newer --runner (pooling = embed)."""
+    """--task, or vLLM's newer --runner (pooling: embed, or score for a cross-encoder)."""
     runner = getattr(args, "runner", None)
     if runner in ("generate", "pooling"):
-        return "embed" if runner == "pooling" else "generate"
+        return runner
     task = getattr(args, "task", "auto") or "auto"
     return "embed" if task == "embedding" else task
 
