@@ -40,11 +40,17 @@ class LLM:
         chat_template: str | None = None,
         add_generation_prompt: bool = True,
         use_tqdm: bool = False,
+        continue_final_message: bool = False,
+        tools: list[dict] | None = None,
+        chat_template_kwargs: dict | None = None,
     ) -> list[RequestOutput]:
+        """vLLM's LLM.chat: each conversation rendered by the same function the server uses (chat.render_chat)."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
         engine = self.llm_engine
+        options = dict(continue_final_message=continue_final_message, tools=tools,
+                       chat_template_kwargs=chat_template_kwargs)
         prompts = [
-            {"prompt_token_ids": engine.apply_chat_template(conv, chat_template, add_generation_prompt)}
+            {"prompt_token_ids": engine.apply_chat_template(conv, chat_template, add_generation_prompt, **options)}
             for conv in conversations
         ]
         return self._run(prompts, sampling_params)

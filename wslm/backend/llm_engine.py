@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -379,10 +380,13 @@ class LLMEngine:
 
     # ---- chat and stats ------------------------------------------------------------------------
     def apply_chat_template(
-        self, messages: list[dict], chat_template: str | None = None, add_generation_prompt: bool = True
+        self, messages: list[dict], chat_template: str | None = None, add_generation_prompt: bool = True,
+        **options: Any,
     ) -> list[int]:
+        """The prompt ids for a chat (chat.render_chat: the one path LLM.chat and the server share); options:
+        continue_final_message, tools, chat_template_kwargs."""
         template = read_template(chat_template) or self.chat_template
-        return render_chat(self.tokenizer, messages, template, add_generation_prompt, self.model_name)
+        return render_chat(self.tokenizer, messages, template, add_generation_prompt, self.model_name, **options)
 
     def get_stats(self) -> dict:
         bm = self.block_manager

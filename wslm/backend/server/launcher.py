@@ -265,6 +265,7 @@ def _serve(args: Namespace, engine: Any, sock: socket.socket) -> int:
     from wslm.backend.server.async_engine import AsyncEngine
     from wslm.backend.server.http_limits import HTTPLimits
     from wslm.backend.server.metrics import ServerMetrics
+    from wslm.backend.server.parser_choice import choose_parsers
     from wslm.backend.server.serving_base import ServerState
 
     names = list(args.served_model_name or [args.model])
@@ -275,6 +276,8 @@ def _serve(args: Namespace, engine: Any, sock: socket.socket) -> int:
     if defaults:
         log.info("Default sampling parameters from the model's generation config (--generation-config %s; "
                  "a request's own values win): %s", getattr(args, "generation_config", "auto"), defaults)
+    template = getattr(engine, "chat_template", None) or getattr(engine.tokenizer, "chat_template", None)
+    parsers = choose_parsers(args, template)
     state = ServerState(
         engine=AsyncEngine(engine, metrics, log_requests=bool(getattr(args, "log_requests", False))),
         tokenizer=engine.tokenizer,
@@ -296,6 +299,7 @@ def _serve(args: Namespace, engine: Any, sock: socket.socket) -> int:
         default_sampling=defaults,
         task=getattr(engine, "task", "generate"),
         chat_template=getattr(engine, "chat_template", None),
+        **parsers,
         http_limits=HTTPLimits(**{k: v for k, v in (("max_request_body_bytes", args.max_request_body_bytes),
                                                     ("max_json_depth", args.max_json_depth)) if v is not None}),
     )

@@ -8,7 +8,7 @@ builds one per token, and pydantic would only add cost there."""
 from __future__ import annotations
 
 import json
-from typing import Any, Union
+from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
@@ -45,6 +45,18 @@ class ChatMessage(_Request):
     name: str | None = None
     tool_calls: list[Any] | None = None
     tool_call_id: str | None = None
+
+
+class FunctionDefinition(_Request):
+    name: str = Field(min_length=1, max_length=256)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ChatTool(_Request):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
 
 
 class _SamplingFields(_Request):
@@ -162,9 +174,13 @@ class ChatCompletionRequest(_SamplingFields):
     # vLLM's chat extras.
     chat_template: str | None = None
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    # Tool calling (serving_tools.py).
+    tools: list[ChatTool] | None = None
+    tool_choice: Union[str, dict[str, Any], None] = None
+    parallel_tool_calls: bool | None = True
     # Known but not supported.
-    tools: list[Any] | None = None
-    tool_choice: Any = None
     functions: list[Any] | None = None
     function_call: Any = None
     audio: Any = None
@@ -174,12 +190,9 @@ class ChatCompletionRequest(_SamplingFields):
 
     def unsupported_fields(self) -> list[tuple[str, str]]:
         found = self._common_unsupported()
-        if self.tools:
-            found.append(("tools", "tools / function calling is not supported by wslm yet"))
-        if self.tool_choice not in (None, "none", "auto"):
-            found.append(("tool_choice", "tool_choice is not supported by wslm yet"))
         if self.functions or self.function_call not in (None, "none", "auto"):
-            found.append(("functions", "function calling is not supported by wslm yet"))
+            found.append(("functions", "the legacy `functions` / `function_call` fields are not supported; send "
+                                       "`tools` and `tool_choice`"))
         if self.audio is not None or (self.modalities and set(self.modalities) - {"text"}):
             found.append(("modalities", "audio output is not supported: wslm serves text models"))
         if self.prediction is not None:
@@ -236,7 +249,10 @@ class TokenizeRequest(_Request):
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool | None = None
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
     chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[ChatTool] | None = None
     return_token_strs: bool = False
 
 
