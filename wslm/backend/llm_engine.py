@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -21,6 +22,7 @@ from wslm.backend.model_loader import load_model_config, load_tokenizer, resolve
 from wslm.backend.model_runner import ModelRunner, load_model
 from wslm.backend.output_processor import OutputProcessor
 from wslm.backend.outputs import OUT_OF_MEMORY_ERROR, CompletionOutput, RequestMetrics, RequestOutput
+from wslm.backend.pooling_params import PoolingParams
 from wslm.backend.sampler import Sampler
 from wslm.backend.sampling_params import SamplingParams
 from wslm.backend.scheduler import Scheduler
@@ -62,11 +64,17 @@ class LLMEngine:
             tune_allocator()
         source = resolve_model(config.model, config.revision, config.download_dir)
         self.model_name = source.name
+        self.task = "embed" if config.task in ("embed", "embedding", "pooling") else "generate"
         self.tokenizer = load_tokenizer(source, config.tokenizer, config.trust_remote_code)
         _, mc = load_model_config(
             source, self.tokenizer, config.dtype, self.device, config.trust_remote_code, config.quantization
         )
         self.model_config = mc
+        self.pooling = None  # DecoderPooling when this engine serves an embedding model (--task embed)
+        if self.task == "embed":
+            from wslm.backend.decoder_pooling import DecoderPooling
+
+            self.pooling = DecoderPooling(source, mc, config)
         logger.info(
             "Loading %s (%s, %s, weights %s) on %s",
             source.name, mc.architecture, mc.dtype, mc.quantization or "dense", self.device,
@@ -80,7 +88,7 @@ class LLMEngine:
             self.runner = make_executor(config, source, mc)
             num_blocks = self.runner.num_blocks
         else:
-            model = load_model(source, mc, self.device)
+            model = load_model(source, mc, self.device, embedding=self.pooling is not None)
             num_blocks = determine_num_blocks(config, mc, self.device)
         mc.max_model_len = self._resolve_max_model_len(num_blocks * config.block_size)
         self.max_model_len = mc.max_model_len
@@ -144,10 +152,19 @@ class LLMEngine:
         self,
         request_id: str,
         prompt: str | list[int] | dict,
-        params: SamplingParams | None = None,
+        params: SamplingParams | PoolingParams | None = None,
         arrival_time: float | None = None,
     ) -> None:
         """Queue a request. Raises ValueError (nothing queued) when the request cannot be served."""
+        if self.pooling is not None or isinstance(params, PoolingParams):
+            if self.pooling is None or not isinstance(params, PoolingParams):
+                raise ValueError("This engine serves " + ("an embedding model: it takes embedding requests, "
+                                 "not text generation." if self.pooling else "text generation, not embeddings."))
+            if request_id in self.requests:
+                raise ValueError(f"Request id {request_id!r} is already in use.")
+            self.pooling.add_request(self, request_id, prompt, params.clone(),
+                                     time.monotonic() if arrival_time is None else arrival_time)
+            return
         # A private copy: validation fills in max_tokens, and callers may share one params object.
         params = params.clone() if params is not None else SamplingParams()
         if request_id in self.requests:
@@ -197,6 +214,9 @@ class LLMEngine:
             req = self.requests.get(rid)
             if req is None:
                 continue
+            if self.pooling is not None:
+                self.pooling.abort(self, rid)
+                continue
             for seq in req.seqs:
                 if not seq.is_finished:
                     seq.finish_reason = "abort"
@@ -213,6 +233,8 @@ class LLMEngine:
         sched = self.scheduler.schedule()
         if sched.is_empty():
             return outputs
+        if self.pooling is not None:
+            return outputs + self.pooling.step(self, sched)
         advanced = False
         try:
             if self.faults is not None:
@@ -358,10 +380,13 @@ class LLMEngine:
 
     # ---- chat and stats ------------------------------------------------------------------------
     def apply_chat_template(
-        self, messages: list[dict], chat_template: str | None = None, add_generation_prompt: bool = True
+        self, messages: list[dict], chat_template: str | None = None, add_generation_prompt: bool = True,
+        **options: Any,
     ) -> list[int]:
+        """The prompt ids for a chat (chat.render_chat: the one path LLM.chat and the server share); options:
+        continue_final_message, tools, chat_template_kwargs."""
         template = read_template(chat_template) or self.chat_template
-        return render_chat(self.tokenizer, messages, template, add_generation_prompt, self.model_name)
+        return render_chat(self.tokenizer, messages, template, add_generation_prompt, self.model_name, **options)
 
     def get_stats(self) -> dict:
         bm = self.block_manager

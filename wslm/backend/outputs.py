@@ -89,3 +89,23 @@ def fold_output(results: dict[str, RequestOutput], delta: RequestOutput) -> Requ
     total.error = delta.error
     total.extra.update(delta.extra)
     return total
+
+
+@dataclass(slots=True)
+class PoolingOutput:
+    data: Any  # a 1-D fp32 torch tensor on the CPU: the finished (pooled, cut, normalised) embedding
+
+    @property
+    def embedding(self) -> list[float]:
+        return self.data.tolist()
+
+
+@dataclass(slots=True)
+class PoolingRequestOutput:
+    """One embedding request's result (vLLM's name): the engine sends it once, finished."""
+
+    request_id: str
+    outputs: PoolingOutput | None
+    prompt_token_ids: list[int]
+    finished: bool = True
+    error: str | None = None  # set when the engine failed (or aborted) this request; outputs is None

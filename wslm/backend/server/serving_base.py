@@ -52,6 +52,11 @@ class ServerState:
     default_sampling: dict[str, Any] = field(default_factory=dict)  # --generation-config: request defaults
     chat_template: str | None = None  # the template in use (GET /tokenizer_info shows it)
     server_load: int = 0  # requests in flight (with --enable-server-load-tracking)
+    # Tool calling and reasoning (serving_tools.py): parser names, chosen by flag or from the chat template.
+    enable_auto_tool_choice: bool = False
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
+    task: str = "generate"  # what the model serves: "generate" (chat, completions) or "embed" (embeddings)
 
     @property
     def model_name(self) -> str:
