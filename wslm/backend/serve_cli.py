@@ -50,6 +50,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--allowed-origins", default=None,
                    help="browser origins allowed besides this machine's, as a JSON list (vLLM's form) or commas; "
                         "'[\"*\"]' allows any web page (default: loopback pages only)")
+    p.add_argument("--allowed-methods", default=None, help='CORS: allowed methods, JSON list (default \'["*"]\')')
+    p.add_argument("--allowed-headers", default=None, help='CORS: allowed headers, JSON list (default \'["*"]\')')
+    p.add_argument("--allow-credentials", action="store_true", help="CORS: allow credentials (cookies)")
     p.add_argument("--allowed-hosts", default=None,
                    help="Host header names accepted besides localhost when listening on loopback (e.g. behind a "
                         "proxy); '*' turns the check off")

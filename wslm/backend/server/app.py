@@ -107,8 +107,9 @@ def build_app(state: ServerState, root_path: str = "", docs: bool = True) -> Fas
     # Outside the key check, so that 401s carry CORS headers too. Loopback pages and --allowed-origins only:
     # any other web page is refused by OriginCheckMiddleware (security.py says why).
     origins = state.allowed_origins or []
+    methods, headers, credentials = state.cors
     app.add_middleware(CORSMiddleware, allow_origins=origins, allow_origin_regex=security.LOOPBACK_ORIGIN_PATTERN,
-                       allow_methods=["*"], allow_headers=["*"])
+                       allow_methods=methods, allow_headers=headers, allow_credentials=credentials)
     app.add_middleware(security.OriginCheckMiddleware, allowed_origins=origins)
     if state.bound_host is not None and security.is_loopback(state.bound_host):
         app.add_middleware(security.HostCheckMiddleware, allowed_hosts=state.allowed_hosts)
