@@ -186,6 +186,10 @@ def test_cross_encoder_rerank_and_score(tmp_path):
     query, docs = "where is the cat", ["the cat sat on a mat", "blue sky", "a dog ran in the park"]
     with torch.no_grad():
         expected = torch.sigmoid(model(**tok([query] * 3, docs, padding=True, return_tensors="pt")).logits[:, 0])
+    from wslm.backend import LLM
+
+    offline = [o.outputs.data[0].item() for o in LLM(str(tmp_path)).score(query, docs)]
+    assert offline == pytest.approx(expected.tolist(), abs=1e-5)
     srv = ServerProcess(str(tmp_path), "--port", "0", "--uvicorn-log-level", "warning", "--served-model-name", "rr")
     try:
         r = httpx.post(srv.url + "/rerank", json={"model": "rr", "query": query, "documents": docs, "top_n": 2})
