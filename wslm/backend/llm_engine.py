@@ -101,7 +101,9 @@ class LLMEngine:
                                     max_logprobs=config.max_logprobs)
         if config.tensor_parallel_size == 1:
             self.runner = ModelRunner(model, config.block_size, num_blocks)
-        if self.device.type == "cuda" and not config.enforce_eager and config.tensor_parallel_size == 1:
+        # CUDA graphs serve decode steps, which an embedding model never runs.
+        decodes = self.pooling is None
+        if self.device.type == "cuda" and not config.enforce_eager and config.tensor_parallel_size == 1 and decodes:
             self.runner.enable_cuda_graphs(config.max_num_seqs, mc.max_model_len)
         self.sampler = Sampler(mc.vocab_size, self.device, config.seed)
         # Structured output: thread-safe, so the server compiles grammars in worker threads ahead of add_request.
