@@ -29,7 +29,7 @@ ASK = [{"role": "user", "content": "Describe a person as JSON with a name, an ag
 
 @pytest.fixture(scope="module")
 def server():
-    srv = ServerProcess("--port", "0", *SMALL, "--dtype", "float32", "--max-num-seqs", "32")
+    srv = ServerProcess("--port", "0", *SMALL, "--dtype", "float32", "--max-num-seqs", "32", "--max-logprobs", "-1")
     yield srv
     assert srv.stop() == 0, srv.stderr()[-3000:]
 
@@ -197,3 +197,11 @@ def test_echo_logprobs_prompt_logprobs_token_ids(server, client):
     r = client.completions.create(model="demo", prompt="one two three four five six seven", max_tokens=2,
                                   extra_body={"truncate_prompt_tokens": 3})
     assert r.usage.prompt_tokens == 3
+
+
+def test_top_logprobs_whole_vocabulary(client):
+    # --max-logprobs -1 lets a request ask for every token's logprob (vLLM's top_logprobs=-1).
+    r = client.chat.completions.create(model="demo", messages=ASK, max_tokens=1, temperature=0, logprobs=True,
+                                       top_logprobs=-1)
+    top = r.choices[0].logprobs.content[0].top_logprobs
+    assert len(top) == 49152 and top[0].logprob >= top[-1].logprob
