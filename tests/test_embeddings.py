@@ -169,3 +169,42 @@ def test_qwen3_last_token_matches_hf(qwen3):
     alone = client.embeddings.create(model="q3", input=texts[0]).data[0].embedding
     assert cosine(alone, got.data[0].embedding) > 0.99999
     assert httpx.get(srv.base_url + "/models").json()["data"][0]["task"] == "embed"
+
+
+def test_cross_encoder_rerank_and_score(tmp_path):
+    """A tiny random BertForSequenceClassification (one label, as rerankers) answers /rerank and /score
+    with sigmoid(logit), as sentence-transformers' CrossEncoder; the order follows the scores."""
+    from transformers import BertConfig, BertForSequenceClassification
+
+    torch.manual_seed(4)
+    tok = make_bert_tokenizer(tmp_path)
+    model = BertForSequenceClassification(BertConfig(
+        vocab_size=len(tok), hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+        max_position_embeddings=130, initializer_range=0.2, num_labels=1)).eval()
+    model.save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    query, docs = "where is the cat", ["the cat sat on a mat", "blue sky", "a dog ran in the park"]
+    with torch.no_grad():
+        expected = torch.sigmoid(model(**tok([query] * 3, docs, padding=True, return_tensors="pt")).logits[:, 0])
+    from wslm.backend import LLM
+
+    offline = [o.outputs.data[0].item() for o in LLM(str(tmp_path)).score(query, docs)]
+    assert offline == pytest.approx(expected.tolist(), abs=1e-5)
+    srv = ServerProcess(str(tmp_path), "--port", "0", "--uvicorn-log-level", "warning", "--served-model-name", "rr")
+    try:
+        r = httpx.post(srv.url + "/rerank", json={"model": "rr", "query": query, "documents": docs, "top_n": 2})
+        assert r.status_code == 200, r.text
+        results = r.json()["results"]
+        best = sorted(range(3), key=lambda i: -float(expected[i]))[:2]
+        assert [x["index"] for x in results] == best
+        for x in results:
+            assert abs(x["relevance_score"] - float(expected[x["index"]])) < 1e-5
+            assert x["document"]["text"] == docs[x["index"]]
+        s = httpx.post(srv.url + "/v1/score", json={"model": "rr", "text_1": query, "text_2": docs}).json()
+        assert [round(d["score"], 5) for d in s["data"]] == [round(float(e), 5) for e in expected]
+        card = httpx.get(srv.base_url + "/models").json()["data"][0]
+        assert card["task"] == "score" and card["capabilities"] == ["score", "rerank"]
+        no = httpx.post(srv.base_url + "/embeddings", json={"model": "rr", "input": "cat"})
+        assert no.status_code == 400 and no.json()["error"]["code"] == "model_not_supported"
+    finally:
+        srv.stop()

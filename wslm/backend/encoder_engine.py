@@ -38,10 +38,12 @@ class _Request:
     ids: list[int]
     params: PoolingParams
     arrival: float
+    types: list[int] | None = None  # token types of a query/document pair (cross-encoders)
 
 
 class EncoderEngine:
-    task = "embed"
+    """task "embed": one vector per input (pooled token states); task "score": a cross-encoder's relevance
+    score (sigmoid of its one logit, as sentence-transformers' CrossEncoder) per query/document pair."""
 
     def __init__(self, config: EngineConfig, source: ModelSource, hf: dict) -> None:
         start = time.monotonic()
@@ -62,7 +64,12 @@ class EncoderEngine:
             dtype = torch.float16 if dtype == torch.float32 else dtype
         self.model = BertModel(hf, dtype, self.device)
         self.model.load_weights(iter_weights(source, dtype))
+        self.task = "score" if config.task == "score" else "embed"
         self.pooler = pooler_config(source.folder, hf, is_encoder=True)
+        if self.task == "score" and (not self.model.has_score_head or int(hf.get("num_labels", len(
+                hf.get("id2label") or {0: 0}))) != 1):
+            raise ValueError(f"{arch} is served for scoring only with one output label and its classifier weights "
+                             "(a reranker such as bge-reranker).")
         max_len = self.model.max_positions
         if config.max_model_len is not None:
             if config.max_model_len > max_len:
@@ -78,9 +85,10 @@ class EncoderEngine:
         self.waiting: deque[_Request] = deque()
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
-        logger.info("Loaded %s (%s encoder, %s) on %s for embeddings: %s pooling (from %s), %d-dim vectors, "
-                    "up to %d tokens; ready in %.1fs", source.name, arch, dtype, self.device, self.pooler.pooling,
-                    self.pooler.source, self.model.hidden_size, max_len, time.monotonic() - start)
+        what = ("scoring (query, document) pairs" if self.task == "score" else
+                f"embeddings: {self.pooler.pooling} pooling (from {self.pooler.source}), {self.model.hidden_size}-dim")
+        logger.info("Loaded %s (%s encoder, %s) on %s for %s; up to %d tokens; ready in %.1fs", source.name, arch,
+                    dtype, self.device, what, max_len, time.monotonic() - start)
 
     # ---- requests ------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | list[int] | dict, params: PoolingParams | None = None,
@@ -89,13 +97,24 @@ class EncoderEngine:
         if not isinstance(params, PoolingParams):
             raise ValueError("This server runs an embedding model: it takes embedding requests (/v1/embeddings, "
                              "LLM.embed), not text generation.")
+        arrival = time.monotonic() if arrival_time is None else arrival_time
+        if self.task == "score":
+            if not (isinstance(prompt, dict) and "text_pair" in prompt):
+                raise ValueError("This is a cross-encoder: it scores (query, document) pairs (/score, /rerank).")
+            enc = self.tokenizer(prompt["text"], prompt["text_pair"], truncation="longest_first",
+                                 max_length=self.max_model_len)
+            ids, types = list(enc["input_ids"]), enc.get("token_type_ids")
+            self.waiting.append(_Request(request_id, ids, params, arrival, list(types) if types else None))
+            return
         ids = self.encode_prompt(prompt)
         check_dimensions(params.dimensions, self.model.hidden_size, self.pooler, self.model_name)
-        self.waiting.append(_Request(request_id, ids, params, time.monotonic() if arrival_time is None else arrival_time))
+        self.waiting.append(_Request(request_id, ids, params, arrival))
 
     def encode_prompt(self, prompt: str | list[int] | dict) -> list[int]:
         """Token ids for a prompt: text is tokenized with the model's special tokens ([CLS] ... [SEP]);
         ids are taken as they are."""
+        if isinstance(prompt, dict) and "text_pair" in prompt:
+            raise ValueError("This is an embedding model: it embeds single texts, it does not score pairs.")
         if isinstance(prompt, dict):
             prompt = prompt.get("prompt_token_ids", prompt.get("prompt"))
         if isinstance(prompt, str):
@@ -149,9 +168,15 @@ class EncoderEngine:
         lengths = [len(r.ids) for r in batch]
         width = max(lengths)
         ids = torch.zeros((len(batch), width), dtype=torch.int64)
+        types = torch.zeros((len(batch), width), dtype=torch.int64) if any(r.types for r in batch) else None
         for i, r in enumerate(batch):
             ids[i, : len(r.ids)] = torch.tensor(r.ids)
-        hidden = self.model.forward(ids.to(self.device), lengths)
+            if types is not None and r.types:
+                types[i, : len(r.types)] = torch.tensor(r.types)
+        hidden = self.model.forward(ids.to(self.device), lengths, None if types is None else types.to(self.device))
+        if self.task == "score":
+            scores = torch.sigmoid(self.model.score_logits(hidden).float())  # [batch, 1]
+            return [s.cpu() for s in scores]
         pooled = pool(hidden, lengths, self.pooler.pooling)
         out = []
         for r, vec in zip(batch, pooled):

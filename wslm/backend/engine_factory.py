@@ -20,11 +20,11 @@ def create_engine(config: EngineConfig):
     hf = read_hf_config(source)
     arch = (hf.get("architectures") or [""])[0]
     task = detect_task(None if source.gguf_file else source.folder, arch, config.task)
-    if config.task == "auto" and task == "embed":
-        logger.info("Task: embed (from the checkpoint: %s%s); pass --task generate to override", arch or "?",
-                    ", sentence-transformers modules.json" if not arch.endswith("Model") else "")
-    if task == "embed" and arch in ENCODER_ARCHITECTURES:
-        return EncoderEngine(config, source, hf)
+    if config.task == "auto" and task != "generate":
+        logger.info("Task: %s (from the checkpoint: %s%s); pass --task to override", task, arch or "?",
+                    ", sentence-transformers modules.json" if "Model" not in arch and "For" not in arch else "")
+    if task in ("embed", "score") and arch in ENCODER_ARCHITECTURES:
+        return EncoderEngine(dataclasses.replace(config, task=task), source, hf)
     from wslm.backend.llm_engine import LLMEngine
 
     return LLMEngine(dataclasses.replace(config, task=task))

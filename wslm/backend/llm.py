@@ -75,6 +75,30 @@ class LLM:
         except ValueError:
             engine.abort_request(ids)
             raise
+        return self._collect_pooling(ids)
+
+    def score(self, text_1: str | list[str], text_2: str | list[str]) -> list[PoolingRequestOutput]:
+        """A cross-encoder's relevance score per pair (text_1 against each text_2, or pairwise when both
+        are lists), as vLLM's LLM.score: `.outputs.data[0]`, sigmoid(logit) in [0, 1]."""
+        a = [text_1] if isinstance(text_1, str) else list(text_1)
+        b = [text_2] if isinstance(text_2, str) else list(text_2)
+        if len(a) != 1 and len(a) != len(b):
+            raise ValueError(f"text_1 has {len(a)} texts and text_2 {len(b)}: give one text_1, or as many as text_2.")
+        engine = self.llm_engine
+        if getattr(engine, "task", "generate") != "score":
+            raise ValueError("LLM.score needs a cross-encoder (such as bge-reranker); this model does not score pairs.")
+        pairs = [(a[0], y) for y in b] if len(a) == 1 else list(zip(a, b))
+        ids = [f"score-{next(self._ids)}" for _ in pairs]
+        try:
+            for rid, (x, y) in zip(ids, pairs):
+                engine.add_request(rid, {"text": x, "text_pair": y}, PoolingParams())
+        except ValueError:
+            engine.abort_request(ids)
+            raise
+        return self._collect_pooling(ids)
+
+    def _collect_pooling(self, ids: list[str]) -> list[PoolingRequestOutput]:
+        engine = self.llm_engine
         results: dict[str, PoolingRequestOutput] = {}
         while engine.has_unfinished_requests():
             for out in engine.step():

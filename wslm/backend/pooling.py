@@ -16,6 +16,10 @@ logger = logging.getLogger("wslm.engine")
 # Encoder checkpoints (bidirectional attention) served by the encoder engine (modeling/models/bert.py).
 ENCODER_ARCHITECTURES = {"BertModel", "BertForMaskedLM", "BertForPreTraining", "RobertaModel", "RobertaForMaskedLM",
                          "XLMRobertaModel", "XLMRobertaForMaskedLM"}
+# Cross-encoders (bge-reranker, ms-marco MiniLM): a query/document pair in, one relevance score out.
+CROSS_ENCODER_ARCHITECTURES = {"BertForSequenceClassification", "RobertaForSequenceClassification",
+                               "XLMRobertaForSequenceClassification"}
+ENCODER_ARCHITECTURES |= CROSS_ENCODER_ARCHITECTURES
 
 
 @dataclass(slots=True)
@@ -40,9 +44,15 @@ def st_modules(folder: Path) -> list[dict]:
 
 
 def detect_task(folder: Path | None, architecture: str, requested: str) -> str:
-    """"generate" or "embed". requested: --task (auto, generate, embed, embedding). Auto picks embed for
-    encoder checkpoints, bare decoder bodies (`Qwen3Model`: no LM head) and sentence-transformers
-    checkpoints (a modules.json with a Pooling module, such as Qwen3-Embedding)."""
+    """"generate", "embed" or "score". requested: --task (auto, generate, embed, embedding, score). Auto
+    picks score for cross-encoders, embed for other encoder checkpoints, bare decoder bodies (`Qwen3Model`:
+    no LM head) and sentence-transformers checkpoints (a modules.json with a Pooling module, such as
+    Qwen3-Embedding)."""
+    if architecture in CROSS_ENCODER_ARCHITECTURES and requested in ("auto", "score", "pooling"):
+        return "score"
+    if requested == "score":
+        raise ValueError(f"--task score needs a cross-encoder (such as bge-reranker: "
+                         f"*ForSequenceClassification), not {architecture or 'this model'}.")
     if requested in ("embed", "embedding", "pooling"):
         return "embed"
     if requested == "generate":

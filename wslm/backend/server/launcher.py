@@ -130,10 +130,10 @@ def engine_config(args: Namespace):
 
 
 def _task(args: Namespace) -> str:
-    """--task, or vLLM's newer --runner (pooling = embed)."""
+    """--task, or vLLM's newer --runner (pooling: embed, or score for a cross-encoder)."""
     runner = getattr(args, "runner", None)
     if runner in ("generate", "pooling"):
-        return "embed" if runner == "pooling" else "generate"
+        return runner
     task = getattr(args, "task", "auto") or "auto"
     return "embed" if task == "embedding" else task
 
@@ -249,6 +249,8 @@ def check_limit_flags(args: Namespace) -> None:
     try:
         args.allowed_origins_list = parse_list(getattr(args, "allowed_origins", None), "--allowed-origins")
         args.allowed_hosts_list = parse_list(getattr(args, "allowed_hosts", None), "--allowed-hosts")
+        args.cors_methods = parse_list(getattr(args, "allowed_methods", None), "--allowed-methods") or ["*"]
+        args.cors_headers = parse_list(getattr(args, "allowed_headers", None), "--allowed-headers") or ["*"]
     except ValueError as exc:
         raise StartupError(str(exc)) from exc
     for flag in ("max_request_body_bytes", "max_json_depth", "max_stop_strings", "max_stop_string_length"):
@@ -291,6 +293,7 @@ def _serve(args: Namespace, engine: Any, sock: socket.socket) -> int:
         limits=request_limits(args, engine),
         allowed_origins=args.allowed_origins_list,
         allowed_hosts=args.allowed_hosts_list,
+        cors=(args.cors_methods, args.cors_headers, bool(getattr(args, "allow_credentials", False))),
         bound_host=sock.getsockname()[0],
         enable_prompt_tokens_details=bool(getattr(args, "enable_prompt_tokens_details", False)),
         enable_force_include_usage=bool(getattr(args, "enable_force_include_usage", False)),

@@ -326,3 +326,33 @@ class EmbeddingRequest(_Request):
             raise bad_request(f"encoding_format must be float or base64, got {self.encoding_format!r}.",
                               param="encoding_format")
         return items
+
+
+class ScoreRequest(_Request):
+    """POST /score (vLLM's): text_1 against each text_2 (or pairwise when both are lists)."""
+
+    model: str | None = None
+    text_1: Union[str, list[str]]
+    text_2: Union[str, list[str]]
+
+    def pairs(self) -> list[tuple[str, str]]:
+        a = [self.text_1] if isinstance(self.text_1, str) else list(self.text_1)
+        b = [self.text_2] if isinstance(self.text_2, str) else list(self.text_2)
+        if not a or not b:
+            raise bad_request("text_1 and text_2 must not be empty.", param="text_1" if not a else "text_2")
+        if len(a) == 1:
+            return [(a[0], t) for t in b]
+        if len(a) != len(b):
+            raise bad_request(f"text_1 has {len(a)} texts and text_2 {len(b)}: give one text_1, or as many as "
+                              "text_2 (scored pairwise).", param="text_2")
+        return list(zip(a, b))
+
+
+class RerankRequest(_Request):
+    """POST /rerank, /v1/rerank, /v2/rerank (Jina/Cohere shape, as vLLM's)."""
+
+    model: str | None = None
+    query: str
+    documents: list[str] = Field(min_length=1)
+    top_n: int | None = None
+    return_documents: bool = True

@@ -18,9 +18,11 @@ _ACTIVATIONS = {
 }
 
 # Checkpoint prefixes of the same weights (BertForMaskedLM saves "bert.", sentence-transformers exports
-# sometimes "model."); heads (cls., lm_head., pooler.) are not used for embeddings.
+# sometimes "model."); the MLM heads (cls., lm_head.) are never used; pooler. and classifier. are the
+# cross-encoder's score head (BertForSequenceClassification, XLMRobertaForSequenceClassification).
 _PREFIXES = ("bert.", "roberta.", "model.")
-_SKIP = ("cls.", "lm_head.", "pooler.", "classifier.")
+_SKIP = ("cls.", "lm_head.")
+_HEAD = ("pooler.", "classifier.")
 
 
 class _Layer:
@@ -53,6 +55,7 @@ class BertModel:
         self.device = device
         self.layers = [_Layer() for _ in range(self.num_layers)]
         self._w: dict[str, torch.Tensor] = {}
+        self.head: dict[str, torch.Tensor] = {}  # pooler.* / classifier.* of a cross-encoder
 
     # ---- weights -------------------------------------------------------------------------------
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -62,7 +65,9 @@ class BertModel:
             if name is None:
                 continue
             tensor = tensor.to(device=self.device, dtype=self.dtype)
-            if name.startswith("embeddings."):
+            if name.startswith(_HEAD):
+                self.head[name] = tensor
+            elif name.startswith("embeddings."):
                 self._w[name.removeprefix("embeddings.")] = tensor
             elif name.startswith("encoder.layer."):
                 idx, rest = name.removeprefix("encoder.layer.").split(".", 1)
@@ -88,16 +93,19 @@ class BertModel:
 
     # ---- forward -------------------------------------------------------------------------------
     @torch.inference_mode()
-    def forward(self, input_ids: torch.Tensor, lengths: list[int]) -> torch.Tensor:
-        """input_ids [batch, seq] (valid tokens first, then anything); returns the last layer's states
+    def forward(self, input_ids: torch.Tensor, lengths: list[int], token_types: torch.Tensor | None = None
+                ) -> torch.Tensor:
+        """input_ids [batch, seq] (valid tokens first, then anything); token_types: the segment of each
+        token (a query/document pair: 0 then 1), all 0 when None. Returns the last layer's states
         [batch, seq, hidden]. Padding never reaches a valid token (masked keys)."""
         batch, seq = input_ids.shape
         dev = self.device
         positions = torch.arange(seq, device=dev) + self.position_offset
         w = self._w
         h = F.embedding(input_ids, w["word_embeddings.weight"]) + F.embedding(positions, w["position_embeddings.weight"])
-        if "token_type_embeddings.weight" in w:  # one segment: type 0 everywhere
-            h = h + w["token_type_embeddings.weight"][0]
+        if "token_type_embeddings.weight" in w:
+            types = w["token_type_embeddings.weight"]
+            h = h + (types[0] if token_types is None else F.embedding(token_types, types))
         h = F.layer_norm(h, (self.hidden_size,), w["LayerNorm.weight"], w["LayerNorm.bias"], self.eps)
         keep = torch.arange(seq, device=dev)[None, :] < torch.tensor(lengths, device=dev)[:, None]
         mask = keep[:, None, None, :]  # [batch, 1, 1, keys]: True = attend
@@ -113,6 +121,24 @@ class BertModel:
             h = F.layer_norm(F.linear(up, layer.down, layer.down_bias) + h, (self.hidden_size,), layer.ln2,
                              layer.ln2_bias, self.eps)
         return h
+
+
+    @torch.inference_mode()
+    def score_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """A cross-encoder's logits [batch, num_labels] from its [CLS] state: BERT's pooler (dense + tanh)
+        then classifier; RoBERTa's classification head (dense + tanh, then out_proj)."""
+        cls = hidden[:, 0]
+        h = self.head
+        if "classifier.out_proj.weight" in h:
+            x = torch.tanh(F.linear(cls, h["classifier.dense.weight"], h["classifier.dense.bias"]))
+            return F.linear(x, h["classifier.out_proj.weight"], h["classifier.out_proj.bias"])
+        if "pooler.dense.weight" in h:
+            cls = torch.tanh(F.linear(cls, h["pooler.dense.weight"], h["pooler.dense.bias"]))
+        return F.linear(cls, h["classifier.weight"], h.get("classifier.bias"))
+
+    @property
+    def has_score_head(self) -> bool:
+        return "classifier.weight" in self.head or "classifier.out_proj.weight" in self.head
 
 
 def _strip(name: str) -> str | None:
