@@ -14,6 +14,7 @@ import pytest
 from engine_helpers import demo_tokenizer, make_tiny_model
 from test_server_helpers import ServerProcess
 
+KEY = "sekret"
 TINY = ["--kv-cache-memory", "16MiB", "--max-model-len", "512", "--uvicorn-log-level", "warning"]
 
 TEMPLATE = """
@@ -79,15 +80,16 @@ def _server(tiny_folder, *flags: str) -> ServerProcess:
 
 @pytest.fixture(scope="module")
 def server(tiny_folder):
-    """The template's <tool_call> and <think> pick the hermes and qwen3 parsers on their own."""
-    srv = _server(tiny_folder)
+    """The template's <tool_call> and <think> pick the hermes and qwen3 parsers on their own. With an API key,
+    which the anthropic client sends as x-api-key."""
+    srv = _server(tiny_folder, "--api-key", KEY)
     yield srv
     assert srv.stop() == 0, srv.stderr()[-3000:]
 
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=120)
+    return openai.OpenAI(base_url=server.base_url, api_key=KEY, max_retries=0, timeout=120)
 
 
 def _script(text: str) -> dict:
@@ -277,7 +279,7 @@ def test_llm_chat_and_server_render_the_same_prompt(tiny_folder, server, client)
 def _anthropic(server):
     import anthropic
 
-    return anthropic.Anthropic(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
+    return anthropic.Anthropic(base_url=server.url, api_key=KEY, max_retries=0, timeout=120)
 
 
 def test_messages_text_tools_and_stream(server):
@@ -327,20 +329,16 @@ def test_messages_text_tools_and_stream(server):
         client.messages.create(model="claude-nope", max_tokens=10, messages=[{"role": "user", "content": "hi"}])
 
 
-def test_messages_api_key_as_x_api_key_or_bearer(tiny_folder):
+def test_messages_api_key_as_x_api_key_or_bearer(server):
     import anthropic
     import httpx
 
-    srv = _server(tiny_folder, "--api-key", "sekret")
-    try:
-        ok = anthropic.Anthropic(base_url=srv.url, api_key="sekret", max_retries=0, timeout=60)
-        assert ok.messages.create(model="x", max_tokens=2, messages=[{"role": "user", "content": "hi"}]).content is not None
-        bearer = httpx.post(srv.url + "/v1/messages", headers={"Authorization": "Bearer sekret"}, timeout=60,
-                            json={"model": "x", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]})
-        assert bearer.status_code == 200 and bearer.json()["type"] == "message"
-        with pytest.raises(anthropic.AuthenticationError) as err:
-            anthropic.Anthropic(base_url=srv.url, api_key="wrong", max_retries=0).messages.create(
-                model="x", max_tokens=2, messages=[{"role": "user", "content": "hi"}])
-        assert err.value.body["error"]["type"] == "authentication_error"
-    finally:
-        assert srv.stop() == 0, srv.stderr()[-3000:]
+    body = {"model": "x", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+    bearer = httpx.post(server.url + "/v1/messages", headers={"Authorization": f"Bearer {KEY}"}, json=body,
+                        timeout=60)
+    assert bearer.status_code == 200 and bearer.json()["type"] == "message"
+    with pytest.raises(anthropic.AuthenticationError) as err:
+        anthropic.Anthropic(base_url=server.url, api_key="wrong", max_retries=0).messages.create(**body)
+    assert err.value.body == {"type": "error", "error": {"type": "authentication_error",
+                                                         "message": err.value.body["error"]["message"]}}
+    assert "x-api-key" in err.value.body["error"]["message"]
