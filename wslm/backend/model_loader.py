@@ -161,6 +161,9 @@ def load_model_config(
         model_type = getattr(hf_config, "model_type", "")
         archs = [GGUF_ARCHITECTURES.get(model_type, model_type or "unknown")]
     arch = archs[0]
+    # A bare decoder body (Qwen3Model, as embedding checkpoints ship) runs on its causal-LM family's code.
+    if arch.endswith("Model") and arch.removesuffix("Model") + "ForCausalLM" in SUPPORTED_ARCHITECTURES:
+        arch = arch.removesuffix("Model") + "ForCausalLM"
     if arch not in SUPPORTED_ARCHITECTURES:
         raise ValueError(unsupported_message(arch))
     if source.gguf_file and source.converted() is None:

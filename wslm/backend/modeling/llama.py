@@ -157,6 +157,13 @@ class LlamaModel:
     @torch.inference_mode()
     def forward(self, input_ids, positions, meta: AttentionMetadata, kv_caches) -> torch.Tensor:
         """Returns logits [num_sampled, vocab] (fp32) for meta.logits_indices."""
+        last = self.forward_hidden(input_ids, positions, meta, kv_caches)
+        return parallel_lm_head(last, self.lm_head, self.cfg.vocab_size).float()
+
+    @torch.inference_mode()
+    def forward_hidden(self, input_ids, positions, meta: AttentionMetadata, kv_caches) -> torch.Tensor:
+        """The final normed hidden states [num_sampled, hidden] at meta.logits_indices: what the LM head
+        reads, and what embedding models pool (decoder_pooling.py)."""
         cfg = self.cfg
         be = self.backend
         hidden = vocab_parallel_embedding(input_ids, self.embed)
@@ -190,5 +197,4 @@ class LlamaModel:
             gate, up = gate_up.chunk(2, dim=-1)
             hidden = row_parallel_linear(F.silu(gate) * up, layer.down)
         last = (hidden + residual).index_select(0, meta.logits_indices)
-        last = kernels.rms_norm(last, self.norm, cfg.rms_norm_eps, backend=be)
-        return parallel_lm_head(last, self.lm_head, cfg.vocab_size).float()
+        return kernels.rms_norm(last, self.norm, cfg.rms_norm_eps, backend=be)
