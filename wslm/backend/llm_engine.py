@@ -23,6 +23,7 @@ from wslm.backend.model_runner import ModelRunner, load_model
 from wslm.backend.output_processor import OutputProcessor
 from wslm.backend.outputs import OUT_OF_MEMORY_ERROR, CompletionOutput, RequestMetrics, RequestOutput
 from wslm.backend.pooling_params import PoolingParams
+from wslm.backend.prompt_logprobs import prompt_logprob_positions, record_prompt_logprobs
 from wslm.backend.sampler import Sampler
 from wslm.backend.sampling_params import SamplingParams
 from wslm.backend.scheduler import Scheduler
@@ -41,6 +42,7 @@ class _Request:
     prompt_token_ids: list[int]
     seqs: list[Sequence]
     arrival_time: float
+    prompt_logprobs_sent: bool = False
 
 
 def pick_device(name: str) -> torch.device:
@@ -180,7 +182,10 @@ class LLMEngine:
         arrival = time.monotonic() if arrival_time is None else arrival_time
         seqs = []
         for i in range(params.n):
-            p = params if params.n == 1 else params.clone(n=1, seed=None if params.seed is None else params.seed + i)
+            p = params if params.n == 1 else params.clone(
+                n=1, seed=None if params.seed is None else params.seed + i,
+                prompt_logprobs=params.prompt_logprobs if i == 0 else None,  # the request's, reported once
+            )
             seq = Sequence(self._next_seq_id, request_id, i, ids, p, arrival, self.model_config.eos_token_ids)
             self._next_seq_id += 1
             if p.seed is not None:
@@ -241,11 +246,16 @@ class LLMEngine:
         try:
             if self.faults is not None:
                 self.faults.before_step(sched.num_tokens)
+            # Before the step moves num_computed_tokens: which prompt positions report prompt_logprobs.
+            prompt_rows = [(seq, r) for seq, n in sched.scheduled if (r := prompt_logprob_positions(seq, n))]
             logits, sampled = self.runner.execute(sched.scheduled)
             advanced = True
             for seq, n in sched.scheduled:
                 seq.num_computed_tokens += n
                 self.block_manager.cache_full_blocks(seq)
+            if prompt_rows:
+                record_prompt_logprobs(prompt_rows, logits[len(sampled):], self.tokenizer, self.model_config.vocab_size)
+                logits = logits[: len(sampled)]
             if sampled:
                 sampled, logits = self._fork_siblings(sampled, logits)
                 result = self.sampler(logits, sampled)
@@ -356,6 +366,11 @@ class LLMEngine:
             self.requests.pop(req.request_id, None)
         first = req.seqs[0]
         error = next((s.error for s in req.seqs if s.error), None)
+        prompt_logprobs = None
+        if first.params.prompt_logprobs is not None and not req.prompt_logprobs_sent and (
+            first.num_output_tokens or finished
+        ):
+            prompt_logprobs, req.prompt_logprobs_sent = [None, *first.prompt_logprobs], True
         return RequestOutput(
             request_id=req.request_id,
             prompt=req.prompt,
@@ -370,6 +385,7 @@ class LLMEngine:
                 finished_time=max((s.finished_time or 0.0 for s in req.seqs), default=None) if finished else None,
             ),
             error=error,
+            prompt_logprobs=prompt_logprobs,
         )
 
     def shutdown(self) -> None:

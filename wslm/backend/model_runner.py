@@ -98,7 +98,7 @@ class ModelRunner:
         if self.graphs is not None and is_decode and self.graphs.can_run(len(scheduled)):
             return self.graphs.run(input_ids, positions, meta), sampled
         logits = self.model.forward(input_ids, positions, meta, self.kv_caches)
-        return (logits if sampled else None), sampled
+        return (logits if meta.logits_indices.numel() else None), sampled
 
     def execute_pooling(self, scheduled: list[tuple[Sequence, int]]) -> tuple[torch.Tensor, list[Sequence]]:
         """Run one step of embedding requests: the final normed hidden state [len(done), hidden] of the last

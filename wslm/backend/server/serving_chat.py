@@ -14,6 +14,7 @@ from starlette.responses import JSONResponse, Response
 from wslm.backend.server.async_engine import RequestGroup
 from wslm.backend.server.errors import bad_request
 from wslm.backend.server.protocol import ChatCompletionRequest, ChatMessage, parse_body
+from wslm.backend.server.sampling_extras import ChatStreamExtras, chat_response_extras, truncate_prompt
 from wslm.backend.server.serving_base import (
     ChunkWriter,
     EventStream,
@@ -68,6 +69,7 @@ async def create_chat_completion(state: ServerState, request: Request) -> Respon
                                      add_generation_prompt=req.add_generation_prompt,
                                      continue_final_message=req.continue_final_message,
                                      tools=plan.template_tools, chat_template_kwargs=req.chat_template_kwargs)
+    prompt_ids = truncate_prompt(prompt_ids, req.truncate_prompt_tokens, state.max_model_len)
     plan.prompt_rendered(state.tokenizer, prompt_ids)
     if plan.grammar is not None:
         params.structured_outputs = plan.grammar
@@ -81,7 +83,9 @@ async def create_chat_completion(state: ServerState, request: Request) -> Respon
     tracker = state.tracker(1, params.n, [len(prompt_ids)])
     created = int(time.time())
     if req.stream:
-        return EventStream(_stream(state, group, tracker, response_id, created, model, req, top_n, plan), group)
+        extras = ChatStreamExtras(req, tracker, prompt_ids, state.tokenizer)
+        return EventStream(_stream(state, group, tracker, response_id, created, model, req, top_n, plan, extras),
+                           group)
     results = await collect_all(request, group, tracker)
     if results is None:
         return Response(status_code=499)
@@ -93,23 +97,27 @@ async def create_chat_completion(state: ServerState, request: Request) -> Respon
         choices.append({
             "index": i,
             "message": reply.message(),
-            "logprobs": {"content": chat_logprobs(state.tokenizer, r.token_ids, r.logprobs or [], top_n)}
+            "logprobs": {"content": chat_logprobs(state.tokenizer, r.token_ids, r.logprobs or [], top_n,
+                                                  req.return_tokens_as_token_ids)}
             if top_n is not None else None,
             "finish_reason": reply.finish_reason(r.finish_reason),
             "stop_reason": r.stop_reason,
         })
-    return JSONResponse({
+    body = {
         "id": response_id,
         "object": "chat.completion",
         "created": created,
         "model": model,
         "choices": choices,
         "usage": tracker.usage(),
-    })
+    }
+    token_ids = [results[(0, i)].token_ids for i in range(params.n)]
+    return JSONResponse(chat_response_extras(body, req, tracker, prompt_ids, state.tokenizer, token_ids))
 
 
 def _stream(state: ServerState, group: RequestGroup, tracker: Tracker, response_id: str, created: int,
-            model: str, req: ChatCompletionRequest, top_n: int | None, plan: ChatPlan) -> AsyncIterator[str]:
+            model: str, req: ChatCompletionRequest, top_n: int | None, plan: ChatPlan,
+            extras: ChatStreamExtras) -> AsyncIterator[str]:
     head = {"id": response_id, "object": "chat.completion.chunk", "created": created, "model": model}
     writer = ChunkWriter(head, tracker, req)
     replies = [plan.new_reply() for _ in range(tracker.n)]
@@ -118,20 +126,23 @@ def _stream(state: ServerState, group: RequestGroup, tracker: Tracker, response_
         out = ""
         lp = None
         if top_n is not None and d.token_ids:
-            lp = {"content": chat_logprobs(state.tokenizer, d.token_ids, d.logprobs or [], top_n)}
+            lp = {"content": chat_logprobs(state.tokenizer, d.token_ids, d.logprobs or [], top_n,
+                                           req.return_tokens_as_token_ids)}
         reply = replies[d.index]
         deltas = reply.feed(d.text, final=d.finish_reason is not None)
-        if lp is not None and not deltas:
+        if (lp is not None or (d.token_ids and req.return_token_ids)) and not deltas:
             deltas = [{"content": ""}]
+        ids = d.token_ids
         for delta in deltas:
-            out += writer.choice({"index": d.index, "delta": delta, "logprobs": lp})
-            lp = None  # the token logprobs ride on the first chunk of this step
+            out += writer.choice(extras.content_chunk({"index": d.index, "delta": delta, "logprobs": lp}, ids))
+            lp, ids = None, []  # the token logprobs and ids ride on the first chunk of this step
         if d.finish_reason is not None:
             out += writer.choice({"index": d.index, "delta": {}, "logprobs": None},
                                  reply.finish_reason(d.finish_reason), d.stop_reason)
         return out
 
     # The first delta of each choice carries the role, as OpenAI's do.
-    first = "".join(writer.choice({"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None})
+    first = "".join(writer.choice(extras.role_chunk({"index": i, "delta": {"role": "assistant", "content": ""},
+                                                     "logprobs": None}))
                     for i in range(tracker.n))
     return stream_deltas(group, tracker, writer, response_id, first, render)
