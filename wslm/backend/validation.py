@@ -92,6 +92,13 @@ def check_sampling(params: SamplingParams, limits: RequestLimits) -> None:
             "(its --max-logprobs flag).",
             param="logprobs",
         )
+    plp = params.prompt_logprobs
+    if plp is not None and limits.max_logprobs != -1 and (plp == -1 or plp > limits.max_logprobs):
+        raise RequestError(
+            f"prompt_logprobs={plp} asks for more than this server allows ({limits.max_logprobs}, its "
+            "--max-logprobs flag; -1, the whole vocabulary, needs --max-logprobs -1).",
+            param="prompt_logprobs",
+        )
     stops = params.stop or []
     if len(stops) > limits.max_stop_strings:
         raise RequestError(
@@ -109,6 +116,8 @@ def check_sampling(params: SamplingParams, limits: RequestLimits) -> None:
     if len(params.stop_token_ids or []) > limits.vocab_size:
         raise RequestError("stop_token_ids lists more ids than the vocabulary has.", param="stop_token_ids")
     check_token_ids(params.stop_token_ids or [], limits.vocab_size, "stop_token_ids")
+    check_token_ids(list(params.logit_bias or {}), limits.vocab_size, "logit_bias")
+    check_token_ids(params.allowed_token_ids or [], limits.vocab_size, "allowed_token_ids")
 
 
 def check_fits_pool(prompt_len: int, params: SamplingParams, limits: RequestLimits) -> None:

@@ -19,6 +19,7 @@ from wslm.gui.stream_worker import ChatRequest, StreamWorker
 log = logging.getLogger(__name__)
 
 TITLE_CHARS = 48
+SAVE_EVERY_S = 0.5  # how often a streaming reply is written to SQLite (not per token)
 
 
 def title_from(text: str) -> str:
@@ -37,6 +38,7 @@ class _Reply:
     started: float = field(default_factory=time.monotonic)
     ttft_s: float | None = None
     chunks: int = 0
+    saved_at: float = field(default_factory=time.monotonic)  # when the text so far was last written to the store
 
     def partial_stats(self) -> dict:
         """Stats of a reply stopped by the user: what was measured up to the stop."""
@@ -201,6 +203,7 @@ class ChatSession(QObject):
         )
         worker = StreamWorker(request, self)
         reply = _Reply(self.messages.conversation_id, self.messages.message(row), worker)
+        self.store.begin_reply(reply.message.id)
         worker.reply = reply
         worker.delta.connect(self._on_delta)
         worker.first_token.connect(self._on_first_token)
@@ -266,6 +269,10 @@ class ChatSession(QObject):
             self.messages.append_text(self.messages.streaming_row, text)
         else:
             reply.message.content += text
+        now = time.monotonic()
+        if now - reply.saved_at >= SAVE_EVERY_S:  # the reply so far survives the app being killed
+            reply.saved_at = now
+            self.store.save_partial(reply.message.id, reply.message.content)
 
     def _on_done(self, stats: dict) -> None:
         reply = self._reply_of_sender()

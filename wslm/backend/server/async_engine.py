@@ -79,11 +79,13 @@ class AsyncEngine:
         self._inbox: list = []
         self._tracked: dict[str, _Tracked] = {}  # engine thread only
         self._busy = False  # engine thread only
+        self._deliveries: list = []  # this iteration's, delivered even if the loop dies mid-iteration
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._last_stats = 0.0
         self.draining = False  # set on SIGTERM/SIGINT: new requests are refused
         self.dead: str | None = None  # set if the loop thread ever exits by accident
+        self.on_death: Any = None  # called (engine thread) with the cause when the loop dies
 
     # ---- lifecycle (event-loop thread) ----
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -140,6 +142,12 @@ class AsyncEngine:
         """Tokenize a prompt off the event loop (a long prompt takes a while)."""
         return list(await asyncio.to_thread(self.engine.tokenizer.encode, text, add_special_tokens=add_special_tokens))
 
+    async def compile_structured(self, spec: Any) -> None:
+        """Compile a structured-output grammar in a worker thread (tens of ms for a large schema) so that
+        neither the event loop nor the engine thread waits; the engine's add_request then hits the cache.
+        Raises GrammarError for an invalid schema, regex or grammar."""
+        await asyncio.to_thread(self.engine.structured.compile, spec)
+
     def abort(self, request_ids: Sequence[str]) -> None:
         if request_ids:
             self._post(_Abort(list(request_ids)))
@@ -159,8 +167,13 @@ class AsyncEngine:
         except BaseException as exc:  # noqa: BLE001 - must be reported, not lost with the thread
             self.dead = f"{type(exc).__name__}: {exc}"
             log.exception("The engine loop stopped")
+            if self.on_death is not None:  # the server exits non-zero rather than live on as a zombie
+                try:
+                    self.on_death(self.dead)
+                except Exception:  # noqa: BLE001
+                    log.exception("on_death failed")
+            self._deliver(self._deliveries)  # e.g. "accepted" for a request added in the fatal iteration
             self._fail_all(f"The engine loop stopped ({self.dead}).")
-            raise
 
     def _run(self) -> None:
         while True:
@@ -169,6 +182,7 @@ class AsyncEngine:
                     self._cond.wait()
                 commands, self._inbox = self._inbox, []
             deliveries: list = []
+            self._deliveries = deliveries
             for command in commands:
                 if isinstance(command, _Stop):
                     self._abort_tracked(deliveries)
@@ -241,7 +255,8 @@ class AsyncEngine:
             tracked = self._tracked.get(out.request_id)
             if tracked is None:
                 continue  # aborted by its handler meanwhile
-            if metrics is not None and any(c.token_ids for c in out.outputs):
+            generated = isinstance(out, RequestOutput)  # else a PoolingRequestOutput: one answer, no tokens
+            if metrics is not None and generated and any(c.token_ids for c in out.outputs):
                 if tracked.first_token is None:
                     tracked.first_token = now
                     metrics.observe_first_token(now - tracked.arrival)
@@ -252,7 +267,7 @@ class AsyncEngine:
             if out.finished:
                 del self._tracked[out.request_id]
                 if metrics is not None:
-                    reason = out.outputs[-1].finish_reason if out.outputs else None
+                    reason = out.outputs[-1].finish_reason if generated and out.outputs else None
                     metrics.observe_finished(now - tracked.arrival, [reason or "stop"])
 
     def _snapshot_stats(self, force: bool) -> None:

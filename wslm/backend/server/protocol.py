@@ -8,13 +8,14 @@ builds one per token, and pydantic would only add cost there."""
 from __future__ import annotations
 
 import json
-from typing import Any, Union
+from typing import Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from wslm.backend.sampling_params import SamplingParams
 from wslm.backend.server.errors import APIError, bad_request
 from wslm.backend.server.http_limits import load_json
+from wslm.backend.server.structured_request import structured_outputs_from_request
 
 
 class _Request(BaseModel):
@@ -46,6 +47,18 @@ class ChatMessage(_Request):
     tool_call_id: str | None = None
 
 
+class FunctionDefinition(_Request):
+    name: str = Field(min_length=1, max_length=256)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ChatTool(_Request):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
 class _SamplingFields(_Request):
     """Fields shared by /v1/completions and /v1/chat/completions."""
 
@@ -71,16 +84,31 @@ class _SamplingFields(_Request):
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
-    # Known but not supported: refused with a 400 when set.
+    # Token constraints and prompt extras (vLLM's).
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    prompt_logprobs: int | None = None
+    truncate_prompt_tokens: int | None = None
+    return_token_ids: bool = False
+    return_tokens_as_token_ids: bool = False
+    # Structured output (structured_request.py): OpenAI's response_format, vLLM's structured_outputs and
+    # its older guided_* extras.
     response_format: dict[str, Any] | None = None
     guided_json: Any = None
     guided_regex: Any = None
     guided_choice: Any = None
     guided_grammar: Any = None
+    guided_whitespace_pattern: str | None = None
+    guided_decoding_backend: str | None = None
     structured_outputs: Any = None
+    # Known but not supported: refused with a 400 when set.
+    use_beam_search: bool = False
+    length_penalty: float | None = None
+    _structured_source: str | None = PrivateAttr(default=None)
 
     def sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
         """SamplingParams for this request; a bad value becomes a 400 naming the field."""
+        structured, self._structured_source = structured_outputs_from_request(self)
         try:
             return SamplingParams(
                 n=self.n,
@@ -101,6 +129,12 @@ class _SamplingFields(_Request):
                 logprobs=logprobs,
                 skip_special_tokens=self.skip_special_tokens,
                 spaces_between_special_tokens=self.spaces_between_special_tokens,
+                logit_bias=self.logit_bias,
+                allowed_token_ids=self.allowed_token_ids,
+                bad_words=self.bad_words,
+                prompt_logprobs=self.prompt_logprobs,
+                truncate_prompt_tokens=self.truncate_prompt_tokens,
+                structured_outputs=structured,
             )
         except (ValueError, TypeError) as exc:
             message = str(exc)
@@ -109,15 +143,18 @@ class _SamplingFields(_Request):
 
     def _common_unsupported(self) -> list[tuple[str, str]]:
         found = []
-        if self.logit_bias:
-            found.append(("logit_bias", "logit_bias is not supported by wslm yet"))
-        if self.response_format and self.response_format.get("type", "text") != "text":
-            kind = self.response_format.get("type")
-            found.append(("response_format", f"response_format of type {kind!r} (structured output) is not supported"))
-        for name in ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs"):
-            if getattr(self, name) is not None:
-                found.append((name, f"{name} (structured output) is not supported"))
+        if self.use_beam_search:
+            found.append(("use_beam_search", "beam search is not supported by wslm (sample n completions instead)"))
+        if self.length_penalty not in (None, 1.0):
+            found.append(("length_penalty", "length_penalty applies to beam search, which wslm does not support"))
+        if self.guided_decoding_backend not in (None, "auto", "xgrammar"):
+            found.append(("guided_decoding_backend", "wslm's structured output runs on xgrammar only"))
         return found
+
+    @property
+    def structured_source(self) -> str | None:
+        """Which request field the structured-output constraint came from (set by sampling_params())."""
+        return self._structured_source
 
     def check_stream_options(self) -> None:
         if self.stream_options is not None and not self.stream:
@@ -137,9 +174,13 @@ class ChatCompletionRequest(_SamplingFields):
     # vLLM's chat extras.
     chat_template: str | None = None
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    # Tool calling (serving_tools.py).
+    tools: list[ChatTool] | None = None
+    tool_choice: Union[str, dict[str, Any], None] = None
+    parallel_tool_calls: bool | None = True
     # Known but not supported.
-    tools: list[Any] | None = None
-    tool_choice: Any = None
     functions: list[Any] | None = None
     function_call: Any = None
     audio: Any = None
@@ -149,12 +190,9 @@ class ChatCompletionRequest(_SamplingFields):
 
     def unsupported_fields(self) -> list[tuple[str, str]]:
         found = self._common_unsupported()
-        if self.tools:
-            found.append(("tools", "tools / function calling is not supported by wslm yet"))
-        if self.tool_choice not in (None, "none", "auto"):
-            found.append(("tool_choice", "tool_choice is not supported by wslm yet"))
         if self.functions or self.function_call not in (None, "none", "auto"):
-            found.append(("functions", "function calling is not supported by wslm yet"))
+            found.append(("functions", "the legacy `functions` / `function_call` fields are not supported; send "
+                                       "`tools` and `tool_choice`"))
         if self.audio is not None or (self.modalities and set(self.modalities) - {"text"}):
             found.append(("modalities", "audio output is not supported: wslm serves text models"))
         if self.prediction is not None:
@@ -189,8 +227,6 @@ class CompletionRequest(_SamplingFields):
             found.append(("suffix", "suffix (fill-in-the-middle) is not supported"))
         if self.best_of is not None and self.best_of != self.n:
             found.append(("best_of", "best_of other than n is not supported (as in vLLM's V1 engine)"))
-        if self.echo and self.logprobs is not None:
-            found.append(("echo", "echo together with logprobs (prompt logprobs) is not supported"))
         return found
 
     def prompts(self) -> list[str | list[int]]:
@@ -213,7 +249,10 @@ class TokenizeRequest(_Request):
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool | None = None
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
     chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[ChatTool] | None = None
     return_token_strs: bool = False
 
 
@@ -256,3 +295,64 @@ def _short(value: object) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
+
+
+class EmbeddingRequest(_Request):
+    """POST /v1/embeddings (OpenAI's fields plus vLLM's `normalize`)."""
+
+    model: str | None = None
+    input: Union[str, list[str], list[int], list[list[int]]]
+    encoding_format: str = "float"
+    dimensions: int | None = None
+    user: str | None = None
+    normalize: bool | None = None
+
+    def inputs(self) -> list[str | list[int]]:
+        """The input field as a list of inputs, each a string or token ids (LangChain sends ids)."""
+        x = self.input
+        if isinstance(x, str):
+            items: list[str | list[int]] = [x]
+        elif x and all(isinstance(t, int) for t in x):
+            items = [list(x)]  # type: ignore[arg-type]
+        else:
+            items = list(x)  # type: ignore[arg-type]
+        if not items:
+            raise bad_request("input must not be empty: send a string, a list of strings, or token ids.",
+                              param="input")
+        for i, item in enumerate(items):
+            if len(item) == 0:
+                raise bad_request(f"input[{i}] is empty: every input needs some text or tokens.", param="input")
+        if self.encoding_format not in ("float", "base64"):
+            raise bad_request(f"encoding_format must be float or base64, got {self.encoding_format!r}.",
+                              param="encoding_format")
+        return items
+
+
+class ScoreRequest(_Request):
+    """POST /score (vLLM's): text_1 against each text_2 (or pairwise when both are lists)."""
+
+    model: str | None = None
+    text_1: Union[str, list[str]]
+    text_2: Union[str, list[str]]
+
+    def pairs(self) -> list[tuple[str, str]]:
+        a = [self.text_1] if isinstance(self.text_1, str) else list(self.text_1)
+        b = [self.text_2] if isinstance(self.text_2, str) else list(self.text_2)
+        if not a or not b:
+            raise bad_request("text_1 and text_2 must not be empty.", param="text_1" if not a else "text_2")
+        if len(a) == 1:
+            return [(a[0], t) for t in b]
+        if len(a) != len(b):
+            raise bad_request(f"text_1 has {len(a)} texts and text_2 {len(b)}: give one text_1, or as many as "
+                              "text_2 (scored pairwise).", param="text_2")
+        return list(zip(a, b))
+
+
+class RerankRequest(_Request):
+    """POST /rerank, /v1/rerank, /v2/rerank (Jina/Cohere shape, as vLLM's)."""
+
+    model: str | None = None
+    query: str
+    documents: list[str] = Field(min_length=1)
+    top_n: int | None = None
+    return_documents: bool = True
