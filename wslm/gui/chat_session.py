@@ -219,7 +219,9 @@ class ChatSession(QObject):
         worker.start()
 
     def _reply_of_sender(self) -> _Reply | None:
-        reply = getattr(self.sender(), "reply", None)
+        sender = self.sender()
+        # Called directly (not by a worker's signal): the open chat's reply.
+        reply = getattr(sender, "reply", None) if sender is not None else self._replies.get(self.messages.conversation_id)
         return reply if reply is not None and self._replies.get(reply.conv_id) is reply else None
 
     def _shown(self, reply: _Reply) -> bool:
