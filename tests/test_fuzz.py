@@ -84,6 +84,8 @@ def bad_requests(rng: random.Random) -> Iterator[tuple[str, str, bytes | object]
     # n x max_tokens that can never fit the KV pool, and a context overflow.
     yield "chat n*max_tokens over the pool", CHAT, _json(_chat(n=100, max_tokens=1000))
     yield "completion n*max_tokens over the pool", COMPLETIONS, _json(_completion(n=120, max_tokens=900))
+    yield "completion 2000 prompts", COMPLETIONS, _json(_completion(prompt=["hi"] * 2000))
+    yield "completion 300 prompts x n=4", COMPLETIONS, _json(_completion(prompt=[[5, 6]] * 300, n=4))
     yield "chat prompt over the context", CHAT, _json(_chat(messages=[{"role": "user", "content": "hello " * 1100}]))
     # NaN / Infinity / overflowing numbers, written raw (json.dumps would write them too, but not 1e999).
     for field in NUMBER_FIELDS + ["n", "max_tokens", "seed"]:
