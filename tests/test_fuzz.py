@@ -84,6 +84,8 @@ def bad_requests(rng: random.Random) -> Iterator[tuple[str, str, bytes | object]
     # n x max_tokens that can never fit the KV pool, and a context overflow.
     yield "chat n*max_tokens over the pool", CHAT, _json(_chat(n=100, max_tokens=1000))
     yield "completion n*max_tokens over the pool", COMPLETIONS, _json(_completion(n=120, max_tokens=900))
+    yield "completion 2000 prompts", COMPLETIONS, _json(_completion(prompt=["hi"] * 2000))
+    yield "completion 300 prompts x n=4", COMPLETIONS, _json(_completion(prompt=[[5, 6]] * 300, n=4))
     yield "chat prompt over the context", CHAT, _json(_chat(messages=[{"role": "user", "content": "hello " * 1100}]))
     # NaN / Infinity / overflowing numbers, written raw (json.dumps would write them too, but not 1e999).
     for field in NUMBER_FIELDS + ["n", "max_tokens", "seed"]:
@@ -124,7 +126,7 @@ def bad_requests(rng: random.Random) -> Iterator[tuple[str, str, bytes | object]
     yield "huge chunked body", CHAT, (huge[i : i + (1 << 20)] for i in range(0, len(huge), 1 << 20))
     # Odd messages and content parts.
     odd_messages = [
-        [], {}, "hi", [1], [None], [[]], [{"content": "hi"}], [{"role": "robot", "content": "hi"}],
+        [], {}, "hi", [1], [None], [[]], [{"content": "hi"}], [{"role": "", "content": "hi"}],
         [{"role": 5, "content": "hi"}], [{"role": "user"}], [{"role": "user", "content": 5}],
         [{"role": "user", "content": [5]}], [{"role": "user", "content": [{"type": "text"}]}],
         [{"role": "user", "content": [{"type": "text", "text": 5}]}],
@@ -157,6 +159,34 @@ def bad_requests(rng: random.Random) -> Iterator[tuple[str, str, bytes | object]
     for i in range(20):
         unknown = {f"field_{rng.randrange(10**6)}": rng.choice([1, "x", None, [1], {"a": 1}]) for _ in range(5)}
         yield f"unknown fields + bad n #{i}", CHAT, _json(_chat(n=-rng.randrange(1, 100), **unknown))
+    # Structured output and tools with hostile payloads.
+    for rf in ({"type": "json_schema", "json_schema": {"name": "x", "schema": 5}}, {"type": "json_schema"},
+               {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}},
+               {"type": "no_such_format"}, {"type": 5}, "json", ["json_object"]):
+        yield f"response_format={json.dumps(rf)[:50]}", CHAT, _json(_chat(response_format=rf))
+    for so in ({"regex": "(unclosed"}, {"regex": 5}, {"choice": []}, {"choice": "a"}, {"json": "{not json"},
+               {"grammar": "root ::= ("}):
+        yield f"structured_outputs={json.dumps(so)[:50]}", CHAT, _json(_chat(structured_outputs=so))
+    for tools in ("x", [5], [{"type": "function"}], [{"type": "function", "function": {"name": 5}}], {"a": 1}):
+        yield f"tools={json.dumps(tools)[:50]}", CHAT, _json(_chat(tools=tools))
+    for bias in ({"x": 1}, {"1": 1000}, {"-1": 5}, {"99999999": 1}, [1], "a", {"1": "a"}):
+        yield f"logit_bias={json.dumps(bias)[:50]}", CHAT, _json(_chat(logit_bias=bias))
+    # Tool calls and chat extras with the wrong shapes.
+    for messages in ([{"role": "assistant", "tool_calls": "x"}], [{"role": "assistant", "tool_calls": [5]}],
+                     [{"role": "tool", "content": 5, "tool_call_id": "a"}], [{"role": "user", "content": "hi",
+                     "tool_calls": [{"function": {"name": 5}}]}]):
+        yield f"tool messages {json.dumps(messages)[:50]}", CHAT, _json({"model": "demo", "messages": messages})
+    for extra in ({"tool_choice": 5}, {"tool_choice": {"type": "function"}}, {"chat_template_kwargs": "x"},
+                  {"chat_template_kwargs": [1]}, {"continue_final_message": "yes"}, {"chat_template": 5},
+                  {"logprobs": True, "top_logprobs": 10**9}):
+        yield f"chat extra {json.dumps(extra)[:50]}", CHAT, _json(_chat(**extra))
+    # The other POST endpoints (embeddings, score, rerank, invocations) with junk.
+    for path in ("/v1/embeddings", "/score", "/rerank", "/invocations"):
+        for body in (b"{", b"[]", b'{"input": ' + b"[" * 5000 + b"]" * 5000 + b"}", _json({"input": None}),
+                     _json({"model": "nope", "input": "x"}), _json({"input": [[-1]]}), _json({"input": 5}),
+                     _json({"text_1": 5, "text_2": []}), _json({"query": None, "documents": 5}),
+                     b'{"input": "\\ud800"}', b'{"input": NaN}'):
+            yield f"{path} {body[:40]!r}", path, body
     # Unsupported features are refused, never ignored.
     yield "best_of", COMPLETIONS, _json(_completion(best_of=3))
     yield "stream_options without stream", CHAT, _json(_chat(stream_options={"include_usage": True}))

@@ -19,7 +19,7 @@ class EngineConfig:
     block_size: int = 16
     enable_prefix_caching: bool = True
     device: str = "auto"  # "auto", "cpu", "cuda", "cuda:N"
-    dtype: str = "auto"  # auto: bf16 on GPUs and AMX CPUs, else fp32 (fp16 when the model is fp16 on GPU)
+    dtype: str = "auto"  # auto: bf16 on GPUs (fp16 for fp16 models) and on bf16-native CPUs, else fp32
     gpu_memory_utilization: float = 0.9  # CUDA: share of the card the engine may use
     kv_cache_memory: int | None = None  # CPU: bytes for the KV pool (None: from free RAM)
     num_gpu_blocks_override: int | None = None  # exact pool size in blocks (tests, tuning)
@@ -29,8 +29,12 @@ class EngineConfig:
     distributed_executor_backend: str | None = None  # "mp" (one machine, default) or "ray" (a Ray cluster)
     enforce_eager: bool = False  # CUDA: no CUDA graphs
     trust_remote_code: bool = False
+    # None: as the checkpoint is (a GGUF file and AWQ/GPTQ checkpoints stay quantized); "int8" / "int4":
+    # quantize a 16-bit checkpoint's linear weights while loading. vLLM's name and values.
+    quantization: str | None = None
     revision: str | None = None  # a repo id's snapshot in the HF cache: branch, tag or commit (vLLM's --revision)
     download_dir: str | None = None  # the HF cache folder to find repo ids in (vLLM's --download-dir)
+    task: str = "auto"  # "generate", "embed", "score" or "auto" (from the checkpoint), as vLLM's --task
     max_logprobs: int = 20  # most top logprobs one request may ask for (vLLM's --max-logprobs; -1: vocabulary)
 
     def __post_init__(self) -> None:
@@ -40,6 +44,8 @@ class EngineConfig:
             raise ValueError(
                 f"distributed_executor_backend must be mp or ray, got {self.distributed_executor_backend!r}."
             )
+        if self.task not in ("auto", "generate", "embed", "embedding", "pooling", "score"):
+            raise ValueError(f"task must be auto, generate, embed or score, got {self.task!r}.")
         if self.block_size not in (8, 16, 32, 64, 128):
             raise ValueError(f"block_size must be one of 8, 16, 32, 64, 128, got {self.block_size}.")
         if self.max_num_seqs < 1:
@@ -56,5 +62,8 @@ class EngineConfig:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}.")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"max_model_len must be positive, got {self.max_model_len}.")
+        from wslm.backend.quant import check_quantization
+
+        self.quantization = check_quantization(self.quantization)
         if self.dtype not in ("auto", "float32", "float16", "bfloat16", "half", "float", "fp32", "fp16", "bf16"):
             raise ValueError(f"dtype must be auto, float32, float16 or bfloat16, got {self.dtype!r}.")

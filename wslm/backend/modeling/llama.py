@@ -24,6 +24,7 @@ from wslm.backend.distributed.sharding import (
     vocab_parallel_embedding,
 )
 from wslm.backend.modeling.rotary import build_cos_sin_cache
+from wslm.backend.quant.linear import apply_linear, finalize, fuse_rows, prepare_weight
 
 
 @dataclass(slots=True)
@@ -86,7 +87,13 @@ class LlamaModel:
         for name, tensor in weights:
             if "rotary_emb" in name:
                 continue
-            tensor = self._shard(name, tensor).to(device=self.device, dtype=self.dtype)
+            tensor = self._shard(name, tensor)
+            # Quantized weights (GGUF, AWQ, GPTQ, int8/int4 on the fly) are packed as they arrive, so the
+            # model never exists whole in full precision.
+            if name.endswith(".weight") and "norm" not in name:
+                tensor = prepare_weight(tensor, getattr(self.cfg, "quantization", None), name, self.device, self.dtype)
+            elif isinstance(tensor, torch.Tensor):
+                tensor = tensor.to(device=self.device, dtype=self.dtype)
             if name == "model.embed_tokens.weight":
                 self.embed = tensor
             elif name == "model.norm.weight":
@@ -104,7 +111,8 @@ class LlamaModel:
                     parts = pending.setdefault((int(idx_str), slot), {})
                     parts[part] = tensor
                     if len(parts) == len(order[slot]):
-                        setattr(layer, slot, torch.cat([parts[p] for p in order[slot]], dim=0).contiguous())
+                        fused = fuse_rows([parts[p] for p in order[slot]])
+                        setattr(layer, slot, finalize(fused, self.device, self.dtype))
                         del pending[(int(idx_str), slot)]
         if self.lm_head is None and self.cfg.tie_word_embeddings:
             self.lm_head = self.embed
@@ -114,6 +122,10 @@ class LlamaModel:
         """This rank's part of a checkpoint tensor (all of it without tensor parallelism)."""
         if get_tp_size() == 1:
             return t
+        if not isinstance(t, torch.Tensor):
+            # Quantized shards (scales split with their rows/groups) are not written yet: under tensor
+            # parallelism a GGUF/AWQ/GPTQ weight runs dequantized (int8/int4 on the fly still apply after).
+            t = t.dequantize(torch.float32)
         cfg = self.cfg
         if name in ("model.embed_tokens.weight", "lm_head.weight"):
             return shard_vocab(t, cfg.vocab_size)
@@ -145,6 +157,13 @@ class LlamaModel:
     @torch.inference_mode()
     def forward(self, input_ids, positions, meta: AttentionMetadata, kv_caches) -> torch.Tensor:
         """Returns logits [num_sampled, vocab] (fp32) for meta.logits_indices."""
+        last = self.forward_hidden(input_ids, positions, meta, kv_caches)
+        return parallel_lm_head(last, self.lm_head, self.cfg.vocab_size).float()
+
+    @torch.inference_mode()
+    def forward_hidden(self, input_ids, positions, meta: AttentionMetadata, kv_caches) -> torch.Tensor:
+        """The final normed hidden states [num_sampled, hidden] at meta.logits_indices: what the LM head
+        reads, and what embedding models pool (decoder_pooling.py)."""
         cfg = self.cfg
         be = self.backend
         hidden = vocab_parallel_embedding(input_ids, self.embed)
@@ -158,7 +177,7 @@ class LlamaModel:
                 hidden, residual = kernels.rms_norm(
                     hidden, layer.input_norm, cfg.rms_norm_eps, residual=residual, backend=be
                 )
-            qkv = F.linear(hidden, layer.qkv, layer.qkv_bias)
+            qkv = apply_linear(hidden, layer.qkv, layer.qkv_bias)
             q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
             # Strided slices of qkv go straight to the kernels (both backends take them): no copies.
             q, k = kernels.rotary_embedding(positions, q, k, self.cos_sin_cache, cfg.head_dim, backend=be)
@@ -174,9 +193,8 @@ class LlamaModel:
             hidden, residual = kernels.rms_norm(
                 hidden, layer.post_norm, cfg.rms_norm_eps, residual=residual, backend=be
             )
-            gate_up = F.linear(hidden, layer.gate_up)
+            gate_up = apply_linear(hidden, layer.gate_up)
             gate, up = gate_up.chunk(2, dim=-1)
             hidden = row_parallel_linear(F.silu(gate) * up, layer.down)
         last = (hidden + residual).index_select(0, meta.logits_indices)
-        last = kernels.rms_norm(last, self.norm, cfg.rms_norm_eps, backend=be)
-        return parallel_lm_head(last, self.lm_head, cfg.vocab_size).float()
+        return kernels.rms_norm(last, self.norm, cfg.rms_norm_eps, backend=be)
