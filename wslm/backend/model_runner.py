@@ -19,7 +19,7 @@ def load_model(source, mc, device: torch.device, embedding: bool = False) -> Lla
     from wslm.backend.model_loader import iter_weights
 
     model = LlamaModel(mc, device)
-    weights = iter_weights(source, mc.dtype)
+    weights = iter_weights(source, mc.dtype, getattr(mc, "quantization", None))
     if embedding:
         from wslm.backend.decoder_pooling import DecoderPooling
 
