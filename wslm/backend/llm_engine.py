@@ -18,6 +18,7 @@ from wslm.backend.distributed.executor import EngineDeadError
 from wslm.backend.kv_cache import determine_num_blocks
 from wslm.backend.model_loader import load_model_config, load_tokenizer, resolve_model
 from wslm.backend.model_runner import ModelRunner, load_model
+from wslm.backend.modeling.layers.attention import kernels_support
 from wslm.backend.output_processor import OutputProcessor
 from wslm.backend.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from wslm.backend.sampler import Sampler
@@ -103,7 +104,7 @@ class LLMEngine:
     def _resolve_max_model_len(self, capacity: int) -> int:
         model_max = self.model_config.max_position_embeddings
         window = self.model_config.sliding_window
-        if window is not None and window < model_max:
+        if window is not None and window < model_max and not kernels_support("sliding_window"):
             logger.info("Context limited to the model's %d-token attention window (sliding window "
                         "attention is not implemented)", window)
             model_max = window
