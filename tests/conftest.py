@@ -13,6 +13,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 if not (os.path.exists("/dev/nvidia0") or os.path.exists("/dev/dxg")):
     os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# The parity tests compare with HF transformers token for token, so the demo GGUF loads dequantized (as
+# transformers loads it) unless a test asks for its native quantized weights (tests/test_quant*.py).
+os.environ.setdefault("WSLM_GGUF_DEQUANTIZE", "1")
 sys.path.insert(0, str(Path(__file__).parent))
 
 

@@ -157,6 +157,18 @@ def bad_requests(rng: random.Random) -> Iterator[tuple[str, str, bytes | object]
     for i in range(20):
         unknown = {f"field_{rng.randrange(10**6)}": rng.choice([1, "x", None, [1], {"a": 1}]) for _ in range(5)}
         yield f"unknown fields + bad n #{i}", CHAT, _json(_chat(n=-rng.randrange(1, 100), **unknown))
+    # Structured output and tools with hostile payloads.
+    for rf in ({"type": "json_schema", "json_schema": {"name": "x", "schema": 5}}, {"type": "json_schema"},
+               {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "nope"}}},
+               {"type": "no_such_format"}, {"type": 5}, "json", ["json_object"]):
+        yield f"response_format={json.dumps(rf)[:50]}", CHAT, _json(_chat(response_format=rf))
+    for so in ({"regex": "(unclosed"}, {"regex": 5}, {"choice": []}, {"choice": "a"}, {"json": "{not json"},
+               {"grammar": "root ::= ("}):
+        yield f"structured_outputs={json.dumps(so)[:50]}", CHAT, _json(_chat(structured_outputs=so))
+    for tools in ("x", [5], [{"type": "function"}], [{"type": "function", "function": {"name": 5}}], {"a": 1}):
+        yield f"tools={json.dumps(tools)[:50]}", CHAT, _json(_chat(tools=tools))
+    for bias in ({"x": 1}, {"1": 1000}, {"-1": 5}, {"99999999": 1}, [1], "a", {"1": "a"}):
+        yield f"logit_bias={json.dumps(bias)[:50]}", CHAT, _json(_chat(logit_bias=bias))
     # Unsupported features are refused, never ignored.
     yield "best_of", COMPLETIONS, _json(_completion(best_of=3))
     yield "stream_options without stream", CHAT, _json(_chat(stream_options={"include_usage": True}))

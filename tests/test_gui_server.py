@@ -159,14 +159,15 @@ def test_wsl_target_hung_backend_is_detected_and_killed(qtbot, tmp_path, monkeyp
     qtbot.waitUntil(lambda: not window.models.loading, timeout=60_000)
     assert "demo" in window.models.table.ids(), window.logs.text()[-2000:]
 
-    # Stop while it is still loading: there is no Linux PID yet, so it stops as soon as it reports one
+    # Stop while it is still starting: there is no Linux PID yet, so it stops as soon as it reports one
     # (killing wsl.exe would leave it serving in the distro).
     window.server_panel.start_button.click()
     window.server_panel.stop_button.click()
     assert window.server.state == "stopping"
     qtbot.waitUntil(lambda: window.server.state in (STOPPED, CRASHED), timeout=300_000)
     assert window.server.state == STOPPED, window.logs.text()[-3000:]
-    assert window.server.ready_event.get("pid") and not _alive(int(window.server.ready_event["pid"]))
+    stopped_pid = int(window.server.ready_event.get("pid") or window.server._backend_pid)  # loading names it too
+    assert stopped_pid and not _alive(stopped_pid)
 
     window.server_panel.start_button.click()
     qtbot.waitUntil(lambda: window.server.state in (READY, CRASHED), timeout=300_000)

@@ -82,3 +82,45 @@ def test_rotary_matches_hf_rotate_half():
     assert rq is q2 and rk is k2  # in place
     torch.testing.assert_close(q2.view(5, 4, head_dim), q_ref[0].transpose(0, 1), atol=1e-6, rtol=1e-5)
     torch.testing.assert_close(k2.view(5, 2, head_dim), k_ref[0].transpose(0, 1), atol=1e-6, rtol=1e-5)
+
+
+OPTIONS = {
+    "window": dict(sliding_window=8),
+    "softcap": dict(logits_soft_cap=2.0),
+    "sinks": dict(sinks=torch.tensor([0.5, -1.0, 2.0, 0.0, 1.5, -0.5, 3.0, 0.25])),
+    "all": dict(sliding_window=5, logits_soft_cap=3.0, sinks=torch.linspace(-1, 2, 8)),
+}
+
+
+@pytest.mark.parametrize("case", ["decode", "mixed", "cached_prefix"])
+@pytest.mark.parametrize("option", list(OPTIONS))
+def test_paged_attention_options_match_dense(case, option):
+    q_lens, kv_lens = CASES[case]
+    batch = make_paged_batch(q_lens, kv_lens, 8, 2, 64, 16)
+    opts = OPTIONS[option]
+    out = paged_attention(
+        batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.cu_seqlens_q, batch.seq_lens,
+        0.125, backend="torch", **opts,
+    )
+    torch.testing.assert_close(out, naive_attention(batch, 0.125, **opts), atol=2e-5, rtol=2e-5)
+
+
+def test_sliding_window_matches_hf_mask():
+    # The window's convention comes from transformers itself: its mask function, applied densely.
+    from transformers.masking_utils import sliding_window_causal_mask_function
+
+    window, n = 5, 13
+    fn = sliding_window_causal_mask_function(window)
+    t = torch.tensor
+    mask = torch.stack([torch.stack([fn(t(0), t(0), t(qi), t(ki)) for ki in range(n)]) for qi in range(n)])
+    batch = make_paged_batch([n], [n], 2, 1, 16, 4)
+    q, k, v = batch.q.float(), batch.keys[0].float(), batch.values[0].float()
+    scores = torch.einsum("lhd,sd->hls", q, k[:, 0]).masked_fill(~mask, float("-inf"))
+    ref = torch.einsum("hls,sd->lhd", scores.softmax(-1), v[:, 0])
+    for q_len in (n, 1):  # prefill, and decode of the last position
+        out = paged_attention(
+            batch.q[-q_len:], batch.k_cache, batch.v_cache, batch.block_tables,
+            torch.tensor([0, q_len], dtype=torch.int32), batch.seq_lens, 1.0, backend="torch",
+            sliding_window=window,
+        )
+        torch.testing.assert_close(out, ref[-q_len:], atol=2e-5, rtol=2e-5)

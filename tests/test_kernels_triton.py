@@ -107,6 +107,50 @@ def test_half_precision():
                                atol=2e-3, rtol=2e-3)
 
 
+OPTIONS = {
+    "window": dict(sliding_window=9),
+    "softcap": dict(logits_soft_cap=2.5),
+    "sinks": dict(sinks=torch.tensor([0.5, -1.0, 2.0, 0.0, 1.5, -0.5], device=DEVICE)),
+    "all": dict(sliding_window=70, logits_soft_cap=1.5, sinks=torch.linspace(-1, 2, 6, device=DEVICE)),
+}
+
+
+@pytest.mark.parametrize("option", list(OPTIONS))
+@pytest.mark.parametrize("q_lens", [[1, 1, 1], [1, 7, 3, 1]], ids=["decode", "mixed"])
+def test_paged_attention_options(option, q_lens):
+    # 3 query heads per KV head (padded group lanes), windows inside and across blocks and tiles.
+    kv_lens = [90, 7, 33, 150][: len(q_lens)]
+    batch = make_paged_batch(q_lens, kv_lens, 6, 2, 32, 16, device=DEVICE)
+    opts = OPTIONS[option]
+    dense = naive_attention(batch, 0.2, **opts)
+    torch.testing.assert_close(_attend(batch, "triton", 0.2, **opts), dense, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(_attend(batch, "torch", 0.2, **opts), dense, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("window", [None, 100, 64])
+def test_split_kv_decode_options(window):
+    # Partitions tile the window; the sink joins partition 0's sum only; a window shorter than a sequence
+    # skips its early blocks, one longer than it changes nothing.
+    kv_lens = [300, 1, 64, 129, 77]
+    sinks = torch.tensor([1.0, -2.0, 0.5, 3.0], device=DEVICE)
+    batch = make_paged_batch([1] * len(kv_lens), kv_lens, 4, 2, 32, 16, device=DEVICE)
+    from wslm.kernels.triton_paged_attention import paged_attention as triton_paged_attention
+
+    opts = dict(sliding_window=window, logits_soft_cap=4.0, sinks=sinks)
+    tri = triton_paged_attention(
+        batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.cu_seqlens_q, batch.seq_lens,
+        0.125, partition_size=64, **opts,
+    )
+    torch.testing.assert_close(tri, naive_attention(batch, 0.125, **opts), atol=1e-5, rtol=1e-5)
+
+
+def test_long_prefill_with_window():
+    # A prefill of 150 tokens with a window of 20: query tiles start past many skipped key tiles.
+    batch = make_paged_batch([150, 40], [150, 100], 4, 4, 32, 16, device=DEVICE)
+    dense = naive_attention(batch, 0.2, sliding_window=20)
+    torch.testing.assert_close(_attend(batch, "triton", 0.2, sliding_window=20), dense, atol=1e-5, rtol=1e-5)
+
+
 @pytest.mark.parametrize("num_kv_heads, head_dim, block_size", [(2, 64, 16), (3, 128, 32)])
 def test_reshape_and_cache(num_kv_heads, head_dim, block_size):
     caches = {}

@@ -61,6 +61,15 @@ class FlakyEngine:
             text = bytes(prompt).decode()
             if "FAIL_STEP" in text:
                 raise RuntimeError("scheduler bug")
+            if "KILL_ENGINE" in text:
+                from wslm.backend.distributed.executor import EngineDeadError
+
+                raise EngineDeadError("workers gone")
+            if "ENGINE_OOM" in text:
+                del self.requests[rid]
+                outputs.append(RequestOutput(rid, None, prompt, [CompletionOutput(0, "", [], finish_reason="error")],
+                                             True, error="Out of memory while running this request (MemoryError)"))
+                continue
             if "ENGINE_ERROR" in text:
                 del self.requests[rid]
                 outputs.append(RequestOutput(rid, None, prompt, [CompletionOutput(0, "", [], finish_reason="error")],
@@ -81,8 +90,7 @@ class FlakyEngine:
         return {"num_requests_running": len(self.requests)}
 
 
-@pytest.fixture(scope="module")
-def url():
+def _serve_in_thread(on_death=None):
     import uvicorn
 
     from wslm.backend.server.app import build_app
@@ -93,6 +101,7 @@ def url():
     engine = FlakyEngine()
     metrics = ServerMetrics("flaky")
     state = ServerState(AsyncEngine(engine, metrics), engine.tokenizer, ["flaky"], 512, metrics=metrics)
+    state.engine.on_death = on_death
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
     server = uvicorn.Server(uvicorn.Config(build_app(state), log_level="warning"))
@@ -102,7 +111,13 @@ def url():
     while not server.started:
         assert time.monotonic() < deadline
         time.sleep(0.05)
-    yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    return f"http://127.0.0.1:{sock.getsockname()[1]}", server, thread
+
+
+@pytest.fixture(scope="module")
+def url():
+    address, server, thread = _serve_in_thread()
+    yield address
     server.should_exit = True
     thread.join(30)
 
@@ -150,3 +165,42 @@ def test_handler_bug_is_a_500_with_a_message(url):
     message = r.json()["error"]["message"]
     assert "tokenizer exploded" in message and "still running" in message and "Traceback" not in message
     _assert_still_serving(url)
+
+
+def test_out_of_memory_is_a_503_naming_the_cause(url):
+    r = _chat(url, "ENGINE_OOM")
+    assert r.status_code == 503 and r.json()["error"]["code"] == "out_of_memory"
+    assert "Out of memory" in r.json()["error"]["message"]
+    _assert_still_serving(url)
+
+
+def test_dead_engine_loop_turns_health_503_and_reports_the_cause():
+    causes: list[str] = []
+    address, server, thread = _serve_in_thread(on_death=causes.append)
+    try:
+        r = _chat(address, "KILL_ENGINE")
+        assert r.status_code == 500 and "workers gone" in r.json()["error"]["message"]
+        assert causes and "workers gone" in causes[0]  # the launcher's hook: it makes the server exit non-zero
+        health = httpx.get(address + "/health", timeout=10)
+        assert health.status_code == 503 and "workers gone" in health.json()["message"]
+        r = _chat(address, "hello")  # no zombie: refused at once, with the cause
+        assert r.status_code == 503 and "workers gone" in r.json()["error"]["message"]
+    finally:
+        server.should_exit = True
+        thread.join(30)
+
+
+def test_engine_death_makes_wslm_serve_exit_nonzero(tmp_path):
+    from hub_server import make_tiny_llama
+    from test_server_helpers import ServerProcess
+
+    tiny = make_tiny_llama(tmp_path / "tiny")
+    srv = ServerProcess("--model", str(tiny), "--port", "0", "--kv-cache-memory", "8MiB", "--dtype", "float32",
+                        "--uvicorn-log-level", "warning", env={"WSLM_FAULT_INJECTION": '{"die_after_steps": 3}'})
+    try:
+        r = httpx.post(srv.url + "/v1/completions", json={"prompt": "hi there", "max_tokens": 10}, timeout=60)
+        assert r.status_code == 500 and "engine" in r.json()["error"]["message"]
+        assert srv.proc.wait(60) == 1
+        assert srv.wait_event(("error",), 10)["message"].startswith("The engine stopped (EngineDeadError")
+    finally:
+        srv.stop()

@@ -67,5 +67,8 @@ def main() -> int:
     env = dict(os.environ, FAKE_WSL_DISTRO=distro["name"], FAKE_WINDOWS_STATE=str(state_path()),
                PATH=str(Path(sys.argv[0]).resolve().parent / "linux_bin") + os.pathsep + os.environ.get("PATH", ""))
     env.pop("FAKE_WIN_ELEVATED", None)
+    if os.environ.get("FAKE_WSL_DETACHED"):
+        # As the real wsl.exe: the Linux command is not our process, so killing wsl.exe leaves it running.
+        return subprocess.Popen(["/bin/bash", "-c", _join_like_wsl(command)], env=env, start_new_session=True).wait()
     os.execve("/bin/bash", ["bash", "-c", _join_like_wsl(command)], env)
     return 1

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 from wslm.backend.config import EngineConfig
 from wslm.backend.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from wslm.backend.sampling_params import SamplingParams
+from wslm.backend.structured.params import GuidedDecodingParams, StructuredOutputsParams
 
 if TYPE_CHECKING:
     from wslm.backend.llm import LLM
@@ -19,6 +20,8 @@ __all__ = [
     "LLMEngine",
     "EngineConfig",
     "SamplingParams",
+    "StructuredOutputsParams",
+    "GuidedDecodingParams",
     "RequestOutput",
     "CompletionOutput",
     "Logprob",

@@ -12,10 +12,14 @@ class EngineConfig:
     max_model_len: int | None = None  # None: the model's own, capped by what the KV pool holds
     max_num_seqs: int = 128
     max_num_batched_tokens: int = 2048  # the per-step token budget (chunked prefill)
+    # Fairness (scheduler.py): while streams decode, prefill gets at most this many tokens per step
+    # (None: max_num_batched_tokens // 8), and one request adds at most fanout_per_step sequences per step.
+    long_prefill_token_threshold: int | None = None
+    fanout_per_step: int = 16
     block_size: int = 16
     enable_prefix_caching: bool = True
     device: str = "auto"  # "auto", "cpu", "cuda", "cuda:N"
-    dtype: str = "auto"  # auto: bf16 on GPUs and AMX CPUs, else fp32 (fp16 when the model is fp16 on GPU)
+    dtype: str = "auto"  # auto: bf16 on GPUs (fp16 for fp16 models) and on bf16-native CPUs, else fp32
     gpu_memory_utilization: float = 0.9  # CUDA: share of the card the engine may use
     kv_cache_memory: int | None = None  # CPU: bytes for the KV pool (None: from free RAM)
     num_gpu_blocks_override: int | None = None  # exact pool size in blocks (tests, tuning)
@@ -25,6 +29,12 @@ class EngineConfig:
     distributed_executor_backend: str | None = None  # "mp" (one machine, default) or "ray" (a Ray cluster)
     enforce_eager: bool = False  # CUDA: no CUDA graphs
     trust_remote_code: bool = False
+    # None: as the checkpoint is (a GGUF file and AWQ/GPTQ checkpoints stay quantized); "int8" / "int4":
+    # quantize a 16-bit checkpoint's linear weights while loading. vLLM's name and values.
+    quantization: str | None = None
+    revision: str | None = None  # a repo id's snapshot in the HF cache: branch, tag or commit (vLLM's --revision)
+    download_dir: str | None = None  # the HF cache folder to find repo ids in (vLLM's --download-dir)
+    max_logprobs: int = 20  # most top logprobs one request may ask for (vLLM's --max-logprobs; -1: vocabulary)
 
     def __post_init__(self) -> None:
         if self.tensor_parallel_size < 1:
@@ -39,9 +49,18 @@ class EngineConfig:
             raise ValueError(f"max_num_seqs must be at least 1, got {self.max_num_seqs}.")
         if self.max_num_batched_tokens < 1:
             raise ValueError(f"max_num_batched_tokens must be at least 1, got {self.max_num_batched_tokens}.")
+        if self.long_prefill_token_threshold is not None and self.long_prefill_token_threshold < 1:
+            raise ValueError(
+                f"long_prefill_token_threshold must be at least 1, got {self.long_prefill_token_threshold}."
+            )
+        if self.fanout_per_step < 1:
+            raise ValueError(f"fanout_per_step must be at least 1, got {self.fanout_per_step}.")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}.")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"max_model_len must be positive, got {self.max_model_len}.")
+        from wslm.backend.quant import check_quantization
+
+        self.quantization = check_quantization(self.quantization)
         if self.dtype not in ("auto", "float32", "float16", "bfloat16", "half", "float", "fp32", "fp16", "bf16"):
             raise ValueError(f"dtype must be auto, float32, float16 or bfloat16, got {self.dtype!r}.")

@@ -36,3 +36,33 @@ def tune_allocator() -> bool:
     _done = ok
     logger.debug("malloc tuned for the CPU engine: %s", ok)
     return ok
+
+
+# ---- the CPU compute dtype -------------------------------------------------------------------------
+# bfloat16 halves the bytes every decode step reads, but only pays where the CPU multiplies bf16 natively
+# (AVX512-BF16 on Zen 4 / Cooper Lake and later, AMX on Sapphire Rapids): there bf16 GEMMs run ~2x faster
+# than fp32 (bench/throughput.py). Elsewhere (AVX2: Zen 2/3, most laptops) oneDNN converts in software and
+# a batch-32 bf16 GEMM runs ~10x slower than fp32, so fp32 stays the default there.
+_BF16_FLAGS = ("amx_bf16", "avx512_bf16")
+
+
+def cpu_flags() -> frozenset[str]:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def cpu_auto_dtype() -> tuple[str, str]:
+    """("bfloat16" | "float32", why) for dtype=auto on this CPU."""
+    flags = cpu_flags()
+    native = [f for f in _BF16_FLAGS if f in flags]
+    if native:
+        return "bfloat16", f"the CPU multiplies bf16 natively ({', '.join(native)})"
+    if not flags:
+        return "float32", "the CPU's flags could not be read (/proc/cpuinfo)"
+    return "float32", "the CPU has neither avx512_bf16 nor amx_bf16 (bf16 matmuls would be emulated, slower)"

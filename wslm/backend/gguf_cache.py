@@ -1,9 +1,10 @@
-"""A converted copy of each GGUF model: tokenizer, config and dequantized weights as safetensors.
+"""A converted copy of each GGUF model's tokenizer and config (HF files).
 
-Dequantizing a GGUF and parsing its vocabulary takes tens of seconds on a small CPU; the copy makes every
-later start (a server restart, the GUI's Restart button) load like a plain HF folder. Keyed by the file's
-path, size and mtime, so a replaced file is converted again. WSLM_CACHE_DIR moves it;
-WSLM_GGUF_CACHE=0 turns it off; weights above WSLM_GGUF_CACHE_MAX_GB (default 8) are not copied."""
+Parsing a GGUF vocabulary through transformers takes tens of seconds on a small CPU; the copy makes every
+later start (a server restart, the GUI's Restart button) read them like a plain HF folder. The weights are
+not copied: they are read from the GGUF itself, tensor by tensor, and kept quantized
+(wslm.backend.quant.gguf_weights), which is as fast as reading a copy. Keyed by the file's path, size and
+mtime, so a replaced file is converted again. WSLM_CACHE_DIR moves it; WSLM_GGUF_CACHE=0 turns it off."""
 
 from __future__ import annotations
 
@@ -13,8 +14,6 @@ import logging
 import os
 import shutil
 from pathlib import Path
-
-import torch
 
 logger = logging.getLogger(__name__)
 
@@ -60,43 +59,3 @@ def save_tokenizer_and_config(folder: Path, tokenizer, hf_config, architecture: 
         logger.warning("Could not write the GGUF cache in %s: %s", folder, exc)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-
-
-def weights_file(folder: Path, dtype: torch.dtype) -> Path:
-    return folder / f"model-{str(dtype).removeprefix('torch.')}.safetensors"
-
-
-def max_weights_bytes() -> int:
-    """Above this size the dequantized copy costs more disk than the start-up time it saves."""
-    return int(float(os.environ.get("WSLM_GGUF_CACHE_MAX_GB", "8")) * 2**30)
-
-
-def save_weights(path: Path, state: dict[str, torch.Tensor]) -> None:
-    from safetensors.torch import save_file
-
-    total = sum(t.numel() * t.element_size() for t in state.values())
-    if total > max_weights_bytes():
-        logger.info(
-            "Not caching the dequantized weights (%.1f GiB > WSLM_GGUF_CACHE_MAX_GB); each start dequantizes again.",
-            total / 2**30,
-        )
-        return
-
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        # Tied embeddings share storage with lm_head; safetensors refuses shared tensors, and the engine
-        # re-ties them anyway.
-        seen: set[int] = set()
-        unique = {}
-        for name, tensor in state.items():
-            ptr = tensor.untyped_storage().data_ptr()
-            if ptr in seen:
-                continue
-            seen.add(ptr)
-            unique[name] = tensor.contiguous()
-        save_file(unique, str(tmp))
-        os.replace(tmp, path)
-    except Exception as exc:
-        logger.warning("Could not cache the dequantized weights in %s: %s", path, exc)
-        tmp.unlink(missing_ok=True)

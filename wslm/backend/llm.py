@@ -56,6 +56,9 @@ class LLM:
             raise ValueError(f"Got {len(prompts)} prompts but {len(params)} SamplingParams.")
         engine = self.llm_engine
         ids = [f"llm-{next(self._ids)}" for _ in prompts]
+        for p in params:  # grammars compile before any request is queued (cached; a bad one raises here)
+            if p.structured_outputs is not None:
+                engine.structured.compile(p.structured_outputs)
         try:
             for rid, prompt, p in zip(ids, prompts, params):
                 engine.add_request(rid, prompt, p.clone())

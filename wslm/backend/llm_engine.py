@@ -15,16 +15,18 @@ from wslm.backend.chat import read_template, render_chat
 from wslm.backend.config import EngineConfig
 from wslm.backend.cpu_tuning import tune_allocator
 from wslm.backend.distributed.executor import EngineDeadError
+from wslm.backend.fault_injection import Faults
 from wslm.backend.kv_cache import determine_num_blocks
 from wslm.backend.model_loader import load_model_config, load_tokenizer, resolve_model
 from wslm.backend.model_runner import ModelRunner, load_model
-from wslm.backend.modeling.layers.attention import kernels_support
 from wslm.backend.output_processor import OutputProcessor
-from wslm.backend.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from wslm.backend.outputs import OUT_OF_MEMORY_ERROR, CompletionOutput, RequestMetrics, RequestOutput
 from wslm.backend.sampler import Sampler
 from wslm.backend.sampling_params import SamplingParams
 from wslm.backend.scheduler import Scheduler
 from wslm.backend.sequence import Sequence
+from wslm.backend.structured.compiler import GrammarState, StructuredOutputCompiler
+from wslm.backend.token_rules import TokenRules
 from wslm.backend.validation import RequestLimits, validate_prompt
 
 logger = logging.getLogger("wslm.engine")
@@ -52,15 +54,23 @@ class LLMEngine:
     def __init__(self, config: EngineConfig) -> None:
         start = time.monotonic()
         self.config = config
+        self.faults = Faults.from_env()  # tests only (fault_injection.py)
+        if self.faults is not None:
+            self.faults.before_load()
         self.device = pick_device(config.device)
         if self.device.type == "cpu":
             tune_allocator()
-        source = resolve_model(config.model)
+        source = resolve_model(config.model, config.revision, config.download_dir)
         self.model_name = source.name
         self.tokenizer = load_tokenizer(source, config.tokenizer, config.trust_remote_code)
-        _, mc = load_model_config(source, self.tokenizer, config.dtype, self.device, config.trust_remote_code)
+        _, mc = load_model_config(
+            source, self.tokenizer, config.dtype, self.device, config.trust_remote_code, config.quantization
+        )
         self.model_config = mc
-        logger.info("Loading %s (%s, %s) on %s", source.name, mc.architecture, mc.dtype, self.device)
+        logger.info(
+            "Loading %s (%s, %s, weights %s) on %s",
+            source.name, mc.architecture, mc.dtype, mc.quantization or "dense", self.device,
+        )
         logger.info("Kernels: %s", kernels.backend_description(self.device))
         if config.tensor_parallel_size > 1:
             from wslm.backend.distributed.executor import make_executor
@@ -77,12 +87,15 @@ class LLMEngine:
         self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
         self.scheduler = Scheduler(config, self.block_manager)
         # What one request may ask for; the server swaps in its own stop-list limits (its flags).
-        self.limits = RequestLimits(mc.max_model_len, mc.vocab_size, config.max_num_seqs, num_blocks, config.block_size)
+        self.limits = RequestLimits(mc.max_model_len, mc.vocab_size, config.max_num_seqs, num_blocks, config.block_size,
+                                    max_logprobs=config.max_logprobs)
         if config.tensor_parallel_size == 1:
             self.runner = ModelRunner(model, config.block_size, num_blocks)
         if self.device.type == "cuda" and not config.enforce_eager and config.tensor_parallel_size == 1:
             self.runner.enable_cuda_graphs(config.max_num_seqs, mc.max_model_len)
         self.sampler = Sampler(mc.vocab_size, self.device, config.seed)
+        # Structured output: thread-safe, so the server compiles grammars in worker threads ahead of add_request.
+        self.structured = StructuredOutputCompiler(self.tokenizer, mc.vocab_size, sorted(mc.eos_token_ids))
         self.output_processor = OutputProcessor(self.tokenizer, mc.max_model_len)
         self.chat_template = read_template(config.chat_template)
         self.requests: dict[str, _Request] = {}
@@ -103,11 +116,6 @@ class LLMEngine:
 
     def _resolve_max_model_len(self, capacity: int) -> int:
         model_max = self.model_config.max_position_embeddings
-        window = self.model_config.sliding_window
-        if window is not None and window < model_max and not kernels_support("sliding_window"):
-            logger.info("Context limited to the model's %d-token attention window (sliding window "
-                        "attention is not implemented)", window)
-            model_max = window
         asked = self.config.max_model_len
         if asked is None:
             if capacity < model_max:
@@ -139,7 +147,12 @@ class LLMEngine:
         params = params.clone() if params is not None else SamplingParams()
         if request_id in self.requests:
             raise ValueError(f"Request id {request_id!r} is already in use.")
+        if params.truncate_prompt_tokens is not None:
+            prompt = self._truncate_prompt(prompt, params.truncate_prompt_tokens)
         text, ids = validate_prompt(prompt, params, self.tokenizer, self.limits)
+        # A cache hit when the caller compiled ahead (the server does, in a worker thread).
+        grammar = self.structured.compile(params.structured_outputs) if params.structured_outputs else None
+        rules = TokenRules.build(params, self.tokenizer)
         arrival = time.monotonic() if arrival_time is None else arrival_time
         seqs = []
         for i in range(params.n):
@@ -149,12 +162,29 @@ class LLMEngine:
             if p.seed is not None:
                 seq.generator = torch.Generator(device=self.device)
                 seq.generator.manual_seed(p.seed)
+            seq.grammar = GrammarState(grammar) if grammar is not None else None
+            seq.token_rules = rules
             self.output_processor.start(seq)
             seqs.append(seq)
         # Siblings wait for the first completion's prompt, then share its KV blocks (see step()).
         seqs[0].pending_forks = seqs[1:]
         self.requests[request_id] = _Request(request_id, text, ids, seqs, arrival)
         self.scheduler.add(seqs[0])
+
+    def _truncate_prompt(self, prompt, keep: int):
+        """truncate_prompt_tokens (vLLM's): keep the last `keep` tokens (-1: as many as the context holds)."""
+        if keep == -1:
+            keep = self.max_model_len - 1
+        text = prompt.get("prompt") if isinstance(prompt, dict) else prompt if isinstance(prompt, str) else None
+        if isinstance(text, str):
+            ids = self.tokenizer.encode(text)
+        elif isinstance(prompt, dict):
+            ids = prompt.get("prompt_token_ids")
+        else:
+            ids = prompt
+        if not isinstance(ids, (list, tuple)) or len(ids) <= keep:
+            return prompt
+        return {"prompt_token_ids": list(ids)[-keep:]}
 
     def abort_request(self, request_id: str | list[str]) -> None:
         ids = [request_id] if isinstance(request_id, str) else list(request_id)
@@ -178,8 +208,12 @@ class LLMEngine:
         sched = self.scheduler.schedule()
         if sched.is_empty():
             return outputs
+        advanced = False
         try:
+            if self.faults is not None:
+                self.faults.before_step(sched.num_tokens)
             logits, sampled = self.runner.execute(sched.scheduled)
+            advanced = True
             for seq, n in sched.scheduled:
                 seq.num_computed_tokens += n
                 self.block_manager.cache_full_blocks(seq)
@@ -188,15 +222,23 @@ class LLMEngine:
                 result = self.sampler(logits, sampled)
         except EngineDeadError:
             raise  # the workers are gone: nothing more can be served (the server exits, LLM raises)
+        except (MemoryError, torch.OutOfMemoryError) as exc:
+            if not advanced and self._shrink_after_oom(sched, exc):
+                return outputs  # nothing was computed: the same sequences run again in smaller steps
+            logger.error("Out of memory in a step that cannot be made smaller: failing its requests (%s)", exc)
+            return outputs + self._fail([s for s, _ in sched.scheduled], exc, OUT_OF_MEMORY_ERROR)
         except Exception as exc:  # one broken step must not take the server down
             logger.exception("Engine step failed")
             return outputs + self._fail([s for s, _ in sched.scheduled], exc)
+        self.scheduler.step_succeeded()
         now = time.monotonic()
         touched: dict[str, list[Sequence]] = {}
         for i, seq in enumerate(sampled):
             if seq.num_output_tokens == 0 and seq.index == 0:
                 self.prompt_tokens_total += seq.num_prompt_tokens
-            if self.output_processor.append_token(seq, result.token_ids[i], result.logprobs[i], now):
+            token = result.token_ids[i]
+            grammar_done = seq.grammar is not None and seq.grammar.accept(token)
+            if self.output_processor.append_token(seq, token, result.logprobs[i], now, grammar_done):
                 seq.finished_time = now
                 self.scheduler.finish(seq)
             touched.setdefault(seq.request_id, []).append(seq)
@@ -218,12 +260,16 @@ class LLMEngine:
         for r, seq in enumerate(sampled):
             rows.append(r)
             seqs.append(seq)
-            for child in seq.pending_forks:
-                copies = self.block_manager.fork(seq, child)
+            sched = self.scheduler
+            for k, child in enumerate(seq.pending_forks):
                 child.num_cached_tokens = seq.num_cached_tokens
                 child.first_scheduled_time = seq.first_scheduled_time
+                # Fairness: a wide fan-out joins a few siblings per step (the scheduler admits the rest from
+                # its queue, their prompt from the prefix cache), and never past max_num_seqs.
+                fits = k + 1 < sched.fanout_per_step and len(sched.running) < sched.max_num_seqs
+                copies = self.block_manager.fork(seq, child) if fits else None
                 if copies is None:
-                    self.scheduler.add(child)  # no free block: it recomputes (mostly from the prefix cache)
+                    sched.add(child)  # no room or no free block: it recomputes (mostly from the prefix cache)
                     continue
                 self.runner.copy_blocks(copies)
                 self.scheduler.adopt_running(child)
@@ -232,8 +278,27 @@ class LLMEngine:
             seq.pending_forks = []
         return seqs, logits.index_select(0, torch.tensor(rows, device=logits.device))
 
-    def _fail(self, seqs: list[Sequence], exc: Exception) -> list[RequestOutput]:
-        message = f"The engine failed on this request: {type(exc).__name__}: {exc}"
+    def _shrink_after_oom(self, sched, exc: BaseException) -> bool:
+        """Out of memory before anything was computed: give the memory back and make later steps smaller
+        (the scheduler grows them again after a run of good steps). False when the step is as small as it
+        gets, i.e. one sequence and one token: then its request fails."""
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+        if sched.num_tokens <= 1:
+            return False
+        tokens, seqs = self.scheduler.shrink(sched.num_tokens, len(sched.scheduled))
+        logger.warning("Out of memory in a %d-token step of %d sequences (%s); continuing with at most %d tokens "
+                       "and %d new sequences per step until memory allows more", sched.num_tokens,
+                       len(sched.scheduled), exc, tokens, seqs)
+        return True
+
+    def _fail(self, seqs: list[Sequence], exc: BaseException, what: str = "") -> list[RequestOutput]:
+        if what == OUT_OF_MEMORY_ERROR:
+            message = (f"{OUT_OF_MEMORY_ERROR} while running this request ({type(exc).__name__}: {exc}). The server "
+                       "is still running: retry with a shorter prompt, fewer completions (n) or max_tokens, or "
+                       "start the server with a smaller --max-num-seqs / --max-num-batched-tokens.")
+        else:
+            message = f"The engine failed on this request: {type(exc).__name__}: {exc}"
         outputs = []
         for rid in dict.fromkeys(s.request_id for s in seqs):
             req = self.requests.get(rid)

@@ -44,7 +44,9 @@ class ModelConfig:
     layer_types: tuple[str, ...] | None = None
     rotary_dim: int = 0  # dims of each head that rotate (partial rotary); 0 means head_dim
     hidden_act: str = "silu"
-    quantization: str | None = None  # the LinearMethod (modeling/layers/linear.py); None: dense
+    # None (dense), "gguf", "awq", "gptq", "int8" or "int4": how the linear weights are held
+    # (wslm.backend.quant), i.e. which LinearMethod the layers use (modeling/layers/linear.py).
+    quantization: str | None = None
     # Family-specific settings (Gemma's softcaps, second rope base, ...), filled by the family class's
     # config_overrides() and read only by that family's code.
     extra: dict = field(default_factory=dict)
@@ -138,9 +140,11 @@ def resolve_dtype(requested: str, hf_config, device: torch.device) -> torch.dtyp
     if requested != "auto":
         return names[requested]
     if device.type == "cpu":
-        # With AMX, bf16 matmuls run ~2x faster at batch 32 and cost ~5% at batch 1 (bench/throughput.py),
-        # and the KV cache holds twice the tokens. Without AMX, CPU half precision is slow: stay in fp32.
-        return torch.bfloat16 if cpu_has_amx_bf16() else torch.float32
+        from wslm.backend.cpu_tuning import cpu_auto_dtype
+
+        name, why = cpu_auto_dtype()
+        logger.info("dtype=auto on CPU: %s, because %s.", name, why)
+        return names[name]
     cfg = getattr(hf_config, "torch_dtype", None) or getattr(hf_config, "dtype", None)
     cfg = names.get(str(cfg).removeprefix("torch."), torch.float32) if cfg is not None else torch.float32
     if cfg == torch.float32:
@@ -149,17 +153,37 @@ def resolve_dtype(requested: str, hf_config, device: torch.device) -> torch.dtyp
 
 
 def cpu_has_amx_bf16() -> bool:
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return "amx_bf16" in line.split()
-    except OSError:
-        pass
-    return False
+    """True where dtype=auto picks bfloat16 on this CPU (AMX or AVX512-BF16; name kept for callers)."""
+    from wslm.backend.cpu_tuning import cpu_auto_dtype
+
+    return cpu_auto_dtype()[0] == "bfloat16"
 
 
-def load_model_config(source: ModelSource, tokenizer, dtype: str, device: torch.device, trust_remote_code=False):
+def resolve_quantization(requested: str | None, source: ModelSource, hf_config) -> str | None:
+    """What the weights are: a GGUF file is "gguf" whatever was asked; a checkpoint with a
+    quantization_config is its method (as vLLM reads it); int8/int4 quantize 16-bit weights on load."""
+    from wslm.backend.quant import check_quantization
+
+    requested = check_quantization(requested)
+    if source.gguf_file:
+        return "gguf"
+    qc = getattr(hf_config, "quantization_config", None)
+    found = (qc.get("quant_method") if isinstance(qc, dict) else getattr(qc, "quant_method", None)) if qc else None
+    found = str(found).lower() if found else None
+    if found in ("awq", "gptq"):
+        if requested not in (None, found):
+            raise ValueError(f"This checkpoint is {found}-quantized; quantization={requested!r} cannot apply to it.")
+        return found
+    if found:
+        raise ValueError(f"Checkpoints quantized with {found!r} are not supported (supported: awq, gptq, gguf).")
+    if requested in ("awq", "gptq", "gguf"):
+        raise ValueError(f"quantization={requested!r} was asked for, but the checkpoint has no {requested} weights.")
+    return requested
+
+
+def load_model_config(
+    source: ModelSource, tokenizer, dtype: str, device: torch.device, trust_remote_code=False, quantization=None
+):
     hf_config = _read_hf_config(source, trust_remote_code)
     archs = list(getattr(hf_config, "architectures", None) or [])
     if not archs:
@@ -205,6 +229,7 @@ def load_model_config(source: ModelSource, tokenizer, dtype: str, device: torch.
         layer_types=tuple(layer_types) if layer_types else None,
         rotary_dim=int(head_dim * partial),
         hidden_act=getattr(text, "hidden_activation", None) or getattr(text, "hidden_act", None) or "silu",
+        quantization=resolve_quantization(quantization, source, hf_config),
     )
     fields.update(model_cls.config_overrides(text))
     return hf_config, ModelConfig(**fields)
@@ -242,28 +267,9 @@ def iter_weights(source: ModelSource, dtype: torch.dtype):
 
 
 def _iter_gguf_weights(source: ModelSource, dtype: torch.dtype):
-    from wslm.backend import gguf_cache
+    # Read straight from the file, tensor by tensor, kept quantized (wslm.backend.quant.gguf_weights):
+    # faster than reading a converted copy back, and the model never exists in full precision. The
+    # converted-copy cache keeps only the tokenizer and config, the slow part to parse.
+    from wslm.backend.quant.gguf_weights import iter_gguf_weights
 
-    cached = gguf_cache.weights_file(gguf_cache.folder_for(source.gguf_path), dtype)
-    if gguf_cache.enabled() and cached.is_file():
-        from safetensors import safe_open
-
-        with safe_open(str(cached), framework="pt") as f:
-            for name in f.keys():
-                yield name, f.get_tensor(name)
-        return
-    # transformers knows how to dequantize GGUF and undo llama.cpp's q/k permutation; we borrow its
-    # loader once and keep only the tensors.
-    from transformers import AutoModelForCausalLM
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    # Dequantizing is fastest in fp32; the cast to the engine's dtype happens once, here.
-    hf_model = AutoModelForCausalLM.from_pretrained(
-        str(source.folder), gguf_file=source.gguf_file, dtype=torch.float32, low_cpu_mem_usage=True
-    )
-    state = {name: t.to(dtype) for name, t in hf_model.state_dict().items()}
-    del hf_model
-    if gguf_cache.enabled():
-        gguf_cache.save_weights(cached, state)
-    yield from state.items()
+    yield from iter_gguf_weights(source.gguf_path)

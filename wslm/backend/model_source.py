@@ -27,8 +27,9 @@ class ModelSource:
         return folder if gguf_cache.has_tokenizer_and_config(folder) else None
 
 
-def resolve_model(model: str) -> ModelSource:
-    """Turn what the user typed into files on disk, or raise FileNotFoundError saying what to do."""
+def resolve_model(model: str, revision: str | None = None, download_dir: str | None = None) -> ModelSource:
+    """Turn what the user typed into files on disk, or raise FileNotFoundError saying what to do. A repo id
+    is looked up in the HF cache (download_dir when given) at `revision` (branch, tag or commit)."""
     from wslm.demo import demo_model_path, is_demo
 
     if is_demo(model):
@@ -50,21 +51,23 @@ def resolve_model(model: str) -> ModelSource:
         raise FileNotFoundError(f"{path} is not a model: give a model folder or a .gguf file.")
     if model.startswith(("/", "./", "../", "~")) or model.endswith(".gguf") or "\\" in model:
         raise FileNotFoundError(f"No such model file or folder: {path}. Check the path, or list models with `wslm models list`.")
-    found = _resolve_by_name(model)
+    found = _resolve_by_name(model, revision, download_dir)
     if found is not None:
         return resolve_model(str(found))
+    where = f"in {download_dir} (--download-dir)" if download_dir else "in the local Hugging Face cache"
+    at = f" at revision {revision!r}" if revision else ""
     raise FileNotFoundError(
-        f"Model {model!r} was not found: not a path, not in `wslm models list`, not in the local Hugging Face "
-        f"cache. Download it with `wslm models pull {model}`, or pass a model folder or .gguf file."
+        f"Model {model!r}{at} was not found: not a path, not in `wslm models list`, not {where}. "
+        f"Download it with `wslm models pull {model}`, or pass a model folder or .gguf file."
     )
 
 
-def _resolve_by_name(name: str) -> Path | None:
+def _resolve_by_name(name: str, revision: str | None = None, download_dir: str | None = None) -> Path | None:
     try:
         from wslm.backend.hub.catalog import resolve_model as catalog_resolve
     except ImportError:
         catalog_resolve = None
-    if catalog_resolve is not None:
+    if catalog_resolve is not None and revision is None and download_dir is None:
         found = catalog_resolve(name)
         if found is not None:
             return Path(found)
@@ -72,7 +75,7 @@ def _resolve_by_name(name: str) -> Path | None:
         try:
             from huggingface_hub import snapshot_download
 
-            return Path(snapshot_download(name, local_files_only=True))
+            return Path(snapshot_download(name, revision=revision, cache_dir=download_dir, local_files_only=True))
         except Exception:  # not in the cache: the caller raises the user-facing error
             return None
     return None

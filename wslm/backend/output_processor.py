@@ -16,8 +16,9 @@ class OutputProcessor:
     def start(self, seq: Sequence) -> None:
         self.detokenizer.start(seq)
 
-    def append_token(self, seq: Sequence, token: int, logprob_info, now: float) -> bool:
-        """Returns True when seq is now finished (finish_reason set)."""
+    def append_token(self, seq: Sequence, token: int, logprob_info, now: float, grammar_done: bool = False) -> bool:
+        """Returns True when seq is now finished (finish_reason set). grammar_done: its structured-output
+        grammar is complete, so it stops here (as at EOS) even with ignore_eos or below min_tokens."""
         seq.output_token_ids.append(token)
         if seq.first_token_time is None:
             seq.first_token_time = now
@@ -35,6 +36,8 @@ class OutputProcessor:
         elif can_stop and (stop := self.detokenizer.check_stop_strings(seq, prev_len)) is not None:
             seq.finish_reason, seq.stop_reason = "stop", stop
             return True
+        elif grammar_done:
+            seq.finish_reason = "stop"
         elif (p.max_tokens is not None and seq.num_output_tokens >= p.max_tokens) or (
             seq.num_tokens >= self.max_model_len
         ):

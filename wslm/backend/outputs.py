@@ -5,6 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+# RequestOutput.error starts with this when the request failed for lack of memory: the server answers 503
+# (try again later / smaller), not 500.
+OUT_OF_MEMORY_ERROR = "Out of memory"
+
 
 @dataclass(slots=True)
 class Logprob:

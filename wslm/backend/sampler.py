@@ -7,6 +7,8 @@ from dataclasses import dataclass
 import torch
 
 from wslm.backend.sequence import Sequence
+from wslm.backend.structured.mask import GrammarMasker
+from wslm.backend.token_rules import apply_token_rules
 
 
 @dataclass(slots=True)
@@ -22,6 +24,7 @@ class Sampler:
         self.device = device
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(seed)
+        self.grammar_masker = GrammarMasker(vocab_size)
 
     @torch.inference_mode()
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> SamplerOutput:
@@ -33,6 +36,8 @@ class Sampler:
         if any(p.has_penalties for p in params):
             logits = self._apply_penalties(logits.clone(), seqs)
         logits = self._block_early_stop(logits, seqs)
+        logits = apply_token_rules(logits, seqs)
+        logits = self._apply_grammars(logits, seqs)
 
         greedy = [p.greedy for p in params]
         if all(greedy):
@@ -77,6 +82,18 @@ class Sampler:
                     if not cloned:
                         logits, cloned = logits.clone(), True
                     logits[i, banned] = float("-inf")
+        return logits
+
+    def _apply_grammars(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+        """Structured output: what each constrained request's grammar forbids next gets -inf (in place)."""
+        rows = []
+        for i, seq in enumerate(seqs):
+            if seq.grammar is not None:
+                seq.grammar.sync(seq.output_token_ids)  # no-op unless the state fell out of step
+                rows.append((i, seq.grammar))
+        if rows:
+            logits = logits.contiguous()  # xgrammar's kernel writes in place into a dense tensor
+            self.grammar_masker.apply(logits, rows)
         return logits
 
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence], greedy: list[bool]) -> torch.Tensor:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from wslm.backend.structured.params import GuidedDecodingParams, StructuredOutputsParams
+
 _GREEDY_EPS = 1e-5
 
 
@@ -27,6 +29,14 @@ class SamplingParams:
     logprobs: int | None = None  # top-N logprobs per generated token (the sampled one is always included)
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
+    # Token constraints (vLLM's names): checked against the vocabulary by validation.check_sampling.
+    logit_bias: dict[int, float] | None = None  # token id -> added to its logit, in [-100, 100]
+    allowed_token_ids: list[int] | None = None  # only these may be sampled
+    bad_words: list[str] | None = None  # words never generated (as whole token sequences)
+    prompt_logprobs: int | None = None  # top-N logprobs for every prompt token (besides the prompt's own)
+    truncate_prompt_tokens: int | None = None  # keep only the last k prompt tokens (-1: the context length)
+    structured_outputs: StructuredOutputsParams | None = None  # JSON schema / regex / choice / grammar
+    guided_decoding: GuidedDecodingParams | None = None  # vLLM's older name; moved to structured_outputs
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -36,6 +46,12 @@ class SamplingParams:
         self.stop_token_ids = list(self.stop_token_ids or [])
         if self.top_k == -1:
             self.top_k = 0
+        if self.guided_decoding is not None:
+            if self.structured_outputs is not None and self.structured_outputs is not self.guided_decoding:
+                raise ValueError("Give structured_outputs or guided_decoding (its older name), not both.")
+            self.structured_outputs, self.guided_decoding = self.guided_decoding, None
+        if self.logit_bias:
+            self.logit_bias = _int_keys(self.logit_bias)
         self._verify()
 
     def _verify(self) -> None:
@@ -64,12 +80,31 @@ class SamplingParams:
             raise bad("min_tokens", "a non-negative integer")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens}).")
-        if self.logprobs is not None and (not isinstance(self.logprobs, int) or not 0 <= self.logprobs <= 20):
-            raise bad("logprobs", "an integer in [0, 20]")
+        if self.logprobs is not None and (not isinstance(self.logprobs, int) or self.logprobs < 0):
+            raise bad("logprobs", "a non-negative integer (at most the engine's max_logprobs, 20 by default)")
         if self.seed is not None and not isinstance(self.seed, int):
             raise bad("seed", "an integer")
         if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):
             raise ValueError(f"stop_token_ids must be non-negative integers, got {self.stop_token_ids!r}.")
+        self._verify_constraints()
+
+    def _verify_constraints(self) -> None:
+        for token, bias in (self.logit_bias or {}).items():
+            if not isinstance(bias, (int, float)) or not -100.0 <= bias <= 100.0:
+                raise ValueError(f"logit_bias values must be in [-100, 100], got {bias!r} for token {token}.")
+        if self.allowed_token_ids is not None and (
+            not self.allowed_token_ids or any(isinstance(t, bool) or not isinstance(t, int) for t in self.allowed_token_ids)
+        ):
+            raise ValueError(f"allowed_token_ids must be a non-empty list of token ids, got {self.allowed_token_ids!r}.")
+        if self.bad_words is not None and any(not isinstance(w, str) or not w.strip() for w in self.bad_words):
+            raise ValueError(f"bad_words must be non-empty strings, got {self.bad_words!r}.")
+        if self.prompt_logprobs is not None and (not isinstance(self.prompt_logprobs, int) or self.prompt_logprobs < -1):
+            raise ValueError(f"prompt_logprobs must be a non-negative integer (or -1), got {self.prompt_logprobs!r}.")
+        t = self.truncate_prompt_tokens
+        if t is not None and (isinstance(t, bool) or not isinstance(t, int) or (t < 1 and t != -1)):
+            raise ValueError(f"truncate_prompt_tokens must be a positive integer or -1, got {t!r}.")
+        if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
+            raise ValueError("structured_outputs must be a StructuredOutputsParams.")
 
     @property
     def greedy(self) -> bool:
@@ -84,5 +119,18 @@ class SamplingParams:
         values["stop"] = list(self.stop or [])
         values["stop_token_ids"] = list(self.stop_token_ids or [])
         values["extra"] = dict(self.extra)
+        values["guided_decoding"] = None  # already folded into structured_outputs
         values.update(changes)
         return SamplingParams(**values)
+
+
+def _int_keys(bias: dict) -> dict[int, float]:
+    """OpenAI sends logit_bias keys as strings ("50256"); the engine wants token ids."""
+    out = {}
+    for key, value in bias.items():
+        try:
+            token = int(key)
+        except (TypeError, ValueError):
+            raise ValueError(f"logit_bias keys must be token ids, got {key!r}.") from None
+        out[token] = value
+    return out

@@ -35,6 +35,9 @@ class Sequence:
     # Set on the first completion of an n > 1 request: how many siblings to fork off after the prompt.
     pending_forks: list[Sequence] = field(default_factory=list)
     generator: object | None = None  # torch.Generator for a seeded request
+    grammar: object | None = None  # structured.GrammarState when the output must follow a grammar
+    token_rules: object | None = None  # token_rules.TokenRules: logit_bias, allowed_token_ids, bad_words
+    prompt_logprobs: list = field(default_factory=list)  # prompt_logprobs: one dict per prompt token after the first
     finish_reason: str | None = None
     stop_reason: str | int | None = None
     error: str | None = None

@@ -24,10 +24,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-model-len", default=None, help="context length in tokens (e.g. 4096 or 4k)")
     p.add_argument("--max-num-seqs", type=int, default=None, help="most sequences in one batch")
     p.add_argument("--max-num-batched-tokens", type=int, default=None, help="token budget per step")
+    p.add_argument("--long-prefill-token-threshold", type=int, default=None,
+                   help="while streams decode, prefill tokens per step at most this (fairness; default: "
+                        "max-num-batched-tokens / 8)")
+    p.add_argument("--fanout-per-step", type=int, default=None,
+                   help="new sequences one request (n > 1) may start per step (fairness; default 16)")
     p.add_argument("--block-size", type=int, default=16, help="KV-cache block size in tokens")
     p.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="CUDA: share of the GPU to use")
     p.add_argument("--kv-cache-memory", default=None, help="KV-cache size: bytes, or like 4GiB / 512MiB")
     p.add_argument("--dtype", default="auto", help="auto, float32, float16 or bfloat16")
+    p.add_argument("--quantization", "-q", default=None, choices=["gguf", "awq", "gptq", "int8", "int4"],
+                   help="weights format; a GGUF file or an AWQ/GPTQ checkpoint needs no flag; int8/int4 quantize "
+                   "a 16-bit checkpoint while loading")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
                    help="split the model over N GPUs (or N CPU processes) with torch.distributed")
@@ -55,7 +63,52 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="longest `stop` string, in characters (default 512)")
     p.add_argument("--uvicorn-log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug", "trace"], help="uvicorn's log level")
+    _add_vllm_flags(p)
     p.set_defaults(func=_serve)
+
+
+def _add_vllm_flags(p: argparse.ArgumentParser) -> None:
+    """vLLM's common `vllm serve` flags, doing what vLLM's do (the ones that cannot apply are in
+    server/vllm_flags.py: accepted, and logged as having no effect)."""
+    from wslm.backend.server.vllm_flags import add_no_effect_flags
+
+    g = p.add_argument_group("vLLM flags")
+    g.add_argument("--task", default="auto", choices=["auto", "generate", "embed", "embedding"],
+                   help="generate (text) or embed (/v1/embeddings); auto: from the checkpoint (vLLM's --task)")
+    g.add_argument("--runner", default=None, choices=["auto", "generate", "pooling"],
+                   help="vLLM's newer name for --task: pooling = embed")
+    g.add_argument("--tokenizer", default=None, help="a tokenizer folder or repo id other than the model's")
+    g.add_argument("--revision", default=None,
+                   help="which snapshot of a repo id in the HF cache to serve: a branch, tag or commit")
+    g.add_argument("--download-dir", default=None,
+                   help="the Hugging Face cache folder to find repo ids in (default: the usual HF cache)")
+    g.add_argument("--trust-remote-code", action="store_true",
+                   help="let transformers run the model repo's own code for its config and tokenizer")
+    g.add_argument("--enforce-eager", action="store_true", help="CUDA: run eagerly, without CUDA graphs")
+    g.add_argument("--max-logprobs", type=int, default=20,
+                   help="most top logprobs a request may ask for (default 20; -1: the whole vocabulary)")
+    g.add_argument("--generation-config", default="auto",
+                   help="default sampling values: auto = the model's generation_config.json (as vLLM), vllm = "
+                        "none, or a folder holding a generation_config.json")
+    g.add_argument("--override-generation-config", default=None,
+                   help='JSON overriding those defaults, e.g. \'{"temperature": 0.5}\'')
+    g.add_argument("--enable-log-requests", dest="log_requests", action="store_true", default=False,
+                   help="log each request's id, prompt length and sampling parameters")
+    g.add_argument("--disable-log-requests", dest="log_requests", action="store_false",
+                   help="do not log requests (the default; kept for old vLLM scripts)")
+    g.add_argument("--root-path", default=None,
+                   help="the path prefix a reverse proxy serves this server under, e.g. /llm")
+    g.add_argument("--enable-prompt-tokens-details", action="store_true",
+                   help="report usage.prompt_tokens_details.cached_tokens (prefix-cache hits)")
+    g.add_argument("--enable-force-include-usage", action="store_true",
+                   help="send usage on every response, streams too, as if stream_options.include_usage")
+    g.add_argument("--enable-server-load-tracking", action="store_true",
+                   help="count requests in flight, served at GET /load")
+    g.add_argument("--enable-tokenizer-info-endpoint", action="store_true",
+                   help="serve GET /tokenizer_info (the tokenizer's configuration and chat template)")
+    g.add_argument("--disable-uvicorn-access-log", action="store_true", help="no access log line per request")
+    g.add_argument("--disable-fastapi-docs", action="store_true", help="no /docs, /redoc or /openapi.json")
+    add_no_effect_flags(p)
 
 
 def _serve(args: argparse.Namespace) -> int:

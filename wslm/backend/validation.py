@@ -34,6 +34,7 @@ class RequestLimits:
     block_size: int = 16
     max_stop_strings: int = 64
     max_stop_string_length: int = 512
+    max_logprobs: int = 20  # --max-logprobs; -1: the whole vocabulary
 
     @property
     def max_n(self) -> int:
@@ -85,6 +86,12 @@ def check_sampling(params: SamplingParams, limits: RequestLimits) -> None:
         raise RequestError(f"seed must be a 64-bit integer, got {params.seed}.", param="seed")
     if params.top_k > 2**31 or (params.max_tokens or 0) > 2**31 or params.min_tokens > 2**31:
         raise RequestError("top_k, max_tokens and min_tokens must be below 2**31.", param="top_k")
+    if params.logprobs is not None and 0 <= limits.max_logprobs < params.logprobs:
+        raise RequestError(
+            f"{params.logprobs} top logprobs were asked for; this server allows at most {limits.max_logprobs} "
+            "(its --max-logprobs flag).",
+            param="logprobs",
+        )
     stops = params.stop or []
     if len(stops) > limits.max_stop_strings:
         raise RequestError(
@@ -102,6 +109,8 @@ def check_sampling(params: SamplingParams, limits: RequestLimits) -> None:
     if len(params.stop_token_ids or []) > limits.vocab_size:
         raise RequestError("stop_token_ids lists more ids than the vocabulary has.", param="stop_token_ids")
     check_token_ids(params.stop_token_ids or [], limits.vocab_size, "stop_token_ids")
+    check_token_ids(list(params.logit_bias or {}), limits.vocab_size, "logit_bias")
+    check_token_ids(params.allowed_token_ids or [], limits.vocab_size, "allowed_token_ids")
 
 
 def check_fits_pool(prompt_len: int, params: SamplingParams, limits: RequestLimits) -> None:

@@ -5,6 +5,7 @@ Holds no widgets; the chat panel is a view over it."""
 from __future__ import annotations
 
 import logging
+import time
 
 from PySide6.QtCore import QObject, Signal, Slot
 
@@ -17,6 +18,7 @@ from wslm.gui.stream_worker import ChatRequest, StreamWorker
 log = logging.getLogger(__name__)
 
 TITLE_CHARS = 48
+SAVE_EVERY_S = 0.5  # how often a streaming reply is written to SQLite (not per token)
 
 
 def title_from(text: str) -> str:
@@ -42,6 +44,7 @@ class ChatSession(QObject):
         self.model = ""
         self._worker: StreamWorker | None = None
         self._retired: list[StreamWorker] = []  # stopped workers still closing their connection
+        self._saved_at = 0.0  # when the streaming reply was last written to the store
 
     # Endpoint
     def set_endpoint(self, base_url: str, api_key: str = "", model: str | None = None) -> None:
@@ -155,6 +158,8 @@ class ChatSession(QObject):
         conv = self.current()
         row = self.messages.append("assistant", "")
         self.messages.streaming_row = row
+        self.store.begin_reply(self.messages.message(row).id)
+        self._saved_at = time.monotonic()
         request = ChatRequest(
             base_url=self.base_url,
             api_key=self.api_key,
@@ -199,6 +204,11 @@ class ChatSession(QObject):
         row = self.messages.streaming_row
         if row >= 0:
             self.messages.append_text(row, text)
+            now = time.monotonic()
+            if now - self._saved_at >= SAVE_EVERY_S:  # the reply so far survives the app being killed
+                self._saved_at = now
+                msg = self.messages.message(row)
+                self.store.save_partial(msg.id, msg.content)
 
     def _on_done(self, stats: dict) -> None:
         worker = self._worker

@@ -13,6 +13,9 @@ from pathlib import Path
 from wslm.paths import data_dir
 
 DB_FILE = "chats.sqlite3"
+STREAMING = "streaming"  # in a message's stats while its reply is being written
+# The stats of a reply cut short by the app ending mid-stream (shown as a stopped reply).
+CUT_STATS = {"stopped": True, "cut": True, "finish_reason": "cut"}
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS conversations (
@@ -80,6 +83,7 @@ class ChatStore:
         self._db.execute("PRAGMA journal_mode = WAL")
         self._db.executescript(SCHEMA)
         self._db.commit()
+        self.recover_cut_replies()
 
     def close(self) -> None:
         self._db.close()
@@ -154,6 +158,25 @@ class ChatStore:
         if sets:
             self._db.execute(f"UPDATE messages SET {', '.join(sets)} WHERE id = ?", (*values, msg_id))
             self._db.commit()
+
+    # Replies being streamed: saved as they grow, so a killed app keeps what was shown
+    def begin_reply(self, msg_id: int) -> None:
+        """Mark a reply as being streamed; finish (update_message with its final stats) clears the mark."""
+        self.update_message(msg_id, stats={STREAMING: True})
+
+    def save_partial(self, msg_id: int, content: str) -> None:
+        self.update_message(msg_id, content=content)
+
+    def recover_cut_replies(self) -> int:
+        """Replies still marked as streaming when the store opens were cut by the app being killed (or the
+        machine going down) mid-stream: keep their text and mark them cut. Returns how many."""
+        rows = self._db.execute(
+            "SELECT id, content FROM messages WHERE role = 'assistant' AND stats LIKE ?", (f'%"{STREAMING}": true%',)
+        ).fetchall()
+        for msg_id, content in rows:
+            error = "" if content else "The app was closed before this reply arrived."
+            self.update_message(msg_id, stats=dict(CUT_STATS), error=error)
+        return len(rows)
 
     def delete_message(self, msg_id: int) -> None:
         self._db.execute("DELETE FROM messages WHERE id = ?", (msg_id,))

@@ -27,7 +27,9 @@ def stats_line(stats: dict) -> str:
         parts.append(f"{stats['tokens']} tokens")
     if stats.get("ttft_s") is not None:
         parts.append(f"TTFT {stats['ttft_s']:.2f} s")
-    if stats.get("stopped"):
+    if stats.get("cut"):
+        parts.append("cut off: the app closed during this reply")
+    elif stats.get("stopped"):
         parts.append("stopped")
     elif stats.get("finish_reason") == "length":
         parts.append("hit max tokens")

@@ -13,7 +13,7 @@ import os
 import time
 from dataclasses import dataclass, field
 
-from PySide6.QtCore import QObject, QTimer, QUrl, Signal
+from PySide6.QtCore import QCoreApplication, QEventLoop, QObject, QTimer, QUrl, Signal
 from PySide6.QtNetwork import QNetworkAccessManager, QNetworkReply, QNetworkRequest
 
 import wslm.gui.qt_fix  # noqa: F401  (PySide6 6.12 emit() refcount bug)
@@ -94,6 +94,7 @@ class ServerController(QObject):
         self._restarts: list[float] = []
         self._restart_after_stop = False
         self._stop_pending = False
+        self._backend_pid = 0  # from the loading event
         self._health_failures = 0
         self._net = QNetworkAccessManager(self)
         self._health_timer = QTimer(self, interval=HEALTH_INTERVAL_MS)
@@ -140,6 +141,7 @@ class ServerController(QObject):
         proc.finished.connect(lambda code, tail, p=proc: self._on_finished(code, tail) if p is self._proc else None)
         self._proc = proc
         self._stop_pending = False
+        self._backend_pid = 0
         self._set(STARTING, f"Starting on {self.target.describe()}…")
         proc.start(argv, env=self.config.env())
         return True
@@ -154,10 +156,10 @@ class ServerController(QObject):
         self._set(STOPPING, "Stopping…")
         self._health_timer.stop()
         proc = self._proc
-        pid = int(self.ready_event.get("pid") or 0)
+        pid = int(self.ready_event.get("pid") or self._backend_pid or 0)
         if self.target.via_wsl and not pid:
-            # No Linux PID yet (still loading), and killing wsl.exe would leave the backend running in the
-            # distro (it keeps serving without its stdout): stop it the moment its ready line names it.
+            # No Linux PID yet (just started), and killing wsl.exe would leave the backend running in the
+            # distro (it keeps serving without its stdout): stop it the moment its loading line names it.
             self._stop_pending = True
             self.logs.add("server", "will stop as soon as the backend reports its PID (it is still loading)")
             return
@@ -183,18 +185,28 @@ class ServerController(QObject):
             self.start()
 
     def shutdown(self, wait_ms: int = 8000) -> None:
-        """App exit: stop the backend and wait (a little) for it."""
+        """App exit: stop the backend and wait (a little) for it. A WSL backend that has not named its PID
+        yet gets events processed until it does, so that it is stopped by that PID, never orphaned."""
         if self.running:
             self.stop()
-            if self._proc and not self._proc.wait(wait_ms):
+            deadline = time.monotonic() + wait_ms / 1000
+            while self._stop_pending and self._proc and self._proc.running and time.monotonic() < deadline:
+                QCoreApplication.processEvents(QEventLoop.ProcessEventsFlag.AllEvents, 50)
+            if self._proc and not self._proc.wait(max(1000, int((deadline - time.monotonic()) * 1000))):
                 self._proc.kill()
                 self._proc.wait(2000)
 
     # Process events
     def _on_event(self, event: dict) -> None:
         kind = event.get("event")
-        if kind == "loading" and self.state != STOPPING:
-            self._set(LOADING, f"Loading {event.get('model') or self.config.model}…")
+        if kind == "loading":
+            # The backend's own PID (its Linux PID under WSL): what stopping it while it loads needs.
+            self._backend_pid = int(event.get("pid") or 0)
+            if self._stop_pending and self._backend_pid:
+                self._stop_pending = False
+                self._stop_now(self._proc, self._backend_pid)
+            elif self.state != STOPPING:
+                self._set(LOADING, f"Loading {event.get('model') or self.config.model}…")
         elif kind == "ready" and self._stop_pending:
             self.ready_event = event
             self._stop_now(self._proc, int(event.get("pid") or 0))

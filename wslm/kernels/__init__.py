@@ -45,6 +45,9 @@ def paged_attention(
     *,
     max_seqlen_q: int | None = None,
     max_seqlen_k: int | None = None,
+    sliding_window: int | None = None,
+    logits_soft_cap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Causal attention of each sequence's new query tokens over its paged keys/values.
 
@@ -55,18 +58,26 @@ def paged_attention(
     query tokens and S keys sits at position S - L + i and sees keys 0..S - L + i. num_heads must be a
     multiple of num_kv_heads (GQA). Returns [num_tokens, num_heads, head_dim], written into `out` when
     given. Optional max_seqlen_q / max_seqlen_k (host ints) spare the Triton path a device sync; when
-    every sequence has one query token (num_tokens == num_seqs) the split-KV decode kernel runs."""
+    every sequence has one query token (num_tokens == num_seqs) the split-KV decode kernel runs.
+
+    Per-layer options (vLLM's names; None/0 = off):
+      sliding_window   W: a query at position p sees only keys k with p - W < k <= p (HF's Mistral/Gemma
+                       convention: W keys including itself); blocks wholly before the window are skipped.
+      logits_soft_cap  c: scores (after `scale`) become c * tanh(scores / c) before the softmax (Gemma 2).
+      sinks            float [num_heads]: a learned logit per head added to the softmax's denominator only,
+                       attending to nothing (gpt-oss); not multiplied by `scale`."""
+    opts = dict(sliding_window=sliding_window, logits_soft_cap=logits_soft_cap, sinks=sinks)
     be = resolve(backend, q.device)
     if be == "triton":
         from wslm.kernels.triton_paged_attention import paged_attention as impl
 
         return impl(
             q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, out,
-            max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+            max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k, **opts,
         )
     from wslm.kernels.torch_paged_attention import paged_attention as ref
 
-    return ref(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, out)
+    return ref(q, k_cache, v_cache, block_tables, cu_seqlens_q, seq_lens, scale, out, **opts)
 
 
 def reshape_and_cache(

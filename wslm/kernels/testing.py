@@ -57,8 +57,18 @@ def make_paged_batch(
     )
 
 
-def naive_attention(batch: PagedBatch, scale: float) -> torch.Tensor:
-    """Dense fp32 attention per sequence and head with an explicit causal mask: the oracle."""
+def naive_attention(
+    batch: PagedBatch,
+    scale: float,
+    sliding_window: int | None = None,
+    logits_soft_cap: float | None = None,
+    sinks: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Dense fp32 attention per sequence and head with an explicit causal mask: the oracle.
+
+    sliding_window W: a query at position p sees keys k with p - W < k <= p (HF's convention);
+    logits_soft_cap c: scores become c * tanh(scores / c) before the mask; sinks [H]: one extra logit
+    per head in the softmax's denominator (gpt-oss)."""
     cu = batch.cu_seqlens_q.tolist()
     out = torch.empty(batch.q.shape, dtype=torch.float32, device=batch.q.device)
     num_heads = batch.q.shape[1]
@@ -68,8 +78,18 @@ def naive_attention(batch: PagedBatch, scale: float) -> torch.Tensor:
         k = k.float().repeat_interleave(group, dim=1)  # [S, H, D]
         v = v.float().repeat_interleave(group, dim=1)
         scores = torch.einsum("lhd,shd->hls", q, k) * scale
+        if logits_soft_cap:
+            scores = logits_soft_cap * torch.tanh(scores / logits_soft_cap)
         qpos = torch.arange(kv_len - q_len, kv_len)[:, None]
-        visible = torch.arange(kv_len)[None, :] <= qpos
+        kpos = torch.arange(kv_len)[None, :]
+        visible = kpos <= qpos
+        if sliding_window:
+            visible &= kpos > qpos - sliding_window
         scores = scores.masked_fill(~visible.to(scores.device), float("-inf"))
-        out[cu[i] : cu[i + 1]] = torch.einsum("hls,shd->lhd", scores.softmax(-1), v)
+        if sinks is not None:
+            sink = sinks.float().to(scores.device)[:, None, None].expand(-1, q_len, 1)
+            probs = torch.cat((scores, sink), -1).softmax(-1)[..., :-1]
+        else:
+            probs = scores.softmax(-1)
+        out[cu[i] : cu[i + 1]] = torch.einsum("hls,shd->lhd", probs, v)
     return out

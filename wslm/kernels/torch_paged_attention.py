@@ -2,7 +2,10 @@
 
 Decode sequences (one query token) are served together by one batched gather of their blocks and one
 SDPA call with a length mask; longer query runs (prefill, prefill on a cached prefix) go through one
-SDPA call each, with a bottom-right aligned causal mask when a cached prefix precedes them."""
+SDPA call each, with a bottom-right aligned causal mask when a cached prefix precedes them.
+
+Options (see wslm.kernels.paged_attention): a sliding window only changes the mask (SDPA still runs);
+a logit soft cap or attention sinks need the scores themselves, so those calls take `_attend_math`."""
 
 from __future__ import annotations
 
@@ -15,6 +18,30 @@ def _gather_kv(cache: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
     return cache.index_select(0, blocks).flatten(0, 1)
 
 
+def _attend_math(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor,
+    scale: float,
+    soft_cap: float | None,
+    sinks: torch.Tensor | None,
+) -> torch.Tensor:
+    """Explicit attention in fp32 with GQA folded: q [B, Hkv, G, L, D], k/v [B, Hkv, S, D], mask
+    broadcastable to [B, Hkv, G, L, S], sinks [Hkv, G] -> [B, Hkv, G, L, D] in q's dtype."""
+    scores = torch.einsum("bhgld,bhsd->bhgls", q.float(), k.float()) * scale
+    if soft_cap:
+        scores = soft_cap * torch.tanh(scores / soft_cap)
+    scores = scores.masked_fill(~mask, float("-inf"))
+    if sinks is not None:
+        # gpt-oss: one learned logit per head joins the softmax's denominator and attends to nothing.
+        sink = sinks.float()[None, :, :, None, None].expand(*scores.shape[:-1], 1)
+        probs = torch.cat((scores, sink), dim=-1).softmax(-1)[..., :-1]
+    else:
+        probs = scores.softmax(-1)
+    return torch.einsum("bhgls,bhsd->bhgld", probs, v.float()).to(q.dtype)
+
+
 def _decode(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -23,20 +50,32 @@ def _decode(
     seq_lens: torch.Tensor,
     max_len: int,
     scale: float,
+    sliding_window: int | None = None,
+    soft_cap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q [B, H, D], one token per sequence -> [B, H, D]."""
     num_seqs, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    groups = num_heads // num_kv_heads
     n_blocks = -(-max_len // block_size)
     blocks = block_tables[:, :n_blocks].reshape(-1).long()
     # One index_select per cache; [B, Hkv, S, D] stays a strided view (SDPA reads it as is).
     k = k_cache.index_select(0, blocks).view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
     v = v_cache.index_select(0, blocks).view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
     pos = torch.arange(k.shape[2], device=q.device)
-    mask = (pos[None, :] < seq_lens[:, None].to(pos.dtype))[:, None, None, :]  # [B, 1, 1, S]
+    lens = seq_lens[:, None].to(pos.dtype)
+    mask = pos[None, :] < lens
+    if sliding_window:
+        mask &= pos[None, :] >= lens - sliding_window  # the query sits at len - 1
+    mask = mask[:, None, None, :]  # [B, 1, 1, S]
     # GQA without expanding K/V: the G query heads of a KV head become G query rows of that head.
-    qg = q.view(num_seqs, num_kv_heads, num_heads // num_kv_heads, head_dim)
-    out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=scale)
+    qg = q.view(num_seqs, num_kv_heads, groups, head_dim)
+    if soft_cap or sinks is not None:
+        sk = None if sinks is None else sinks.view(num_kv_heads, groups)
+        out = _attend_math(qg[:, :, :, None], k, v, mask[:, :, :, None], scale, soft_cap, sk)
+    else:
+        out = F.scaled_dot_product_attention(qg, k, v, attn_mask=mask, scale=scale)
     return out.reshape(num_seqs, num_heads, head_dim)
 
 
@@ -47,25 +86,42 @@ def _prefill_one(
     blocks_row: torch.Tensor,
     kv_len: int,
     scale: float,
+    sliding_window: int | None = None,
+    soft_cap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q [L, H, D], the last L of kv_len positions -> [L, H, D]."""
-    block_size = k_cache.shape[1]
-    q_len = q.shape[0]
+    block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
+    q_len, num_heads, head_dim = q.shape
+    # Keys before the first query's window are never seen: skip their blocks.
+    first = max(0, kv_len - q_len - sliding_window + 1) if sliding_window else 0
+    first_block = first // block_size
+    start = first_block * block_size
     n_blocks = -(-kv_len // block_size)
-    blocks = blocks_row[:n_blocks].long()
+    blocks = blocks_row[first_block:n_blocks].long()
     # 4-D inputs: CPU SDPA takes its flash kernel (GQA included) for them, the slow math path for 3-D.
-    k = _gather_kv(k_cache, blocks)[:kv_len].transpose(0, 1)[None]  # [1, Hkv, S, D]
-    v = _gather_kv(v_cache, blocks)[:kv_len].transpose(0, 1)[None]
+    k = _gather_kv(k_cache, blocks)[: kv_len - start].transpose(0, 1)[None]  # [1, Hkv, S, D]
+    v = _gather_kv(v_cache, blocks)[: kv_len - start].transpose(0, 1)[None]
     qh = q.transpose(0, 1)[None]  # [1, H, L, D]
-    if q_len == kv_len:
+    plain = not (soft_cap or sinks is not None)
+    if q_len == kv_len and not sliding_window and plain:
         out = F.scaled_dot_product_attention(qh, k, v, is_causal=True, scale=scale, enable_gqa=True)
-    else:
-        # Query i sits at absolute position kv_len - q_len + i and sees keys 0..that position.
-        qpos = torch.arange(kv_len - q_len, kv_len, device=q.device)
-        kpos = torch.arange(kv_len, device=q.device)
-        mask = kpos[None, :] <= qpos[:, None]
+        return out[0].transpose(0, 1)
+    # Query i sits at absolute position kv_len - q_len + i and sees keys 0..that position
+    # (with a window W, only the keys after position - W).
+    qpos = torch.arange(kv_len - q_len, kv_len, device=q.device)
+    kpos = torch.arange(start, kv_len, device=q.device)
+    mask = kpos[None, :] <= qpos[:, None]
+    if sliding_window:
+        mask &= kpos[None, :] > qpos[:, None] - sliding_window
+    if plain:
         out = F.scaled_dot_product_attention(qh, k, v, attn_mask=mask, scale=scale, enable_gqa=True)
-    return out[0].transpose(0, 1)
+        return out[0].transpose(0, 1)
+    groups = num_heads // num_kv_heads
+    qg = qh.view(1, num_kv_heads, groups, q_len, head_dim)
+    sk = None if sinks is None else sinks.view(num_kv_heads, groups)
+    out = _attend_math(qg, k, v, mask, scale, soft_cap, sk)  # [1, Hkv, G, L, D]
+    return out.reshape(num_heads, q_len, head_dim).transpose(0, 1)
 
 
 def paged_attention(
@@ -77,6 +133,10 @@ def paged_attention(
     seq_lens: torch.Tensor,
     scale: float,
     out: torch.Tensor | None = None,
+    *,
+    sliding_window: int | None = None,
+    logits_soft_cap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """See wslm.kernels.paged_attention."""
     num_seqs = seq_lens.shape[0]
@@ -84,9 +144,10 @@ def paged_attention(
         out = torch.empty_like(q)
     if q.shape[0] == 0 or num_seqs == 0:
         return out
+    opts = dict(sliding_window=sliding_window, soft_cap=logits_soft_cap, sinks=sinks)
     if q.shape[0] == num_seqs:  # every sequence has exactly one query token: pure decode
         max_len = int(seq_lens.max())
-        out.copy_(_decode(q, k_cache, v_cache, block_tables, seq_lens, max_len, scale))
+        out.copy_(_decode(q, k_cache, v_cache, block_tables, seq_lens, max_len, scale, **opts))
         return out
     cu = cu_seqlens_q.tolist()
     lens = seq_lens.tolist()
@@ -98,7 +159,7 @@ def paged_attention(
         dl = seq_lens.index_select(0, idx)
         res = _decode(
             q.index_select(0, rows), k_cache, v_cache, block_tables.index_select(0, idx), dl,
-            max(lens[i] for i in decode_ids), scale,
+            max(lens[i] for i in decode_ids), scale, **opts,
         )
         out.index_copy_(0, rows, res.to(out.dtype))
         done = set(decode_ids)
@@ -108,5 +169,5 @@ def paged_attention(
         if i in done or q_lens[i] == 0:
             continue
         s, e = cu[i], cu[i + 1]
-        out[s:e] = _prefill_one(q[s:e], k_cache, v_cache, block_tables[i], lens[i], scale)
+        out[s:e] = _prefill_one(q[s:e], k_cache, v_cache, block_tables[i], lens[i], scale, **opts)
     return out

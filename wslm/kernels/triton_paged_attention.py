@@ -4,7 +4,12 @@ prefix and decode, and a split-KV (flash-decoding) kernel with a reduce pass whe
 Both read K/V straight from the paged cache: a tile of BLOCK_N key positions looks up each position's
 physical block in the block table, so tiles need not match the cache's block size. Softmax is online in
 base 2 (scale folded into log2 e) with fp32 statistics and accumulators; fp16/bf16 inputs go through
-tl.dot with fp32 accumulation. Imported only when the triton backend runs (wslm.kernels.dispatch)."""
+tl.dot with fp32 accumulation. Imported only when the triton backend runs (wslm.kernels.dispatch).
+
+Options, each a constexpr so the plain kernels stay as they were: SLIDING (keys after position - window;
+tiles and partitions wholly before the window are never visited), SOFT_CAP (cap * tanh(score / cap)),
+HAS_SINKS (a per-head logit in the softmax's denominator: it seeds the running max and sum, in the first
+partition only when the KV axis is split)."""
 
 from __future__ import annotations
 
@@ -30,22 +35,50 @@ def _load_kv_tile(
 
 
 @triton.jit
+def _tanh(x):
+    # exp2-based and sign-symmetric: no overflow for large |x|, full fp32 accuracy near 0 is not needed
+    # (scores are capped, not differentiated).
+    e = tl.exp2(-2.8853900817779268 * tl.abs(x))  # exp(-2|x|)
+    t = (1.0 - e) / (1.0 + e)
+    return tl.where(x < 0, -t, t)
+
+
+@triton.jit
+def _init_stats(sinks_ptr, heads, valid, ROWS: tl.constexpr, HAS_SINKS: tl.constexpr):
+    """Running max (log2 domain) and sum: empty, or seeded by the heads' sink logits."""
+    if HAS_SINKS:
+        m_i = tl.load(sinks_ptr + heads, mask=valid, other=float("-inf")).to(tl.float32) * 1.4426950408889634
+        l_i = tl.where(m_i == float("-inf"), 0.0, 1.0)
+    else:
+        m_i = tl.full([ROWS], float("-inf"), tl.float32)
+        l_i = tl.zeros([ROWS], tl.float32)
+    return m_i, l_i
+
+
+@triton.jit
 def _attend_tile(
     acc, m_i, l_i, q, start_n,
     k_cache_ptr, v_cache_ptr, block_table_row, offs_d, d_mask, q_pos, kv_end,
     stride_kb, stride_ks, k_head_off, stride_vb, stride_vs, v_head_off,
-    scale_log2,
+    qk_scale, cap_log2, window,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr,
+    SLIDING: tl.constexpr, SOFT_CAP: tl.constexpr,
 ):
     """One online-softmax step of query rows q [M, D] over keys start_n .. start_n + BLOCK_N.
-    MASK: 0 every key visible (interior tiles), 1 keys below kv_end, 2 also causal (key <= q_pos)."""
+    MASK: 0 every key visible (interior tiles), 1 keys below kv_end, 2 also causal (key <= q_pos);
+    SLIDING adds key > q_pos - window. Scores end in the log2 domain: q.k * qk_scale, or with SOFT_CAP
+    cap_log2 * tanh(q.k * qk_scale) (the wrapper folds 1/cap into qk_scale and log2 e into cap_log2)."""
     offs_n = start_n + tl.arange(0, BLOCK_N)
     n_mask = offs_n < kv_end
     k = _load_kv_tile(k_cache_ptr, block_table_row, offs_n, offs_d, n_mask, d_mask,
                       stride_kb, stride_ks, k_head_off, BLOCK_SIZE)
     v = _load_kv_tile(v_cache_ptr, block_table_row, offs_n, offs_d, n_mask, d_mask,
                       stride_vb, stride_vs, v_head_off, BLOCK_SIZE)
-    s = tl.dot(q, tl.trans(k.to(q.dtype))) * scale_log2  # [M, BLOCK_N], log2 domain
+    s = tl.dot(q, tl.trans(k.to(q.dtype))) * qk_scale  # [M, BLOCK_N]
+    if SOFT_CAP:
+        s = cap_log2 * _tanh(s)
+    if SLIDING:
+        s = tl.where(offs_n[None, :] > q_pos[:, None] - window, s, float("-inf"))
     if MASK == 2:
         s = tl.where((offs_n[None, :] <= q_pos[:, None]) & n_mask[None, :], s, float("-inf"))
     elif MASK == 1:
@@ -62,14 +95,15 @@ def _attend_tile(
 @triton.jit
 def _prefill_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr,
-    block_tables_ptr, cu_seqlens_q_ptr, seq_lens_ptr,
-    scale_log2,
+    block_tables_ptr, cu_seqlens_q_ptr, seq_lens_ptr, sinks_ptr,
+    qk_scale, cap_log2, window,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
     stride_bt,
     NUM_GROUPS: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
+    SLIDING: tl.constexpr, SOFT_CAP: tl.constexpr, HAS_SINKS: tl.constexpr,
 ):
     """grid (num_seqs, cdiv(max_q_len, BLOCK_Q), num_kv_heads), BLOCK_Q = BLOCK_M // GROUP_PAD.
 
@@ -99,8 +133,7 @@ def _prefill_kernel(
                 mask=row_mask[:, None] & d_mask[None, :], other=0.0)
     q_pos = ctx + tok
 
-    m_i = tl.full([BLOCK_M], float("-inf"), tl.float32)
-    l_i = tl.zeros([BLOCK_M], tl.float32)
+    m_i, l_i = _init_stats(sinks_ptr, head, g < NUM_GROUPS, BLOCK_M, HAS_SINKS)
     acc = tl.zeros([BLOCK_M, HEAD_DIM_PAD], tl.float32)
     block_table_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
     k_head_off = kv_head * stride_kh
@@ -108,18 +141,21 @@ def _prefill_kernel(
 
     # Keys below ctx + m0 + 1 are visible to every row of this tile: no causal mask there.
     full_end = ((ctx + m0 + 1) // BLOCK_N) * BLOCK_N
-    for start_n in range(0, full_end, BLOCK_N):
+    lo = 0
+    if SLIDING:  # the first row sees keys from ctx + m0 + 1 - window on; later rows see fewer
+        lo = (tl.maximum(ctx + m0 + 1 - window, 0) // BLOCK_N) * BLOCK_N
+    for start_n in range(lo, full_end, BLOCK_N):
         acc, m_i, l_i = _attend_tile(
             acc, m_i, l_i, q, start_n, k_cache_ptr, v_cache_ptr, block_table_row, offs_d, d_mask,
             q_pos, kv_len, stride_kb, stride_ks, k_head_off, stride_vb, stride_vs, v_head_off,
-            scale_log2, BLOCK_SIZE, BLOCK_N, 0,
+            qk_scale, cap_log2, window, BLOCK_SIZE, BLOCK_N, 0, SLIDING, SOFT_CAP,
         )
     kv_end = tl.minimum(kv_len, ctx + m0 + BLOCK_Q)
     for start_n in range(full_end, kv_end, BLOCK_N):
         acc, m_i, l_i = _attend_tile(
             acc, m_i, l_i, q, start_n, k_cache_ptr, v_cache_ptr, block_table_row, offs_d, d_mask,
             q_pos, kv_len, stride_kb, stride_ks, k_head_off, stride_vb, stride_vs, v_head_off,
-            scale_log2, BLOCK_SIZE, BLOCK_N, 2,
+            qk_scale, cap_log2, window, BLOCK_SIZE, BLOCK_N, 2, SLIDING, SOFT_CAP,
         )
     acc = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     tl.store(out_ptr + q_rows[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
@@ -129,23 +165,28 @@ def _prefill_kernel(
 @triton.jit
 def _decode_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, out_ptr, part_out_ptr, part_lse_ptr,
-    block_tables_ptr, seq_lens_ptr,
-    scale_log2, partition_size,
+    block_tables_ptr, seq_lens_ptr, sinks_ptr,
+    qk_scale, cap_log2, window, partition_size,
     stride_qt, stride_qh, stride_ot, stride_oh,
     stride_kb, stride_ks, stride_kh, stride_vb, stride_vs, stride_vh,
     stride_bt, stride_ps, stride_ph,
     NUM_GROUPS: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
-    SINGLE_PARTITION: tl.constexpr,
+    SINGLE_PARTITION: tl.constexpr, SLIDING: tl.constexpr, SOFT_CAP: tl.constexpr, HAS_SINKS: tl.constexpr,
 ):
     """grid (num_seqs, num_kv_heads, num_partitions): every query head of one KV head (GQA group) over
     one partition of the sequence's keys, so each K/V byte is read once per group. With one partition
-    it writes the output; otherwise the normalised partial output and its log2-sum-exp for the reduce."""
+    it writes the output; otherwise the normalised partial output and its log2-sum-exp for the reduce.
+    With SLIDING the partitions tile the window (keys kv_len - window .. kv_len), not the whole sequence,
+    so starting there needs no window mask."""
     seq = tl.program_id(0)
     kv_head = tl.program_id(1)
     part = tl.program_id(2)
     kv_len = tl.load(seq_lens_ptr + seq)
-    start = part * partition_size
+    lo = 0
+    if SLIDING:
+        lo = tl.maximum(kv_len - window, 0)
+    start = lo + part * partition_size
     if start >= kv_len:
         return
     end = tl.minimum(start + partition_size, kv_len)
@@ -157,15 +198,15 @@ def _decode_kernel(
     heads = kv_head * NUM_GROUPS + offs_g
     q = tl.load(q_ptr + seq.to(tl.int64) * stride_qt + heads[:, None] * stride_qh + offs_d[None, :],
                 mask=g_mask[:, None] & d_mask[None, :], other=0.0)
-    m_i = tl.full([GROUP_PAD], float("-inf"), tl.float32)
-    l_i = tl.zeros([GROUP_PAD], tl.float32)
+    sink_rows = tl.where(part == 0, NUM_GROUPS, 0)  # the sinks join the first partition's sum only
+    m_i, l_i = _init_stats(sinks_ptr, heads, offs_g < sink_rows, GROUP_PAD, HAS_SINKS)
     acc = tl.zeros([GROUP_PAD, HEAD_DIM_PAD], tl.float32)
     block_table_row = block_tables_ptr + seq.to(tl.int64) * stride_bt
     for start_n in range(start, end, BLOCK_N):
         acc, m_i, l_i = _attend_tile(
             acc, m_i, l_i, q, start_n, k_cache_ptr, v_cache_ptr, block_table_row, offs_d, d_mask,
             offs_g, end, stride_kb, stride_ks, kv_head * stride_kh, stride_vb, stride_vs,
-            kv_head * stride_vh, scale_log2, BLOCK_SIZE, BLOCK_N, 1,
+            kv_head * stride_vh, qk_scale, cap_log2, window, BLOCK_SIZE, BLOCK_N, 1, False, SOFT_CAP,
         )
     acc = acc / l_i[:, None]
     mask = g_mask[:, None] & d_mask[None, :]
@@ -181,14 +222,17 @@ def _decode_kernel(
 @triton.jit
 def _decode_reduce_kernel(
     out_ptr, part_out_ptr, part_lse_ptr, seq_lens_ptr,
-    partition_size, stride_ot, stride_oh, stride_ps, stride_ph,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, PARTS_PAD: tl.constexpr,
+    partition_size, window, stride_ot, stride_oh, stride_ps, stride_ph,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, PARTS_PAD: tl.constexpr, SLIDING: tl.constexpr,
 ):
     """grid (num_seqs, num_heads): merges the partitions' partial outputs by their log-sum-exp."""
     seq = tl.program_id(0)
     head = tl.program_id(1)
     kv_len = tl.load(seq_lens_ptr + seq)
-    num_parts = tl.cdiv(kv_len, partition_size)
+    span = kv_len
+    if SLIDING:
+        span = tl.minimum(kv_len, window)
+    num_parts = tl.cdiv(span, partition_size)
     offs_p = tl.arange(0, PARTS_PAD)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
     p_mask = offs_p < num_parts
@@ -242,6 +286,9 @@ def paged_attention(
     max_seqlen_q: int | None = None,
     max_seqlen_k: int | None = None,
     partition_size: int | None = None,
+    sliding_window: int | None = None,
+    logits_soft_cap: float | None = None,
+    sinks: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """See wslm.kernels.paged_attention. partition_size (a multiple of 64) forces the decode split.
 
@@ -258,7 +305,16 @@ def paged_attention(
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     groups = num_heads // num_kv_heads
     head_dim_pad = triton.next_power_of_2(head_dim)
-    scale_log2 = float(scale) * LOG2E
+    if logits_soft_cap:
+        qk_scale, cap_log2 = float(scale) / logits_soft_cap, float(logits_soft_cap) * LOG2E
+    else:
+        qk_scale, cap_log2 = float(scale) * LOG2E, 0.0
+    window = int(sliding_window) if sliding_window else 0
+    if sinks is not None and (sinks.shape != (num_heads,) or sinks.device != q.device):
+        raise ValueError(f"paged_attention: sinks must be [{num_heads}] on {q.device}, got "
+                         f"{tuple(sinks.shape)} on {sinks.device}")
+    options = dict(SLIDING=window > 0, SOFT_CAP=bool(logits_soft_cap), HAS_SINKS=sinks is not None)
+    sinks_arg = sinks if sinks is not None else seq_lens  # unused when HAS_SINKS is off
     common_strides = (
         q.stride(0), q.stride(1), out.stride(0), out.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
@@ -271,6 +327,8 @@ def paged_attention(
         block_n = 64
         # An upper bound on every seq_len; the block table's width always is one (0/None: unknown).
         max_len = max_seqlen_k if max_seqlen_k else block_tables.shape[1] * block_size
+        if window:  # partitions tile the window only
+            max_len = min(max_len, window)
         if partition_size is None:
             programs = num_seqs * num_kv_heads
             target = 2 * _num_sms(q.device)
@@ -290,18 +348,18 @@ def paged_attention(
                                    dtype=torch.float32)
             stride_ps, stride_ph = part_lse.stride(0), part_lse.stride(1)
         _decode_kernel[(num_seqs, num_kv_heads, num_parts)](
-            q, k_cache, v_cache, out, part_out, part_lse, block_tables, seq_lens,
-            scale_log2, partition_size, *common_strides, stride_ps, stride_ph,
+            q, k_cache, v_cache, out, part_out, part_lse, block_tables, seq_lens, sinks_arg,
+            qk_scale, cap_log2, window, partition_size, *common_strides, stride_ps, stride_ph,
             NUM_GROUPS=groups, GROUP_PAD=max(16, triton.next_power_of_2(groups)), BLOCK_SIZE=block_size,
             HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_N=block_n, SINGLE_PARTITION=single,
-            num_warps=4, num_stages=2,
+            **options, num_warps=4, num_stages=2,
         )
         if not single:
             _decode_reduce_kernel[(num_seqs, num_heads)](
-                out, part_out, part_lse, seq_lens, partition_size,
+                out, part_out, part_lse, seq_lens, partition_size, window,
                 out.stride(0), out.stride(1), stride_ps, stride_ph,
                 HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, PARTS_PAD=triton.next_power_of_2(num_parts),
-                num_warps=4,
+                SLIDING=window > 0, num_warps=4,
             )
         return out
 
@@ -313,9 +371,10 @@ def paged_attention(
     block_n = 64
     grid = (num_seqs, math.ceil(max_seqlen_q / (block_m // group_pad)), num_kv_heads)
     _prefill_kernel[grid](
-        q, k_cache, v_cache, out, block_tables, cu_seqlens_q, seq_lens, scale_log2, *common_strides,
+        q, k_cache, v_cache, out, block_tables, cu_seqlens_q, seq_lens, sinks_arg,
+        qk_scale, cap_log2, window, *common_strides,
         NUM_GROUPS=groups, GROUP_PAD=group_pad, BLOCK_SIZE=block_size, HEAD_DIM=head_dim,
         HEAD_DIM_PAD=head_dim_pad, BLOCK_M=block_m, BLOCK_Q=block_m // group_pad, BLOCK_N=block_n,
-        num_warps=num_warps, num_stages=2,
+        **options, num_warps=num_warps, num_stages=2,
     )
     return out

@@ -262,19 +262,19 @@ def plan_share_on(ctx: _Context, take_over: bool = False) -> Plan:
 
 
 def _record_on(ctx: _Context) -> None:
-    st, port, distro = state.load(), ctx.port, ctx.distro.name
+    port, distro = ctx.port, ctx.distro.name
     name = firewall.rule_name(port)
-    for o in st.owned("portproxy", port):
-        st.drop(o)
-    if ctx.mode == "nat":
-        st.put(state.OwnedRule("portproxy", port, listen_address=LISTEN_ADDRESS, connect_address=ctx.wsl_ip or "",
-                               distro=distro))
-    st.put(state.OwnedRule("firewall", port, name=name, distro=distro))
-    if ctx.mode == "mirrored":
-        st.put(state.OwnedRule("hyperv", port, name=name, distro=distro))
-    st.shares.pop(str(port), None)
-    st.shares[str(port)] = {"distro": distro, "mode": ctx.mode}
-    state.save(st)
+    with state.locked() as st:
+        for o in st.owned("portproxy", port):
+            st.drop(o)
+        if ctx.mode == "nat":
+            st.put(state.OwnedRule("portproxy", port, listen_address=LISTEN_ADDRESS,
+                                   connect_address=ctx.wsl_ip or "", distro=distro))
+        st.put(state.OwnedRule("firewall", port, name=name, distro=distro))
+        if ctx.mode == "mirrored":
+            st.put(state.OwnedRule("hyperv", port, name=name, distro=distro))
+        st.shares.pop(str(port), None)
+        st.shares[str(port)] = {"distro": distro, "mode": ctx.mode}
 
 
 def probe_api_key(url: str, key: str | None, timeout: float = 3.0) -> str:
@@ -402,14 +402,13 @@ def share_off(port: int | None = None, dry_run: bool = False) -> ShareResult:
                                                  f"removed {len(plan.steps)} rule(s)")]
     if not dry_run:
         apply_plan(plan)
-        st = state.load()
-        for o in gone:
-            st.drop(o)
-        for p in {o.port for o in gone} | ({port} if port else set()):
-            st.shares.pop(str(p), None)
-        if port is None:
-            st.shares.clear()
-        state.save(st)
+        with state.locked() as st:
+            for o in gone:
+                st.drop(o)
+            for p in {o.port for o in gone} | ({port} if port else set()):
+                st.shares.pop(str(p), None)
+            if port is None:
+                st.shares.clear()
     return ShareResult("off", dry_run, bool(not dry_run and not plan.empty), plan, None, messages)
 
 
@@ -457,11 +456,10 @@ def share_refresh(port: int | None = None, distro: str | None = None, dry_run: b
     else:
         apply_plan(plan)
         if updated:
-            st = state.load()
-            for o, ip in updated:
-                o.connect_address = ip
-                st.put(o)
-            state.save(st)
+            with state.locked() as st:
+                for o, ip in updated:
+                    o.connect_address = ip
+                    st.put(o)
         messages.append("all wslm rules point at the current WSL IP" if plan.empty and not updated else
                         f"re-pointed {len(plan.steps)} rule(s)")
     return ShareResult("refresh", dry_run, bool(not dry_run and not plan.empty), plan, None, messages)

@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -70,7 +74,60 @@ def load() -> ShareState:
 
 def save(state: ShareState) -> None:
     path = state_path()
-    tmp = path.with_name(f".share.{os.getpid()}.tmp")
+    tmp = path.with_name(f".share.{os.getpid()}.{threading.get_ident()}.tmp")
     tmp.write_text(json.dumps({"version": 1, "rules": [asdict(r) for r in state.rules], "shares": state.shares},
                               indent=2), encoding="utf-8")
     os.replace(tmp, path)  # atomic: a crash never leaves a half-written record
+
+
+@contextmanager
+def locked() -> Iterator[ShareState]:
+    """Read-modify-write of share.json under an exclusive lock on share.json.lock: the CLI and the GUI may
+    both change it at once, and a change made between another writer's load() and save() must not be lost.
+    The state is saved when the block ends without an exception."""
+    path = state_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name("share.json.lock"), "a+b") as lock_file:
+        _lock(lock_file.fileno())
+        try:
+            state = load()
+            yield state
+            save(state)
+        finally:
+            _unlock(lock_file.fileno())
+
+
+_LOCK_TIMEOUT_S = 30.0
+
+
+def _lock(fd: int) -> None:
+    if os.name == "nt":
+        import msvcrt
+
+        deadline = time.monotonic() + _LOCK_TIMEOUT_S
+        while True:  # LK_LOCK itself gives up after 10 s; another wslm may hold it through a UAC prompt
+            try:
+                os.lseek(fd, 0, os.SEEK_SET)
+                msvcrt.locking(fd, msvcrt.LK_NBLCK, 1)
+                return
+            except OSError:
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"{state_path()} is locked by another wslm process (the app or a "
+                                       "`wslm share` command); try again when it has finished.") from None
+                time.sleep(0.05)
+    else:
+        import fcntl
+
+        fcntl.flock(fd, fcntl.LOCK_EX)
+
+
+def _unlock(fd: int) -> None:
+    if os.name == "nt":
+        import msvcrt
+
+        os.lseek(fd, 0, os.SEEK_SET)
+        msvcrt.locking(fd, msvcrt.LK_UNLCK, 1)
+    else:
+        import fcntl
+
+        fcntl.flock(fd, fcntl.LOCK_UN)

@@ -17,6 +17,7 @@ from wslm.backend.distributed.parallel_state import (
     tensor_model_parallel_all_gather,
     tensor_model_parallel_all_reduce,
 )
+from wslm.backend.quant.linear import apply_linear, embedding
 
 
 def local_num_heads(num_heads: int) -> int:
@@ -75,7 +76,7 @@ def shard_vocab(t: torch.Tensor, vocab_size: int) -> torch.Tensor:
 
 def vocab_parallel_embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     if get_tp_size() == 1:
-        return F.embedding(ids, weight)
+        return embedding(ids, weight)
     per = weight.shape[0]
     local = ids - get_tp_rank() * per
     outside = (local < 0) | (local >= per)
@@ -86,7 +87,7 @@ def vocab_parallel_embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.T
 
 def parallel_lm_head(hidden: torch.Tensor, weight: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """Logits over the whole vocabulary on every rank: each computes its slice, then they gather."""
-    logits = F.linear(hidden, weight)
+    logits = apply_linear(hidden, weight)
     if get_tp_size() == 1:
         return logits
     return tensor_model_parallel_all_gather(logits, dim=-1)[..., :vocab_size]
@@ -94,6 +95,6 @@ def parallel_lm_head(hidden: torch.Tensor, weight: torch.Tensor, vocab_size: int
 
 def row_parallel_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """o / down projections: partial sums on each rank, summed by one all-reduce (bias added once)."""
-    out = F.linear(x, weight)
+    out = apply_linear(x, weight)
     out = tensor_model_parallel_all_reduce(out)
     return out if bias is None else out + bias

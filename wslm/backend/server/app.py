@@ -15,10 +15,18 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
+from starlette.routing import get_route_path
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from wslm import __version__
-from wslm.backend.server import http_limits, security, serving_chat, serving_completion, serving_tokens
+from wslm.backend.server import (
+    http_limits,
+    security,
+    serving_chat,
+    serving_completion,
+    serving_tokens,
+    serving_vllm,
+)
 from wslm.backend.server.errors import APIError, http_status_error, internal_error
 from wslm.backend.server.http_limits import BodySizeLimitMiddleware
 from wslm.backend.server.serving_base import ServerState
@@ -28,7 +36,9 @@ log = logging.getLogger("wslm.server")
 Handler = Callable[[ServerState, Request], Awaitable[Response]]
 
 
-def build_app(state: ServerState) -> FastAPI:
+def build_app(state: ServerState, root_path: str = "", docs: bool = True) -> FastAPI:
+    """root_path: --root-path, the prefix a reverse proxy serves us under (routes answer with and without
+    it, as vLLM's); docs: False for --disable-fastapi-docs."""
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         state.engine.start(asyncio.get_running_loop())
@@ -37,7 +47,8 @@ def build_app(state: ServerState) -> FastAPI:
         finally:
             state.engine.stop()
 
-    app = FastAPI(title="wslm", version=__version__, lifespan=lifespan, docs_url="/docs", redoc_url=None)
+    app = FastAPI(title="wslm", version=__version__, lifespan=lifespan, docs_url="/docs" if docs else None,
+                  redoc_url=None, openapi_url="/openapi.json" if docs else None, root_path=root_path)
     app.state.wslm = state
 
     def route(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
@@ -62,6 +73,12 @@ def build_app(state: ServerState) -> FastAPI:
     app.add_api_route("/health", route(_health), methods=["GET"])
     app.add_api_route("/version", route(_version), methods=["GET"])
     app.add_api_route("/metrics", route(_metrics), methods=["GET"])
+    app.add_api_route("/load", route(serving_vllm.get_load), methods=["GET"])
+    if state.enable_tokenizer_info_endpoint:
+        app.add_api_route("/tokenizer_info", route(serving_vllm.get_tokenizer_info), methods=["GET"])
+    invocation_routes = {"messages": serving_chat.create_chat_completion,
+                         "prompt": serving_completion.create_completion}
+    app.add_api_route("/invocations", route(serving_vllm.invocations(invocation_routes)), methods=["POST"])
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
@@ -73,6 +90,8 @@ def build_app(state: ServerState) -> FastAPI:
 
     http_limits.current = state.http_limits
     app.add_middleware(BodySizeLimitMiddleware, max_bytes=state.http_limits.max_request_body_bytes)
+    if state.enable_server_load_tracking:
+        app.add_middleware(serving_vllm.LoadTrackingMiddleware, state=state)
     if state.api_key:  # outside the body limit: a client without the key is refused before any reading
         app.add_middleware(APIKeyMiddleware, api_key=state.api_key)
     # Outside the key check, so that 401s carry CORS headers too. Loopback pages and --allowed-origins only:
@@ -87,14 +106,16 @@ def build_app(state: ServerState) -> FastAPI:
 
 
 class APIKeyMiddleware:
-    """401 on /v1/* without `Authorization: Bearer <key>`; /health, /metrics, /version stay open (as vLLM)."""
+    """401 on /v1/* and /invocations without `Authorization: Bearer <key>`; /health, /metrics, /version stay
+    open (as vLLM). Paths are taken after --root-path, so a prefixed path is checked the same."""
 
     def __init__(self, app: ASGIApp, api_key: str) -> None:
         self.app = app
         self.key = api_key.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["method"] == "OPTIONS" or not scope["path"].startswith("/v1"):
+        path = get_route_path(scope) if scope["type"] == "http" else ""
+        if scope["type"] != "http" or scope["method"] == "OPTIONS" or not path.startswith(("/v1", "/invocations")):
             await self.app(scope, receive, send)
             return
         given = b""

@@ -71,18 +71,21 @@ class _Stop:
 
 
 class AsyncEngine:
-    def __init__(self, engine: Any, metrics: ServerMetrics | None = None) -> None:
+    def __init__(self, engine: Any, metrics: ServerMetrics | None = None, log_requests: bool = False) -> None:
         self.engine = engine
         self.metrics = metrics
+        self.log_requests = log_requests  # --enable-log-requests: one line per request queued
         self._cond = threading.Condition()
         self._inbox: list = []
         self._tracked: dict[str, _Tracked] = {}  # engine thread only
         self._busy = False  # engine thread only
+        self._deliveries: list = []  # this iteration's, delivered even if the loop dies mid-iteration
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._last_stats = 0.0
         self.draining = False  # set on SIGTERM/SIGINT: new requests are refused
         self.dead: str | None = None  # set if the loop thread ever exits by accident
+        self.on_death: Any = None  # called (engine thread) with the cause when the loop dies
 
     # ---- lifecycle (event-loop thread) ----
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -121,6 +124,10 @@ class AsyncEngine:
                ) -> asyncio.Future:
         """Queue a request; the future resolves (None, or the engine's ValueError) once the engine took it."""
         assert self._loop is not None, "AsyncEngine.start() was not called"
+        if self.log_requests:
+            ids = prompt.get("prompt_token_ids") if isinstance(prompt, dict) else prompt
+            size = f"{len(ids)} prompt tokens" if isinstance(ids, list) else f"{len(str(prompt))} prompt characters"
+            log.info("Received request %s: %s, params: %s", request_id, size, params)
         future = self._loop.create_future()
         self._post(_Add(request_id, prompt, params, queue, tag, future))
         return future
@@ -134,6 +141,12 @@ class AsyncEngine:
     async def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Tokenize a prompt off the event loop (a long prompt takes a while)."""
         return list(await asyncio.to_thread(self.engine.tokenizer.encode, text, add_special_tokens=add_special_tokens))
+
+    async def compile_structured(self, spec: Any) -> None:
+        """Compile a structured-output grammar in a worker thread (tens of ms for a large schema) so that
+        neither the event loop nor the engine thread waits; the engine's add_request then hits the cache.
+        Raises GrammarError for an invalid schema, regex or grammar."""
+        await asyncio.to_thread(self.engine.structured.compile, spec)
 
     def abort(self, request_ids: Sequence[str]) -> None:
         if request_ids:
@@ -154,8 +167,13 @@ class AsyncEngine:
         except BaseException as exc:  # noqa: BLE001 - must be reported, not lost with the thread
             self.dead = f"{type(exc).__name__}: {exc}"
             log.exception("The engine loop stopped")
+            if self.on_death is not None:  # the server exits non-zero rather than live on as a zombie
+                try:
+                    self.on_death(self.dead)
+                except Exception:  # noqa: BLE001
+                    log.exception("on_death failed")
+            self._deliver(self._deliveries)  # e.g. "accepted" for a request added in the fatal iteration
             self._fail_all(f"The engine loop stopped ({self.dead}).")
-            raise
 
     def _run(self) -> None:
         while True:
@@ -164,6 +182,7 @@ class AsyncEngine:
                     self._cond.wait()
                 commands, self._inbox = self._inbox, []
             deliveries: list = []
+            self._deliveries = deliveries
             for command in commands:
                 if isinstance(command, _Stop):
                     self._abort_tracked(deliveries)

@@ -20,6 +20,7 @@ from argparse import Namespace
 from typing import Any, TextIO
 
 from wslm.backend.chat import read_template
+from wslm.backend.server import vllm_flags
 
 log = logging.getLogger("wslm.server")
 
@@ -98,17 +99,27 @@ def engine_config(args: Namespace):
         block_size=args.block_size,
         gpu_memory_utilization=args.gpu_memory_utilization,
         dtype=args.dtype,
+        quantization=getattr(args, "quantization", None),
         chat_template=args.chat_template,
         tensor_parallel_size=args.tensor_parallel_size,
         distributed_executor_backend=getattr(args, "distributed_executor_backend", None),
         kv_cache_memory=parse_size(args.kv_cache_memory),
         device=args.device,
         seed=args.seed,
+        tokenizer=getattr(args, "tokenizer", None),
+        revision=getattr(args, "revision", None),
+        download_dir=getattr(args, "download_dir", None),
+        trust_remote_code=bool(getattr(args, "trust_remote_code", False)),
+        enforce_eager=bool(getattr(args, "enforce_eager", False)),
+        max_logprobs=getattr(args, "max_logprobs", 20),
     )
     if args.max_num_seqs is not None:
         kwargs["max_num_seqs"] = args.max_num_seqs
     if args.max_num_batched_tokens is not None:
         kwargs["max_num_batched_tokens"] = args.max_num_batched_tokens
+    for name in ("long_prefill_token_threshold", "fanout_per_step"):
+        if getattr(args, name, None) is not None:
+            kwargs[name] = getattr(args, name)
     if args.enable_prefix_caching is not None:
         kwargs["enable_prefix_caching"] = args.enable_prefix_caching
     try:
@@ -171,7 +182,7 @@ def _log_config(level: str) -> dict:
 
 def run(args: Namespace) -> int:
     _claim_stdout()
-    emit("loading", model=args.model)
+    emit("loading", model=args.model, pid=os.getpid())  # the pid: a GUI can stop us while we load
     sock = None
     try:
         try:
@@ -186,6 +197,8 @@ def run(args: Namespace) -> int:
         if args.shutdown_timeout < 0:
             raise StartupError(f"--shutdown-timeout must not be negative, got {args.shutdown_timeout}.")
         check_limit_flags(args)
+        vllm_flags.log_no_effect(args)
+        generation_defaults = load_generation_defaults(args)
         config = engine_config(args)
         sock = bind(args.host, args.port)
         engine = load_engine(config)
@@ -194,7 +207,18 @@ def run(args: Namespace) -> int:
             sock.close()
         emit("error", message=str(exc))
         return 1
+    args.generation_defaults = generation_defaults
     return _serve(args, engine, sock)
+
+
+def load_generation_defaults(args: Namespace) -> dict:
+    """--generation-config / --override-generation-config, read before the (slow) model load."""
+    from wslm.backend.server import generation_config
+
+    try:
+        return generation_config.default_sampling(args)
+    except ValueError as exc:
+        raise StartupError(str(exc)) from exc
 
 
 def request_limits(args: Namespace, engine: Any):
@@ -237,8 +261,12 @@ def _serve(args: Namespace, engine: Any, sock: socket.socket) -> int:
     metrics = ServerMetrics(names[0])
     api_key = args.api_key or os.environ.get("WSLM_API_KEY") or None
     model_name = str(getattr(engine, "model_name", "") or args.model)
+    defaults = getattr(args, "generation_defaults", None) or {}
+    if defaults:
+        log.info("Default sampling parameters from the model's generation config (--generation-config %s; "
+                 "a request's own values win): %s", getattr(args, "generation_config", "auto"), defaults)
     state = ServerState(
-        engine=AsyncEngine(engine, metrics),
+        engine=AsyncEngine(engine, metrics, log_requests=bool(getattr(args, "log_requests", False))),
         tokenizer=engine.tokenizer,
         served_model_names=names,
         max_model_len=int(engine.model_config.max_model_len),
@@ -251,10 +279,17 @@ def _serve(args: Namespace, engine: Any, sock: socket.socket) -> int:
         allowed_origins=args.allowed_origins_list,
         allowed_hosts=args.allowed_hosts_list,
         bound_host=sock.getsockname()[0],
+        enable_prompt_tokens_details=bool(getattr(args, "enable_prompt_tokens_details", False)),
+        enable_force_include_usage=bool(getattr(args, "enable_force_include_usage", False)),
+        enable_server_load_tracking=bool(getattr(args, "enable_server_load_tracking", False)),
+        enable_tokenizer_info_endpoint=bool(getattr(args, "enable_tokenizer_info_endpoint", False)),
+        default_sampling=defaults,
+        chat_template=getattr(engine, "chat_template", None),
         http_limits=HTTPLimits(**{k: v for k, v in (("max_request_body_bytes", args.max_request_body_bytes),
                                                     ("max_json_depth", args.max_json_depth)) if v is not None}),
     )
-    app = build_app(state)
+    app = build_app(state, root_path=getattr(args, "root_path", None) or "",
+                    docs=not getattr(args, "disable_fastapi_docs", False))
     host, port = sock.getsockname()[:2]
     shown_host = f"[{host}]" if ":" in host else host
     url = f"http://{shown_host}:{port}"
@@ -278,8 +313,22 @@ def _serve(args: Namespace, engine: Any, sock: socket.socket) -> int:
         log_level=args.uvicorn_log_level,
         timeout_graceful_shutdown=int(args.shutdown_timeout) + 15,
         timeout_keep_alive=5,
+        access_log=not getattr(args, "disable_uvicorn_access_log", False),
     )
     server = _Server(config, on_ready, on_signal)
+    died: list[str] = []
+
+    def on_death(why: str) -> None:
+        # /health already answers 503; stop listening and exit non-zero so that whoever runs us (the GUI's
+        # auto-restart, systemd, a script) sees it, instead of a server that takes requests it cannot serve.
+        died.append(why)
+        log.error("The engine stopped (%s): the server exits.", why)
+        emit("error", message=f"The engine stopped ({why}); the server exited. Restart it; its log (stderr) "
+                              "has the details.")
+        state.engine.draining = True
+        server.should_exit = True
+
+    state.engine.on_death = on_death
     try:
         server.run(sockets=[sock])
     except SystemExit:  # uvicorn exits this way when the app fails its start-up
@@ -287,7 +336,7 @@ def _serve(args: Namespace, engine: Any, sock: socket.socket) -> int:
     if not server.started:
         emit("error", message="The HTTP server could not start; see the log above (stderr).")
         return 1
-    return 0
+    return 1 if died else 0
 
 
 def _make_server_class():

@@ -10,11 +10,12 @@ from __future__ import annotations
 import json
 from typing import Any, Union
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
 from wslm.backend.sampling_params import SamplingParams
 from wslm.backend.server.errors import APIError, bad_request
 from wslm.backend.server.http_limits import load_json
+from wslm.backend.server.structured_request import structured_outputs_from_request
 
 
 class _Request(BaseModel):
@@ -71,16 +72,31 @@ class _SamplingFields(_Request):
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     spaces_between_special_tokens: bool = True
-    # Known but not supported: refused with a 400 when set.
+    # Token constraints and prompt extras (vLLM's).
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    prompt_logprobs: int | None = None
+    truncate_prompt_tokens: int | None = None
+    return_token_ids: bool = False
+    return_tokens_as_token_ids: bool = False
+    # Structured output (structured_request.py): OpenAI's response_format, vLLM's structured_outputs and
+    # its older guided_* extras.
     response_format: dict[str, Any] | None = None
     guided_json: Any = None
     guided_regex: Any = None
     guided_choice: Any = None
     guided_grammar: Any = None
+    guided_whitespace_pattern: str | None = None
+    guided_decoding_backend: str | None = None
     structured_outputs: Any = None
+    # Known but not supported: refused with a 400 when set.
+    use_beam_search: bool = False
+    length_penalty: float | None = None
+    _structured_source: str | None = PrivateAttr(default=None)
 
     def sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
         """SamplingParams for this request; a bad value becomes a 400 naming the field."""
+        structured, self._structured_source = structured_outputs_from_request(self)
         try:
             return SamplingParams(
                 n=self.n,
@@ -101,6 +117,12 @@ class _SamplingFields(_Request):
                 logprobs=logprobs,
                 skip_special_tokens=self.skip_special_tokens,
                 spaces_between_special_tokens=self.spaces_between_special_tokens,
+                logit_bias=self.logit_bias,
+                allowed_token_ids=self.allowed_token_ids,
+                bad_words=self.bad_words,
+                prompt_logprobs=self.prompt_logprobs,
+                truncate_prompt_tokens=self.truncate_prompt_tokens,
+                structured_outputs=structured,
             )
         except (ValueError, TypeError) as exc:
             message = str(exc)
@@ -109,15 +131,18 @@ class _SamplingFields(_Request):
 
     def _common_unsupported(self) -> list[tuple[str, str]]:
         found = []
-        if self.logit_bias:
-            found.append(("logit_bias", "logit_bias is not supported by wslm yet"))
-        if self.response_format and self.response_format.get("type", "text") != "text":
-            kind = self.response_format.get("type")
-            found.append(("response_format", f"response_format of type {kind!r} (structured output) is not supported"))
-        for name in ("guided_json", "guided_regex", "guided_choice", "guided_grammar", "structured_outputs"):
-            if getattr(self, name) is not None:
-                found.append((name, f"{name} (structured output) is not supported"))
+        if self.use_beam_search:
+            found.append(("use_beam_search", "beam search is not supported by wslm (sample n completions instead)"))
+        if self.length_penalty not in (None, 1.0):
+            found.append(("length_penalty", "length_penalty applies to beam search, which wslm does not support"))
+        if self.guided_decoding_backend not in (None, "auto", "xgrammar"):
+            found.append(("guided_decoding_backend", "wslm's structured output runs on xgrammar only"))
         return found
+
+    @property
+    def structured_source(self) -> str | None:
+        """Which request field the structured-output constraint came from (set by sampling_params())."""
+        return self._structured_source
 
     def check_stream_options(self) -> None:
         if self.stream_options is not None and not self.stream:
@@ -170,8 +195,8 @@ class ChatCompletionRequest(_SamplingFields):
         if self.top_logprobs is not None:
             if not self.logprobs:
                 raise bad_request("when using `top_logprobs`, `logprobs` must be set to true.", param="top_logprobs")
-            if not 0 <= self.top_logprobs <= 20:
-                raise bad_request(f"top_logprobs must be in [0, 20], got {self.top_logprobs}.", param="top_logprobs")
+            if self.top_logprobs < 0:  # the upper bound is the server's --max-logprobs (ServerState.check_logprobs)
+                raise bad_request(f"top_logprobs must not be negative, got {self.top_logprobs}.", param="top_logprobs")
         return (self.top_logprobs or 0) if self.logprobs else None
 
 
@@ -189,8 +214,6 @@ class CompletionRequest(_SamplingFields):
             found.append(("suffix", "suffix (fill-in-the-middle) is not supported"))
         if self.best_of is not None and self.best_of != self.n:
             found.append(("best_of", "best_of other than n is not supported (as in vLLM's V1 engine)"))
-        if self.echo and self.logprobs is not None:
-            found.append(("echo", "echo together with logprobs (prompt logprobs) is not supported"))
         return found
 
     def prompts(self) -> list[str | list[int]]:

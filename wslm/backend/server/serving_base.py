@@ -17,7 +17,7 @@ from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from wslm.backend import validation
-from wslm.backend.outputs import Logprob, fold_completion
+from wslm.backend.outputs import OUT_OF_MEMORY_ERROR, Logprob, fold_completion
 from wslm.backend.server.async_engine import Aborted, AsyncEngine, EngineFailure, RequestGroup
 from wslm.backend.server.errors import APIError, bad_request, internal_error
 from wslm.backend.server.http_limits import HTTPLimits
@@ -43,6 +43,14 @@ class ServerState:
     allowed_origins: list[str] | None = None  # browser origins besides loopback ones (["*"]: any)
     allowed_hosts: list[str] | None = None  # Host names besides loopback ones, when bound to loopback
     bound_host: str | None = None  # the address listened on (loopback: the Host header is checked)
+    # vLLM's serving flags (serve_cli.py's "vLLM flags").
+    enable_prompt_tokens_details: bool = False  # usage.prompt_tokens_details only when asked, as vLLM
+    enable_force_include_usage: bool = False  # usage on streams even without stream_options.include_usage
+    enable_server_load_tracking: bool = False  # GET /load counts requests in flight
+    enable_tokenizer_info_endpoint: bool = False
+    default_sampling: dict[str, Any] = field(default_factory=dict)  # --generation-config: request defaults
+    chat_template: str | None = None  # the template in use (GET /tokenizer_info shows it)
+    server_load: int = 0  # requests in flight (with --enable-server-load-tracking)
 
     @property
     def model_name(self) -> str:
@@ -68,6 +76,23 @@ class ServerState:
         if not self.engine.alive:
             raise APIError(f"The engine loop is not running ({self.engine.dead or 'not started'}); restart "
                            "`wslm serve` (its log on stderr says what stopped it).", 503)
+
+    def tracker(self, num_prompts: int, n: int, prompt_lens: list[int]) -> Tracker:
+        """A Tracker for one request, reporting usage the way this server's flags ask."""
+        return Tracker(num_prompts, n, prompt_lens, prompt_tokens_details=self.enable_prompt_tokens_details,
+                       force_usage=self.enable_force_include_usage)
+
+    def apply_generation_defaults(self, req: Any) -> None:
+        """--generation-config: the model's recommended sampling values fill the fields a request left unset
+        (as vLLM's default_sampling_params); anything the client sent wins."""
+        sent = req.model_fields_set
+        for name, value in self.default_sampling.items():
+            if name == "max_tokens":
+                if ({"max_tokens", "max_completion_tokens"} & sent) or getattr(req, "max_tokens", 0) is not None:
+                    continue  # completions default to 16 tokens, as OpenAI's; only chat takes max_new_tokens
+            elif name not in type(req).model_fields or name in sent:
+                continue
+            setattr(req, name, value)
 
     def __post_init__(self) -> None:
         if self.limits is None:
@@ -130,12 +155,14 @@ def sse(obj: dict) -> str:
 SSE_DONE = "data: [DONE]\n\n"
 
 
-def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int = 0) -> dict:
+def usage(prompt_tokens: int, completion_tokens: int, cached_tokens: int | None = None) -> dict:
+    """OpenAI's usage object; prompt_tokens_details (prefix-cache hits) only with
+    --enable-prompt-tokens-details, as vLLM (null otherwise)."""
     return {
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
-        "prompt_tokens_details": {"cached_tokens": cached_tokens},
+        "prompt_tokens_details": {"cached_tokens": cached_tokens} if cached_tokens is not None else None,
     }
 
 
@@ -189,6 +216,13 @@ def completion_logprobs(tokenizer: Any, token_ids: list[int], logprobs: list[dic
     return out
 
 
+def engine_failure(exc: EngineFailure) -> APIError:
+    """The engine failed the request: 503 when it ran out of memory (retry later, or smaller), else 500."""
+    if str(exc).startswith(OUT_OF_MEMORY_ERROR):
+        return APIError(str(exc), 503, type="server_error", code="out_of_memory")
+    return APIError(str(exc), 500, type="server_error")
+
+
 class ClientGone(Exception):
     """The client closed the connection before a non-streamed answer was ready."""
 
@@ -235,8 +269,11 @@ class Tracker:
     """Follows the choices of a RequestGroup: folds engine deltas into per-choice Deltas, keeps the usage
     counts, and marks choices finished (engine finish, server abort) so that every choice finishes once."""
 
-    def __init__(self, num_prompts: int, n: int, prompt_lens: list[int]) -> None:
+    def __init__(self, num_prompts: int, n: int, prompt_lens: list[int], prompt_tokens_details: bool = False,
+                 force_usage: bool = False) -> None:
         self.n = n
+        self.prompt_tokens_details = prompt_tokens_details
+        self.force_usage = force_usage
         self.prompt_tokens = list(prompt_lens)
         self.cached_tokens = [0] * num_prompts
         self.completion_tokens = 0
@@ -272,7 +309,8 @@ class Tracker:
         return list(merged.values())
 
     def usage(self) -> dict:
-        return usage(sum(self.prompt_tokens), self.completion_tokens, sum(self.cached_tokens))
+        cached = sum(self.cached_tokens) if self.prompt_tokens_details else None
+        return usage(sum(self.prompt_tokens), self.completion_tokens, cached)
 
 
 # A finished choice, for non-streamed answers: the same record, with every delta folded in.
@@ -306,7 +344,7 @@ async def collect_all(request: Request, group: Any, tracker: Tracker) -> dict[tu
     except ClientGone:
         return None
     except EngineFailure as exc:
-        raise APIError(str(exc), 500, type="server_error") from exc
+        raise engine_failure(exc) from exc
     finally:
         group.abort()
 
@@ -318,7 +356,8 @@ class ChunkWriter:
     def __init__(self, head: dict, tracker: Tracker, req: Any) -> None:
         self.head = head
         self.tracker = tracker
-        self.include_usage = bool(req.include_usage)
+        # --enable-force-include-usage: as if every stream asked for stream_options.include_usage.
+        self.include_usage = bool(req.include_usage) or tracker.force_usage
         self.continuous = self.include_usage and bool(req.stream_options and req.stream_options.continuous_usage_stats)
 
     def choice(self, choice: dict, finish: str | None = None, stop: Any = None) -> str:
@@ -348,7 +387,7 @@ async def stream_deltas(group: RequestGroup, tracker: Tracker, writer: ChunkWrit
                 deltas = tracker.fold(await group.next_items())
             except EngineFailure as exc:
                 log.error("request %s failed: %s", response_id, exc)
-                yield sse(APIError(str(exc), 500, type="server_error").body()) + SSE_DONE
+                yield sse(engine_failure(exc).body()) + SSE_DONE
                 return
             out = "".join(render(d) for d in deltas)
             if out:

@@ -26,6 +26,7 @@ from wslm.backend.server.serving_base import (
     start_group,
     stream_deltas,
 )
+from wslm.backend.server.structured_request import compile_structured
 
 log = logging.getLogger("wslm.server")
 
@@ -77,6 +78,7 @@ async def render_prompt(state: ServerState, messages: list[dict], **kwargs: Any)
 
 async def create_chat_completion(state: ServerState, request: Request) -> Response:
     req: ChatCompletionRequest = parse_body(await request.body(), ChatCompletionRequest)
+    state.apply_generation_defaults(req)
     model = state.check_model(req.model)
     check_unsupported(req.unsupported_fields())
     req.check_stream_options()
@@ -88,11 +90,12 @@ async def create_chat_completion(state: ServerState, request: Request) -> Respon
     prompt_ids = await render_prompt(state, messages, chat_template=req.chat_template,
                                      add_generation_prompt=req.add_generation_prompt)
     params = req.sampling_params(max_tokens, top_n)
+    await compile_structured(state, params.structured_outputs, req.structured_source)
     state.check_request(prompt_ids, params, "messages")
 
     response_id = f"chatcmpl-{uuid.uuid4().hex}"
     group = await start_group(state.engine, response_id, [prompt_ids], params)
-    tracker = Tracker(1, params.n, [len(prompt_ids)])
+    tracker = state.tracker(1, params.n, [len(prompt_ids)])
     created = int(time.time())
     if req.stream:
         return EventStream(_stream(state, group, tracker, response_id, created, model, req, top_n), group)

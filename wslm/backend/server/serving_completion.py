@@ -25,20 +25,23 @@ from wslm.backend.server.serving_base import (
     start_group,
     stream_deltas,
 )
+from wslm.backend.server.structured_request import compile_structured
 
 log = logging.getLogger("wslm.server")
 
 
 async def create_completion(state: ServerState, request: Request) -> Response:
     req: CompletionRequest = parse_body(await request.body(), CompletionRequest)
+    state.apply_generation_defaults(req)
     model = state.check_model(req.model)
     check_unsupported(req.unsupported_fields())
     req.check_stream_options()
     state.check_not_draining()
     check_max_tokens(req.max_tokens, "max_tokens")
-    if req.logprobs is not None and not 0 <= req.logprobs <= 20:
-        raise bad_request(f"logprobs must be in [0, 20], got {req.logprobs}.", param="logprobs")
+    if req.logprobs is not None and req.logprobs < 0:
+        raise bad_request(f"logprobs must not be negative, got {req.logprobs}.", param="logprobs")
     params = req.sampling_params(req.max_tokens, req.logprobs)
+    await compile_structured(state, params.structured_outputs, req.structured_source)
     prompts_ids: list[list[int]] = []
     prompt_texts: list[str] = []
     for p in req.prompts():
@@ -57,7 +60,7 @@ async def create_completion(state: ServerState, request: Request) -> Response:
 
     response_id = f"cmpl-{uuid.uuid4().hex}"
     group = await start_group(state.engine, response_id, prompts_ids, params)
-    tracker = Tracker(len(prompts_ids), params.n, [len(ids) for ids in prompts_ids])
+    tracker = state.tracker(len(prompts_ids), params.n, [len(ids) for ids in prompts_ids])
     created = int(time.time())
     echo = prompt_texts if req.echo else None
     if req.stream:

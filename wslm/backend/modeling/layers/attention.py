@@ -8,20 +8,11 @@ and sinks (a learned per-head logit in the softmax denominator, GPT-OSS)."""
 
 from __future__ import annotations
 
-import inspect
 from dataclasses import dataclass
 
 import torch
 
 from wslm import kernels
-
-# Options the installed kernels take (the window/softcap/sinks options are new in wslm.kernels).
-_KERNEL_OPTIONS = frozenset(inspect.signature(kernels.paged_attention).parameters)
-
-
-def kernels_support(option: str) -> bool:
-    """Whether wslm.kernels.paged_attention takes `option` (sliding_window, logits_soft_cap, sinks)."""
-    return option in _KERNEL_OPTIONS
 
 
 @dataclass(slots=True)
@@ -60,8 +51,7 @@ class Attention:
     def _options(self) -> dict:
         # Only the options a layer uses go to the kernel: plain layers call it exactly as before.
         opts = {}
-        if self.sliding_window is not None and "sliding_window" in _KERNEL_OPTIONS:
-            # Without kernel support the engine keeps the context inside the window instead.
+        if self.sliding_window is not None:
             opts["sliding_window"] = self.sliding_window
         if self.logits_soft_cap is not None:
             opts["logits_soft_cap"] = self.logits_soft_cap

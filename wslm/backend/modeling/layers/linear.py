@@ -1,9 +1,10 @@
 """Linear layers: how a projection keeps its weight (a LinearMethod) and how tensor parallelism splits it.
 
 Two separate concerns, as in vLLM:
-- a LinearMethod is the weight format: it creates the layer's parameters, copies checkpoint tensors into
-  them, may repack them once loading is done, and multiplies. DenseLinearMethod is plain F.linear; the
-  quantized formats (int8/int4, GGUF, AWQ/GPTQ) are further LinearMethods picked by get_linear_method.
+- a LinearMethod is the weight format: it sets up the layer's parameters, takes checkpoint tensors as
+  they arrive, builds the runtime weight once every part is in (fusing q|k|v, repacking, quantizing on
+  the fly), and multiplies. DenseLinearMethod is plain F.linear; QuantizedLinearMethod holds the formats of
+  wslm.backend.quant (int8/int4, GGUF, AWQ/GPTQ); get_linear_method picks one from ModelConfig.quantization.
 - a layer class is the tensor-parallel role: column-parallel layers (QKV, merged gate/up) keep this rank's
   rows, row-parallel layers keep its input columns and sum the ranks' outputs. At TP=1 all of it is a no-op.
 
@@ -27,18 +28,35 @@ from wslm.backend.distributed.sharding import (
 
 
 class LinearMethod:
-    """A weight format. Subclasses override what differs; the layer calls these and nothing else."""
+    """A weight format. Subclasses override what differs; layers call these and nothing else.
+
+    Loading collects each part's tensor as it arrives (load_weight), then builds the runtime weight once
+    every part is there (process_weights_after_loading): a fused layer's parts may come in any order, and
+    a quantized format packs the fused weight in one go."""
 
     def create_weights(self, layer: Linear, dtype: torch.dtype, device: torch.device) -> None:
-        """Set the layer's parameters: an output of sum(layer.output_sizes) rows over layer.input_size."""
-        raise NotImplementedError
+        """Set up the layer's parameters (no memory yet: the parts arrive with the checkpoint)."""
+        layer.weight = None
+        layer.bias = None
+        layer.params_dtype = dtype
+        layer.device = device
 
-    def load_weight(self, layer: Linear, param: str, offset: int, tensor: torch.Tensor) -> None:
-        """Copy a checkpoint tensor (this rank's slice) into rows offset.. of parameter `param`."""
-        raise NotImplementedError
+    def load_weight(self, layer: Linear, param: str, index: int, tensor) -> None:
+        """Keep part `index` of parameter `param` ('weight' or 'bias'): this rank's slice, as read."""
+        layer.pending.setdefault(param, {})[index] = self.prepare_part(layer, param, tensor)
+
+    def prepare_part(self, layer: Linear, param: str, tensor):
+        return tensor.to(device=layer.device, dtype=layer.params_dtype)
 
     def process_weights_after_loading(self, layer: Linear) -> None:
-        """Called once every part is loaded (repacking, quantizing on the fly). Dense: nothing to do."""
+        """Every part is in: build the runtime parameters (fuse the parts along the output rows)."""
+        for param, parts in layer.pending.items():
+            ordered = [parts[i] for i in range(len(parts))]
+            setattr(layer, param, self.fuse(layer, param, ordered))
+        layer.pending = {}
+
+    def fuse(self, layer: Linear, param: str, parts: list):
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0).contiguous()
 
     def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         raise NotImplementedError
@@ -47,29 +65,53 @@ class LinearMethod:
 class DenseLinearMethod(LinearMethod):
     """Full-precision weight [out, in] in the model dtype; one F.linear."""
 
-    def create_weights(self, layer: Linear, dtype: torch.dtype, device: torch.device) -> None:
-        out = sum(layer.output_sizes)
-        # torch.empty: pages are only touched when the checkpoint's rows are copied in.
-        layer.weight = torch.empty(out, layer.input_size, dtype=dtype, device=device)
-        layer.bias = torch.empty(out, dtype=dtype, device=device) if layer.has_bias else None
-
-    def load_weight(self, layer: Linear, param: str, offset: int, tensor: torch.Tensor) -> None:
-        target = getattr(layer, param)
-        if param == "weight" and tensor.shape[-1] != target.shape[-1]:
-            raise ValueError(
-                f"weight has {tensor.shape[-1]} input columns, the model expects {target.shape[-1]}"
-            )
-        target[offset : offset + tensor.shape[0]].copy_(tensor)
-
     def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         return F.linear(x, layer.weight, bias)
+
+
+class QuantizedLinearMethod(LinearMethod):
+    """Weights held quantized (wslm.backend.quant): GGUF files' tensors repacked as read, AWQ/GPTQ, or
+    16-bit checkpoints quantized on load (int8 / int4). Biases stay dense."""
+
+    def __init__(self, quantization: str) -> None:
+        self.quantization = quantization
+
+    def prepare_part(self, layer: Linear, param: str, tensor):
+        from wslm.backend.quant.linear import quantize_on_load
+
+        if param == "weight":
+            if isinstance(tensor, torch.Tensor) and self.quantization in ("int8", "int4"):
+                tensor = quantize_on_load(tensor, self.quantization)
+            if not isinstance(tensor, torch.Tensor):
+                return tensor  # packed for the device once the fused weight is whole
+        return tensor.to(device=layer.device, dtype=layer.params_dtype)
+
+    def fuse(self, layer: Linear, param: str, parts: list):
+        if param != "weight":
+            return super().fuse(layer, param, parts)
+        from wslm.backend.quant.linear import finalize, fuse_rows
+
+        return finalize(parts[0] if len(parts) == 1 else fuse_rows(parts), layer.device, layer.params_dtype)
+
+    def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        from wslm.backend.quant.linear import apply_linear
+
+        return apply_linear(x, layer.weight, bias)
 
 
 def get_linear_method(quantization: str | None = None) -> LinearMethod:
     """The LinearMethod for a checkpoint's weight format (ModelConfig.quantization)."""
     if quantization in (None, "", "none"):
         return DenseLinearMethod()
-    raise ValueError(f"quantization={quantization!r} is not supported yet (supported: none).")
+    return QuantizedLinearMethod(quantization)
+
+
+def dense_for_sharding(tensor):
+    """Under tensor parallelism quantized weights are sliced in full precision (their scales would have to
+    split with their rows/groups); int8/int4 on the fly still apply after the slice."""
+    if get_tp_size() == 1 or isinstance(tensor, torch.Tensor):
+        return tensor
+    return tensor.dequantize(torch.float32)
 
 
 class Linear:
@@ -94,8 +136,9 @@ class Linear:
         self.has_bias = bias
         self.method = method or DenseLinearMethod()
         self.shard_names = shard_names  # how checkpoint names address the parts ("q", "k", "v"; 0, 1)
-        self.weight: torch.Tensor | None = None
+        self.weight = None  # a tensor, or a quantized weight (LinearMethod decides)
         self.bias: torch.Tensor | None = None
+        self.pending: dict[str, dict[int, object]] = {}  # parts read so far, by parameter and part index
         self._loaded: set[tuple[str, object]] = set()
         self.method.create_weights(self, dtype, torch.device(device))
 
@@ -111,13 +154,14 @@ class Linear:
     def load(self, param: str, tensor: torch.Tensor, shard: object = None) -> None:
         """Load `param` ('weight' or 'bias') of part `shard`, or of every part when shard is None."""
         if shard is None and len(self.shard_names) > 1:
+            if not isinstance(tensor, torch.Tensor):  # a fused quantized tensor: split in full precision
+                tensor = tensor.dequantize(torch.float32)
             for part, piece in zip(self.shard_names, tensor.split(self.checkpoint_sizes(), dim=0)):
                 self.load(param, piece, part)
             return
         part = self.shard_names[0] if shard is None else shard
-        idx = self.shard_names.index(part)
-        piece = self.shard(part, tensor, param)
-        self.method.load_weight(self, param, sum(self.output_sizes[:idx]), piece)
+        piece = self.shard(part, dense_for_sharding(tensor), param)
+        self.method.load_weight(self, param, self.shard_names.index(part), piece)
         self._loaded.add((param, part))
         if self.is_loaded():
             self.method.process_weights_after_loading(self)

@@ -21,8 +21,12 @@ class GemmaDecoderLayer(LlamaDecoderLayer):
     def __init__(self, model, layer_idx: int) -> None:
         super().__init__(model, layer_idx)
         cfg = model.cfg
-        self.pre_feedforward_layernorm = GemmaRMSNorm(cfg.rms_norm_eps, model.dtype, model.device, model.backend)
-        self.post_feedforward_layernorm = GemmaRMSNorm(cfg.rms_norm_eps, model.dtype, model.device, model.backend)
+        self.pre_feedforward_layernorm = GemmaRMSNorm(
+            cfg.rms_norm_eps, model.dtype, model.device, model.backend
+        )
+        self.post_feedforward_layernorm = GemmaRMSNorm(
+            cfg.rms_norm_eps, model.dtype, model.device, model.backend
+        )
 
     def loaders(self, prefix: str, fused: bool = False) -> Loaders:
         return {

@@ -151,10 +151,10 @@ class LlamaForCausalLM:
         self.attn_logit_softcap: float | None = None
         self._rope_tables: dict = {}
         self.init_extra()
-        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, self.dtype, device)
+        self.embed_tokens = VocabParallelEmbedding(cfg.vocab_size, self.dtype, device, cfg.quantization)
         self.layers = [self.layer_cls(self, i) for i in range(cfg.num_layers)]
         self.norm = self.norm_cls(cfg.rms_norm_eps, self.dtype, device, kernel_backend)
-        self.lm_head = ParallelLMHead(cfg.vocab_size, self.dtype, device)
+        self.lm_head = ParallelLMHead(cfg.vocab_size, self.dtype, device, cfg.quantization)
 
     # ---- family hooks ---------------------------------------------------------------------------
     @classmethod

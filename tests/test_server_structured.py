@@ -1,0 +1,120 @@
+"""Structured output and the sampling extras through the official openai client on one real `wslm serve`
+(demo model, float32): response_format json_schema/json_object, structured_outputs, guided_* extras, n > 1,
+streaming, invalid constraints, logit_bias, allowed_token_ids, bad_words, prompt logprobs, echo, token ids."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+
+import jsonschema
+import openai
+import pytest
+from test_server_helpers import SMALL, ServerProcess
+
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 24},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "city": {"type": "string", "enum": ["Paris", "Lima", "Oslo"]},
+    },
+    "required": ["name", "age", "city"],
+    "additionalProperties": False,
+}
+ASK = [{"role": "user", "content": "Describe a person as JSON with a name, an age and a city."}]
+
+
+@pytest.fixture(scope="module")
+def server():
+    srv = ServerProcess("--port", "0", *SMALL, "--dtype", "float32", "--max-num-seqs", "32")
+    yield srv
+    assert srv.stop() == 0, srv.stderr()[-3000:]
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=180)
+
+
+def test_json_schema_valid_over_20_seeds(server):
+    async def run() -> list:
+        aclient = openai.AsyncOpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=180)
+        fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}}
+        calls = [aclient.chat.completions.create(model="demo", messages=ASK, response_format=fmt, seed=seed,
+                                                 temperature=1.0, max_tokens=120) for seed in range(20)]
+        try:
+            return await asyncio.gather(*calls)
+        finally:
+            await aclient.close()
+
+    replies = asyncio.run(run())
+    texts = set()
+    for r in replies:
+        choice = r.choices[0]
+        assert choice.finish_reason == "stop", choice
+        jsonschema.validate(json.loads(choice.message.content), PERSON)
+        texts.add(choice.message.content)
+    assert len(texts) > 5  # sampled, not one forced string
+
+
+def test_json_object_and_guided_json_extra(client):
+    r = client.chat.completions.create(model="demo", messages=ASK, response_format={"type": "json_object"},
+                                       max_tokens=150, temperature=0)
+    assert isinstance(json.loads(r.choices[0].message.content), dict)
+    schema = {"type": "array", "items": {"type": "integer"}, "minItems": 2, "maxItems": 4}
+    r = client.completions.create(model="demo", prompt="Some numbers:", max_tokens=60, temperature=0,
+                                  extra_body={"guided_json": schema})
+    jsonschema.validate(json.loads(r.choices[0].text), schema)
+
+
+def test_regex_choice_and_grammar(client):
+    r = client.completions.create(model="demo", prompt="The date today is", max_tokens=20, temperature=0.8, seed=3,
+                                  extra_body={"structured_outputs": {"regex": r"20[0-9]{2}-[01][0-9]-[0-3][0-9]"}})
+    assert re.fullmatch(r"20[0-9]{2}-[01][0-9]-[0-3][0-9]", r.choices[0].text) and r.choices[0].finish_reason == "stop"
+    r = client.chat.completions.create(model="demo", messages=[{"role": "user", "content": "Is the sky blue?"}],
+                                       max_tokens=10, extra_body={"guided_choice": ["yes", "no", "maybe"]})
+    assert r.choices[0].message.content in ("yes", "no", "maybe")
+    r = client.completions.create(model="demo", prompt="Hex:", max_tokens=12, temperature=0,
+                                  extra_body={"guided_grammar": 'root ::= "0x" [0-9a-f]{1,6} ";"'})
+    assert re.fullmatch(r"0x[0-9a-f]{1,6};", r.choices[0].text)
+
+
+def test_grammar_with_n_stream_and_penalties(client):
+    choices = ["red", "green", "blue", "yellow"]
+    r = client.chat.completions.create(model="demo", messages=[{"role": "user", "content": "Pick a colour."}],
+                                       n=4, seed=1, temperature=1.2, presence_penalty=1.0, max_tokens=8,
+                                       extra_body={"guided_choice": choices})
+    assert len(r.choices) == 4 and all(c.message.content in choices for c in r.choices)
+    stream = client.completions.create(model="demo", prompt="My phone number is", max_tokens=20, stream=True,
+                                       temperature=0.7, seed=5, n=2,
+                                       extra_body={"guided_regex": r"\d{3}-\d{3}-\d{4}", "repetition_penalty": 1.3})
+    texts, finish = {0: "", 1: ""}, {}
+    for chunk in stream:
+        for c in chunk.choices:
+            texts[c.index] += c.text
+            if c.finish_reason:
+                finish[c.index] = c.finish_reason
+    assert all(re.fullmatch(r"\d{3}-\d{3}-\d{4}", t) for t in texts.values()), texts
+    assert finish == {0: "stop", 1: "stop"}
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "words"),
+    [
+        ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "wat"}}}},
+         "response_format", "Unsupported type"),
+        ({"guided_regex": "a(b"}, "guided_regex", "parenthesis"),
+        ({"structured_outputs": {"grammar": "root ::= nothing"}}, "structured_outputs", "not defined"),
+        ({"guided_choice": []}, "guided_choice", "non-empty"),
+        ({"guided_json": {"type": "object"}, "guided_regex": "a"}, "guided_regex", "Only one"),
+        ({"response_format": {"type": "json_schema"}}, "response_format", "json_schema"),
+        ({"use_beam_search": True}, "use_beam_search", "beam search"),
+    ],
+)
+def test_invalid_constraints_are_400(client, body, param, words):
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model="demo", messages=ASK, max_tokens=5, extra_body=body)
+    error = err.value.body
+    assert error["param"] == param and words in error["message"], error

@@ -1,0 +1,163 @@
+"""GGUF weights read one tensor at a time (memory-mapped by gguf.GGUFReader) and repacked, never
+dequantized whole: Q4_0, Q4_1 and Q4_K go to int4 groups of 32 exactly (same codes, same scales up to
+bf16 rounding); Q5_0/Q5_1/Q5_K/Q6_K/Q8_0/Q2_K/Q3_K go to int8 per output channel (no fewer bits than the
+source); F32/F16/BF16 stay dense. Names come out as HF's, with llama.cpp's q/k row permutation undone, so
+the model code loads them like a safetensors checkpoint.
+
+WSLM_GGUF_DEQUANTIZE=1 yields every weight dequantized (float32) instead, as transformers does — for
+exact comparisons with HF, which the tests make."""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from wslm.backend.quant.int4 import Int4Codes
+from wslm.backend.quant.int8 import quantize_int8_chunks
+
+_LAYER_NAMES = {
+    "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
+    "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
+    "attn_output": "self_attn.o_proj",
+    "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+}  # fmt: skip
+_TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
+# Architectures whose q/k rows llama.cpp's converter permuted (transformers undoes the same set).
+_PERMUTED_ARCHS = ("llama", "mistral")
+INT4_TYPES = ("Q4_0", "Q4_1", "Q4_K")
+DENSE_TYPES = ("F32", "F16", "BF16")
+INT8_TYPES = ("Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0", "Q2_K", "Q3_K")
+_ROWS_PER_CHUNK = 2048
+
+
+def dequantize_requested() -> bool:
+    return os.environ.get("WSLM_GGUF_DEQUANTIZE", "0") not in ("0", "", "false", "no")
+
+
+def hf_name(gguf_name: str) -> str | None:
+    m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", gguf_name)
+    if m:
+        part = _LAYER_NAMES.get(m.group(2))
+        return f"model.layers.{m.group(1)}.{part}.{m.group(3)}" if part else None
+    base, _, kind = gguf_name.rpartition(".")
+    top = _TOP_NAMES.get(base)
+    return f"{top}.{kind}" if top else None
+
+
+def _field(reader, key: str):
+    f = reader.fields.get(key)
+    if f is None:
+        return None
+    return f.parts[f.data[0]].tolist()[0] if f.types and f.data else None
+
+
+def _unpermute_rows(n_rows: int, n_head: int) -> torch.Tensor:
+    """Row order that undoes llama.cpp's q/k permutation (transformers' reverse_permute_weights)."""
+    dim = n_rows // n_head // 2
+    return torch.arange(n_rows).reshape(n_head, dim, 2).transpose(1, 2).reshape(-1)
+
+
+def iter_gguf_weights(path: str | Path) -> Iterator[tuple[str, object]]:
+    """(hf_name, weight) for each tensor: a dense tensor, Int4Codes or Int8Weight."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(path), "r")
+    arch = str(bytes(reader.fields["general.architecture"].parts[-1]), "utf-8")
+    n_head = _field(reader, f"{arch}.attention.head_count")
+    n_kv = _field(reader, f"{arch}.attention.head_count_kv") or n_head
+    dequant = dequantize_requested()
+    for t in reader.tensors:
+        name = hf_name(t.name)
+        if name is None:  # rope_freqs and the like: the engine computes them from the config
+            continue
+        kind = t.tensor_type.name
+        weight = _read_tensor(t, kind, dequant, is_table=name.startswith(("model.embed_tokens", "lm_head")))
+        if arch in _PERMUTED_ARCHS and (".q_proj." in name or ".k_proj." in name):
+            heads = n_head if ".q_proj." in name else n_kv
+            weight = _permute(weight, _unpermute_rows(weight.shape[0], heads))
+        yield name, weight
+
+
+def _permute(weight, rows: torch.Tensor):
+    if isinstance(weight, torch.Tensor):
+        return weight[rows].contiguous()
+    if isinstance(weight, Int4Codes):
+        return Int4Codes(weight.codes[rows], weight.scales[rows], weight.zeros[rows], weight.group_size)
+    weight.qweight = weight.qweight[rows].contiguous()
+    weight.scales = weight.scales[rows].contiguous()
+    return weight
+
+
+def _read_tensor(t, kind: str, dequant: bool, is_table: bool):
+    import gguf
+
+    shape = tuple(int(d) for d in reversed(t.shape))  # GGUF lists the fastest dimension first
+    data = t.data
+    if kind in DENSE_TYPES:
+        arr = np.asarray(data)
+        if kind == "BF16":
+            tensor = torch.from_numpy(arr.view(np.int16).copy()).view(torch.bfloat16)
+        else:
+            tensor = torch.from_numpy(arr.copy())
+        return tensor.reshape(shape)
+    qtype = t.tensor_type
+    if dequant:
+        return torch.from_numpy(gguf.quants.dequantize(data, qtype).reshape(shape))
+    if kind in INT4_TYPES and not is_table:
+        return _int4_codes(np.asarray(data), kind, shape)
+    if kind not in INT4_TYPES + INT8_TYPES:
+        raise ValueError(
+            f"GGUF tensor {t.name} is {kind}, which wslm cannot load yet (supported: "
+            f"{', '.join(DENSE_TYPES + INT4_TYPES + INT8_TYPES)}). Pick a file with one of these types."
+        )
+    chunks = (
+        torch.from_numpy(gguf.quants.dequantize(data[i : i + _ROWS_PER_CHUNK], qtype).reshape(-1, shape[1]))
+        for i in range(0, shape[0], _ROWS_PER_CHUNK)
+    )
+    return quantize_int8_chunks(chunks, torch.device("cpu"))
+
+
+def _f16(a: np.ndarray) -> np.ndarray:
+    return a.copy().view(np.float16).astype(np.float32)
+
+
+def _int4_codes(raw: np.ndarray, kind: str, shape: tuple[int, int]) -> Int4Codes:
+    """The 4-bit codes and per-32 (scale, zero) of Q4_0/Q4_1/Q4_K blocks, in tinygemm's convention
+    w = (q - 8) * scale + zero."""
+    n, k = shape
+    if kind in ("Q4_0", "Q4_1"):
+        block = 18 if kind == "Q4_0" else 20
+        b = raw.reshape(n, k // 32, block)
+        d = _f16(b[..., 0:2])[..., 0]
+        qs = b[..., block - 16 :]
+        # Element j of a block is the low nibble of byte j, element j + 16 the high nibble.
+        codes = np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
+        zero = np.zeros_like(d) if kind == "Q4_0" else _f16(b[..., 2:4])[..., 0] + 8.0 * d
+        return _codes(codes.reshape(n, k), d, zero)
+    # Q4_K: super-blocks of 256 = 8 sub-blocks of 32, each with a 6-bit scale and min.
+    import gguf
+
+    b = raw.reshape(n * (k // 256), 144)
+    d = _f16(b[:, 0:2])
+    dmin = _f16(b[:, 2:4])
+    sc, mn = gguf.quants.Q4_K.get_scale_min(b[:, 4:16])
+    qs = b[:, 16:].reshape(-1, 4, 1, 32) >> np.array([0, 4], dtype=np.uint8).reshape(1, 1, 2, 1)
+    codes = (qs & 0x0F).reshape(n, k)
+    scale = (d * sc.astype(np.float32)).reshape(n, k // 32)
+    zero = (-dmin * mn.astype(np.float32)).reshape(n, k // 32) + 8.0 * scale
+    return _codes(codes, scale, zero)
+
+
+def _codes(codes: np.ndarray, scale: np.ndarray, zero: np.ndarray) -> Int4Codes:
+    n = codes.shape[0]
+    return Int4Codes(
+        torch.from_numpy(np.ascontiguousarray(codes, dtype=np.uint8)),
+        torch.from_numpy(np.ascontiguousarray(scale, dtype=np.float32).reshape(n, -1)),
+        torch.from_numpy(np.ascontiguousarray(zero, dtype=np.float32).reshape(n, -1)),
+        32,
+    )

@@ -1,0 +1,145 @@
+"""int4 weight-only, asymmetric, one (scale, zero) per group of `group_size` input columns:
+w[n, k] = (q[n, k] - 8) * scale[n, g] + zero[n, g], q in 0..15, g = k // group_size — torch's tinygemm
+convention, which every 4-bit source maps onto exactly (Q4_0: zero 0; Q4_1/Q4_K/AWQ/GPTQ: zero = m + 8 d).
+
+Runtime kernels: CPU aten._weight_int4pack_mm_for_cpu (bf16 activations: its fp32 path is a slow fallback
+on CPUs without AVX512), CUDA aten._weight_int4pack_mm (tinygemm, bf16). Act-order GPTQ checkpoints keep
+their groups contiguous by permuting the input columns once at load and the activations per call."""
+
+from __future__ import annotations
+
+import torch
+
+GROUP_SIZES = (32, 64, 128, 256)
+
+
+class Int4Codes:
+    """Unpacked codes while loading: rows can still be permuted (GGUF q/k) and concatenated (qkv fusion)."""
+
+    __slots__ = ("codes", "scales", "zeros", "group_size", "perm")
+    bits = 4
+
+    def __init__(self, codes, scales, zeros, group_size: int, perm: torch.Tensor | None = None) -> None:
+        self.codes = codes  # [N, K] uint8, 0..15
+        self.scales = scales  # [N, K // group_size] fp32
+        self.zeros = zeros  # [N, K // group_size] fp32
+        self.group_size = group_size
+        self.perm = perm  # [K] int64 input-column order (act-order GPTQ), or None
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.codes.shape
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        s = self.scales.repeat_interleave(self.group_size, dim=1)
+        z = self.zeros.repeat_interleave(self.group_size, dim=1)
+        w = (self.codes.float() - 8.0) * s + z
+        if self.perm is not None:  # back to the checkpoint's column order
+            w = torch.empty_like(w).index_copy_(1, self.perm, w)
+        return w.to(dtype)
+
+    def pack(self, device: torch.device) -> Int4Weight:
+        return Int4Weight.from_codes(self, device)
+
+
+def cat_codes(parts: list[Int4Codes]) -> Int4Codes:
+    first = parts[0]
+    return Int4Codes(
+        torch.cat([p.codes for p in parts]),
+        torch.cat([p.scales for p in parts]),
+        torch.cat([p.zeros for p in parts]),
+        first.group_size,
+        first.perm,
+    )
+
+
+class Int4Weight:
+    __slots__ = ("packed", "scales_and_zeros", "group_size", "out_features", "in_features", "perm")
+    bits = 4
+
+    def __init__(
+        self, packed, scales_and_zeros, group_size: int, out_features: int, in_features: int, perm
+    ) -> None:
+        self.packed = packed
+        self.scales_and_zeros = scales_and_zeros  # [K // group_size, N, 2] bf16
+        self.group_size = group_size
+        self.out_features = out_features
+        self.in_features = in_features
+        self.perm = perm
+
+    @classmethod
+    def from_codes(cls, c: Int4Codes, device: torch.device) -> Int4Weight:
+        n, k = c.codes.shape
+        sz = (
+            torch.stack([c.scales.t(), c.zeros.t()], dim=-1)
+            .contiguous()
+            .to(device=device, dtype=torch.bfloat16)
+        )
+        if device.type == "cuda":
+            packed_bytes = (c.codes[:, ::2] << 4 | c.codes[:, 1::2]).to(torch.uint8).to(device)
+            packed = torch.ops.aten._convert_weight_to_int4pack(packed_bytes, 8)
+        else:
+            packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(c.codes.to(torch.int32), 1)
+        perm = None if c.perm is None else c.perm.to(device)
+        return cls(packed, sz, c.group_size, n, k, perm)
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((self.out_features, self.in_features))
+
+    @property
+    def nbytes(self) -> int:
+        return (
+            self.packed.numel() * self.packed.element_size()
+            + self.scales_and_zeros.numel() * self.scales_and_zeros.element_size()
+        )
+
+    def apply(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        shape = x.shape
+        x2 = x.reshape(-1, shape[-1]).to(torch.bfloat16)
+        if self.perm is not None:
+            x2 = x2.index_select(1, self.perm)
+        if x.device.type == "cuda":
+            out = torch.ops.aten._weight_int4pack_mm(
+                x2.contiguous(), self.packed, self.group_size, self.scales_and_zeros
+            )
+        else:
+            out = torch.ops.aten._weight_int4pack_mm_for_cpu(
+                x2.contiguous(), self.packed, self.group_size, self.scales_and_zeros
+            )
+        out = out.to(x.dtype).reshape(*shape[:-1], self.out_features)
+        return out if bias is None else out + bias
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        """The weight in the checkpoint's column order, read back through the kernel (x = identity)."""
+        eye = torch.eye(self.in_features, dtype=torch.bfloat16, device=self.packed.device)
+        saved, self.perm = self.perm, None
+        try:
+            w = self.apply(eye).t()
+        finally:
+            self.perm = saved
+        if saved is not None:
+            w = torch.empty_like(w).index_copy_(1, saved, w)
+        return w.to(dtype)
+
+
+def pick_group_size(in_features: int, preferred: int = 128) -> int:
+    """The preferred group size, or the largest smaller one that divides in_features."""
+    for g in sorted((g for g in GROUP_SIZES if g <= preferred), reverse=True):
+        if in_features % g == 0:
+            return g
+    raise ValueError(f"int4 needs in_features divisible by 32; this weight has {in_features}.")
+
+
+def quantize_int4_codes(w: torch.Tensor, group_size: int) -> Int4Codes:
+    """Asymmetric min/max int4 of a dense [N, K] weight, one (scale, zero) per group."""
+    n, k = w.shape
+    g = w.float().reshape(n, k // group_size, group_size)
+    lo, hi = g.amin(dim=-1), g.amax(dim=-1)
+    scale = ((hi - lo) / 15.0).clamp(min=1e-10)
+    q = torch.round((g - lo.unsqueeze(-1)) / scale.unsqueeze(-1)).clamp(0, 15).to(torch.uint8)
+    return Int4Codes(q.reshape(n, k), scale, lo + 8.0 * scale, group_size)
+
+
+def quantize_int4(w: torch.Tensor, group_size: int, device: torch.device | None = None) -> Int4Weight:
+    return quantize_int4_codes(w, group_size).pack(device or w.device)

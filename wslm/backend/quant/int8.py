@@ -1,0 +1,71 @@
+"""int8 weight-only, one scale per output channel: w[n, k] = q[n, k] * scale[n].
+
+CPU: aten._weight_int8pack_mm, which is fast only with bf16 activations on CPUs without AVX512-BF16 too
+(fp32 activations take a slow fallback: 10x slower at batch 32 on a Zen 2), so activations go in as bf16
+and the result comes back in the model's dtype. CUDA has no such kernel in torch: there the weight is
+dequantized per call (memory is still saved; the multiply is the model dtype's GEMM)."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+class Int8Weight:
+    __slots__ = ("qweight", "scales", "out_features", "in_features")
+    bits = 8
+
+    def __init__(self, qweight: torch.Tensor, scales: torch.Tensor) -> None:
+        self.qweight = qweight.contiguous()  # [N, K] int8
+        self.scales = scales  # [N], in the activations' compute dtype
+        self.out_features, self.in_features = qweight.shape
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.qweight.shape
+
+    @property
+    def nbytes(self) -> int:
+        return self.qweight.numel() + self.scales.numel() * self.scales.element_size()
+
+    def apply(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if x.device.type == "cpu":
+            shape = x.shape
+            x2 = x.reshape(-1, shape[-1])
+            out = torch.ops.aten._weight_int8pack_mm(x2.to(self.scales.dtype), self.qweight, self.scales)
+            out = out.to(x.dtype).reshape(*shape[:-1], self.out_features)
+        else:
+            out = F.linear(x, self.dequantize(x.dtype))
+        return out if bias is None else out + bias
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return self.qweight.to(dtype) * self.scales.to(dtype).unsqueeze(1)
+
+    def embedding(self, ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """Rows of an int8 embedding table (a tied lm_head shares it)."""
+        return self.qweight.index_select(0, ids).to(dtype) * self.scales.index_select(0, ids).to(
+            dtype
+        ).unsqueeze(1)
+
+
+def compute_dtype(device: torch.device) -> torch.dtype:
+    return torch.bfloat16
+
+
+def quantize_int8(w: torch.Tensor, device: torch.device | None = None) -> Int8Weight:
+    """Symmetric per-output-channel int8 of a dense [N, K] weight."""
+    w = w.float()
+    scales = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0
+    q = torch.round(w / scales.unsqueeze(1)).clamp(-127, 127).to(torch.int8)
+    device = device or w.device
+    return Int8Weight(q.to(device), scales.to(device=device, dtype=compute_dtype(device)))
+
+
+def quantize_int8_chunks(chunks, device: torch.device) -> Int8Weight:
+    """quantize_int8 over row blocks of one weight (a float copy of a big embedding never exists whole)."""
+    qs, ss = [], []
+    for part in chunks:
+        q = quantize_int8(part, torch.device("cpu"))
+        qs.append(q.qweight)
+        ss.append(q.scales)
+    return Int8Weight(torch.cat(qs).to(device), torch.cat(ss).to(device))

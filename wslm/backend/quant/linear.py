@@ -1,0 +1,85 @@
+"""One call for every weight format: a dense tensor goes to F.linear, a quantized weight to its kernel."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from wslm.backend.quant.int4 import Int4Codes, Int4Weight, cat_codes, pick_group_size, quantize_int4_codes
+from wslm.backend.quant.int8 import Int8Weight, quantize_int8
+
+QuantWeight = Int8Weight | Int4Weight
+
+
+def apply_linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    if isinstance(weight, torch.Tensor):
+        return F.linear(x, weight, bias)
+    return weight.apply(x, bias)
+
+
+def embedding(ids: torch.Tensor, weight, dtype: torch.dtype | None = None) -> torch.Tensor:
+    if isinstance(weight, torch.Tensor):
+        return F.embedding(ids, weight)
+    if isinstance(weight, Int8Weight):
+        return weight.embedding(ids, dtype or torch.float32)
+    raise TypeError(f"embedding tables are dense or int8, not {type(weight).__name__}")
+
+
+def is_quantized(weight) -> bool:
+    return not isinstance(weight, torch.Tensor)
+
+
+def fuse_rows(parts: list) -> object:
+    """Concatenate along output rows (q|k|v, gate|up), whatever the parts' formats. Mixed formats (a
+    Q4_K_M file keeps some v projections in Q6_K) meet at the richer one: the int4 parts go to int8."""
+    if all(isinstance(p, torch.Tensor) for p in parts):
+        return torch.cat(parts, dim=0).contiguous()
+    if all(isinstance(p, Int4Codes) for p in parts) and len({p.group_size for p in parts}) == 1:
+        return cat_codes(parts)
+    as_int8 = [p if isinstance(p, Int8Weight) else quantize_int8(_dense(p)) for p in parts]
+    dtype = as_int8[0].scales.dtype
+    return Int8Weight(
+        torch.cat([p.qweight for p in as_int8]), torch.cat([p.scales.to(dtype) for p in as_int8])
+    )
+
+
+def _dense(p) -> torch.Tensor:
+    return p.float() if isinstance(p, torch.Tensor) else p.dequantize(torch.float32)
+
+
+def finalize(weight, device: torch.device, dtype: torch.dtype):
+    """The runtime form on the engine's device: dense tensors in the model dtype, int4 codes packed."""
+    if isinstance(weight, torch.Tensor):
+        return weight.to(device=device, dtype=dtype)
+    if isinstance(weight, Int4Codes):
+        if weight.shape[0] % 16:  # torch's int4 packing tiles 16 output rows; odd shapes go to int8
+            weight = quantize_int8(weight.dequantize(torch.float32))
+            return Int8Weight(weight.qweight.to(device), weight.scales.to(device))
+        return weight.pack(device)
+    if isinstance(weight, Int8Weight):
+        return Int8Weight(weight.qweight.to(device), weight.scales.to(device))
+    return weight
+
+
+# Checkpoint names that the model fuses with siblings (q|k|v, gate|up): kept unpacked until all parts arrive.
+_FUSED_PARTS = ("q_proj.", "k_proj.", "v_proj.", "gate_proj.", "up_proj.")
+_TABLES = ("embed_tokens.", "lm_head.")
+
+
+def prepare_weight(weight, method: str | None, name: str, device: torch.device, dtype: torch.dtype):
+    """A checkpoint weight on its way into the model: quantized now when method asks (int8 / int4 on the
+    fly), left unpacked when it still has to be fused with its siblings, else in its runtime form."""
+    if isinstance(weight, torch.Tensor) and method in ("int8", "int4"):
+        weight = quantize_on_load(weight, method, is_table=any(t in name for t in _TABLES))
+    if any(p in name for p in _FUSED_PARTS):
+        return weight.to(device=device, dtype=dtype) if isinstance(weight, torch.Tensor) else weight
+    return finalize(weight, device, dtype)
+
+
+def quantize_on_load(w: torch.Tensor, method: str, is_table: bool = False):
+    """int8: per output channel; int4: groups of 128 (or the largest of 64/32 that divides the input
+    width). Embedding / lm_head tables go to int8 in both (their rows are read one by one, and 4-bit
+    logits cost the most quality)."""
+    if method == "int8" or is_table or w.shape[1] % 32:
+        return quantize_int8(w)
+    return quantize_int4_codes(w, pick_group_size(w.shape[1], 128))
