@@ -99,6 +99,10 @@ def rope_parameters(hf_config) -> dict:
     scaling = getattr(hf_config, "rope_scaling", None)
     if isinstance(scaling, dict):
         params = {**scaling, **params}
+    # Phi-3 (4.x configs) keeps longrope's original length beside the scaling dict.
+    original = getattr(hf_config, "original_max_position_embeddings", None)
+    if original and "original_max_position_embeddings" not in params:
+        params["original_max_position_embeddings"] = original
     return params
 
 
