@@ -124,7 +124,7 @@ def bad_requests(rng: random.Random) -> Iterator[tuple[str, str, bytes | object]
     yield "huge chunked body", CHAT, (huge[i : i + (1 << 20)] for i in range(0, len(huge), 1 << 20))
     # Odd messages and content parts.
     odd_messages = [
-        [], {}, "hi", [1], [None], [[]], [{"content": "hi"}], [{"role": "robot", "content": "hi"}],
+        [], {}, "hi", [1], [None], [[]], [{"content": "hi"}], [{"role": "", "content": "hi"}],
         [{"role": 5, "content": "hi"}], [{"role": "user"}], [{"role": "user", "content": 5}],
         [{"role": "user", "content": [5]}], [{"role": "user", "content": [{"type": "text"}]}],
         [{"role": "user", "content": [{"type": "text", "text": 5}]}],

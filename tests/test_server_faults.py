@@ -83,7 +83,7 @@ class FlakyEngine:
                                          finish is not None))
         return outputs
 
-    def apply_chat_template(self, messages, chat_template=None, add_generation_prompt=True) -> list[int]:
+    def apply_chat_template(self, messages, chat_template=None, add_generation_prompt=True, **kwargs) -> list[int]:
         return self.tokenizer.encode("\n".join(m["content"] for m in messages))
 
     def get_stats(self) -> dict:

@@ -8,6 +8,7 @@ import asyncio
 import json
 import re
 
+import httpx
 import jsonschema
 import openai
 import pytest
@@ -118,3 +119,81 @@ def test_invalid_constraints_are_400(client, body, param, words):
         client.chat.completions.create(model="demo", messages=ASK, max_tokens=5, extra_body=body)
     error = err.value.body
     assert error["param"] == param and words in error["message"], error
+
+
+def _token(server, text: str) -> int:
+    ids = httpx.post(server.url + "/tokenize", json={"prompt": text, "add_special_tokens": False}).json()["tokens"]
+    assert len(ids) == 1, ids
+    return ids[0]
+
+
+def test_logit_bias_forces_and_forbids(server, client):
+    prompt = "The capital of France is"
+    base = client.completions.create(model="demo", prompt=prompt, max_tokens=3, temperature=0,
+                                     extra_body={"return_token_ids": True}).choices[0]
+    banana = _token(server, " banana")
+    r = client.completions.create(model="demo", prompt=prompt, max_tokens=3, temperature=0.8, seed=4,
+                                  logit_bias={str(banana): 100}, extra_body={"return_token_ids": True})
+    assert r.choices[0].token_ids == [banana] * 3 and r.choices[0].text == " banana" * 3
+    first = base.token_ids[0]
+    r = client.completions.create(model="demo", prompt=prompt, max_tokens=3, temperature=0,
+                                  logit_bias={str(first): -100}, extra_body={"return_token_ids": True})
+    assert first not in r.choices[0].token_ids
+    for bias, words in (({str(banana): 250}, "[-100, 100]"), ({"99999999": 1}, "out of range"),
+                        ({"x": 1}, "token ids")):
+        with pytest.raises(openai.BadRequestError) as err:
+            client.completions.create(model="demo", prompt=prompt, max_tokens=2, logit_bias=bias)
+        assert err.value.body["param"] == "logit_bias" and words in err.value.body["message"]
+    yes, no = _token(server, " yes"), _token(server, " no")
+    r = client.completions.create(model="demo", prompt=prompt, max_tokens=4, seed=1,
+                                  extra_body={"allowed_token_ids": [yes, no], "return_token_ids": True})
+    assert set(r.choices[0].token_ids) <= {yes, no}
+    r = client.completions.create(model="demo", prompt=prompt, max_tokens=6, temperature=0,
+                                  extra_body={"bad_words": ["Paris"]})
+    assert "Paris" in base.text + client.completions.create(model="demo", prompt=prompt, max_tokens=6,
+                                                            temperature=0).choices[0].text
+    assert "Paris" not in r.choices[0].text
+
+
+def test_echo_logprobs_prompt_logprobs_token_ids(server, client):
+    prompt = "Water boils at one hundred degrees"
+    r = client.completions.create(model="demo", prompt=prompt, max_tokens=3, temperature=0, echo=True, logprobs=2,
+                                  extra_body={"prompt_logprobs": 2, "return_token_ids": True})
+    c = r.choices[0]
+    prompt_ids = c.model_extra["prompt_token_ids"]
+    lp = c.logprobs
+    assert c.text.startswith(prompt) and len(lp.tokens) == len(prompt_ids) + 3
+    assert lp.token_logprobs[0] is None and lp.top_logprobs[0] is None
+    plp = c.model_extra["prompt_logprobs"]
+    assert plp[0] is None and len(plp) == len(prompt_ids)
+    for pos in range(1, len(prompt_ids)):
+        own = plp[pos][str(prompt_ids[pos])]
+        assert lp.token_logprobs[pos] == pytest.approx(own["logprob"], abs=1e-5) and own["rank"] >= 1
+        assert len(lp.top_logprobs[pos]) >= 2
+    # Streamed: the echo (with its logprobs) comes first, then the same tokens.
+    stream = client.completions.create(model="demo", prompt=prompt, max_tokens=3, temperature=0, echo=True,
+                                       logprobs=2, stream=True)
+    tokens, text = [], ""
+    for chunk in stream:
+        for ch in chunk.choices:
+            text += ch.text
+            if ch.logprobs:
+                tokens += ch.logprobs.tokens
+    assert text == c.text and tokens == lp.tokens
+    # Chat: prompt_logprobs and prompt_token_ids at the top level; token ids as strings on request.
+    msgs = [{"role": "user", "content": "Hi!"}]
+    r = client.chat.completions.create(model="demo", messages=msgs, max_tokens=3, temperature=0, logprobs=True,
+                                       top_logprobs=1, extra_body={"prompt_logprobs": 0, "return_token_ids": True,
+                                                                   "return_tokens_as_token_ids": True})
+    extra = r.model_extra
+    assert len(extra["prompt_logprobs"]) == len(extra["prompt_token_ids"])
+    ids = r.choices[0].model_extra["token_ids"]
+    assert [t.token for t in r.choices[0].logprobs.content] == [f"token_id:{t}" for t in ids]
+    stream = client.chat.completions.create(model="demo", messages=msgs, max_tokens=3, temperature=0, stream=True,
+                                            extra_body={"return_token_ids": True})
+    streamed = [t for chunk in stream for ch in chunk.choices for t in (ch.model_extra.get("token_ids") or [])]
+    assert streamed == ids
+    # truncate_prompt_tokens keeps the last k tokens.
+    r = client.completions.create(model="demo", prompt="one two three four five six seven", max_tokens=2,
+                                  extra_body={"truncate_prompt_tokens": 3})
+    assert r.usage.prompt_tokens == 3

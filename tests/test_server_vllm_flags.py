@@ -124,6 +124,11 @@ def test_invocations_and_root_path(server):
     assert httpx.get(base + "/llm/v1/models", headers=AUTH).status_code == 200
     assert httpx.get(base + "/v1/models", headers=AUTH).status_code == 200
     assert httpx.post(base + "/invocations", json=CHAT).status_code == 401
+    # A text model serves no embeddings, and says so.
+    card = httpx.get(base + "/v1/models", headers=AUTH).json()["data"][0]
+    assert card["task"] == "generate" and "chat" in card["capabilities"]
+    no = httpx.post(base + "/invocations", json={"input": "hi"}, headers=AUTH)
+    assert no.status_code == 400 and no.json()["error"]["code"] == "model_not_supported"
 
 
 def test_unknown_flag_is_still_an_error():

@@ -1,56 +1,127 @@
-"""Chat prompts through the model's own chat template (or an override)."""
+"""Chat prompts through the model's own chat template (or an override).
+
+The one rendering path: LLM.chat, `wslm chat` and the server's /v1/chat/completions, /tokenize and /v1/messages
+all call render_chat(), so the same messages give the same prompt token ids everywhere."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import Any
 
-_ROLES = {"system", "user", "assistant", "tool", "developer"}
+from wslm.backend.validation import RequestError
+
+# Content part types that carry text (OpenAI's chat parts and its Responses-style input parts).
+_TEXT_PARTS = ("text", "input_text")
 
 
-def normalize_messages(messages) -> list[dict]:
-    """Accepts OpenAI-style messages; content may be a string or a list of text parts."""
+def normalize_messages(messages: Any) -> list[dict]:
+    """OpenAI-style messages as chat templates want them. Any role goes to the template as given (vLLM does
+    the same) except OpenAI's `developer`, which templates know as `system`; content may be a string or a list
+    of text parts (joined with newlines, as vLLM joins them); assistant `tool_calls` keep their ids and get
+    their JSON `arguments` string decoded into an object, which is what Hermes, Llama and Mistral templates
+    expect; `tool_call_id`, `name` and any other field pass through."""
     if not isinstance(messages, (list, tuple)) or not messages:
-        raise ValueError("messages must be a non-empty list of {'role': ..., 'content': ...} objects.")
-    result = []
-    for i, msg in enumerate(messages):
-        if not isinstance(msg, dict) or "role" not in msg:
-            raise ValueError(f"messages[{i}] must be an object with 'role' and 'content'.")
-        role = msg["role"]
-        if role not in _ROLES:
-            raise ValueError(f"messages[{i}].role must be one of {sorted(_ROLES)}, got {role!r}.")
-        content = msg.get("content")
-        if content is None:
-            content = ""
-        elif isinstance(content, list):
-            parts = []
-            for part in content:
-                if isinstance(part, dict) and part.get("type") == "text":
-                    parts.append(str(part.get("text", "")))
-                elif isinstance(part, str):
-                    parts.append(part)
-                else:
-                    kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                    raise ValueError(f"messages[{i}] has a {kind!r} content part; only text parts are supported.")
-            content = "".join(parts)
-        elif not isinstance(content, str):
-            raise ValueError(f"messages[{i}].content must be a string or a list of text parts.")
-        result.append({"role": role, "content": content})
-    return result
+        raise RequestError("messages must be a non-empty list of {'role': ..., 'content': ...} objects.",
+                           param="messages")
+    return [_normalize_message(i, msg) for i, msg in enumerate(messages)]
 
 
-def render_chat(tokenizer, messages, template: str | None, add_generation_prompt: bool, model_name: str) -> list[int]:
+def _normalize_message(i: int, msg: Any) -> dict:
+    if not isinstance(msg, dict) or "role" not in msg:
+        raise RequestError(f"messages[{i}] must be an object with 'role' and 'content'.", param=f"messages.{i}")
+    role = msg["role"]
+    if not isinstance(role, str) or not role.strip():
+        raise RequestError(f"messages[{i}].role must be a non-empty string such as 'user', got {role!r}.",
+                           param=f"messages.{i}.role")
+    out = {k: v for k, v in msg.items() if v is not None}
+    out["role"] = "system" if role == "developer" else role
+    content = msg.get("content")
+    tool_calls = msg.get("tool_calls")
+    if content is None:
+        if role != "assistant":
+            raise RequestError(f"messages[{i}].content is required for role {role!r}.", param=f"messages.{i}.content")
+        content = ""  # an assistant turn that only called tools
+    elif isinstance(content, list):
+        texts = []
+        for part in content:
+            if isinstance(part, str):
+                texts.append(part)
+            elif isinstance(part, dict) and part.get("type") in _TEXT_PARTS and isinstance(part.get("text"), str):
+                texts.append(part["text"])
+            else:
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise RequestError(f"messages[{i}]: content parts of type {kind!r} are not supported: wslm serves "
+                                   "text-only models. Send text parts.", param=f"messages.{i}.content",
+                                   code="unsupported_parameter")
+        content = "\n".join(texts)
+    elif not isinstance(content, str):
+        raise RequestError(f"messages[{i}].content must be a string or a list of text parts.",
+                           param=f"messages.{i}.content")
+    out["content"] = content
+    if tool_calls:
+        out["tool_calls"] = [_template_tool_call(i, j, call) for j, call in enumerate(tool_calls)]
+    return out
+
+
+def _template_tool_call(i: int, j: int, call: Any) -> dict:
+    where = f"messages[{i}].tool_calls[{j}]"
+    fn = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        raise RequestError(f"{where} must look like {{'id': ..., 'type': 'function', 'function': {{'name': ..., "
+                           "'arguments': '<JSON>'}}.", param=f"messages.{i}.tool_calls")
+    args = fn.get("arguments", {})
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except ValueError as exc:
+            raise RequestError(f"{where}.function.arguments is not valid JSON: {exc}.",
+                               param=f"messages.{i}.tool_calls") from exc
+    return {**call, "type": call.get("type", "function"), "function": {**fn, "arguments": args}}
+
+
+def render_chat_text(tokenizer: Any, messages: Any, template: str | None, model_name: str, *,
+                     add_generation_prompt: bool = True, continue_final_message: bool = False,
+                     tools: list[dict] | None = None, chat_template_kwargs: dict | None = None) -> str:
+    """The prompt text for a chat. chat_template_kwargs (e.g. {"enable_thinking": False}) reach the template as
+    variables; tools (OpenAI's [{"type": "function", "function": {...}}]) too, as the template's `tools`."""
     template = template or getattr(tokenizer, "chat_template", None)
     if not template:
-        raise ValueError(
+        raise RequestError(
             f"The model {model_name!r} has no chat template, so chat messages cannot be turned into a prompt. "
-            "Pass one with --chat-template FILE (a Jinja template), or use /v1/completions with a plain prompt."
+            "Pass one with --chat-template FILE (a Jinja template), or use /v1/completions with a plain prompt.",
+            param="messages",
         )
-    text = tokenizer.apply_chat_template(
-        normalize_messages(messages),
+    if continue_final_message and add_generation_prompt:
+        raise RequestError("continue_final_message and add_generation_prompt cannot both be true: set "
+                           "add_generation_prompt=false to continue the last assistant message.",
+                           param="continue_final_message")
+    normalized = normalize_messages(messages)
+    if continue_final_message and normalized[-1]["role"] != "assistant":
+        raise RequestError("continue_final_message needs the last message to be an assistant message.",
+                           param="continue_final_message")
+    extra = dict(chat_template_kwargs or {})
+    # These are ours to set; a template variable of the same name in chat_template_kwargs would be ambiguous.
+    for reserved in ("tokenize", "chat_template", "add_generation_prompt", "continue_final_message", "tools"):
+        if reserved in extra:
+            raise RequestError(f"chat_template_kwargs must not set {reserved!r}; use the request field instead.",
+                               param="chat_template_kwargs")
+    return tokenizer.apply_chat_template(
+        normalized,
+        tools=tools or None,
         tokenize=False,
         add_generation_prompt=add_generation_prompt,
+        continue_final_message=continue_final_message,
         chat_template=template,
+        **extra,
     )
+
+
+def render_chat(tokenizer: Any, messages: Any, template: str | None, add_generation_prompt: bool, model_name: str,
+                **options: Any) -> list[int]:
+    """The prompt token ids for a chat (render_chat_text's options)."""
+    text = render_chat_text(tokenizer, messages, template, model_name, add_generation_prompt=add_generation_prompt,
+                            **options)
     # The template already wrote any BOS token; encoding must not add a second one.
     return tokenizer.encode(text, add_special_tokens=False)
 

@@ -34,6 +34,7 @@ class EngineConfig:
     quantization: str | None = None
     revision: str | None = None  # a repo id's snapshot in the HF cache: branch, tag or commit (vLLM's --revision)
     download_dir: str | None = None  # the HF cache folder to find repo ids in (vLLM's --download-dir)
+    task: str = "auto"  # "generate", "embed", "score" or "auto" (from the checkpoint), as vLLM's --task
     max_logprobs: int = 20  # most top logprobs one request may ask for (vLLM's --max-logprobs; -1: vocabulary)
 
     def __post_init__(self) -> None:
@@ -43,6 +44,8 @@ class EngineConfig:
             raise ValueError(
                 f"distributed_executor_backend must be mp or ray, got {self.distributed_executor_backend!r}."
             )
+        if self.task not in ("auto", "generate", "embed", "embedding", "pooling", "score"):
+            raise ValueError(f"task must be auto, generate, embed or score, got {self.task!r}.")
         if self.block_size not in (8, 16, 32, 64, 128):
             raise ValueError(f"block_size must be one of 8, 16, 32, 64, 128, got {self.block_size}.")
         if self.max_num_seqs < 1:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -21,6 +22,8 @@ from wslm.backend.model_loader import load_model_config, load_tokenizer, resolve
 from wslm.backend.model_runner import ModelRunner, load_model
 from wslm.backend.output_processor import OutputProcessor
 from wslm.backend.outputs import OUT_OF_MEMORY_ERROR, CompletionOutput, RequestMetrics, RequestOutput
+from wslm.backend.pooling_params import PoolingParams
+from wslm.backend.prompt_logprobs import prompt_logprob_positions, record_prompt_logprobs
 from wslm.backend.sampler import Sampler
 from wslm.backend.sampling_params import SamplingParams
 from wslm.backend.scheduler import Scheduler
@@ -39,6 +42,7 @@ class _Request:
     prompt_token_ids: list[int]
     seqs: list[Sequence]
     arrival_time: float
+    prompt_logprobs_sent: bool = False
 
 
 def pick_device(name: str) -> torch.device:
@@ -62,11 +66,17 @@ class LLMEngine:
             tune_allocator()
         source = resolve_model(config.model, config.revision, config.download_dir)
         self.model_name = source.name
+        self.task = "embed" if config.task in ("embed", "embedding", "pooling") else "generate"
         self.tokenizer = load_tokenizer(source, config.tokenizer, config.trust_remote_code)
         _, mc = load_model_config(
             source, self.tokenizer, config.dtype, self.device, config.trust_remote_code, config.quantization
         )
         self.model_config = mc
+        self.pooling = None  # DecoderPooling when this engine serves an embedding model (--task embed)
+        if self.task == "embed":
+            from wslm.backend.decoder_pooling import DecoderPooling
+
+            self.pooling = DecoderPooling(source, mc, config)
         logger.info(
             "Loading %s (%s, %s, weights %s) on %s",
             source.name, mc.architecture, mc.dtype, mc.quantization or "dense", self.device,
@@ -80,7 +90,7 @@ class LLMEngine:
             self.runner = make_executor(config, source, mc)
             num_blocks = self.runner.num_blocks
         else:
-            model = load_model(source, mc, self.device)
+            model = load_model(source, mc, self.device, embedding=self.pooling is not None)
             num_blocks = determine_num_blocks(config, mc, self.device)
         mc.max_model_len = self._resolve_max_model_len(num_blocks * config.block_size)
         self.max_model_len = mc.max_model_len
@@ -91,7 +101,9 @@ class LLMEngine:
                                     max_logprobs=config.max_logprobs)
         if config.tensor_parallel_size == 1:
             self.runner = ModelRunner(model, config.block_size, num_blocks)
-        if self.device.type == "cuda" and not config.enforce_eager and config.tensor_parallel_size == 1:
+        # CUDA graphs serve decode steps, which an embedding model never runs.
+        decodes = self.pooling is None
+        if self.device.type == "cuda" and not config.enforce_eager and config.tensor_parallel_size == 1 and decodes:
             self.runner.enable_cuda_graphs(config.max_num_seqs, mc.max_model_len)
         self.sampler = Sampler(mc.vocab_size, self.device, config.seed)
         # Structured output: thread-safe, so the server compiles grammars in worker threads ahead of add_request.
@@ -139,10 +151,19 @@ class LLMEngine:
         self,
         request_id: str,
         prompt: str | list[int] | dict,
-        params: SamplingParams | None = None,
+        params: SamplingParams | PoolingParams | None = None,
         arrival_time: float | None = None,
     ) -> None:
         """Queue a request. Raises ValueError (nothing queued) when the request cannot be served."""
+        if self.pooling is not None or isinstance(params, PoolingParams):
+            if self.pooling is None or not isinstance(params, PoolingParams):
+                raise ValueError("This engine serves " + ("an embedding model: it takes embedding requests, "
+                                 "not text generation." if self.pooling else "text generation, not embeddings."))
+            if request_id in self.requests:
+                raise ValueError(f"Request id {request_id!r} is already in use.")
+            self.pooling.add_request(self, request_id, prompt, params.clone(),
+                                     time.monotonic() if arrival_time is None else arrival_time)
+            return
         # A private copy: validation fills in max_tokens, and callers may share one params object.
         params = params.clone() if params is not None else SamplingParams()
         if request_id in self.requests:
@@ -156,7 +177,10 @@ class LLMEngine:
         arrival = time.monotonic() if arrival_time is None else arrival_time
         seqs = []
         for i in range(params.n):
-            p = params if params.n == 1 else params.clone(n=1, seed=None if params.seed is None else params.seed + i)
+            p = params if params.n == 1 else params.clone(
+                n=1, seed=None if params.seed is None else params.seed + i,
+                prompt_logprobs=params.prompt_logprobs if i == 0 else None,  # the request's, reported once
+            )
             seq = Sequence(self._next_seq_id, request_id, i, ids, p, arrival, self.model_config.eos_token_ids)
             self._next_seq_id += 1
             if p.seed is not None:
@@ -192,6 +216,9 @@ class LLMEngine:
             req = self.requests.get(rid)
             if req is None:
                 continue
+            if self.pooling is not None:
+                self.pooling.abort(self, rid)
+                continue
             for seq in req.seqs:
                 if not seq.is_finished:
                     seq.finish_reason = "abort"
@@ -208,15 +235,22 @@ class LLMEngine:
         sched = self.scheduler.schedule()
         if sched.is_empty():
             return outputs
+        if self.pooling is not None:
+            return outputs + self.pooling.step(self, sched)
         advanced = False
         try:
             if self.faults is not None:
                 self.faults.before_step(sched.num_tokens)
+            # Before the step moves num_computed_tokens: which prompt positions report prompt_logprobs.
+            prompt_rows = [(seq, r) for seq, n in sched.scheduled if (r := prompt_logprob_positions(seq, n))]
             logits, sampled = self.runner.execute(sched.scheduled)
             advanced = True
             for seq, n in sched.scheduled:
                 seq.num_computed_tokens += n
                 self.block_manager.cache_full_blocks(seq)
+            if prompt_rows:
+                record_prompt_logprobs(prompt_rows, logits[len(sampled):], self.tokenizer, self.model_config.vocab_size)
+                logits = logits[: len(sampled)]
             if sampled:
                 sampled, logits = self._fork_siblings(sampled, logits)
                 result = self.sampler(logits, sampled)
@@ -327,6 +361,11 @@ class LLMEngine:
             self.requests.pop(req.request_id, None)
         first = req.seqs[0]
         error = next((s.error for s in req.seqs if s.error), None)
+        prompt_logprobs = None
+        if first.params.prompt_logprobs is not None and not req.prompt_logprobs_sent and (
+            first.num_output_tokens or finished
+        ):
+            prompt_logprobs, req.prompt_logprobs_sent = [None, *first.prompt_logprobs], True
         return RequestOutput(
             request_id=req.request_id,
             prompt=req.prompt,
@@ -341,6 +380,7 @@ class LLMEngine:
                 finished_time=max((s.finished_time or 0.0 for s in req.seqs), default=None) if finished else None,
             ),
             error=error,
+            prompt_logprobs=prompt_logprobs,
         )
 
     def shutdown(self) -> None:
@@ -353,10 +393,13 @@ class LLMEngine:
 
     # ---- chat and stats ------------------------------------------------------------------------
     def apply_chat_template(
-        self, messages: list[dict], chat_template: str | None = None, add_generation_prompt: bool = True
+        self, messages: list[dict], chat_template: str | None = None, add_generation_prompt: bool = True,
+        **options: Any,
     ) -> list[int]:
+        """The prompt ids for a chat (chat.render_chat: the one path LLM.chat and the server share); options:
+        continue_final_message, tools, chat_template_kwargs."""
         template = read_template(chat_template) or self.chat_template
-        return render_chat(self.tokenizer, messages, template, add_generation_prompt, self.model_name)
+        return render_chat(self.tokenizer, messages, template, add_generation_prompt, self.model_name, **options)
 
     def get_stats(self) -> dict:
         bm = self.block_manager

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 import torch
 
 from wslm.backend.model_source import ModelSource, resolve_model  # noqa: F401  (resolve_model re-exported)
-from wslm.backend.modeling import GGUF_ARCHITECTURES, get_model_class
+from wslm.backend.modeling import GGUF_ARCHITECTURES, SUPPORTED_ARCHITECTURES, get_model_class
 
 logger = logging.getLogger(__name__)
 
@@ -194,6 +194,9 @@ def load_model_config(
         model_type = getattr(hf_config, "model_type", "")
         archs = [GGUF_ARCHITECTURES.get(model_type, model_type or "unknown")]
     arch = archs[0]
+    # A bare decoder body (Qwen3Model, as embedding checkpoints ship) runs on its causal-LM family's code.
+    if arch.endswith("Model") and arch.removesuffix("Model") + "ForCausalLM" in SUPPORTED_ARCHITECTURES:
+        arch = arch.removesuffix("Model") + "ForCausalLM"
     model_cls = get_model_class(arch)  # ValueError naming the supported list
     if source.gguf_file and source.converted() is None:
         from wslm.backend import gguf_cache

@@ -14,13 +14,18 @@ from wslm.backend.step_inputs import StepInputs, prepare_step
 logger = logging.getLogger(__name__)
 
 
-def load_model(source, mc, device: torch.device):
+def load_model(source, mc, device: torch.device, embedding: bool = False):
     """Build the model for mc (its family's class) and load its weights (this rank's shard under tensor
-    parallelism)."""
+    parallelism). embedding: an embedding checkpoint, which may be a bare decoder body (decoder_pooling.py)."""
     from wslm.backend.model_loader import iter_weights
 
     model = get_model_class(mc.architecture)(mc, device)
-    model.load_weights(iter_weights(source, mc.dtype))
+    weights = iter_weights(source, mc.dtype)
+    if embedding:
+        from wslm.backend.decoder_pooling import DecoderPooling
+
+        weights = DecoderPooling.weights(weights)
+    model.load_weights(weights)
     return model
 
 
@@ -94,4 +99,10 @@ class ModelRunner:
         if self.graphs is not None and is_decode and self.graphs.can_run(len(scheduled)):
             return self.graphs.run(input_ids, positions, meta), sampled
         logits = self.model.forward(input_ids, positions, meta, self.kv_caches)
-        return (logits if sampled else None), sampled
+        return (logits if meta.logits_indices.numel() else None), sampled
+
+    def execute_pooling(self, scheduled: list[tuple[Sequence, int]]) -> tuple[torch.Tensor, list[Sequence]]:
+        """Run one step of embedding requests: the final normed hidden state [len(done), hidden] of the last
+        prompt token of each sequence whose prompt this step completes (decoder_pooling.py)."""
+        input_ids, positions, meta, done = self.prepare(scheduled)
+        return self.model.forward_hidden(input_ids, positions, meta, self.kv_caches), done

@@ -54,6 +54,8 @@ class RequestOutput:
     metrics: RequestMetrics | None = None
     error: str | None = None  # set when the engine failed this request (finish_reason "error")
     extra: dict = field(default_factory=dict)
+    # prompt_logprobs: None for the first token, then token id -> Logprob per prompt token (the first delta).
+    prompt_logprobs: list[dict[int, Logprob] | None] | None = None
 
 
 def fold_completion(total: Any, delta: Any) -> None:
@@ -88,4 +90,26 @@ def fold_output(results: dict[str, RequestOutput], delta: RequestOutput) -> Requ
     total.metrics = delta.metrics
     total.error = delta.error
     total.extra.update(delta.extra)
+    if delta.prompt_logprobs is not None:
+        total.prompt_logprobs = delta.prompt_logprobs
     return total
+
+
+@dataclass(slots=True)
+class PoolingOutput:
+    data: Any  # a 1-D fp32 torch tensor on the CPU: the finished (pooled, cut, normalised) embedding
+
+    @property
+    def embedding(self) -> list[float]:
+        return self.data.tolist()
+
+
+@dataclass(slots=True)
+class PoolingRequestOutput:
+    """One embedding request's result (vLLM's name): the engine sends it once, finished."""
+
+    request_id: str
+    outputs: PoolingOutput | None
+    prompt_token_ids: list[int]
+    finished: bool = True
+    error: str | None = None  # set when the engine failed (or aborted) this request; outputs is None

@@ -103,7 +103,8 @@ class Scheduler:
             if admitted.get(seq.request_id, 0) >= self.fanout_per_step:
                 skipped.append(self.waiting.popleft())  # its request had its share this step
                 continue
-            computed = bm.get_computed_blocks(seq)
+            # prompt_logprobs need the logits of every prompt position: no prefix-cache hit (as in vLLM).
+            computed = bm.get_computed_blocks(seq) if getattr(seq.params, "prompt_logprobs", None) is None else []
             num_cached = len(computed) * bm.block_size
             num_new = min(seq.num_tokens - num_cached, budget, prefill_budget)
             if num_new <= 0 or not bm.allocate_slots(seq, num_new, computed):

@@ -54,6 +54,7 @@ class Sequence:
     finished_time: float | None = None
     last_token_time: float | None = None
     num_preemptions: int = 0
+    pooling: object | None = None  # PoolingParams of an embedding request (prefill only; decoder_pooling.py)
 
     @property
     def num_prompt_tokens(self) -> int:

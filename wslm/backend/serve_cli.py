@@ -50,6 +50,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--allowed-origins", default=None,
                    help="browser origins allowed besides this machine's, as a JSON list (vLLM's form) or commas; "
                         "'[\"*\"]' allows any web page (default: loopback pages only)")
+    p.add_argument("--allowed-methods", default=None, help='CORS: allowed methods, JSON list (default \'["*"]\')')
+    p.add_argument("--allowed-headers", default=None, help='CORS: allowed headers, JSON list (default \'["*"]\')')
+    p.add_argument("--allow-credentials", action="store_true", help="CORS: allow credentials (cookies)")
     p.add_argument("--allowed-hosts", default=None,
                    help="Host header names accepted besides localhost when listening on loopback (e.g. behind a "
                         "proxy); '*' turns the check off")
@@ -73,8 +76,9 @@ def _add_vllm_flags(p: argparse.ArgumentParser) -> None:
     from wslm.backend.server.vllm_flags import add_no_effect_flags
 
     g = p.add_argument_group("vLLM flags")
-    g.add_argument("--task", default="auto", choices=["auto", "generate", "embed", "embedding"],
-                   help="generate (text) or embed (/v1/embeddings); auto: from the checkpoint (vLLM's --task)")
+    g.add_argument("--task", default="auto", choices=["auto", "generate", "embed", "embedding", "score"],
+                   help="generate (text), embed (/v1/embeddings) or score (/rerank, /score: cross-encoders); "
+                        "auto: from the checkpoint (vLLM's --task)")
     g.add_argument("--runner", default=None, choices=["auto", "generate", "pooling"],
                    help="vLLM's newer name for --task: pooling = embed")
     g.add_argument("--tokenizer", default=None, help="a tokenizer folder or repo id other than the model's")
@@ -106,6 +110,13 @@ def _add_vllm_flags(p: argparse.ArgumentParser) -> None:
                    help="count requests in flight, served at GET /load")
     g.add_argument("--enable-tokenizer-info-endpoint", action="store_true",
                    help="serve GET /tokenizer_info (the tokenizer's configuration and chat template)")
+    g.add_argument("--enable-auto-tool-choice", action="store_true",
+                   help='let the model call tools on its own (tool_choice "auto"); on by default when the chat '
+                        "template shows a tool format wslm recognises")
+    g.add_argument("--tool-call-parser", default=None, choices=["hermes", "llama3_json", "mistral", "pythonic"],
+                   help="how the model writes tool calls (default: picked from the chat template)")
+    g.add_argument("--reasoning-parser", default=None, choices=["deepseek_r1", "qwen3"],
+                   help="split <think>...</think> into reasoning_content (default: picked from the chat template)")
     g.add_argument("--disable-uvicorn-access-log", action="store_true", help="no access log line per request")
     g.add_argument("--disable-fastapi-docs", action="store_true", help="no /docs, /redoc or /openapi.json")
     add_no_effect_flags(p)

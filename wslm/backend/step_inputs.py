@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from wslm.backend.prompt_logprobs import prompt_logprob_positions
 from wslm.backend.sequence import Sequence
 
 
@@ -15,7 +16,8 @@ class StepInputs:
     slots: list[int]  # where each new token's K/V goes in the paged pool
     cu_seqlens_q: list[int]
     seq_lens: list[int]  # KV length of each sequence including the new tokens
-    logits_indices: list[int]  # rows whose logits are sampled (last token of a sequence that samples)
+    # Rows whose logits are returned: the last token of each sequence that samples, then prompt_logprobs rows.
+    logits_indices: list[int]
     block_tables: list[list[int]]  # padded to the longest table of the step
     max_seqlen_q: int
 
@@ -30,6 +32,7 @@ def prepare_step(scheduled: list[tuple[Sequence, int]], block_size: int) -> tupl
     logits_idx: list[int] = []
     sampled: list[Sequence] = []
     max_q = 0
+    prompt_rows: list[int] = []  # prompt_logprobs rows, after the sampled ones (see prompt_logprobs.py)
     for seq, n in scheduled:
         start = seq.num_computed_tokens
         end = start + n
@@ -40,6 +43,7 @@ def prepare_step(scheduled: list[tuple[Sequence, int]], block_size: int) -> tupl
             slots.append(table[start // bs] * bs + start % bs)
         else:
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
+        prompt_rows.extend(cu[-1] + p - start for p in prompt_logprob_positions(seq, n))
         cu.append(cu[-1] + n)
         seq_lens.append(end)
         max_q = max(max_q, n)
@@ -48,5 +52,5 @@ def prepare_step(scheduled: list[tuple[Sequence, int]], block_size: int) -> tupl
             sampled.append(seq)
     max_blocks = -(-max(seq_lens) // bs)
     tables = [seq.block_table[:max_blocks] + [0] * (max_blocks - len(seq.block_table)) for seq, _ in scheduled]
-    step = StepInputs(input_ids, positions, slots, cu, seq_lens, logits_idx, tables, max_q)
+    step = StepInputs(input_ids, positions, slots, cu, seq_lens, logits_idx + prompt_rows, tables, max_q)
     return step, sampled

@@ -92,6 +92,13 @@ def check_sampling(params: SamplingParams, limits: RequestLimits) -> None:
             "(its --max-logprobs flag).",
             param="logprobs",
         )
+    plp = params.prompt_logprobs
+    if plp is not None and limits.max_logprobs != -1 and (plp == -1 or plp > limits.max_logprobs):
+        raise RequestError(
+            f"prompt_logprobs={plp} asks for more than this server allows ({limits.max_logprobs}, its "
+            "--max-logprobs flag; -1, the whole vocabulary, needs --max-logprobs -1).",
+            param="prompt_logprobs",
+        )
     stops = params.stop or []
     if len(stops) > limits.max_stop_strings:
         raise RequestError(

@@ -24,6 +24,8 @@ from wslm.backend.server import (
     security,
     serving_chat,
     serving_completion,
+    serving_embedding,
+    serving_score,
     serving_tokens,
     serving_vllm,
 )
@@ -76,8 +78,16 @@ def build_app(state: ServerState, root_path: str = "", docs: bool = True) -> Fas
     app.add_api_route("/load", route(serving_vllm.get_load), methods=["GET"])
     if state.enable_tokenizer_info_endpoint:
         app.add_api_route("/tokenizer_info", route(serving_vllm.get_tokenizer_info), methods=["GET"])
+    app.add_api_route("/v1/embeddings", route(serving_embedding.create_embedding), methods=["POST"])
+    for path in ("/score", "/v1/score"):
+        app.add_api_route(path, route(serving_score.create_score), methods=["POST"])
+    for path in ("/rerank", "/v1/rerank", "/v2/rerank"):
+        app.add_api_route(path, route(serving_score.create_rerank), methods=["POST"])
     invocation_routes = {"messages": serving_chat.create_chat_completion,
-                         "prompt": serving_completion.create_completion}
+                         "prompt": serving_completion.create_completion,
+                         "input": serving_embedding.create_embedding,
+                         "query": serving_score.create_rerank,
+                         "text_1": serving_score.create_score}
     app.add_api_route("/invocations", route(serving_vllm.invocations(invocation_routes)), methods=["POST"])
 
     @app.exception_handler(StarletteHTTPException)
@@ -97,17 +107,22 @@ def build_app(state: ServerState, root_path: str = "", docs: bool = True) -> Fas
     # Outside the key check, so that 401s carry CORS headers too. Loopback pages and --allowed-origins only:
     # any other web page is refused by OriginCheckMiddleware (security.py says why).
     origins = state.allowed_origins or []
+    methods, headers, credentials = state.cors
     app.add_middleware(CORSMiddleware, allow_origins=origins, allow_origin_regex=security.LOOPBACK_ORIGIN_PATTERN,
-                       allow_methods=["*"], allow_headers=["*"])
+                       allow_methods=methods, allow_headers=headers, allow_credentials=credentials)
     app.add_middleware(security.OriginCheckMiddleware, allowed_origins=origins)
     if state.bound_host is not None and security.is_loopback(state.bound_host):
         app.add_middleware(security.HostCheckMiddleware, allowed_hosts=state.allowed_hosts)
     return app
 
 
+_GUARDED = ("/v1", "/v2", "/invocations", "/score", "/rerank", "/pooling", "/classify")
+
+
 class APIKeyMiddleware:
-    """401 on /v1/* and /invocations without `Authorization: Bearer <key>`; /health, /metrics, /version stay
-    open (as vLLM). Paths are taken after --root-path, so a prefixed path is checked the same."""
+    """401 on the model endpoints (/v1/*, /invocations, /score, /rerank, ...) without `Authorization: Bearer
+    <key>`; /health, /metrics, /version stay open (as vLLM). Paths are taken after --root-path, so a
+    prefixed path is checked the same."""
 
     def __init__(self, app: ASGIApp, api_key: str) -> None:
         self.app = app
@@ -115,7 +130,7 @@ class APIKeyMiddleware:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = get_route_path(scope) if scope["type"] == "http" else ""
-        if scope["type"] != "http" or scope["method"] == "OPTIONS" or not path.startswith(("/v1", "/invocations")):
+        if scope["type"] != "http" or scope["method"] == "OPTIONS" or not path.startswith(_GUARDED):
             await self.app(scope, receive, send)
             return
         given = b""
@@ -143,10 +158,15 @@ def _model_card(state: ServerState, name: str) -> dict:
         "root": state.model_path or name,
         "parent": None,
         "max_model_len": state.max_model_len,
+        # What the model can do (the GUI and clients pick endpoints by it): vLLM's task name, and the API
+        # capabilities it gives.
+        "task": state.task,
+        "capabilities": _CAPABILITIES.get(state.task, ["completion", "chat"]),
     }
 
 
 _STARTED = int(time.time())
+_CAPABILITIES = {"embed": ["embeddings"], "score": ["score", "rerank"]}
 
 
 async def _list_models(state: ServerState, request: Request) -> Response:

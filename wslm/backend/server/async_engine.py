@@ -255,7 +255,8 @@ class AsyncEngine:
             tracked = self._tracked.get(out.request_id)
             if tracked is None:
                 continue  # aborted by its handler meanwhile
-            if metrics is not None and any(c.token_ids for c in out.outputs):
+            generated = isinstance(out, RequestOutput)  # else a PoolingRequestOutput: one answer, no tokens
+            if metrics is not None and generated and any(c.token_ids for c in out.outputs):
                 if tracked.first_token is None:
                     tracked.first_token = now
                     metrics.observe_first_token(now - tracked.arrival)
@@ -266,7 +267,7 @@ class AsyncEngine:
             if out.finished:
                 del self._tracked[out.request_id]
                 if metrics is not None:
-                    reason = out.outputs[-1].finish_reason if out.outputs else None
+                    reason = out.outputs[-1].finish_reason if generated and out.outputs else None
                     metrics.observe_finished(now - tracked.arrival, [reason or "stop"])
 
     def _snapshot_stats(self, force: bool) -> None:

@@ -112,6 +112,7 @@ def engine_config(args: Namespace):
         trust_remote_code=bool(getattr(args, "trust_remote_code", False)),
         enforce_eager=bool(getattr(args, "enforce_eager", False)),
         max_logprobs=getattr(args, "max_logprobs", 20),
+        task=_task(args),
     )
     if args.max_num_seqs is not None:
         kwargs["max_num_seqs"] = args.max_num_seqs
@@ -126,6 +127,15 @@ def engine_config(args: Namespace):
         return EngineConfig(**kwargs)
     except ValueError as exc:
         raise StartupError(str(exc)) from exc
+
+
+def _task(args: Namespace) -> str:
+    """--task, or vLLM's newer --runner (pooling: embed, or score for a cross-encoder)."""
+    runner = getattr(args, "runner", None)
+    if runner in ("generate", "pooling"):
+        return runner
+    task = getattr(args, "task", "auto") or "auto"
+    return "embed" if task == "embedding" else task
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -157,10 +167,10 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def load_engine(config: Any):
-    from wslm.backend.llm_engine import LLMEngine
+    from wslm.backend.engine_factory import create_engine
 
     try:
-        return LLMEngine(config)
+        return create_engine(config)
     except (ValueError, FileNotFoundError) as exc:
         raise StartupError(str(exc)) from exc
     except MemoryError as exc:
@@ -239,6 +249,8 @@ def check_limit_flags(args: Namespace) -> None:
     try:
         args.allowed_origins_list = parse_list(getattr(args, "allowed_origins", None), "--allowed-origins")
         args.allowed_hosts_list = parse_list(getattr(args, "allowed_hosts", None), "--allowed-hosts")
+        args.cors_methods = parse_list(getattr(args, "allowed_methods", None), "--allowed-methods") or ["*"]
+        args.cors_headers = parse_list(getattr(args, "allowed_headers", None), "--allowed-headers") or ["*"]
     except ValueError as exc:
         raise StartupError(str(exc)) from exc
     for flag in ("max_request_body_bytes", "max_json_depth", "max_stop_strings", "max_stop_string_length"):
@@ -255,6 +267,7 @@ def _serve(args: Namespace, engine: Any, sock: socket.socket) -> int:
     from wslm.backend.server.async_engine import AsyncEngine
     from wslm.backend.server.http_limits import HTTPLimits
     from wslm.backend.server.metrics import ServerMetrics
+    from wslm.backend.server.parser_choice import choose_parsers
     from wslm.backend.server.serving_base import ServerState
 
     names = list(args.served_model_name or [args.model])
@@ -265,6 +278,8 @@ def _serve(args: Namespace, engine: Any, sock: socket.socket) -> int:
     if defaults:
         log.info("Default sampling parameters from the model's generation config (--generation-config %s; "
                  "a request's own values win): %s", getattr(args, "generation_config", "auto"), defaults)
+    template = getattr(engine, "chat_template", None) or getattr(engine.tokenizer, "chat_template", None)
+    parsers = choose_parsers(args, template)
     state = ServerState(
         engine=AsyncEngine(engine, metrics, log_requests=bool(getattr(args, "log_requests", False))),
         tokenizer=engine.tokenizer,
@@ -278,13 +293,16 @@ def _serve(args: Namespace, engine: Any, sock: socket.socket) -> int:
         limits=request_limits(args, engine),
         allowed_origins=args.allowed_origins_list,
         allowed_hosts=args.allowed_hosts_list,
+        cors=(args.cors_methods, args.cors_headers, bool(getattr(args, "allow_credentials", False))),
         bound_host=sock.getsockname()[0],
         enable_prompt_tokens_details=bool(getattr(args, "enable_prompt_tokens_details", False)),
         enable_force_include_usage=bool(getattr(args, "enable_force_include_usage", False)),
         enable_server_load_tracking=bool(getattr(args, "enable_server_load_tracking", False)),
         enable_tokenizer_info_endpoint=bool(getattr(args, "enable_tokenizer_info_endpoint", False)),
         default_sampling=defaults,
+        task=getattr(engine, "task", "generate"),
         chat_template=getattr(engine, "chat_template", None),
+        **parsers,
         http_limits=HTTPLimits(**{k: v for k, v in (("max_request_body_bytes", args.max_request_body_bytes),
                                                     ("max_json_depth", args.max_json_depth)) if v is not None}),
     )

@@ -8,7 +8,7 @@ builds one per token, and pydantic would only add cost there."""
 from __future__ import annotations
 
 import json
-from typing import Any, Union
+from typing import Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
 
@@ -45,6 +45,18 @@ class ChatMessage(_Request):
     name: str | None = None
     tool_calls: list[Any] | None = None
     tool_call_id: str | None = None
+
+
+class FunctionDefinition(_Request):
+    name: str = Field(min_length=1, max_length=256)
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None
+
+
+class ChatTool(_Request):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
 
 
 class _SamplingFields(_Request):
@@ -162,9 +174,13 @@ class ChatCompletionRequest(_SamplingFields):
     # vLLM's chat extras.
     chat_template: str | None = None
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
+    chat_template_kwargs: dict[str, Any] | None = None
+    # Tool calling (serving_tools.py).
+    tools: list[ChatTool] | None = None
+    tool_choice: Union[str, dict[str, Any], None] = None
+    parallel_tool_calls: bool | None = True
     # Known but not supported.
-    tools: list[Any] | None = None
-    tool_choice: Any = None
     functions: list[Any] | None = None
     function_call: Any = None
     audio: Any = None
@@ -174,12 +190,9 @@ class ChatCompletionRequest(_SamplingFields):
 
     def unsupported_fields(self) -> list[tuple[str, str]]:
         found = self._common_unsupported()
-        if self.tools:
-            found.append(("tools", "tools / function calling is not supported by wslm yet"))
-        if self.tool_choice not in (None, "none", "auto"):
-            found.append(("tool_choice", "tool_choice is not supported by wslm yet"))
         if self.functions or self.function_call not in (None, "none", "auto"):
-            found.append(("functions", "function calling is not supported by wslm yet"))
+            found.append(("functions", "the legacy `functions` / `function_call` fields are not supported; send "
+                                       "`tools` and `tool_choice`"))
         if self.audio is not None or (self.modalities and set(self.modalities) - {"text"}):
             found.append(("modalities", "audio output is not supported: wslm serves text models"))
         if self.prediction is not None:
@@ -236,7 +249,10 @@ class TokenizeRequest(_Request):
     messages: list[ChatMessage] | None = None
     add_special_tokens: bool | None = None
     add_generation_prompt: bool = True
+    continue_final_message: bool = False
     chat_template: str | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    tools: list[ChatTool] | None = None
     return_token_strs: bool = False
 
 
@@ -279,3 +295,64 @@ def _short(value: object) -> str:
     return text if len(text) <= 80 else text[:77] + "..."
 
 
+
+
+class EmbeddingRequest(_Request):
+    """POST /v1/embeddings (OpenAI's fields plus vLLM's `normalize`)."""
+
+    model: str | None = None
+    input: Union[str, list[str], list[int], list[list[int]]]
+    encoding_format: str = "float"
+    dimensions: int | None = None
+    user: str | None = None
+    normalize: bool | None = None
+
+    def inputs(self) -> list[str | list[int]]:
+        """The input field as a list of inputs, each a string or token ids (LangChain sends ids)."""
+        x = self.input
+        if isinstance(x, str):
+            items: list[str | list[int]] = [x]
+        elif x and all(isinstance(t, int) for t in x):
+            items = [list(x)]  # type: ignore[arg-type]
+        else:
+            items = list(x)  # type: ignore[arg-type]
+        if not items:
+            raise bad_request("input must not be empty: send a string, a list of strings, or token ids.",
+                              param="input")
+        for i, item in enumerate(items):
+            if len(item) == 0:
+                raise bad_request(f"input[{i}] is empty: every input needs some text or tokens.", param="input")
+        if self.encoding_format not in ("float", "base64"):
+            raise bad_request(f"encoding_format must be float or base64, got {self.encoding_format!r}.",
+                              param="encoding_format")
+        return items
+
+
+class ScoreRequest(_Request):
+    """POST /score (vLLM's): text_1 against each text_2 (or pairwise when both are lists)."""
+
+    model: str | None = None
+    text_1: Union[str, list[str]]
+    text_2: Union[str, list[str]]
+
+    def pairs(self) -> list[tuple[str, str]]:
+        a = [self.text_1] if isinstance(self.text_1, str) else list(self.text_1)
+        b = [self.text_2] if isinstance(self.text_2, str) else list(self.text_2)
+        if not a or not b:
+            raise bad_request("text_1 and text_2 must not be empty.", param="text_1" if not a else "text_2")
+        if len(a) == 1:
+            return [(a[0], t) for t in b]
+        if len(a) != len(b):
+            raise bad_request(f"text_1 has {len(a)} texts and text_2 {len(b)}: give one text_1, or as many as "
+                              "text_2 (scored pairwise).", param="text_2")
+        return list(zip(a, b))
+
+
+class RerankRequest(_Request):
+    """POST /rerank, /v1/rerank, /v2/rerank (Jina/Cohere shape, as vLLM's)."""
+
+    model: str | None = None
+    query: str
+    documents: list[str] = Field(min_length=1)
+    top_n: int | None = None
+    return_documents: bool = True

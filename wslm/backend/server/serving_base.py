@@ -43,6 +43,7 @@ class ServerState:
     allowed_origins: list[str] | None = None  # browser origins besides loopback ones (["*"]: any)
     allowed_hosts: list[str] | None = None  # Host names besides loopback ones, when bound to loopback
     bound_host: str | None = None  # the address listened on (loopback: the Host header is checked)
+    cors: tuple = (["*"], ["*"], False)  # --allowed-methods, --allowed-headers, --allow-credentials
     # vLLM's serving flags (serve_cli.py's "vLLM flags").
     enable_prompt_tokens_details: bool = False  # usage.prompt_tokens_details only when asked, as vLLM
     enable_force_include_usage: bool = False  # usage on streams even without stream_options.include_usage
@@ -51,6 +52,11 @@ class ServerState:
     default_sampling: dict[str, Any] = field(default_factory=dict)  # --generation-config: request defaults
     chat_template: str | None = None  # the template in use (GET /tokenizer_info shows it)
     server_load: int = 0  # requests in flight (with --enable-server-load-tracking)
+    # Tool calling and reasoning (serving_tools.py): parser names, chosen by flag or from the chat template.
+    enable_auto_tool_choice: bool = False
+    tool_call_parser: str | None = None
+    reasoning_parser: str | None = None
+    task: str = "generate"  # what the model serves: "generate" (chat, completions) or "embed" (embeddings)
 
     @property
     def model_name(self) -> str:
@@ -171,22 +177,25 @@ def _lp(value: float) -> float:
     return max(value, -9999.0) if not math.isnan(value) else -9999.0
 
 
-def token_text(tokenizer: Any, token_id: int, entry: Logprob | None) -> str:
+def token_text(tokenizer: Any, token_id: int, entry: Logprob | None, as_ids: bool = False) -> str:
+    if as_ids:  # vLLM's return_tokens_as_token_ids: "token_id:123", unambiguous for any byte-level token
+        return f"token_id:{token_id}"
     if entry is not None and entry.decoded_token:
         return entry.decoded_token
     return tokenizer.decode([token_id])
 
 
-def chat_logprobs(tokenizer: Any, token_ids: list[int], logprobs: list[dict[int, Logprob]], top_n: int) -> list:
+def chat_logprobs(tokenizer: Any, token_ids: list[int], logprobs: list[dict[int, Logprob]], top_n: int,
+                  as_ids: bool = False) -> list:
     """The `logprobs.content` entries of a chat choice."""
     content = []
     for token_id, entries in zip(token_ids, logprobs, strict=False):
         sampled = entries.get(token_id)
-        text = token_text(tokenizer, token_id, sampled)
+        text = token_text(tokenizer, token_id, sampled, as_ids)
         top = []
         if top_n:
             for tid, e in sorted(entries.items(), key=lambda kv: kv[1].rank)[:top_n]:
-                t = token_text(tokenizer, tid, e)
+                t = token_text(tokenizer, tid, e, as_ids)
                 top.append({"token": t, "logprob": _lp(e.logprob), "bytes": list(t.encode("utf-8"))})
         content.append({
             "token": text,
@@ -198,12 +207,12 @@ def chat_logprobs(tokenizer: Any, token_ids: list[int], logprobs: list[dict[int,
 
 
 def completion_logprobs(tokenizer: Any, token_ids: list[int], logprobs: list[dict[int, Logprob]], top_n: int,
-                        offset: int) -> dict:
+                        offset: int, as_ids: bool = False) -> dict:
     """The legacy completions `logprobs` object; offset is where this text starts in the choice's text."""
     out: dict[str, list] = {"text_offset": [], "token_logprobs": [], "tokens": [], "top_logprobs": []}
     for token_id, entries in zip(token_ids, logprobs, strict=False):
         sampled = entries.get(token_id)
-        text = token_text(tokenizer, token_id, sampled)
+        text = token_text(tokenizer, token_id, sampled, as_ids)
         out["tokens"].append(text)
         out["token_logprobs"].append(_lp(sampled.logprob) if sampled is not None else -9999.0)
         out["text_offset"].append(offset)
@@ -211,7 +220,7 @@ def completion_logprobs(tokenizer: Any, token_ids: list[int], logprobs: list[dic
         top = {}
         for tid, e in sorted(entries.items(), key=lambda kv: kv[1].rank):
             if e.rank <= top_n or tid == token_id:
-                top[token_text(tokenizer, tid, e)] = _lp(e.logprob)
+                top[token_text(tokenizer, tid, e, as_ids)] = _lp(e.logprob)
         out["top_logprobs"].append(top)
     return out
 
@@ -278,6 +287,7 @@ class Tracker:
         self.cached_tokens = [0] * num_prompts
         self.completion_tokens = 0
         self.unfinished = {(p, i) for p in range(num_prompts) for i in range(n)}
+        self.prompt_logprobs: list[list | None] = [None] * num_prompts  # per prompt, when asked for
 
     def fold(self, items: list[tuple[int, Any]]) -> list[Delta]:
         """Deltas (merged per choice, in arrival order) for a batch from RequestGroup.next_items();
@@ -297,6 +307,8 @@ class Tracker:
             if item.prompt_token_ids:
                 self.prompt_tokens[tag] = len(item.prompt_token_ids)
             self.cached_tokens[tag] = item.num_cached_tokens or 0
+            if item.prompt_logprobs is not None:
+                self.prompt_logprobs[tag] = item.prompt_logprobs
             for c in item.outputs:
                 if (tag, c.index) not in self.unfinished:
                     continue

@@ -14,6 +14,7 @@ from starlette.responses import JSONResponse, Response
 from wslm.backend.server.async_engine import RequestGroup
 from wslm.backend.server.errors import bad_request
 from wslm.backend.server.protocol import ChatCompletionRequest, ChatMessage, parse_body
+from wslm.backend.server.sampling_extras import ChatStreamExtras, chat_response_extras, truncate_prompt
 from wslm.backend.server.serving_base import (
     ChunkWriter,
     EventStream,
@@ -26,42 +27,16 @@ from wslm.backend.server.serving_base import (
     start_group,
     stream_deltas,
 )
+from wslm.backend.server.serving_tools import ChatPlan, plan_chat
 from wslm.backend.server.structured_request import compile_structured
 
 log = logging.getLogger("wslm.server")
 
-_ROLES = {"system", "user", "assistant", "developer"}
-
 
 def template_messages(messages: list[ChatMessage]) -> list[dict]:
-    """OpenAI messages as the chat template wants them: text content only."""
-    out = []
-    for i, m in enumerate(messages):
-        if m.role in ("tool", "function") or m.tool_calls:
-            raise bad_request(f"messages[{i}]: tool calls and tool messages are not supported by wslm yet.",
-                              param=f"messages.{i}", code="unsupported_parameter")
-        if m.role not in _ROLES:
-            raise bad_request(f"messages[{i}].role must be one of system, user, assistant, developer; "
-                              f"got {m.role!r}.", param=f"messages.{i}.role")
-        if isinstance(m.content, list):
-            texts = []
-            for part in m.content:
-                if part.type not in ("text", "input_text"):
-                    raise bad_request(f"messages[{i}]: content parts of type {part.type!r} are not supported: "
-                                      "wslm serves text-only models. Send text parts.",
-                                      param=f"messages.{i}.content", code="unsupported_parameter")
-                texts.append(part.text or "")
-            content = "\n".join(texts)
-        else:
-            content = m.content or ""
-        if m.content is None and m.role != "assistant":
-            raise bad_request(f"messages[{i}].content is required for role {m.role!r}.",
-                              param=f"messages.{i}.content")
-        message: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role, "content": content}
-        if m.name:
-            message["name"] = m.name
-        out.append(message)
-    return out
+    """The request's messages as plain dicts; chat.normalize_messages (inside the engine's rendering, the same
+    for LLM.chat) checks and shapes them for the template."""
+    return [m.model_dump(exclude_none=True) for m in messages]
 
 
 async def render_prompt(state: ServerState, messages: list[dict], **kwargs: Any) -> list[int]:
@@ -70,7 +45,8 @@ async def render_prompt(state: ServerState, messages: list[dict], **kwargs: Any)
     try:
         return await state.engine.apply_chat_template(messages, **kwargs)
     except ValueError as exc:
-        raise bad_request(str(exc), param="messages") from exc
+        raise bad_request(str(exc), param=getattr(exc, "param", None) or "messages",
+                          code=getattr(exc, "code", None)) from exc
     except Exception as exc:  # noqa: BLE001 - a Jinja error from the user's messages or template is theirs
         raise bad_request(f"The chat template could not render these messages: {type(exc).__name__}: {exc}",
                           param="messages") from exc
@@ -87,10 +63,19 @@ async def create_chat_completion(state: ServerState, request: Request) -> Respon
     check_max_tokens(max_tokens, "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens")
     top_n = req.requested_logprobs()
     messages = template_messages(req.messages)
-    prompt_ids = await render_prompt(state, messages, chat_template=req.chat_template,
-                                     add_generation_prompt=req.add_generation_prompt)
     params = req.sampling_params(max_tokens, top_n)
-    await compile_structured(state, params.structured_outputs, req.structured_source)
+    plan = plan_chat(state, req)
+    prompt_ids = await render_prompt(state, messages, chat_template=req.chat_template,
+                                     add_generation_prompt=req.add_generation_prompt,
+                                     continue_final_message=req.continue_final_message,
+                                     tools=plan.template_tools, chat_template_kwargs=req.chat_template_kwargs)
+    prompt_ids = truncate_prompt(prompt_ids, req.truncate_prompt_tokens, state.max_model_len)
+    plan.prompt_rendered(state.tokenizer, prompt_ids)
+    if plan.grammar is not None:
+        params.structured_outputs = plan.grammar
+        await compile_structured(state, plan.grammar, "tool_choice")
+    else:
+        await compile_structured(state, params.structured_outputs, req.structured_source)
     state.check_request(prompt_ids, params, "messages")
 
     response_id = f"chatcmpl-{uuid.uuid4().hex}"
@@ -98,48 +83,66 @@ async def create_chat_completion(state: ServerState, request: Request) -> Respon
     tracker = state.tracker(1, params.n, [len(prompt_ids)])
     created = int(time.time())
     if req.stream:
-        return EventStream(_stream(state, group, tracker, response_id, created, model, req, top_n), group)
+        extras = ChatStreamExtras(req, tracker, prompt_ids, state.tokenizer)
+        return EventStream(_stream(state, group, tracker, response_id, created, model, req, top_n, plan, extras),
+                           group)
     results = await collect_all(request, group, tracker)
     if results is None:
         return Response(status_code=499)
     choices = []
     for i in range(params.n):
         r = results[(0, i)]
+        reply = plan.new_reply()
+        reply.feed(r.text, final=True)
         choices.append({
             "index": i,
-            "message": {"role": "assistant", "content": r.text},
-            "logprobs": {"content": chat_logprobs(state.tokenizer, r.token_ids, r.logprobs or [], top_n)}
+            "message": reply.message(),
+            "logprobs": {"content": chat_logprobs(state.tokenizer, r.token_ids, r.logprobs or [], top_n,
+                                                  req.return_tokens_as_token_ids)}
             if top_n is not None else None,
-            "finish_reason": r.finish_reason,
+            "finish_reason": reply.finish_reason(r.finish_reason),
             "stop_reason": r.stop_reason,
         })
-    return JSONResponse({
+    body = {
         "id": response_id,
         "object": "chat.completion",
         "created": created,
         "model": model,
         "choices": choices,
         "usage": tracker.usage(),
-    })
+    }
+    token_ids = [results[(0, i)].token_ids for i in range(params.n)]
+    return JSONResponse(chat_response_extras(body, req, tracker, prompt_ids, state.tokenizer, token_ids))
 
 
 def _stream(state: ServerState, group: RequestGroup, tracker: Tracker, response_id: str, created: int,
-            model: str, req: ChatCompletionRequest, top_n: int | None) -> AsyncIterator[str]:
+            model: str, req: ChatCompletionRequest, top_n: int | None, plan: ChatPlan,
+            extras: ChatStreamExtras) -> AsyncIterator[str]:
     head = {"id": response_id, "object": "chat.completion.chunk", "created": created, "model": model}
     writer = ChunkWriter(head, tracker, req)
+    replies = [plan.new_reply() for _ in range(tracker.n)]
 
     def render(d) -> str:
         out = ""
         lp = None
         if top_n is not None and d.token_ids:
-            lp = {"content": chat_logprobs(state.tokenizer, d.token_ids, d.logprobs or [], top_n)}
-        if d.text or lp is not None:
-            out += writer.choice({"index": d.index, "delta": {"content": d.text}, "logprobs": lp})
+            lp = {"content": chat_logprobs(state.tokenizer, d.token_ids, d.logprobs or [], top_n,
+                                           req.return_tokens_as_token_ids)}
+        reply = replies[d.index]
+        deltas = reply.feed(d.text, final=d.finish_reason is not None)
+        if (lp is not None or (d.token_ids and req.return_token_ids)) and not deltas:
+            deltas = [{"content": ""}]
+        ids = d.token_ids
+        for delta in deltas:
+            out += writer.choice(extras.content_chunk({"index": d.index, "delta": delta, "logprobs": lp}, ids))
+            lp, ids = None, []  # the token logprobs and ids ride on the first chunk of this step
         if d.finish_reason is not None:
-            out += writer.choice({"index": d.index, "delta": {}, "logprobs": None}, d.finish_reason, d.stop_reason)
+            out += writer.choice({"index": d.index, "delta": {}, "logprobs": None},
+                                 reply.finish_reason(d.finish_reason), d.stop_reason)
         return out
 
     # The first delta of each choice carries the role, as OpenAI's do.
-    first = "".join(writer.choice({"index": i, "delta": {"role": "assistant", "content": ""}, "logprobs": None})
+    first = "".join(writer.choice(extras.role_chunk({"index": i, "delta": {"role": "assistant", "content": ""},
+                                                     "logprobs": None}))
                     for i in range(tracker.n))
     return stream_deltas(group, tracker, writer, response_id, first, render)

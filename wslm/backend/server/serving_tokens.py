@@ -18,8 +18,11 @@ async def tokenize(state: ServerState, request: Request) -> JSONResponse:
         raise bad_request("Send either `prompt` (a string) or `messages` (a chat), not both and not neither.",
                           param="prompt")
     if req.messages is not None:
+        tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
         ids = await render_prompt(state, template_messages(req.messages), chat_template=req.chat_template,
-                                  add_generation_prompt=req.add_generation_prompt)
+                                  add_generation_prompt=req.add_generation_prompt,
+                                  continue_final_message=req.continue_final_message, tools=tools,
+                                  chat_template_kwargs=req.chat_template_kwargs)
     else:
         add_special = True if req.add_special_tokens is None else req.add_special_tokens
         ids = await state.engine.encode(req.prompt, add_special_tokens=add_special)

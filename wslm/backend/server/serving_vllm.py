@@ -70,15 +70,15 @@ def _jsonable(value: Any) -> Any:
 
 def invocations(routes: dict[str, Any]):
     """POST /invocations: the request's own fields pick the endpoint, as vLLM's (messages: chat, prompt:
-    completions, input: embeddings)."""
+    completions, input: embeddings, query: rerank, text_1: score); routes maps field -> handler, in order."""
 
     async def handler(state: ServerState, request: Request) -> Response:
         body = load_json(await request.body()) if (await request.body()).strip() else None
         if not isinstance(body, dict):
             raise bad_request("POST /invocations needs a JSON object: a chat (`messages`), a completion "
-                              "(`prompt`) or an embedding (`input`) request.")
-        for key in ("messages", "prompt", "input"):
-            if key in body and key in routes:
+                              "(`prompt`), an embedding (`input`), a rerank (`query`) or a score (`text_1`) request.")
+        for key in routes:
+            if key in body:
                 return await routes[key](state, request)
         kinds = ", ".join(f"`{k}`" for k in routes)
         raise bad_request(f"POST /invocations could not tell what this request is: it has none of {kinds}.")

@@ -224,12 +224,18 @@ class LlamaForCausalLM:
     @torch.inference_mode()
     def forward(self, input_ids, positions, meta: AttentionMetadata, kv_caches) -> torch.Tensor:
         """Returns logits [num_sampled, vocab] (fp32) for meta.logits_indices."""
+        return self.compute_logits(self.forward_hidden(input_ids, positions, meta, kv_caches))
+
+    @torch.inference_mode()
+    def forward_hidden(self, input_ids, positions, meta: AttentionMetadata, kv_caches) -> torch.Tensor:
+        """The final normed hidden states [num_sampled, hidden] at meta.logits_indices: what the LM head
+        reads, and what embedding models pool (decoder_pooling.py)."""
         hidden = self.embed(input_ids)
         residual = None
         for layer, kv_cache in zip(self.layers, kv_caches):
             hidden, residual = layer(positions, hidden, residual, kv_cache, meta)
         last = (hidden + residual).index_select(0, meta.logits_indices)
-        return self.compute_logits(self.norm(last))
+        return self.norm(last)
 
 
 # Llama in all but name (Mistral's sliding window is a ModelConfig setting every family honours).

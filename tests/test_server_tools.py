@@ -1,0 +1,273 @@
+"""Tool calling, reasoning and the one chat-rendering path, through the official openai client on real
+`wslm serve` processes running a tiny random model with a test chat template (tools, tool results, <think>).
+
+The model's output is scripted with the grammar engine: a `structured_outputs.choice` of one string makes the
+real engine write exactly that text, token by token, so each tool-call format and the reasoning split are
+parsed from genuine streamed model output (no test hook in the server)."""
+
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+from engine_helpers import demo_tokenizer, make_tiny_model
+from test_server_helpers import ServerProcess
+
+TINY = ["--kv-cache-memory", "16MiB", "--max-model-len", "512", "--uvicorn-log-level", "warning"]
+
+TEMPLATE = """
+{%- if tools %}<|im_start|>system
+Tools:
+{%- for tool in tools %}
+{{ tool | tojson }}
+{%- endfor %}
+Call one as <tool_call>{"name": NAME, "arguments": ARGS}</tool_call><|im_end|>
+{% endif %}
+{%- for message in messages %}<|im_start|>{{ message.role }}
+{% if message.content %}{{ message.content }}{% endif %}
+{%- if message.tool_calls %}{% for call in message.tool_calls %}<tool_call>
+{{ {"name": call.function.name, "arguments": call.function.arguments} | tojson }}
+</tool_call>{% endfor %}{% endif %}
+{%- if message.tool_call_id %} [for {{ message.tool_call_id }}]{% endif %}<|im_end|>
+{% endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% if enable_thinking is defined and not enable_thinking %}<think>
+
+</think>
+
+{% endif %}{% endif %}"""
+
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+                       "required": ["city"]},
+    },
+}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}
+ASK = [{"role": "user", "content": "Weather in Paris and the time?"}]
+
+# What each format's model writes for the same two calls, after a short preamble where the format allows one.
+SCRIPTS = {
+    "hermes": 'Let me look.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}\n'
+              '</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {}}\n</tool_call>',
+    "mistral": 'Let me look.[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Paris", "days": 3}}, '
+               '{"name": "get_time", "arguments": {}}]',
+    "llama3_json": '{"name": "get_weather", "parameters": {"city": "Paris", "days": 3}}; '
+                   '{"name": "get_time", "parameters": {}}',
+    "pythonic": '[get_weather(city="Paris", days=3), get_time()]',
+}
+PREAMBLE = {"hermes": "Let me look.", "mistral": "Let me look.", "llama3_json": None, "pythonic": None}
+
+
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tools")
+    folder = make_tiny_model(root / "tiny", "llama", demo_tokenizer(), seed=3)
+    (root / "template.jinja").write_text(TEMPLATE)
+    return folder, root / "template.jinja"
+
+
+def _server(tiny_folder, *flags: str) -> ServerProcess:
+    folder, template = tiny_folder
+    return ServerProcess("--port", "0", "--model", str(folder), "--chat-template", str(template), *TINY,
+                         "--dtype", "float32", "--max-num-seqs", "8", "--served-model-name", "x", *flags)
+
+
+@pytest.fixture(scope="module")
+def server(tiny_folder):
+    """The template's <tool_call> and <think> pick the hermes and qwen3 parsers on their own."""
+    srv = _server(tiny_folder)
+    yield srv
+    assert srv.stop() == 0, srv.stderr()[-3000:]
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=120)
+
+
+def _script(text: str) -> dict:
+    return {"structured_outputs": {"choice": [text]}}
+
+
+def _assemble(stream) -> tuple[str, str, dict[int, dict], str | None]:
+    """Fold a streamed chat completion the way client libraries do: content, reasoning, calls by index."""
+    content, reasoning, calls, finish = "", "", {}, None
+    for chunk in stream:
+        for c in chunk.choices:
+            d = c.delta
+            content += d.content or ""
+            reasoning += getattr(d, "reasoning_content", None) or ""
+            for tc in d.tool_calls or []:
+                call = calls.setdefault(tc.index, {"id": None, "name": None, "arguments": ""})
+                if tc.id:
+                    assert call["id"] is None and call["arguments"] == "", "id and name come first, once"
+                    call["id"], call["name"] = tc.id, tc.function.name
+                else:
+                    assert call["id"] is not None, "arguments before the call's id and name"
+                call["arguments"] += tc.function.arguments or ""
+            finish = c.finish_reason or finish
+    return content, reasoning, calls, finish
+
+
+def test_server_picked_parsers_from_template(server):
+    log = server.stderr()
+    assert "parser hermes picked from the chat template" in log and "parser qwen3 picked" in log
+
+
+def _check_format(client, fmt: str) -> None:
+    body = _script(SCRIPTS[fmt])
+    r = client.chat.completions.create(model="x", messages=ASK, tools=[WEATHER, TIME], max_tokens=120,
+                                       temperature=0, extra_body=body)
+    choice = r.choices[0]
+    assert choice.finish_reason == "tool_calls", choice
+    assert (choice.message.content or None) == PREAMBLE[fmt]
+    calls = choice.message.tool_calls
+    assert [c.function.name for c in calls] == ["get_weather", "get_time"]
+    assert json.loads(calls[0].function.arguments) == {"city": "Paris", "days": 3}
+    assert json.loads(calls[1].function.arguments) == {}
+    assert all(c.id.startswith("call_") and c.type == "function" for c in calls)
+    stream = client.chat.completions.create(model="x", messages=ASK, tools=[WEATHER, TIME], max_tokens=120,
+                                            temperature=0, stream=True, extra_body=body)
+    content, _, streamed, finish = _assemble(stream)
+    assert finish == "tool_calls" and (content or None) == PREAMBLE[fmt]
+    assert [(c["name"], c["arguments"]) for c in streamed.values()] == \
+        [(c.function.name, c.function.arguments) for c in calls]
+
+
+def test_hermes_calls_stream_and_whole(client):
+    _check_format(client, "hermes")
+
+
+@pytest.mark.slow  # a server each (vLLM picks the parser per server): ~8 s apiece on an idle 2-core machine
+@pytest.mark.parametrize("fmt", ["mistral", "llama3_json", "pythonic"])
+def test_other_formats(tiny_folder, fmt):
+    srv = _server(tiny_folder, "--enable-auto-tool-choice", "--tool-call-parser", fmt)
+    try:
+        _check_format(openai.OpenAI(base_url=srv.base_url, api_key="unused", max_retries=0, timeout=120), fmt)
+    finally:
+        assert srv.stop() == 0, srv.stderr()[-3000:]
+
+
+def test_plain_text_and_tool_choice_none(client):
+    text = "No tools needed <tool"  # a half marker at the end is content after all
+    for choice in ("auto", "none"):
+        r = client.chat.completions.create(model="x", messages=ASK, tools=[WEATHER], tool_choice=choice,
+                                           max_tokens=40, temperature=0, extra_body=_script(text))
+        assert r.choices[0].message.content == text and not r.choices[0].message.tool_calls
+        assert r.choices[0].finish_reason == "stop"
+    r = client.chat.completions.create(model="x", messages=ASK, tools=[WEATHER], tool_choice="none", max_tokens=120,
+                                       temperature=0, extra_body=_script(SCRIPTS["hermes"]))
+    assert r.choices[0].message.content == SCRIPTS["hermes"] and not r.choices[0].message.tool_calls
+
+
+def test_required_and_named_choice_forced_by_grammar(client):
+    for seed in range(3):
+        r = client.chat.completions.create(model="x", messages=ASK, tools=[WEATHER, TIME], tool_choice="required",
+                                           max_tokens=80, temperature=1.0, seed=seed, parallel_tool_calls=False)
+        choice = r.choices[0]
+        if choice.finish_reason == "length":
+            continue  # a random model may ramble inside a string; the grammar keeps it well-formed meanwhile
+        assert choice.finish_reason == "tool_calls" and len(choice.message.tool_calls) == 1
+        call = choice.message.tool_calls[0]
+        assert call.function.name in ("get_weather", "get_time")
+        assert isinstance(json.loads(call.function.arguments), dict)
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    stream = client.chat.completions.create(model="x", messages=ASK, tools=[WEATHER, TIME], tool_choice=named,
+                                            max_tokens=60, temperature=0, stream=True)
+    content, _, calls, finish = _assemble(stream)
+    assert content == "" and list(calls) == [0] and calls[0]["name"] == "get_weather"
+    if finish != "length":
+        assert "city" in json.loads(calls[0]["arguments"])
+
+
+@pytest.mark.parametrize(
+    ("body", "param", "words"),
+    [
+        ({"tool_choice": "required"}, "tool_choice", "at least one tool"),
+        ({"tools": [WEATHER], "tool_choice": {"type": "function", "function": {"name": "nope"}}}, "tool_choice",
+         "not in `tools`"),
+        ({"tools": [WEATHER], "tool_choice": "sometimes"}, "tool_choice", "must be"),
+        ({"tools": [WEATHER], "tool_choice": "required", "response_format": {"type": "json_object"}},
+         "response_format", "already constrains"),
+        ({"tools": [{"type": "function", "function": {"name": 5}}]}, "tools.0", "string"),
+        ({"continue_final_message": True}, "continue_final_message", "cannot both"),
+    ],
+)
+def test_bad_tool_requests_are_400(client, body, param, words):
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model="x", messages=ASK, max_tokens=5, extra_body=body)
+    assert err.value.body["param"].startswith(param) and words in err.value.body["message"], err.value.body
+
+
+def test_reasoning_split_stream_and_whole(client):
+    text = "<think>Two and two make four.</think>The answer is 4."
+    r = client.chat.completions.create(model="x", messages=ASK, max_tokens=60, temperature=0,
+                                       extra_body=_script(text))
+    msg = r.choices[0].message
+    assert msg.reasoning_content == "Two and two make four." and msg.content == "The answer is 4."
+    content, reasoning, _, finish = _assemble(
+        client.chat.completions.create(model="x", messages=ASK, max_tokens=60, temperature=0, stream=True,
+                                       extra_body=_script(text)))
+    assert (reasoning, content, finish) == ("Two and two make four.", "The answer is 4.", "stop")
+    # Cut inside the think block (max_tokens, then a stop string): what was thought comes back, no content.
+    for cut in ({"max_tokens": 6}, {"max_tokens": 60, "stop": ["four"]}):
+        r = client.chat.completions.create(model="x", messages=ASK, temperature=0, extra_body=_script(text), **cut)
+        msg = r.choices[0].message
+        assert msg.content is None and msg.reasoning_content and "<think>" not in msg.reasoning_content
+        assert "Two and two make four.".startswith(msg.reasoning_content.rstrip())
+        content, reasoning, _, _ = _assemble(client.chat.completions.create(
+            model="x", messages=ASK, temperature=0, stream=True, extra_body=_script(text), **cut))
+        assert content == "" and reasoning == msg.reasoning_content
+    # enable_thinking false: the template closes the think block in the prompt; the reply is content.
+    r = client.chat.completions.create(model="x", messages=ASK, max_tokens=20, temperature=0,
+                                       extra_body={**_script("Plain answer."),
+                                                   "chat_template_kwargs": {"enable_thinking": False}})
+    assert r.choices[0].message.content == "Plain answer." and r.choices[0].message.reasoning_content is None
+
+
+CONVERSATION = [
+    {"role": "system", "content": "You are terse."},
+    {"role": "user", "content": [{"type": "text", "text": "Weather"}, {"type": "text", "text": "in Paris?"}]},
+    {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+    {"role": "tool", "tool_call_id": "call_1", "content": '{"sky": "clear"}'},
+    {"role": "critic", "content": "Keep it short."},  # any role reaches the template
+    {"role": "developer", "content": "Answer in English."},
+]
+
+
+def test_llm_chat_and_server_render_the_same_prompt(tiny_folder, server, client):
+    import httpx
+
+    from wslm.backend import LLM, SamplingParams
+
+    folder, template = tiny_folder
+    llm = LLM(str(folder), chat_template=str(template), kv_cache_memory=16 << 20, max_model_len=512,
+              dtype="float32")
+    kwargs = {"enable_thinking": False}
+    out = llm.chat(CONVERSATION, SamplingParams(max_tokens=8, temperature=0), tools=[WEATHER],
+                   chat_template_kwargs=kwargs)[0]
+    ids = out.prompt_token_ids
+    text = llm.get_tokenizer().decode(ids)
+    assert "Weather\nin Paris?" in text and "[for call_1]" in text and "<|im_start|>critic" in text
+    assert '"arguments": {"city": "Paris"}' in text and '"name": "get_weather"' in text
+    assert "<|im_start|>system\nAnswer in English." in text and "<think>" in text
+    tokenized = httpx.post(server.url + "/tokenize", json={"messages": CONVERSATION, "tools": [WEATHER],
+                                                           "chat_template_kwargs": kwargs}, timeout=30).json()
+    assert tokenized["tokens"] == ids
+    r = client.chat.completions.create(model="x", messages=CONVERSATION, tools=[WEATHER], tool_choice="none",
+                                       max_tokens=8, temperature=0, extra_body={"chat_template_kwargs": kwargs})
+    assert r.usage.prompt_tokens == len(ids) and r.choices[0].message.content == out.outputs[0].text
+    # continue_final_message: the last assistant message is continued, not closed.
+    partial = [*ASK, {"role": "assistant", "content": "The weather is"}]
+    out = llm.chat(partial, SamplingParams(max_tokens=4, temperature=0), add_generation_prompt=False,
+                   continue_final_message=True)[0]
+    assert llm.get_tokenizer().decode(out.prompt_token_ids).endswith("The weather is")
+    r = client.chat.completions.create(model="x", messages=partial, max_tokens=4, temperature=0,
+                                       extra_body={"add_generation_prompt": False, "continue_final_message": True})
+    assert r.usage.prompt_tokens == len(out.prompt_token_ids) and r.choices[0].message.content == out.outputs[0].text

@@ -1,0 +1,110 @@
+"""A chat request's tools, tool_choice and parallel_tool_calls, and the server's reasoning parser: what the chat
+template is given, which grammar (if any) forces the reply, and how each choice's reply is taken apart.
+
+tool_choice follows OpenAI and vLLM: "none" (tools shown to the template, replies are plain text), "auto"
+(the model may call; needs a tool-call parser: --tool-call-parser, or one picked from the chat template),
+"required" (at least one call: a grammar forces a JSON array of {"name", "parameters"}, as vLLM's) and
+{"type": "function", "function": {"name": ...}} (a grammar forces that function's arguments)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from wslm.backend.server.chat_reply import ChatReply
+from wslm.backend.server.errors import bad_request
+from wslm.backend.server.reasoning import get_reasoning_parser, prompt_opens_think
+from wslm.backend.server.tool_parsers import ArrayToolParser, NamedFunctionParser, ToolParser, get_tool_parser
+from wslm.backend.structured.params import StructuredOutputsParams
+
+_ANY_OBJECT = {"type": "object"}
+
+
+@dataclass
+class ChatPlan:
+    template_tools: list[dict] | None  # what the chat template's `tools` variable holds
+    grammar: StructuredOutputsParams | None  # forces the reply for required / named tool_choice
+    tool_parser: ToolParser | None
+    parallel_tool_calls: bool
+    reasoning_parser: str | None
+    think_opened: bool = False  # the rendered prompt ends inside an open think block
+
+    def prompt_rendered(self, tokenizer: Any, prompt_ids: list[int]) -> None:
+        if self.reasoning_parser:
+            self.think_opened = prompt_opens_think(tokenizer.decode(prompt_ids[-16:]))
+
+    def new_reply(self) -> ChatReply:
+        """A fresh parser for one choice's reply (reasoning is off while a grammar forces a tool call)."""
+        reasoning = None
+        if self.reasoning_parser and self.grammar is None:
+            reasoning = get_reasoning_parser(self.reasoning_parser, self.think_opened)
+        return ChatReply(reasoning, self.tool_parser, self.parallel_tool_calls)
+
+
+def plan_chat(state: Any, req: Any) -> ChatPlan:
+    """Decide how this request's replies are produced and parsed; a bad combination is a 400 naming it."""
+    tools = [t.model_dump(exclude_none=True) for t in req.tools] if req.tools else None
+    choice = req.tool_choice
+    if choice is None:
+        choice = "auto" if tools else "none"
+    parallel = req.parallel_tool_calls is not False
+    grammar = None
+    parser: ToolParser | None = None
+    if isinstance(choice, dict):
+        name = _named_function(choice)
+        fn = _find_tool(tools, name)
+        grammar = StructuredOutputsParams(json=fn.get("parameters") or _ANY_OBJECT)
+        parser = NamedFunctionParser(name)
+    elif choice == "required":
+        if not tools:
+            raise bad_request('tool_choice "required" needs at least one tool in `tools`.', param="tool_choice")
+        grammar = StructuredOutputsParams(json=required_schema(tools, parallel))
+        parser = ArrayToolParser()
+    elif choice == "auto":
+        if tools:
+            if not (state.enable_auto_tool_choice and state.tool_call_parser):
+                raise bad_request(
+                    'This request sends `tools` with tool_choice "auto", which needs a tool-call parser: start the '
+                    "server with --enable-auto-tool-choice "
+                    "--tool-call-parser hermes|llama3_json|mistral|pythonic (this model's chat template shows no "
+                    'tool format wslm recognises), or send tool_choice "required" or a named function.',
+                    param="tool_choice")
+            parser = get_tool_parser(state.tool_call_parser)
+    elif choice != "none":
+        raise bad_request(f'tool_choice must be "none", "auto", "required" or {{"type": "function", "function": '
+                          f'{{"name": ...}}}}, got {choice!r}.', param="tool_choice")
+    if grammar is not None and req.structured_source:
+        raise bad_request(f"tool_choice {choice if isinstance(choice, str) else 'naming a function'} already "
+                          f"constrains the reply; remove `{req.structured_source}`.", param=req.structured_source)
+    return ChatPlan(tools, grammar, parser, parallel, getattr(state, "reasoning_parser", None))
+
+
+def required_schema(tools: list[dict], parallel: bool) -> dict:
+    """vLLM's schema for tool_choice "required": a non-empty array of calls to the given tools."""
+    options = [{
+        "type": "object",
+        "properties": {"name": {"type": "string", "enum": [t["function"]["name"]]},
+                       "parameters": t["function"].get("parameters") or _ANY_OBJECT},
+        "required": ["name", "parameters"],
+    } for t in tools]
+    schema: dict = {"type": "array", "minItems": 1, "items": {"anyOf": options} if len(options) > 1 else options[0]}
+    if not parallel:
+        schema["maxItems"] = 1
+    return schema
+
+
+def _named_function(choice: dict) -> str:
+    fn = choice.get("function")
+    if choice.get("type") != "function" or not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        raise bad_request('A named tool_choice looks like {"type": "function", "function": {"name": "my_function"}}.',
+                          param="tool_choice")
+    return fn["name"]
+
+
+def _find_tool(tools: list[dict] | None, name: str) -> dict:
+    for t in tools or []:
+        if t["function"]["name"] == name:
+            return t["function"]
+    known = ", ".join(t["function"]["name"] for t in tools or []) or "none"
+    raise bad_request(f"tool_choice names the function {name!r}, which is not in `tools` (given: {known}).",
+                      param="tool_choice")

@@ -1,0 +1,42 @@
+"""Tool-call parsers (vLLM's names: hermes, llama3_json, mistral, pythonic), one file each, and the registry
+that picks one by name or from the chat template."""
+
+from __future__ import annotations
+
+from wslm.backend.server.tool_parsers.base import ParsedCall, ToolCallStream, ToolParser, make_tool_call_id
+from wslm.backend.server.tool_parsers.hermes import HermesToolParser
+from wslm.backend.server.tool_parsers.llama3_json import Llama3JsonToolParser
+from wslm.backend.server.tool_parsers.mistral import ArrayToolParser, MistralToolParser, NamedFunctionParser
+from wslm.backend.server.tool_parsers.pythonic import PythonicToolParser
+
+TOOL_PARSERS: dict[str, type[ToolParser]] = {
+    "hermes": HermesToolParser,
+    "llama3_json": Llama3JsonToolParser,
+    "mistral": MistralToolParser,
+    "pythonic": PythonicToolParser,
+}
+
+
+def get_tool_parser(name: str) -> ToolParser:
+    try:
+        return TOOL_PARSERS[name]()
+    except KeyError:
+        raise ValueError(f"Unknown tool-call parser {name!r}; choose one of {', '.join(TOOL_PARSERS)}.") from None
+
+
+def pick_tool_parser(chat_template: str | None) -> str | None:
+    """The parser a chat template's own tool format calls for, or None when it shows no tool format."""
+    t = chat_template or ""
+    if "<tool_call>" in t:
+        return "hermes"
+    if "[TOOL_CALLS]" in t:
+        return "mistral"
+    if "[func_name1(" in t or "func_name1(params_name1=" in t:
+        return "pythonic"
+    if "<|start_header_id|>" in t and "tools" in t:
+        return "llama3_json"
+    return None
+
+
+__all__ = ["TOOL_PARSERS", "ArrayToolParser", "NamedFunctionParser", "ParsedCall", "ToolCallStream", "ToolParser",
+           "get_tool_parser", "make_tool_call_id", "pick_tool_parser"]
