@@ -55,16 +55,15 @@ def make_encoder(folder, kind: str, pooling: str, seed: int):
 def make_qwen3_embedding(folder, seed: int = 3):
     """A tiny random Qwen3 body (no LM head, as embedding checkpoints ship) with the demo tokenizer; its
     config says Matryoshka dimensions are allowed. (Qwen2 until the engine runs Qwen3: the same path.)"""
-    from engine_helpers import demo_tokenizer
     from transformers import Qwen2Config, Qwen2Model, Qwen3Config, Qwen3Model
 
     from wslm.backend.modeling import SUPPORTED_ARCHITECTURES
 
     torch.manual_seed(seed)
-    tok = demo_tokenizer()
+    tok = make_bert_tokenizer(folder)  # any tokenizer does: the server and the reference share it
     common = dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, initializer_range=0.2,
-                  tie_word_embeddings=True, eos_token_id=tok.eos_token_id)
+                  tie_word_embeddings=True, eos_token_id=tok.sep_token_id)
     if "Qwen3ForCausalLM" in SUPPORTED_ARCHITECTURES:
         model = Qwen3Model(Qwen3Config(head_dim=16, **common)).eval()
     else:
@@ -74,7 +73,9 @@ def make_qwen3_embedding(folder, seed: int = 3):
     cfg = json.loads((folder / "config.json").read_text())
     cfg["is_matryoshka"] = True
     (folder / "config.json").write_text(json.dumps(cfg))
-    return folder, model, tok
+    from transformers import AutoTokenizer
+
+    return folder, model, AutoTokenizer.from_pretrained(str(folder))  # the tokenizer as the server reads it
 
 
 def cosine(a, b) -> float:
@@ -86,7 +87,7 @@ def cosine(a, b) -> float:
 @pytest.fixture(scope="module")
 def bert(tmp_path_factory):
     folder, st = make_encoder(tmp_path_factory.mktemp("bert"), "bert", "mean", seed=1)
-    srv = ServerProcess(str(folder), "--port", "0", "--uvicorn-log-level", "warning", "--served-model-name", "bert")
+    srv = ServerProcess(str(folder), "--port", "0", "--uvicorn-log-level", "warning", "--shutdown-timeout", "0", "--served-model-name", "bert")
     yield srv, st
     srv.stop()
 
@@ -134,7 +135,7 @@ def test_xlm_roberta_cls_pooling_in_process(tmp_path):
 @pytest.fixture(scope="module")
 def qwen3(tmp_path_factory):
     folder, model, tok = make_qwen3_embedding(tmp_path_factory.mktemp("qwen3emb"))
-    srv = ServerProcess(str(folder), "--port", "0", "--uvicorn-log-level", "warning", "--served-model-name", "q3",
+    srv = ServerProcess(str(folder), "--port", "0", "--uvicorn-log-level", "warning", "--shutdown-timeout", "0", "--served-model-name", "q3",
                         "--kv-cache-memory", "32MiB", "--dtype", "float32")
     yield srv, model, tok
     srv.stop()
@@ -150,7 +151,7 @@ def test_qwen3_last_token_matches_hf(qwen3):
     srv, model, tok = qwen3
     client = openai.OpenAI(base_url=srv.base_url, api_key="unused", max_retries=0)
     instruct = "Instruct: Given a web search query, retrieve relevant passages\nQuery: "  # the client's job
-    texts = [instruct + "where is the lighthouse", "The lighthouse stands on the rocks by the sea."]
+    texts = [instruct + "where is the lighthouse", "the lighthouse stands on the rocks by the sea"]
     got = client.embeddings.create(model="q3", input=texts)
     ids = [tok.encode(t) for t in texts]
     for i, d in zip(ids, got.data):
@@ -190,7 +191,7 @@ def test_cross_encoder_rerank_and_score(tmp_path):
 
     offline = [o.outputs.data[0].item() for o in LLM(str(tmp_path)).score(query, docs)]
     assert offline == pytest.approx(expected.tolist(), abs=1e-5)
-    srv = ServerProcess(str(tmp_path), "--port", "0", "--uvicorn-log-level", "warning", "--served-model-name", "rr")
+    srv = ServerProcess(str(tmp_path), "--port", "0", "--uvicorn-log-level", "warning", "--shutdown-timeout", "0", "--served-model-name", "rr")
     try:
         r = httpx.post(srv.url + "/rerank", json={"model": "rr", "query": query, "documents": docs, "top_n": 2})
         assert r.status_code == 200, r.text

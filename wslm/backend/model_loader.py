@@ -252,8 +252,14 @@ def _sliding_window(hf_config) -> int | None:
     return window
 
 
-def iter_weights(source: ModelSource, dtype: torch.dtype):
-    """Yield (hf_name, tensor) for every weight, one file at a time to keep peak memory low."""
+def iter_weights(source: ModelSource, dtype: torch.dtype, quantization: str | None = None):
+    """Yield (hf_name, tensor) for every weight, one file at a time to keep peak memory low. AWQ/GPTQ
+    pieces come out as one int4 weight per linear (wslm.backend.quant.packed_checkpoint)."""
+    if quantization in ("awq", "gptq"):
+        from wslm.backend.quant.packed_checkpoint import read_quant_config, repack
+
+        yield from repack(iter_weights(source, dtype), quantization, read_quant_config(source.folder))
+        return
     if source.gguf_file:
         yield from _iter_gguf_weights(source, dtype)
         return

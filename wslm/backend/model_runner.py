@@ -20,7 +20,7 @@ def load_model(source, mc, device: torch.device, embedding: bool = False):
     from wslm.backend.model_loader import iter_weights
 
     model = get_model_class(mc.architecture)(mc, device)
-    weights = iter_weights(source, mc.dtype)
+    weights = iter_weights(source, mc.dtype, getattr(mc, "quantization", None))
     if embedding:
         from wslm.backend.decoder_pooling import DecoderPooling
 

@@ -23,7 +23,7 @@ from wslm.gui.download_dialog import DownloadDialog
 from wslm.gui.download_job import DONE, PullJob
 from wslm.gui.download_view import DownloadProgressView
 from wslm.gui.format import human_bytes
-from wslm.gui.models_model import ModelRole, fit_hint
+from wslm.gui.models_model import ModelRole, display_name, fit_hint
 from wslm.gui.models_service import ModelsService
 
 
@@ -39,6 +39,7 @@ class ModelsPanel(QWidget):
 
         title = QLabel("Models", objectName="Title")
         self.summary = QLabel(objectName="Muted")
+        self.summary.setMinimumWidth(1)  # long text must not set the window's minimum width
         self.download_button = QPushButton("⬇  Download…", objectName="Primary")
         self.download_button.clicked.connect(self.open_download)
         self.serve_button = QPushButton("Serve selected")
@@ -112,7 +113,7 @@ class ModelsPanel(QWidget):
             return
         t = self.service.table
         fit, color = fit_hint(m, t.vram_total_bytes, t.gpu_share, t.no_gpu)
-        parts = [f"<b style='color:#e6e9ef;'>{html.escape(m.get('name') or m.get('id', ''))}</b>",
+        parts = [f"<b style='color:#e6e9ef;'>{html.escape(display_name(m))}</b>",
                  html.escape(str(m.get("path", "")))]
         if m.get("memory_estimate_bytes"):
             ctx = m.get("estimate_context") or m.get("context_length")

@@ -26,9 +26,12 @@ import wslm.gui.qt_fix  # noqa: F401  (PySide6 6.12 emit() refcount bug)
 from wslm.gui import theme
 from wslm.gui.backend_target import target_label
 from wslm.gui.log_view import LogView
+from wslm.gui.models_model import display_name
 from wslm.gui.plot_widget import Sparkline
 from wslm.gui.server_controller import CRASHED, READY, STOPPED, ServerConfig, ServerController
 from wslm.gui.settings import Settings
+
+CRASH_LINES = 6  # log lines quoted in the crash box; the full log stays below it
 
 STATE_TEXT = {"stopped": "Stopped", "starting": "Starting", "loading": "Loading model", "ready": "Ready",
               "stopping": "Stopping", "crashed": "Crashed"}
@@ -47,6 +50,7 @@ class ServerPanel(QWidget):
         self.badge = QLabel(objectName="StateBadge")
         self.detail = QLabel(objectName="Muted")
         self.detail.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.detail.setMinimumWidth(1)  # a long detail must not set the window's minimum width
         self.start_button = QPushButton("▶  Start", objectName="Primary")
         self.stop_button = QPushButton("■  Stop")
         self.restart_button = QPushButton("↻  Restart")
@@ -72,8 +76,12 @@ class ServerPanel(QWidget):
         target_row = QHBoxLayout()
         target_row.addWidget(self.target_label, 1)
         target_row.addWidget(change)
-        self.model = QComboBox(editable=True)
-        self.model.addItem(settings.model or "demo")
+        # Installed models (`wslm models list`), shown by the names users know; the item data is the id
+        # `wslm serve --model` takes. Not free text: a typo would only show up as a crash.
+        self.model = QComboBox()
+        self.model.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+        self.model.setMinimumContentsLength(14)
+        self.set_model(settings.model or "demo")
         self.port = QSpinBox(minimum=1, maximum=65535, value=settings.port)
         self.context = QSpinBox(minimum=0, maximum=1048576, singleStep=1024, value=settings.max_model_len)
         self.context.setSpecialValueText("model default")
@@ -109,7 +117,7 @@ class ServerPanel(QWidget):
         grid.setColumnStretch(3, 1)
         for w in (self.port, self.context, self.gpu):
             w.valueChanged.connect(self._save)
-        self.model.currentTextChanged.connect(self._save)
+        self.model.currentIndexChanged.connect(self._save)
         self.api_key.editingFinished.connect(self._save)
 
         self.crash_box = QLabel()
@@ -130,9 +138,10 @@ class ServerPanel(QWidget):
             "tps": Sparkline("Throughput", " tok/s", None, "#f778ba"),
         }
         for i, plot in enumerate(self.plots.values()):
-            plots.addWidget(plot, 0, i)
+            plots.addWidget(plot, i // 3, i % 3)  # two rows of three: fits a narrow window
 
         self.log = LogView(controller.logs, only="server")
+        self.log.setMinimumHeight(150)  # a crash box above must not squeeze the log to a few lines
         lay = QVBoxLayout(self)
         lay.setContentsMargins(18, 14, 18, 14)
         lay.setSpacing(12)
@@ -153,13 +162,30 @@ class ServerPanel(QWidget):
     def set_target_label(self) -> None:
         self.target_label.setText(target_label(self.controller.target))
 
-    def set_models(self, ids: list[str]) -> None:
-        current = self.model.currentText()
+    def set_models(self, models: list) -> None:
+        """Fill the picker from `models list` (dicts, or bare ids); the chosen model stays chosen."""
+        current = self.model_id()
         self.model.blockSignals(True)
         self.model.clear()
-        self.model.addItems(ids or ["demo"])
-        self.model.setCurrentText(current or "demo")
+        for m in models or ["demo"]:
+            model_id = m.get("id", "") if isinstance(m, dict) else str(m)
+            if model_id:
+                label = display_name(m) if isinstance(m, dict) else model_id
+                self.model.addItem(label if label == model_id else f"{label}  ({model_id})", model_id)
         self.model.blockSignals(False)
+        self.set_model(current or "demo")
+
+    def model_id(self) -> str:
+        return str(self.model.currentData() or self.model.currentText()).strip()
+
+    def set_model(self, model_id: str) -> None:
+        """Select `model_id`; one not (yet) listed is added, marked, so a saved choice is never lost."""
+        i = self.model.findData(model_id)
+        if i < 0:
+            self.model.addItem(model_id if model_id == "demo" or not self.model.count() else
+                               f"{model_id}  (not in `models list`)", model_id)
+            i = self.model.count() - 1
+        self.model.setCurrentIndex(i)
 
     def extra_args(self) -> list[str] | None:
         """The extra flags split like a shell would; None (and a message) when the quoting is broken."""
@@ -170,14 +196,14 @@ class ServerPanel(QWidget):
             return None
 
     def config(self) -> ServerConfig:
-        return ServerConfig(model=self.model.currentText().strip() or "demo", host=self.settings.host,
+        return ServerConfig(model=self.model_id() or "demo", host=self.settings.host,
                             port=self.port.value(), api_key=self.api_key.text().strip(),
                             max_model_len=self.context.value(), gpu_memory_utilization=self.gpu.value(),
                             extra_args=self.extra_args() or [])
 
     def _save(self, *_args) -> None:
         s = self.settings
-        s.model, s.port, s.max_model_len = self.model.currentText().strip() or "demo", self.port.value(), self.context.value()
+        s.model, s.port, s.max_model_len = self.model_id() or "demo", self.port.value(), self.context.value()
         s.gpu_memory_utilization, s.api_key = self.gpu.value(), self.api_key.text().strip()
         s.auto_restart = self.auto_restart.isChecked()
         s.serve_extra_args = self.extra.text().strip()
@@ -203,17 +229,37 @@ class ServerPanel(QWidget):
         self.stop_button.setEnabled(running and state != "stopping")
         self.restart_button.setEnabled(state in (READY, CRASHED, "loading", "starting"))
         self.detail.setText(detail if state != CRASHED else "See below for the cause")
+        self._mark_field("")
         if state == CRASHED:
-            lines = "<br>".join(html.escape(x) for x in self.controller.last_lines[-8:])
+            cause = self.controller.cause
+            title = cause.title if cause else "The server stopped unexpectedly"
+            said = detail.removeprefix(title + ". ")
+            # A recognised cause is said in the app's words; the raw lines (with their command-line advice)
+            # stay in the log below. Otherwise this run's last lines are the best explanation there is.
+            quoted = [] if cause and cause.field else self.controller.last_lines[-CRASH_LINES:]
+            lines = "<br>".join(html.escape(x) for x in quoted)
             self.crash_box.setText(
-                f"<b style='color:{theme.ERROR};'>The server stopped unexpectedly.</b><br>{html.escape(detail)}"
-                f"<br><br><span style='font-family:monospace; color:#d8b4b1;'>{lines}</span>")
+                f"<b style='color:{theme.ERROR};'>{html.escape(title)}</b><br>{html.escape(said)}"
+                + (f"<br><br><span style='font-family:monospace; color:#d8b4b1;'>{lines}</span>" if lines else ""))
             self.crash_box.show()
+            if cause:
+                self._mark_field(cause.field)
         elif state != STOPPED:
             self.crash_box.hide()
         if state != READY:
+            # Nothing is served: no stale "80 tokens generated" beside "when the server is ready".
             for key in ("kv", "tps"):
-                self.plots[key].set_note("when the server is ready" if state != READY else "")
+                self.plots[key].clear()
+                self.plots[key].set_note("when the server is ready")
+
+    def _mark_field(self, name: str) -> None:
+        """Outline the field the crash box tells the user to change (and put the cursor there)."""
+        fields = {"model": self.model, "port": self.port, "context": self.context, "gpu": self.gpu,
+                  "api_key": self.api_key, "extra": self.extra}
+        for key, w in fields.items():
+            w.setStyleSheet(f"border: 1px solid {theme.ERROR};" if key == name else "")
+        if name in fields:
+            fields[name].setFocus()
 
     def show_metrics(self, m: dict) -> None:
         self.plots["kv"].add(100.0 * (m.get("kv_cache_usage") or 0.0),

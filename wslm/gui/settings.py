@@ -43,6 +43,7 @@ class Settings:
     top_p: float = 0.95
     max_tokens: int = 1024
     system_prompt: str = "You are a helpful assistant."
+    chat_settings_visible: bool = True  # the chat's right-hand settings column
     # Models.
     hub_endpoint: str = ""
     # Window.

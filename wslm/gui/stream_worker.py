@@ -85,6 +85,7 @@ class StreamWorker(QThread):
         chunks = 0
         usage_tokens = None
         finish_reason = None
+        served_by = ""  # the model that answered (the chunk's "model"): shown under the reply
         try:
             timeout = httpx.Timeout(connect=5.0, read=600.0, write=30.0, pool=5.0)
             with httpx.Client(timeout=timeout) as client:
@@ -113,6 +114,7 @@ class StreamWorker(QThread):
                             body = json.dumps({"error": {"message": msg}})
                             self.failed.emit(*describe_http_error(int(code or 500), body, req.base_url))
                             return
+                        served_by = chunk.get("model") or served_by
                         if chunk.get("usage"):
                             usage_tokens = chunk["usage"].get("completion_tokens", usage_tokens)
                         for choice in chunk.get("choices") or []:
@@ -141,4 +143,5 @@ class StreamWorker(QThread):
             "elapsed_s": round(elapsed, 3),
             "finish_reason": "stopped" if self._stop.is_set() else finish_reason,
             "stopped": self._stop.is_set(),
+            "model": served_by,
         })

@@ -20,7 +20,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = sub.add_parser("list", help="models on this machine (HF cache, models folder, demo)")
     p.add_argument("--json", action="store_true", help='one JSON line: {"models": [...]}')
     p.add_argument(
-        "--context", type=_positive, metavar="N", help="context length for the memory estimate (default 4096)"
+        "--context", type=_positive, metavar="N",
+        help="context length for the memory estimate (default: each model's own, as `wslm serve` uses)",
     )
     p.add_argument("--all", action="store_true", help="also list unfinished downloads")
     p.set_defaults(func=cmd_list)
@@ -129,10 +130,8 @@ def cmd_list(args: argparse.Namespace) -> int:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
-    ctx = models[0].estimate_context if models else None
-    print(
-        f"\n* memory: weights + KV cache at {args.context or ctx or 4096} tokens + overhead (--context N to change)"
-    )
+    at = f"{args.context} tokens" if args.context else "each model's own context"
+    print(f"\n* memory: weights + the KV cache `wslm serve` reserves at {at} + overhead (--context N to change)")
     for m in models:
         if not m.supported and m.unsupported_reason:
             print(f"  {m.id}: {m.unsupported_reason}")
