@@ -137,7 +137,7 @@ def qwen3(tmp_path_factory):
     folder, model, tok = make_qwen3_embedding(tmp_path_factory.mktemp("qwen3emb"))
     srv = ServerProcess(str(folder), "--port", "0", "--uvicorn-log-level", "warning", "--shutdown-timeout", "0", "--served-model-name", "q3",
                         "--kv-cache-memory", "32MiB", "--dtype", "float32")
-    yield srv, model, tok
+    yield srv, model, tok, folder
     srv.stop()
 
 
@@ -148,7 +148,7 @@ def _hf_last_token(model, ids: list[int]) -> torch.Tensor:
 
 
 def test_qwen3_last_token_matches_hf(qwen3):
-    srv, model, tok = qwen3
+    srv, model, tok, _ = qwen3
     client = openai.OpenAI(base_url=srv.base_url, api_key="unused", max_retries=0)
     instruct = "Instruct: Given a web search query, retrieve relevant passages\nQuery: "  # the client's job
     texts = [instruct + "where is the lighthouse", "the lighthouse stands on the rocks by the sea"]
@@ -209,3 +209,19 @@ def test_cross_encoder_rerank_and_score(tmp_path):
         assert no.status_code == 400 and no.json()["error"]["code"] == "model_not_supported"
     finally:
         srv.stop()
+
+
+def test_decoder_embedding_is_prefill_only_and_chunked(qwen3):
+    """Offline, with an 8-token budget: a 30-token prompt is prefilled in 4 chunks batched with a short one,
+    both vectors equal HF's, nothing is generated and every KV block is free again afterwards."""
+    from wslm.backend import LLM
+
+    _, model, tok, folder = qwen3
+    llm = LLM(str(folder), dtype="float32", kv_cache_memory=8 << 20, max_num_batched_tokens=8)
+    texts = ["instruct what is the sky query where is the lighthouse by the sea", "red apple"]
+    outs = llm.embed(texts)
+    for t, out in zip(texts, outs):
+        assert cosine(_hf_last_token(model, tok.encode(t)), out.outputs.embedding) > 0.9999
+    stats = llm.llm_engine.get_stats()
+    assert stats["num_free_blocks"] == stats["num_blocks"] and stats["generation_tokens_total"] == 0
+    assert len(tok.encode(texts[0])) > 16  # really chunked (and more than one block)

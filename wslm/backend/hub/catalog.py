@@ -237,7 +237,7 @@ def _support(entry: _Entry, meta: ModelMetadata) -> str | None:
         if odd:
             return f"GGUF tensor type {odd[0]} cannot be dequantized"
     else:
-        if meta.architecture not in SUPPORTED_ARCHITECTURES:
+        if not _runnable(meta.architecture, SUPPORTED_ARCHITECTURES):
             return f"architecture {meta.architecture!r} is not supported (supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
         if meta.quantization:
             return f"pre-quantized HF weights ({meta.quantization}) are not supported; use the unquantized repo or a GGUF"
@@ -246,6 +246,15 @@ def _support(entry: _Entry, meta: ModelMetadata) -> str | None:
     if not meta.has_tokenizer:
         return "no tokenizer in the model files"
     return None
+
+
+def _runnable(arch: str, causal: dict) -> bool:
+    """A causal LM the engine runs, its bare decoder body (embedding checkpoints: Qwen3Model), or a
+    BERT-family encoder (embeddings, rerankers)."""
+    from wslm.backend.pooling import ENCODER_ARCHITECTURES
+
+    body = arch.removesuffix("Model") + "ForCausalLM" if arch.endswith("Model") else None
+    return arch in causal or arch in ENCODER_ARCHITECTURES or body in causal
 
 
 def resume_hint(state: dict | None, repo_id: str) -> str:
