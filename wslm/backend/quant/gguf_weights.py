@@ -18,21 +18,19 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from wslm.backend.quant.gguf_formats import DENSE_TYPES, INT4_TYPES, INT8_TYPES
 from wslm.backend.quant.int4 import Int4Codes
 from wslm.backend.quant.int8 import quantize_int8_chunks
 
 _LAYER_NAMES = {
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
+    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
     "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
 }  # fmt: skip
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 # Architectures whose q/k rows llama.cpp's converter permuted (transformers undoes the same set).
 _PERMUTED_ARCHS = ("llama", "mistral")
-INT4_TYPES = ("Q4_0", "Q4_1", "Q4_K")
-DENSE_TYPES = ("F32", "F16", "BF16")
-INT8_TYPES = ("Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0", "Q2_K", "Q3_K")
 _ROWS_PER_CHUNK = 1024
 
 
