@@ -82,13 +82,14 @@ def test_awq_gptq_checkpoints_match_their_dequantized_forward(tiny_models, tmp_p
     quant = LLM(str(folder), dtype="float32", kv_cache_memory=16 << 20, max_model_len=256)
     assert quant.llm_engine.model_config.quantization == method
     qmodel = quant.llm_engine.runner.model
-    layer = qmodel.layers[0]
-    assert isinstance(layer.o, Int4Weight) and isinstance(layer.down, Int4Weight)
+    attn, mlp = qmodel.layers[0].self_attn, qmodel.layers[0].mlp
+    assert isinstance(attn.o_proj.weight, Int4Weight) and isinstance(mlp.down_proj.weight, Int4Weight)
     if not act_order:
-        assert isinstance(layer.qkv, Int4Weight) and isinstance(layer.gate_up, Int4Weight)
+        assert isinstance(attn.qkv_proj.weight, Int4Weight) and isinstance(mlp.gate_up_proj.weight, Int4Weight)
     # Each repacked weight is the checkpoint's own dequantization (scales rounded to bf16 at most).
     o_ref = reference["model.layers.0.self_attn.o_proj.weight"]
-    torch.testing.assert_close(layer.o.dequantize(), o_ref, atol=0.02 * o_ref.abs().max().item(), rtol=0)
+    o = attn.o_proj.weight.dequantize()
+    torch.testing.assert_close(o, o_ref, atol=0.02 * o_ref.abs().max().item(), rtol=0)
 
     dense = LLM(str(tiny_models["llama"]), dtype="float32", kv_cache_memory=16 << 20, max_model_len=256)
     dmodel = dense.llm_engine.runner.model
@@ -96,10 +97,11 @@ def test_awq_gptq_checkpoints_match_their_dequantized_forward(tiny_models, tmp_p
         p = f"model.layers.{i}."
         r = {n: reference[p + n + ".weight"] for n in [f"self_attn.{x}" for x in LINEARS[:4]]}
         r.update({n: reference[p + n + ".weight"] for n in [f"mlp.{x}" for x in LINEARS[4:]]})
-        dlayer.qkv = torch.cat([r["self_attn.q_proj"], r["self_attn.k_proj"], r["self_attn.v_proj"]])
-        dlayer.o = r["self_attn.o_proj"]
-        dlayer.gate_up = torch.cat([r["mlp.gate_proj"], r["mlp.up_proj"]])
-        dlayer.down = r["mlp.down_proj"]
+        attn, mlp = dlayer.self_attn, dlayer.mlp
+        attn.qkv_proj.weight = torch.cat([r["self_attn.q_proj"], r["self_attn.k_proj"], r["self_attn.v_proj"]])
+        attn.o_proj.weight = r["self_attn.o_proj"]
+        mlp.gate_up_proj.weight = torch.cat([r["mlp.gate_proj"], r["mlp.up_proj"]])
+        mlp.down_proj.weight = r["mlp.down_proj"]
     prompt = dense.get_tokenizer().encode("The quick brown fox jumps over the lazy dog")
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     ref = list(dense.generate([{"prompt_token_ids": prompt}], params)[0].outputs[0].token_ids)

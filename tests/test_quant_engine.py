@@ -16,6 +16,12 @@ from wslm.demo import demo_model_path
 CHAT = [{"role": "user", "content": "Write a short story about a lighthouse keeper and a storm."}]
 
 
+def _linears(layer) -> dict:
+    """A decoder layer's linear layers (modeling/layers/linear.py), by their fused names."""
+    attn, mlp = layer.self_attn, layer.mlp
+    return {"qkv": attn.qkv_proj, "o": attn.o_proj, "gate_up": mlp.gate_up_proj, "down": mlp.down_proj}
+
+
 def _teacher_forced_agreement(llm: LLM, prompt: list[int], reference: list[int]) -> float:
     """Share of steps where llm's greedy next token equals the reference's, given the reference prefix
     (so one early difference does not decide every later step). One prompt at a time: each reuses the
@@ -34,11 +40,11 @@ def test_demo_gguf_native_weights_agree_with_dequantized(demo_llm, monkeypatch):
     native = LLM("demo", kv_cache_memory=64 << 20, max_model_len=512, dtype="float32")
     model = native.llm_engine.runner.model
     assert native.llm_engine.model_config.quantization == "gguf"
-    assert isinstance(model.layers[0].qkv, Int4Weight) and isinstance(model.embed, Int8Weight)  # Q4_1, Q8_0
-    weight_bytes = sum(
-        w.nbytes for layer in model.layers for w in (layer.qkv, layer.o, layer.gate_up, layer.down)
-    )
-    assert weight_bytes + model.embed.nbytes < 1.3 * demo_model_path().stat().st_size
+    layer0 = model.layers[0]
+    assert isinstance(layer0.self_attn.qkv_proj.weight, Int4Weight)  # Q4_1
+    assert isinstance(model.embed_tokens.weight, Int8Weight)  # Q8_0
+    weight_bytes = sum(lin.weight.nbytes for layer in model.layers for lin in _linears(layer).values())
+    assert weight_bytes + model.embed_tokens.weight.nbytes < 1.3 * demo_model_path().stat().st_size
 
     prompt = demo_llm.llm_engine.apply_chat_template(CHAT, None, True)
     params = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
@@ -61,14 +67,13 @@ def test_quantized_on_load_matches_its_dequantized_forward(tiny_models, method):
     dense = LLM(folder, dtype="float32", kv_cache_memory=16 << 20, max_model_len=256)
     qmodel, dmodel = quant.llm_engine.runner.model, dense.llm_engine.runner.model
     for qlayer, dlayer in zip(qmodel.layers, dmodel.layers):
-        for name in ("qkv", "o", "gate_up", "down"):
-            weight = getattr(qlayer, name)
+        dense_linears = _linears(dlayer)
+        for name, qlin in _linears(qlayer).items():
+            weight = qlin.weight
             assert is_quantized(weight) and weight.bits == (8 if method == "int8" else 4)
-            setattr(dlayer, name, weight.dequantize(torch.float32))
-    dmodel.embed, dmodel.lm_head = (
-        qmodel.embed.dequantize(torch.float32),
-        qmodel.lm_head.dequantize(torch.float32),
-    )
+            dense_linears[name].weight = weight.dequantize(torch.float32)
+    dmodel.embed_tokens.weight = qmodel.embed_tokens.weight.dequantize(torch.float32)
+    dmodel.lm_head.weight = qmodel.lm_head.weight.dequantize(torch.float32)
     prompt = dense.get_tokenizer().encode("The quick brown fox jumps over the lazy dog")
     params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
     ref = dense.generate([{"prompt_token_ids": prompt}], params)[0].outputs[0]

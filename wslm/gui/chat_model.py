@@ -182,6 +182,11 @@ class MessageListModel(QAbstractListModel):
         self.streaming_row = row
         self.dataChanged.emit(self.index(row), self.index(row))
 
+    def touch_row(self, row: int) -> None:
+        """The message changed in memory (its streaming reasoning): repaint it."""
+        idx = self.index(row)
+        self.dataChanged.emit(idx, idx)
+
     def append_text(self, row: int, text: str) -> None:
         """Streamed delta: kept in memory; written to SQLite by finish() (not per token)."""
         self._items[row].content += text

@@ -5,6 +5,7 @@ A view over ChatSession; the only state kept here is what the widgets show."""
 from __future__ import annotations
 
 import html
+from pathlib import Path
 
 from PySide6.QtCore import QEvent, QModelIndex, QRect, Qt, Signal
 from PySide6.QtGui import QKeyEvent
@@ -13,6 +14,7 @@ from PySide6.QtWidgets import (
     QButtonGroup,
     QComboBox,
     QDoubleSpinBox,
+    QFileDialog,
     QFormLayout,
     QFrame,
     QHBoxLayout,
@@ -33,6 +35,7 @@ from PySide6.QtWidgets import (
 
 import wslm.gui.qt_fix  # noqa: F401  (PySide6 6.12 emit() refcount bug)
 from wslm.gui.chat_errors import normalize_base_url
+from wslm.gui.chat_export import export_conversation
 from wslm.gui.chat_model import IdRole
 from wslm.gui.chat_session import ChatSession
 from wslm.gui.chat_view import ChatView
@@ -85,6 +88,7 @@ class ChatPanel(QWidget):
         self.installed: list[dict] = []  # `models list`, for the picker in wslm-server mode
         self.serve_choice = ""  # the server panel's model (what a start would load)
         self.switching_to = ""  # a model switch in progress
+        self.editing_row = -1  # a sent message being edited (Send re-runs the chat from it)
         self._loading_params = True  # widgets being filled from the conversation: not a user edit
         self.lister = ModelLister(self)
         self.lister.listed.connect(self._on_models)
@@ -114,6 +118,8 @@ class ChatPanel(QWidget):
         session.current_changed.connect(self._on_current)
         session.reply_failed.connect(self._on_failed)
         self.view.regenerate_requested.connect(self._regenerate)
+        self.view.edit_requested.connect(self.edit_message)
+        self.view.version_requested.connect(self.session.show_version)
         self._apply_connection()
         first = session.conversations.conversation(0)
         if first is not None and not session.messages.conversation_id:
@@ -265,6 +271,9 @@ class ChatPanel(QWidget):
             return
         menu = QMenu(self)
         menu.addAction("Rename", lambda: self.list.edit(index))
+        conv_id = int(index.data(IdRole))
+        menu.addAction("Export as Markdown…", lambda: self._export_dialog(conv_id, "md"))
+        menu.addAction("Export as JSON…", lambda: self._export_dialog(conv_id, "json"))
         menu.addAction("Delete", lambda: self._delete(index.row()))
         menu.exec(self.list.viewport().mapToGlobal(pos))
 
@@ -325,6 +334,12 @@ class ChatPanel(QWidget):
         if not self.session.base_url:
             self._show_error("No server to talk to: start one in the Server panel, or set a URL under Connection.")
             return
+        if self.editing_row >= 0:
+            if self.session.edit_and_rerun(self.editing_row, text):
+                self.input.clear()
+                self.cancel_edit()
+            self.input.setFocus()
+            return
         if self.session.send(text):
             self.input.clear()
             self.title.setText(self.session.current().title)
@@ -334,6 +349,37 @@ class ChatPanel(QWidget):
     def stop(self) -> None:
         self.session.stop()
         self.input.setFocus()
+
+    # Editing a sent message
+    def edit_message(self, row: int) -> None:
+        msg = self.session.messages.message(row)
+        if msg is None or msg.role != "user" or self.session.busy:
+            return
+        self.editing_row = row
+        self.input.setPlainText(msg.content)
+        self.input.setFocus()
+        self._show_error("Editing a sent message: Send asks again from there (the replies after it are "
+                         "replaced); Esc cancels.")
+
+    def cancel_edit(self) -> None:
+        if self.editing_row >= 0:
+            self.editing_row = -1
+            self.error_label.hide()
+
+    # Export
+    def _export_dialog(self, conv_id: int, kind: str) -> None:
+        conv = self.session.store.get_conversation(conv_id)
+        name = "".join(c if c.isalnum() or c in " -_" else "_" for c in (conv.title if conv else "chat"))[:60]
+        path, _ = QFileDialog.getSaveFileName(self, "Export chat", f"{name}.{kind}",
+                                              "Markdown (*.md)" if kind == "md" else "JSON (*.json)")
+        if path:
+            self.export_chat(conv_id, path)
+
+    def export_chat(self, conv_id: int, path: str) -> None:
+        try:
+            export_conversation(self.session.store, conv_id, Path(path))
+        except (OSError, ValueError) as exc:
+            self._show_error(f"Could not export the chat to {path}: {exc}")
 
     def _regenerate(self, row: int) -> None:
         self.session.regenerate(row)

@@ -27,6 +27,14 @@ def title_from(text: str) -> str:
     return line if len(line) <= TITLE_CHARS else line[: TITLE_CHARS - 1] + "…"
 
 
+def versions_of(msg: Message) -> list[dict]:
+    """A reply's versions so far (itself included), for the regenerated one to extend."""
+    if msg.stats.get("versions"):
+        return list(msg.stats["versions"])
+    own = {k: v for k, v in msg.stats.items() if k not in ("versions", "version")}
+    return [{"content": msg.content, "stats": own}]
+
+
 @dataclass
 class _Reply:
     """One reply being streamed. It keeps streaming when the user opens another chat: the text grows in
@@ -39,6 +47,23 @@ class _Reply:
     ttft_s: float | None = None
     chunks: int = 0
     saved_at: float = field(default_factory=time.monotonic)  # when the text so far was last written to the store
+    versions: list[dict] = field(default_factory=list)  # earlier replies this one regenerates (kept as ‹ 1/2 ›)
+    think_start: float | None = None
+    think_end: float | None = None
+
+    def final_stats(self, stats: dict) -> dict:
+        """The reply's stats plus what the chat keeps with it: the reasoning and the earlier versions."""
+        out = dict(stats)
+        thought = self.message.stats.get("reasoning", "")
+        if thought:
+            end = self.think_end or time.monotonic()
+            out["reasoning"] = thought
+            out["reasoning_s"] = round(end - (self.think_start or end), 1)
+        if self.versions:
+            own = {k: v for k, v in out.items() if k not in ("versions", "version")}
+            out["versions"] = [*self.versions, {"content": self.message.content, "stats": own}]
+            out["version"] = len(out["versions"]) - 1
+        return out
 
     def partial_stats(self) -> dict:
         """Stats of a reply stopped by the user: what was measured up to the stop."""
@@ -156,7 +181,33 @@ class ChatSession(QObject):
                 return True
         if not (0 <= row < len(items)) or items[row].role != "assistant":
             return False
+        old = items[row]
+        versions = versions_of(old) if old.content else []
         self.messages.remove_from(row)
+        self._start_reply(versions)
+        return True
+
+    def show_version(self, row: int, index: int) -> bool:
+        """Flip a regenerated reply to another of its versions (‹ 2/3 ›); the one shown is what the
+        conversation continues from."""
+        msg = self.messages.message(row)
+        versions = (msg.stats.get("versions") or []) if msg else []
+        if not (0 <= index < len(versions)) or row == self.messages.streaming_row:
+            return False
+        chosen = versions[index]
+        msg.content = chosen["content"]
+        self.messages.finish(row, {**chosen.get("stats", {}), "versions": versions, "version": index},
+                             error=msg.error)
+        return True
+
+    def edit_and_rerun(self, row: int, text: str) -> bool:
+        """Replace the user's message at `row` with `text`, drop everything after it, and ask again."""
+        text = text.strip()
+        msg = self.messages.message(row)
+        if self.busy or not text or msg is None or msg.role != "user":
+            return False
+        self.messages.remove_from(row)
+        self.messages.append("user", text)
         self._start_reply()
         return True
 
@@ -188,7 +239,7 @@ class ChatSession(QObject):
             out.append({"role": msg.role, "content": msg.content})
         return out
 
-    def _start_reply(self) -> None:
+    def _start_reply(self, versions: list[dict] | None = None) -> None:
         conv = self.current()
         row = self.messages.append("assistant", "")
         self.messages.streaming_row = row
@@ -202,10 +253,13 @@ class ChatSession(QObject):
             max_tokens=conv.max_tokens if conv else 1024,
         )
         worker = StreamWorker(request, self)
-        reply = _Reply(self.messages.conversation_id, self.messages.message(row), worker)
+        reply = _Reply(self.messages.conversation_id, self.messages.message(row), worker, versions=versions or [])
+        if conv is not None and request.model != conv.model:
+            self.store.update_conversation(conv.id, model=request.model)  # the chat remembers its model
         self.store.begin_reply(reply.message.id)
         worker.reply = reply
         worker.delta.connect(self._on_delta)
+        worker.reasoning.connect(self._on_reasoning)
         worker.first_token.connect(self._on_first_token)
         worker.done.connect(self._on_done)
         worker.failed.connect(self._on_failed)
@@ -231,13 +285,14 @@ class ChatSession(QObject):
         """The reply ended (done, failed or stopped): save it, free its chat, retire its worker."""
         del self._replies[reply.conv_id]
         worker = reply.worker
-        for sig, slot in ((worker.delta, self._on_delta), (worker.done, self._on_done),
+        for sig, slot in ((worker.delta, self._on_delta), (worker.reasoning, self._on_reasoning), (worker.done, self._on_done),
                           (worker.failed, self._on_failed), (worker.first_token, self._on_first_token)):
             try:
                 sig.disconnect(slot)
             except (RuntimeError, TypeError):
                 pass
         self._retired.append(worker)
+        stats = reply.final_stats(stats)
         if self._shown(reply):
             self.messages.finish(self.messages.streaming_row, stats, error=error)
         else:  # finished in the background: straight to SQLite, shown when its chat is opened
@@ -267,6 +322,8 @@ class ChatSession(QObject):
         if reply is None:
             return
         reply.chunks += 1
+        if reply.think_start is not None and reply.think_end is None:
+            reply.think_end = time.monotonic()
         if self._shown(reply):
             self.messages.append_text(self.messages.streaming_row, text)
         else:
@@ -275,6 +332,19 @@ class ChatSession(QObject):
         if now - reply.saved_at >= SAVE_EVERY_S:  # the reply so far survives the app being killed
             reply.saved_at = now
             self.store.save_partial(reply.message.id, reply.message.content)
+
+    def _on_reasoning(self, text: str) -> None:
+        """The model's thinking: kept apart from the answer (shown folded, stored, never sent back)."""
+        reply = self._reply_of_sender()
+        if reply is None:
+            return
+        reply.chunks += 1
+        if reply.think_start is None:
+            reply.think_start = time.monotonic()
+        stats = reply.message.stats
+        stats["reasoning"] = stats.get("reasoning", "") + text
+        if self._shown(reply):
+            self.messages.touch_row(self.messages.streaming_row)
 
     def _on_done(self, stats: dict) -> None:
         reply = self._reply_of_sender()

@@ -172,7 +172,8 @@ class MainWindow(QMainWindow):
         """Ctrl+1..5: panels; Ctrl+N: new chat; Esc: stop the reply."""
         for i, (key, _icon, _label) in enumerate(PANELS, start=1):
             QShortcut(QKeySequence(f"Ctrl+{i}"), self, activated=lambda k=key: self.sidebar.select(k))
-        QShortcut(QKeySequence(Qt.Key.Key_Escape), self, activated=self.session.stop)
+        QShortcut(QKeySequence(Qt.Key.Key_Escape), self,
+                  activated=lambda: (self.session.stop(), self.chat_panel.cancel_edit()))
 
     def _watch_share(self) -> None:
         from wslm.wsl_bridge import winexec
