@@ -112,7 +112,7 @@ def test_bert_matches_sentence_transformers(bert):
         assert cosine(e, d.embedding) > 0.9999
     # What the model can do, and what it cannot.
     card = httpx.get(srv.base_url + "/models").json()["data"][0]
-    assert card["task"] == "embed" and card["capabilities"] == ["embeddings"]
+    assert card["task"] == "embed" and card["capabilities"] == ["embeddings"] and srv.ready["task"] == "embed"
     with pytest.raises(openai.BadRequestError, match="Matryoshka"):
         client.embeddings.create(model="bert", input="the cat", dimensions=16)
     with pytest.raises(openai.BadRequestError, match="maximum context length"):
