@@ -1,6 +1,6 @@
-"""Offline engine throughput on the demo model against HF transformers in the same run.
+"""Offline engine throughput on the demo model (or --model PATH) against HF transformers in the same run.
 
-    .venv/bin/python bench/throughput.py [--requests 32] [--max-tokens 64] [--no-hf]
+    .venv/bin/python bench/throughput.py [--model demo|PATH] [--requests 32] [--max-tokens 64] [--no-hf]
 
 Chat requests with ignore_eos (every request makes exactly --max-tokens tokens). Reports output tok/s and
 TTFT for wslm at batch 1 and at --requests concurrent requests, the per-step Python overhead (step time
@@ -62,15 +62,19 @@ def run_wslm(llm, n: int, max_tokens: int) -> dict:
     }
 
 
-def run_hf(n_sequential: int, batch: int, max_tokens: int) -> dict:
+def run_hf(n_sequential: int, batch: int, max_tokens: int, model_name: str = "demo") -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from wslm.demo import demo_model_path
+    if model_name == "demo":
+        from wslm.demo import demo_model_path
 
-    path = demo_model_path()
-    tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name).eval()
+        path = demo_model_path()
+        tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name).eval()
+    else:  # an HF folder (safetensors + tokenizer)
+        tok = AutoTokenizer.from_pretrained(model_name)
+        model = AutoModelForCausalLM.from_pretrained(model_name, dtype=torch.float32).eval()
     gen = dict(max_new_tokens=max_tokens, min_new_tokens=max_tokens, do_sample=False, pad_token_id=tok.pad_token_id or 0)
     prompts = [tok.apply_chat_template(c, tokenize=False, add_generation_prompt=True) for c in chats(batch)]
     with torch.no_grad():
@@ -91,6 +95,7 @@ def run_hf(n_sequential: int, batch: int, max_tokens: int) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", default="demo", help="demo, or a model folder the engine supports")
     ap.add_argument("--requests", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--hf-sequential", type=int, default=3, help="HF requests run one at a time")
@@ -114,7 +119,7 @@ def main() -> int:
     results = {}
     for dtype in dtypes:
         label = f"auto = {auto}" if dtype == "auto" else dtype
-        llm = LLM("demo", max_num_seqs=max(args.requests, 1), dtype=dtype)
+        llm = LLM(args.model, max_num_seqs=max(args.requests, 1), dtype=dtype)
         llm.generate("warm up", SamplingParams(max_tokens=4))
         single = run_wslm(llm, 1, 128)
         many = run_wslm(llm, args.requests, args.max_tokens)
@@ -128,7 +133,7 @@ def main() -> int:
         ]
     single, many = results[dtypes[0]]
     if not args.no_hf:
-        hf = run_hf(args.hf_sequential, args.hf_batch, args.max_tokens)
+        hf = run_hf(args.hf_sequential, args.hf_batch, args.max_tokens, args.model)
         rows += [
             f"| HF transformers generate, one at a time ({args.hf_sequential} requests) | "
             f"{hf['sequential_tok_s']:.1f} | | | |",
@@ -145,7 +150,10 @@ def main() -> int:
     table = "\n".join(rows)
     print(table)
     if not args.no_write:
-        print("written to", machine.append_section("Offline engine throughput (bench/throughput.py)", table))
+        title = "Offline engine throughput (bench/throughput.py)"
+        if args.model != "demo":
+            title += f", model {Path(args.model).name}"
+        print("written to", machine.append_section(title, table))
     return 0
 
 

@@ -40,10 +40,18 @@ def demo_hf_model():
 
 
 @pytest.fixture(scope="session")
-def tiny_models(tmp_path_factory):
-    """{"llama": folder, "qwen2": folder}: tiny random-weight HF checkpoints with the demo tokenizer."""
-    from engine_helpers import demo_tokenizer, make_tiny_model
+def demo_tok():
+    """The demo model's tokenizer (read from its GGUF once per session: slow on 2 cores)."""
+    from engine_helpers import demo_tokenizer
 
-    tok = demo_tokenizer()
+    return demo_tokenizer()
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory, demo_tok):
+    """{"llama": folder, "qwen2": folder}: tiny random-weight HF checkpoints with the demo tokenizer."""
+    from engine_helpers import make_tiny_model
+
+    tok = demo_tok
     root = tmp_path_factory.mktemp("tiny")
     return {arch: make_tiny_model(root / arch, arch, tok, seed=i) for i, arch in enumerate(["llama", "qwen2"])}

@@ -54,27 +54,23 @@ def make_encoder(folder, kind: str, pooling: str, seed: int):
 
 def make_qwen3_embedding(folder, seed: int = 3):
     """A tiny random Qwen3 body (no LM head, as embedding checkpoints ship) with the demo tokenizer; its
-    config says Matryoshka dimensions are allowed. (Qwen2 until the engine runs Qwen3: the same path.)"""
-    from engine_helpers import demo_tokenizer
-    from transformers import Qwen2Config, Qwen2Model, Qwen3Config, Qwen3Model
-
-    from wslm.backend.modeling import SUPPORTED_ARCHITECTURES
+    config says Matryoshka dimensions are allowed."""
+    from transformers import Qwen3Config, Qwen3Model
 
     torch.manual_seed(seed)
-    tok = demo_tokenizer()
+    tok = make_bert_tokenizer(folder)  # any tokenizer does: the server and the reference share it
     common = dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, initializer_range=0.2,
-                  tie_word_embeddings=True, eos_token_id=tok.eos_token_id)
-    if "Qwen3ForCausalLM" in SUPPORTED_ARCHITECTURES:
-        model = Qwen3Model(Qwen3Config(head_dim=16, **common)).eval()
-    else:
-        model = Qwen2Model(Qwen2Config(**common)).eval()
+                  tie_word_embeddings=True, eos_token_id=tok.sep_token_id)
+    model = Qwen3Model(Qwen3Config(head_dim=16, **common)).eval()
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
     cfg = json.loads((folder / "config.json").read_text())
     cfg["is_matryoshka"] = True
     (folder / "config.json").write_text(json.dumps(cfg))
-    return folder, model, tok
+    from transformers import AutoTokenizer
+
+    return folder, model, AutoTokenizer.from_pretrained(str(folder))  # the tokenizer as the server reads it
 
 
 def cosine(a, b) -> float:
@@ -86,7 +82,7 @@ def cosine(a, b) -> float:
 @pytest.fixture(scope="module")
 def bert(tmp_path_factory):
     folder, st = make_encoder(tmp_path_factory.mktemp("bert"), "bert", "mean", seed=1)
-    srv = ServerProcess(str(folder), "--port", "0", "--uvicorn-log-level", "warning", "--served-model-name", "bert")
+    srv = ServerProcess(str(folder), "--port", "0", "--uvicorn-log-level", "warning", "--shutdown-timeout", "0", "--served-model-name", "bert")
     yield srv, st
     srv.stop()
 
@@ -111,7 +107,7 @@ def test_bert_matches_sentence_transformers(bert):
         assert cosine(e, d.embedding) > 0.9999
     # What the model can do, and what it cannot.
     card = httpx.get(srv.base_url + "/models").json()["data"][0]
-    assert card["task"] == "embed" and card["capabilities"] == ["embeddings"]
+    assert card["task"] == "embed" and card["capabilities"] == ["embeddings"] and srv.ready["task"] == "embed"
     with pytest.raises(openai.BadRequestError, match="Matryoshka"):
         client.embeddings.create(model="bert", input="the cat", dimensions=16)
     with pytest.raises(openai.BadRequestError, match="maximum context length"):
@@ -134,9 +130,9 @@ def test_xlm_roberta_cls_pooling_in_process(tmp_path):
 @pytest.fixture(scope="module")
 def qwen3(tmp_path_factory):
     folder, model, tok = make_qwen3_embedding(tmp_path_factory.mktemp("qwen3emb"))
-    srv = ServerProcess(str(folder), "--port", "0", "--uvicorn-log-level", "warning", "--served-model-name", "q3",
+    srv = ServerProcess(str(folder), "--port", "0", "--uvicorn-log-level", "warning", "--shutdown-timeout", "0", "--served-model-name", "q3",
                         "--kv-cache-memory", "32MiB", "--dtype", "float32")
-    yield srv, model, tok
+    yield srv, model, tok, folder
     srv.stop()
 
 
@@ -147,10 +143,10 @@ def _hf_last_token(model, ids: list[int]) -> torch.Tensor:
 
 
 def test_qwen3_last_token_matches_hf(qwen3):
-    srv, model, tok = qwen3
+    srv, model, tok, _ = qwen3
     client = openai.OpenAI(base_url=srv.base_url, api_key="unused", max_retries=0)
     instruct = "Instruct: Given a web search query, retrieve relevant passages\nQuery: "  # the client's job
-    texts = [instruct + "where is the lighthouse", "The lighthouse stands on the rocks by the sea."]
+    texts = [instruct + "where is the lighthouse", "the lighthouse stands on the rocks by the sea"]
     got = client.embeddings.create(model="q3", input=texts)
     ids = [tok.encode(t) for t in texts]
     for i, d in zip(ids, got.data):
@@ -190,7 +186,7 @@ def test_cross_encoder_rerank_and_score(tmp_path):
 
     offline = [o.outputs.data[0].item() for o in LLM(str(tmp_path)).score(query, docs)]
     assert offline == pytest.approx(expected.tolist(), abs=1e-5)
-    srv = ServerProcess(str(tmp_path), "--port", "0", "--uvicorn-log-level", "warning", "--served-model-name", "rr")
+    srv = ServerProcess(str(tmp_path), "--port", "0", "--uvicorn-log-level", "warning", "--shutdown-timeout", "0", "--served-model-name", "rr")
     try:
         r = httpx.post(srv.url + "/rerank", json={"model": "rr", "query": query, "documents": docs, "top_n": 2})
         assert r.status_code == 200, r.text
@@ -208,3 +204,19 @@ def test_cross_encoder_rerank_and_score(tmp_path):
         assert no.status_code == 400 and no.json()["error"]["code"] == "model_not_supported"
     finally:
         srv.stop()
+
+
+def test_decoder_embedding_is_prefill_only_and_chunked(qwen3):
+    """Offline, with an 8-token budget: a 30-token prompt is prefilled in 4 chunks batched with a short one,
+    both vectors equal HF's, nothing is generated and every KV block is free again afterwards."""
+    from wslm.backend import LLM
+
+    _, model, tok, folder = qwen3
+    llm = LLM(str(folder), dtype="float32", kv_cache_memory=8 << 20, max_num_batched_tokens=8)
+    texts = ["instruct what is the sky query where is the lighthouse by the sea", "red apple"]
+    outs = llm.embed(texts)
+    for t, out in zip(texts, outs):
+        assert cosine(_hf_last_token(model, tok.encode(t)), out.outputs.embedding) > 0.9999
+    stats = llm.llm_engine.get_stats()
+    assert stats["num_free_blocks"] == stats["num_blocks"] and stats["generation_tokens_total"] == 0
+    assert len(tok.encode(texts[0])) > 16  # really chunked (and more than one block)

@@ -67,18 +67,22 @@ def test_bfloat16_engine_answers_sensibly():
     assert str(resolve_dtype("auto", None, torch.device("cpu"))) == f"torch.{auto}"
 
 
-def test_sliding_window_models_keep_the_context_inside_the_window(tmp_path):
+def test_sliding_window_models_run_windowed_attention_over_the_whole_context(tmp_path):
     import json
 
     from engine_helpers import demo_tokenizer, make_tiny_model
+    from transformers import AutoModelForCausalLM
 
-    folder = make_tiny_model(tmp_path / "m", "llama", demo_tokenizer())
+    tok = demo_tokenizer()
+    folder = make_tiny_model(tmp_path / "m", "llama", tok)
     cfg = json.loads((folder / "config.json").read_text())
-    cfg.update(architectures=["MistralForCausalLM"], model_type="mistral", sliding_window=128)
+    cfg.update(architectures=["MistralForCausalLM"], model_type="mistral", sliding_window=16)
     cfg.pop("rope_scaling", None)
     cfg.pop("rope_parameters", None)
     (folder / "config.json").write_text(json.dumps(cfg))
-    llm = LLM(str(folder), kv_cache_memory=16 << 20)
-    assert llm.llm_engine.max_model_len == 128
-    with pytest.raises(ValueError, match="model's context"):
-        LLM(str(folder), kv_cache_memory=16 << 20, max_model_len=256)
+    llm = LLM(str(folder), kv_cache_memory=16 << 20, dtype="float32")
+    assert llm.llm_engine.max_model_len == 512  # no longer capped at the window
+    hf = AutoModelForCausalLM.from_pretrained(folder).eval()
+    ids = tok.encode("The quick brown fox jumps over the lazy dog " * 4)  # longer than the window
+    out = llm.generate({"prompt_token_ids": ids}, SamplingParams(temperature=0, max_tokens=20))[0]
+    assert out.outputs[0].token_ids == hf_greedy(hf, tok, ids, 20)

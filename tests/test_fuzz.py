@@ -14,6 +14,7 @@ from test_server_helpers import SMALL, ServerProcess
 
 MSGS = [{"role": "user", "content": "hi"}]
 CHAT = "/v1/chat/completions"
+MUTATIONS = 100  # random one-field mutations of a good request (these may be valid: a 200 is fine)
 COMPLETIONS = "/v1/completions"
 
 # Values of the wrong JSON type for each kind of field.
@@ -84,6 +85,8 @@ def bad_requests(rng: random.Random) -> Iterator[tuple[str, str, bytes | object]
     # n x max_tokens that can never fit the KV pool, and a context overflow.
     yield "chat n*max_tokens over the pool", CHAT, _json(_chat(n=100, max_tokens=1000))
     yield "completion n*max_tokens over the pool", COMPLETIONS, _json(_completion(n=120, max_tokens=900))
+    yield "completion 2000 prompts", COMPLETIONS, _json(_completion(prompt=["hi"] * 2000))
+    yield "completion 300 prompts x n=4", COMPLETIONS, _json(_completion(prompt=[[5, 6]] * 300, n=4))
     yield "chat prompt over the context", CHAT, _json(_chat(messages=[{"role": "user", "content": "hello " * 1100}]))
     # NaN / Infinity / overflowing numbers, written raw (json.dumps would write them too, but not 1e999).
     for field in NUMBER_FIELDS + ["n", "max_tokens", "seed"]:
@@ -169,6 +172,22 @@ def bad_requests(rng: random.Random) -> Iterator[tuple[str, str, bytes | object]
         yield f"tools={json.dumps(tools)[:50]}", CHAT, _json(_chat(tools=tools))
     for bias in ({"x": 1}, {"1": 1000}, {"-1": 5}, {"99999999": 1}, [1], "a", {"1": "a"}):
         yield f"logit_bias={json.dumps(bias)[:50]}", CHAT, _json(_chat(logit_bias=bias))
+    # Tool calls and chat extras with the wrong shapes.
+    for messages in ([{"role": "assistant", "tool_calls": "x"}], [{"role": "assistant", "tool_calls": [5]}],
+                     [{"role": "tool", "content": 5, "tool_call_id": "a"}], [{"role": "user", "content": "hi",
+                     "tool_calls": [{"function": {"name": 5}}]}]):
+        yield f"tool messages {json.dumps(messages)[:50]}", CHAT, _json({"model": "demo", "messages": messages})
+    for extra in ({"tool_choice": 5}, {"tool_choice": {"type": "function"}}, {"chat_template_kwargs": "x"},
+                  {"chat_template_kwargs": [1]}, {"continue_final_message": "yes"}, {"chat_template": 5},
+                  {"logprobs": True, "top_logprobs": 10**9}):
+        yield f"chat extra {json.dumps(extra)[:50]}", CHAT, _json(_chat(**extra))
+    # The other POST endpoints (embeddings, score, rerank, invocations) with junk.
+    for path in ("/v1/embeddings", "/score", "/rerank", "/invocations"):
+        for body in (b"{", b"[]", b'{"input": ' + b"[" * 5000 + b"]" * 5000 + b"}", _json({"input": None}),
+                     _json({"model": "nope", "input": "x"}), _json({"input": [[-1]]}), _json({"input": 5}),
+                     _json({"text_1": 5, "text_2": []}), _json({"query": None, "documents": 5}),
+                     b'{"input": "\\ud800"}', b'{"input": NaN}'):
+            yield f"{path} {body[:40]!r}", path, body
     # Unsupported features are refused, never ignored.
     yield "best_of", COMPLETIONS, _json(_completion(best_of=3))
     yield "stream_options without stream", CHAT, _json(_chat(stream_options={"include_usage": True}))
@@ -209,12 +228,12 @@ def test_fuzz_bad_requests_are_4xx(server):
             problem = _check_error(r)
             if problem:
                 failures.append(f"{name}: {problem}")
-        for name, path, body in mutations(rng, 150):
+        for name, path, body in mutations(rng, MUTATIONS):
             r = http.post(path, content=body, headers={"content-type": "application/json"})
             problem = None if r.status_code == 200 else _check_error(r)
             if problem:
                 failures.append(f"{name}: {problem}")
-    assert not failures, f"{len(failures)} of {len(cases) + 150} bad requests were not a clean 4xx:\n" + "\n".join(
+    assert not failures, f"{len(failures)} of {len(cases) + MUTATIONS} bad requests were not a clean 4xx:\n" + "\n".join(
         failures[:30])
     # Still healthy, and a normal request is served in a few seconds.
     assert httpx.get(server.url + "/health", timeout=10).status_code == 200

@@ -129,7 +129,7 @@ def test_crash_shows_cause(qtbot, tmp_path, monkeypatch):
     qtbot.waitUntil(lambda: window.server.state == CRASHED, timeout=120_000)
     assert window.server_panel.crash_box.isVisible() or not window.isVisible()
     text = window.server_panel.crash_box.text()
-    assert "stopped unexpectedly" in text and ("port" in text.lower() or "model" in text.lower())
+    assert "The port is taken" in text and "“Port”" in text  # the cause, and the field to change
     blocker.close()
     window.close()
 

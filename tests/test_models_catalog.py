@@ -76,9 +76,19 @@ def test_memory_estimate_follows_the_context(models_dir):
     big = find_model("demo", context=8192)
     per_token = 2 * 30 * 3 * 64 * 2  # K and V, 30 layers, 3 KV heads of 64, 16 bits
     assert small.kv_bytes_per_token == per_token
-    assert big.memory_estimate_bytes - small.memory_estimate_bytes == per_token * (8192 - 1024)
+    # The KV part is the pool `wslm serve` reserves by default (kv_sizing, the engine's own function): room for
+    # DEFAULT_KV_SEQUENCES sequences of the context, within the RAM cap.
+    from wslm.backend.kv_sizing import available_ram, default_cpu_kv_cache_bytes
+
+    assert big.kv_cache_bytes == default_cpu_kv_cache_bytes(per_token, 8192, available_ram())
+    assert big.memory_estimate_bytes - small.memory_estimate_bytes == big.kv_cache_bytes - small.kv_cache_bytes > 0
     assert find_model("demo", context=10**6).estimate_context == 8192  # capped at the model's own
-    assert small.weights_memory_bytes == small.num_params * 2
+    # GGUF weights stay quantized (Q4_1 -> int4 groups of 32, Q8_0 -> int8): about the file's size, not 2 bytes each.
+    from wslm.backend.hub.metadata import read_gguf
+    from wslm.backend.quant.sizes import gguf_runtime_bytes
+
+    assert small.weights_memory_bytes == gguf_runtime_bytes(read_gguf(Path(small.path)).elements_by_type)
+    assert small.weights_memory_bytes < small.num_params
 
 
 def test_human_table_and_info(models_dir, capsys):

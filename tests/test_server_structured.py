@@ -205,3 +205,31 @@ def test_top_logprobs_whole_vocabulary(client):
                                        top_logprobs=-1)
     top = r.choices[0].logprobs.content[0].top_logprobs
     assert len(top) == 49152 and top[0].logprob >= top[-1].logprob
+
+
+WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object",
+    "properties": {"city": {"type": "string", "maxLength": 12}, "unit": {"type": "string", "enum": ["C", "F"]}},
+    "required": ["city", "unit"], "additionalProperties": False}}}
+
+
+def test_tool_choice_required_valid_arguments_over_20_seeds(server):
+    """tool_choice="required" on the demo model: the grammar makes every reply a call whose arguments are valid
+    JSON for the tool's schema (the demo template has no tool format: "auto" would be a 400)."""
+    async def run() -> list:
+        aclient = openai.AsyncOpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=180)
+        ask = [{"role": "user", "content": "What is the weather in Paris?"}]
+        calls = [aclient.chat.completions.create(model="demo", messages=ask, tools=[WEATHER_TOOL], seed=seed,
+                                                 tool_choice="required", temperature=1.0, max_tokens=60)
+                 for seed in range(20)]
+        try:
+            return await asyncio.gather(*calls)
+        finally:
+            await aclient.close()
+
+    for r in asyncio.run(run()):
+        choice = r.choices[0]
+        assert choice.finish_reason == "tool_calls", choice
+        for call in choice.message.tool_calls:
+            assert call.function.name == "get_weather" and call.id.startswith("call_")
+            jsonschema.validate(json.loads(call.function.arguments), WEATHER_TOOL["function"]["parameters"])

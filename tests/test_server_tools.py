@@ -14,6 +14,7 @@ import pytest
 from engine_helpers import demo_tokenizer, make_tiny_model
 from test_server_helpers import ServerProcess
 
+KEY = "sekret"
 TINY = ["--kv-cache-memory", "16MiB", "--max-model-len", "512", "--uvicorn-log-level", "warning"]
 
 TEMPLATE = """
@@ -79,15 +80,16 @@ def _server(tiny_folder, *flags: str) -> ServerProcess:
 
 @pytest.fixture(scope="module")
 def server(tiny_folder):
-    """The template's <tool_call> and <think> pick the hermes and qwen3 parsers on their own."""
-    srv = _server(tiny_folder)
+    """The template's <tool_call> and <think> pick the hermes and qwen3 parsers on their own. With an API key,
+    which the anthropic client sends as x-api-key."""
+    srv = _server(tiny_folder, "--api-key", KEY)
     yield srv
     assert srv.stop() == 0, srv.stderr()[-3000:]
 
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=120)
+    return openai.OpenAI(base_url=server.base_url, api_key=KEY, max_retries=0, timeout=120)
 
 
 def _script(text: str) -> dict:
@@ -271,3 +273,72 @@ def test_llm_chat_and_server_render_the_same_prompt(tiny_folder, server, client)
     r = client.chat.completions.create(model="x", messages=partial, max_tokens=4, temperature=0,
                                        extra_body={"add_generation_prompt": False, "continue_final_message": True})
     assert r.usage.prompt_tokens == len(out.prompt_token_ids) and r.choices[0].message.content == out.outputs[0].text
+
+
+# ---- /v1/messages (Anthropic's Messages API) through the official anthropic client ----------------------------
+def _anthropic(server):
+    import anthropic
+
+    return anthropic.Anthropic(base_url=server.url, api_key=KEY, max_retries=0, timeout=120)
+
+
+def test_messages_text_tools_and_stream(server):
+    import anthropic
+
+    client = _anthropic(server)
+    tools = [{"name": "get_weather", "description": "The weather", "input_schema": WEATHER["function"]["parameters"]}]
+    history = [
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": [{"type": "text", "text": "Checking."},
+                                          {"type": "tool_use", "id": "toolu_1", "name": "get_weather",
+                                           "input": {"city": "Paris"}}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": "sunny"},
+                                     {"type": "text", "text": "And tomorrow?"}]},
+    ]
+    script = 'Once more.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}\n</tool_call>'
+    msg = client.messages.create(model="x", max_tokens=250, system="Be brief.", messages=history, tools=tools,
+                                 extra_body={**_script(script), "temperature": 0})
+    assert msg.stop_reason == "tool_use" and msg.usage.input_tokens > 0 and msg.usage.output_tokens > 0
+    assert [b.type for b in msg.content] == ["text", "tool_use"] and msg.content[0].text == "Once more."
+    assert msg.content[1].name == "get_weather" and msg.content[1].input == {"city": "Paris", "days": 2}
+    assert msg.content[1].id.startswith("toolu_")
+    with client.messages.stream(model="x", max_tokens=250, system="Be brief.", messages=history, tools=tools,
+                                extra_body={**_script(script), "temperature": 0}) as stream:
+        events = [e.type for e in stream]
+        final = stream.get_final_message()
+    assert events[0] == "message_start" and events[-1] == "message_stop"
+    assert {"content_block_start", "content_block_delta", "content_block_stop", "message_delta"} <= set(events)
+    assert final.stop_reason == "tool_use" and [b.type for b in final.content] == ["text", "tool_use"]
+    assert final.content[0].text == "Once more." and final.content[1].input == {"city": "Paris", "days": 2}
+    # Thinking, a stop sequence, max_tokens.
+    text = "<think>Easy.</think>Four, and that is all."
+    msg = client.messages.create(model="x", max_tokens=60, messages=[{"role": "user", "content": "2+2?"}],
+                                 stop_sequences=["and that"], extra_body=_script(text))
+    assert [b.type for b in msg.content] == ["thinking", "text"] and msg.content[0].thinking == "Easy."
+    assert msg.stop_reason == "stop_sequence" and msg.stop_sequence == "and that" and msg.content[1].text == "Four, "
+    with client.messages.stream(model="x", max_tokens=10, messages=[{"role": "user", "content": "2+2?"}],
+                                extra_body=_script(text)) as stream:
+        final = stream.get_final_message()
+    assert final.stop_reason == "max_tokens" and final.content[0].type == "thinking"
+    # Errors come in Anthropic's shape.
+    with pytest.raises(anthropic.BadRequestError) as err:
+        client.messages.create(model="x", max_tokens=10, messages=[{"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AA=="}}]}])
+    assert err.value.body["type"] == "error" and "image" in err.value.body["error"]["message"]
+    with pytest.raises(anthropic.NotFoundError):
+        client.messages.create(model="claude-nope", max_tokens=10, messages=[{"role": "user", "content": "hi"}])
+
+
+def test_messages_api_key_as_x_api_key_or_bearer(server):
+    import anthropic
+    import httpx
+
+    body = {"model": "x", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}
+    bearer = httpx.post(server.url + "/v1/messages", headers={"Authorization": f"Bearer {KEY}"}, json=body,
+                        timeout=60)
+    assert bearer.status_code == 200 and bearer.json()["type"] == "message"
+    with pytest.raises(anthropic.AuthenticationError) as err:
+        anthropic.Anthropic(base_url=server.url, api_key="wrong", max_retries=0).messages.create(**body)
+    assert err.value.body == {"type": "error", "error": {"type": "authentication_error",
+                                                         "message": err.value.body["error"]["message"]}}
+    assert "x-api-key" in err.value.body["error"]["message"]

@@ -36,7 +36,7 @@ def server(tiny_models, tmp_path_factory):
         "--max-logprobs", "3", "--enable-log-requests", "--uvicorn-log-level", "warning",
         "--swap-space", "4", "--disable-log-stats", "--root-path", "/llm", "--enable-prompt-tokens-details",
         "--enable-force-include-usage", "--enable-server-load-tracking", "--enable-tokenizer-info-endpoint",
-        "--generation-config", "auto", "--kv-cache-memory", "32MiB", "--max-model-len", "256",
+        "--generation-config", "auto", "--kv-cache-memory", "32MiB", "--max-model-len", "256", "-pp", "1",
         env={"WSLM_API_KEY": KEY},
     )
     yield srv
@@ -135,3 +135,8 @@ def test_unknown_flag_is_still_an_error():
     proc = subprocess.run([sys.executable, "-m", "wslm", "serve", "--swap-space", "4", "--no-such-flag"],
                           capture_output=True, text=True, cwd=REPO, timeout=60)
     assert proc.returncode == 2 and "unrecognized arguments: --no-such-flag" in proc.stderr
+    # A flag it knows but cannot honour is a clear start-up error, before any model loads.
+    proc = subprocess.run([sys.executable, "-m", "wslm", "serve", "--pipeline-parallel-size", "2"],
+                          capture_output=True, text=True, cwd=REPO, timeout=60)
+    event = json.loads(proc.stdout.splitlines()[-1])
+    assert proc.returncode == 1 and event["event"] == "error" and "--tensor-parallel-size" in event["message"]

@@ -36,8 +36,15 @@ def data_dir() -> Path:
 
 
 def models_dir() -> Path:
-    """wslm's own models folder (WSLM_MODELS_DIR overrides); kept on the Linux disk for fast loads."""
+    """wslm's own models folder (WSLM_MODELS_DIR overrides; under WSLM_CONFIG_DIR when that is set); kept on
+    the Linux disk for fast loads."""
     env = os.environ.get("WSLM_MODELS_DIR")
-    path = Path(env).expanduser() if env else Path.home() / ".wslm" / "models"
+    if env:
+        path = Path(env).expanduser()
+    elif os.environ.get("WSLM_CONFIG_DIR"):
+        # Like data_dir(): a moved config dir (tests, portable set-ups) takes the models folder with it.
+        path = config_dir() / "models"
+    else:
+        path = Path.home() / ".wslm" / "models"
     path.mkdir(parents=True, exist_ok=True)
     return path

@@ -342,6 +342,8 @@ if system_link_wanted && ! our_link "$SYSTEM_BIN_DIR/wslm"; then
 fi
 
 # --- 7. doctor ---------------------------------------------------------------------------------------
+# Only checks, never installs: with the GUI extra in the venv, doctor also names the Qt xcb libraries
+# (libxcb-cursor0, libxcb-icccm4, libxcb-keysyms1, ...) the window needs, with the apt-get line.
 step 7 "wslm doctor"
 trap - ERR
 if "$VENV/bin/wslm" doctor; then

@@ -11,7 +11,7 @@ import logging
 
 import torch
 
-from wslm.backend.modeling.llama import AttentionMetadata
+from wslm.backend.modeling.layers.attention import AttentionMetadata
 
 logger = logging.getLogger(__name__)
 

@@ -294,6 +294,50 @@ def check_ldconfig(probe: Probe) -> Check | None:
     )  # fmt: skip
 
 
+# Shared libraries Qt's xcb platform plugin loads (Qt 6.5+), with the Debian/Ubuntu package of each: a missing
+# one stops the GUI with "could not load the Qt platform plugin xcb", naming only libxcb-cursor0.
+QT_XCB_LIBS = {
+    "libxcb-cursor.so.0": "libxcb-cursor0",
+    "libxcb-icccm.so.4": "libxcb-icccm4",
+    "libxcb-keysyms.so.1": "libxcb-keysyms1",
+    "libxcb-image.so.0": "libxcb-image0",
+    "libxcb-render-util.so.0": "libxcb-render-util0",
+    "libxcb-randr.so.0": "libxcb-randr0",
+    "libxcb-shape.so.0": "libxcb-shape0",
+    "libxcb-xfixes.so.0": "libxcb-xfixes0",
+    "libxcb-xkb.so.1": "libxcb-xkb1",
+    "libxkbcommon-x11.so.0": "libxkbcommon-x11-0",
+}
+
+
+def _gui_installed() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("PySide6") is not None
+
+
+def check_qt_xcb(probe: Probe, gui_installed: Callable[[], bool] = _gui_installed) -> Check | None:
+    """With the GUI extra on Linux: the X11 libraries Qt needs, named by package (from `ldconfig -p`)."""
+    if probe.system != "Linux" or not gui_installed():
+        return None
+    exe = probe.which("ldconfig")
+    if exe is None:
+        return None
+    rc, out, _ = probe.run([exe, "-p"])
+    if rc != 0:
+        return None
+    have = {line.strip().split(" ", 1)[0] for line in out.splitlines() if line.strip()}
+    missing = [pkg for lib, pkg in QT_XCB_LIBS.items() if lib not in have]
+    if not missing:
+        return Check("qt_xcb", OK, "Qt's X11 (xcb) libraries are installed: the GUI can open a window",
+                     data={"missing": []})
+    return Check(
+        "qt_xcb", WARN,
+        f"The GUI (wslm gui) cannot open a window under X11: Qt's xcb plugin needs {', '.join(missing)}.",
+        f"sudo apt-get install -y {' '.join(missing)}", data={"missing": missing},
+    )  # fmt: skip
+
+
 def check_disk(probe: Probe) -> Check:
     from wslm.backend.hub.hf_cache import hub_cache_dir
     from wslm.paths import models_dir
@@ -391,7 +435,7 @@ def run_checks(probe: Probe | None = None) -> list[Check]:
     t = probe.torch_info()
     exe, smi, smi_error = query_nvidia_smi(probe)
     checks += [check_torch(probe, t, smi), check_gpu(probe, t, exe, smi, smi_error)]
-    checks += [c for c in (check_libcuda(probe), check_ldconfig(probe)) if c is not None]
+    checks += [c for c in (check_libcuda(probe), check_ldconfig(probe), check_qt_xcb(probe)) if c is not None]
     checks += [check_disk(probe), check_memory(probe), check_demo(probe), check_hub(probe)]
     return checks
 

@@ -9,12 +9,11 @@ import re
 import torch
 
 from wslm.backend.config import EngineConfig
+from wslm.backend.kv_sizing import available_ram, default_cpu_kv_cache_bytes
 from wslm.backend.model_loader import ModelConfig
 
 logger = logging.getLogger(__name__)
 
-_CPU_DEFAULT_CAP = 2 << 30  # a CPU box rarely benefits from more: batches are compute-bound long before
-_CPU_MIN = 64 << 20
 _UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 
 
@@ -28,19 +27,15 @@ def parse_bytes(value: str | int) -> int:
     return int(float(m.group(1)) * _UNITS[m.group(2)])
 
 
-def _cpu_budget(config: EngineConfig) -> int:
+def _cpu_budget(config: EngineConfig, mc: ModelConfig) -> int:
     if config.kv_cache_memory is not None:
         return int(config.kv_cache_memory)
     env = os.environ.get("WSLM_CPU_KVCACHE_SPACE")  # GiB, like vLLM's VLLM_CPU_KVCACHE_SPACE
     if env:
         return int(float(env) * (1 << 30))
-    try:
-        import psutil
-
-        available = psutil.virtual_memory().available
-    except ImportError:
-        available = 8 << 30
-    return max(_CPU_MIN, min(_CPU_DEFAULT_CAP, int(available * 0.2)))
+    # Sized for the context asked for (else the model's own), as `wslm models info` estimates it.
+    context = config.max_model_len or min(mc.max_position_embeddings, mc.sliding_window or mc.max_position_embeddings)
+    return default_cpu_kv_cache_bytes(mc.kv_bytes_per_token(), context, available_ram())
 
 
 def _cuda_budget(config: EngineConfig, mc: ModelConfig, device: torch.device) -> int:
@@ -62,7 +57,7 @@ def _cuda_budget(config: EngineConfig, mc: ModelConfig, device: torch.device) ->
 def determine_num_blocks(config: EngineConfig, mc: ModelConfig, device: torch.device) -> int:
     if config.num_gpu_blocks_override is not None:
         return int(config.num_gpu_blocks_override)
-    budget = _cuda_budget(config, mc, device) if device.type == "cuda" else _cpu_budget(config)
+    budget = _cuda_budget(config, mc, device) if device.type == "cuda" else _cpu_budget(config, mc)
     per_block = mc.kv_bytes_per_token() * config.block_size
     num_blocks = budget // per_block
     if num_blocks < 2:

@@ -128,11 +128,6 @@ class LLMEngine:
 
     def _resolve_max_model_len(self, capacity: int) -> int:
         model_max = self.model_config.max_position_embeddings
-        window = self.model_config.sliding_window
-        if window is not None and window < model_max:
-            logger.info("Context limited to the model's %d-token attention window (sliding window "
-                        "attention is not implemented)", window)
-            model_max = window
         asked = self.config.max_model_len
         if asked is None:
             if capacity < model_max:

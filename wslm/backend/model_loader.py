@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from wslm.backend.model_source import ModelSource, resolve_model  # noqa: F401  (resolve_model re-exported)
-from wslm.backend.modeling import GGUF_ARCHITECTURES, SUPPORTED_ARCHITECTURES, unsupported_message
+from wslm.backend.modeling import GGUF_ARCHITECTURES, SUPPORTED_ARCHITECTURES, get_model_class
 
 logger = logging.getLogger(__name__)
 
@@ -38,11 +38,29 @@ class ModelConfig:
     eos_token_ids: frozenset[int]
     dtype: torch.dtype
     max_model_len: int = 0  # resolved by the engine
-    # Mistral v0.1-style sliding-window attention, which our kernels do not implement: the engine keeps
-    # the context within the window, where full attention gives the same result.
+    # Sliding-window attention: the window in tokens (a query sees itself and the window - 1 before it),
+    # for every layer, or for the layers layer_types marks "sliding_attention" when the config has them.
     sliding_window: int | None = None
-    # None (dense), "gguf", "awq", "gptq", "int8" or "int4": how the linear weights are held (wslm.backend.quant).
+    layer_types: tuple[str, ...] | None = None
+    rotary_dim: int = 0  # dims of each head that rotate (partial rotary); 0 means head_dim
+    hidden_act: str = "silu"
+    # None (dense), "gguf", "awq", "gptq", "int8" or "int4": how the linear weights are held
+    # (wslm.backend.quant), i.e. which LinearMethod the layers use (modeling/layers/linear.py).
     quantization: str | None = None
+    # Family-specific settings (Gemma's softcaps, second rope base, ...), filled by the family class's
+    # config_overrides() and read only by that family's code.
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.rotary_dim:
+            self.rotary_dim = self.head_dim
+
+    def layer_sliding_window(self, layer_idx: int) -> int | None:
+        if self.sliding_window is None:
+            return None
+        if self.layer_types is None:
+            return self.sliding_window
+        return self.sliding_window if self.layer_types[layer_idx] == "sliding_attention" else None
 
     def kv_bytes_per_token(self, dtype: torch.dtype | None = None) -> int:
         elem = torch.empty(0, dtype=dtype or self.dtype).element_size()
@@ -71,13 +89,28 @@ def load_tokenizer(source: ModelSource, tokenizer: str | None = None, trust_remo
     return AutoTokenizer.from_pretrained(str(source.folder), trust_remote_code=trust_remote_code, **kwargs)
 
 
-def _rope_settings(hf_config) -> tuple[float, dict | None]:
-    # transformers 5 folds rope_theta and rope_scaling into rope_parameters; 4.x keeps them apart.
+def rope_parameters(hf_config) -> dict:
+    """The config's rope settings as one dict (rope_theta, rope_type, ...). transformers 5 folds rope_theta
+    and rope_scaling into rope_parameters, per layer type for some families (Gemma 3: the full-attention
+    entry is returned here); 4.x keeps them apart."""
     params = dict(getattr(hf_config, "rope_parameters", None) or {})
+    if params and all(isinstance(v, dict) for v in params.values()):
+        params = dict(params.get("full_attention") or next(iter(params.values())))
     scaling = getattr(hf_config, "rope_scaling", None)
     if isinstance(scaling, dict):
         params = {**scaling, **params}
+    # Phi-3 (4.x configs) keeps longrope's original length beside the scaling dict.
+    original = getattr(hf_config, "original_max_position_embeddings", None)
+    if original and "original_max_position_embeddings" not in params:
+        params["original_max_position_embeddings"] = original
+    return params
+
+
+def rope_settings(params: dict, hf_config=None) -> tuple[float, dict | None]:
+    """(theta, scaling or None for plain rope) from rope_parameters()."""
+    params = dict(params)
     theta = float(params.pop("rope_theta", None) or getattr(hf_config, "rope_theta", None) or 10000.0)
+    params.pop("partial_rotary_factor", None)
     rope_type = params.get("rope_type") or params.get("type") or "default"
     if rope_type == "default":
         return theta, None
@@ -137,7 +170,8 @@ def resolve_quantization(requested: str | None, source: ModelSource, hf_config) 
 
     requested = check_quantization(requested)
     if source.gguf_file:
-        return "gguf"
+        # int8/int4 apply to the dense tensors of a GGUF (all of them under WSLM_GGUF_DEQUANTIZE=1).
+        return requested if requested in ("int8", "int4") else "gguf"
     qc = getattr(hf_config, "quantization_config", None)
     found = (qc.get("quant_method") if isinstance(qc, dict) else getattr(qc, "quant_method", None)) if qc else None
     found = str(found).lower() if found else None
@@ -164,38 +198,49 @@ def load_model_config(
     # A bare decoder body (Qwen3Model, as embedding checkpoints ship) runs on its causal-LM family's code.
     if arch.endswith("Model") and arch.removesuffix("Model") + "ForCausalLM" in SUPPORTED_ARCHITECTURES:
         arch = arch.removesuffix("Model") + "ForCausalLM"
-    if arch not in SUPPORTED_ARCHITECTURES:
-        raise ValueError(unsupported_message(arch))
+    model_cls = get_model_class(arch)  # ValueError naming the supported list
     if source.gguf_file and source.converted() is None:
         from wslm.backend import gguf_cache
 
         if gguf_cache.enabled():
             gguf_cache.save_tokenizer_and_config(gguf_cache.folder_for(source.gguf_path), tokenizer, hf_config, arch)
-    num_heads = hf_config.num_attention_heads
-    head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // num_heads
-    theta, scaling = _rope_settings(hf_config)
-    return hf_config, ModelConfig(
+    # Multimodal checkpoints (Gemma 3) nest the language model's settings; text models return themselves.
+    text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+    num_heads = text.num_attention_heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // num_heads
+    rope = rope_parameters(text)
+    theta, scaling = rope_settings(rope, text)
+    partial = float(rope.get("partial_rotary_factor") or getattr(text, "partial_rotary_factor", None) or 1.0)
+    layer_types = getattr(text, "layer_types", None)
+    fields = dict(
         name=source.name,
         path=str(source.folder / source.gguf_file) if source.gguf_file else str(source.folder),
         architecture=arch,
-        hidden_size=hf_config.hidden_size,
-        num_layers=hf_config.num_hidden_layers,
+        hidden_size=text.hidden_size,
+        num_layers=text.num_hidden_layers,
         num_heads=num_heads,
-        num_kv_heads=getattr(hf_config, "num_key_value_heads", None) or num_heads,
+        num_kv_heads=getattr(text, "num_key_value_heads", None) or num_heads,
         head_dim=head_dim,
-        intermediate_size=hf_config.intermediate_size,
-        vocab_size=hf_config.vocab_size,
-        rms_norm_eps=float(hf_config.rms_norm_eps),
+        intermediate_size=text.intermediate_size,
+        vocab_size=text.vocab_size,
+        rms_norm_eps=float(getattr(text, "rms_norm_eps", None) or 1e-6),
         rope_theta=theta,
         rope_scaling=scaling,
-        max_position_embeddings=int(getattr(hf_config, "max_position_embeddings", 4096) or 4096),
-        tie_word_embeddings=bool(getattr(hf_config, "tie_word_embeddings", False)),
-        qkv_bias=SUPPORTED_ARCHITECTURES[arch]["qkv_bias"] or bool(getattr(hf_config, "attention_bias", False)),
+        max_position_embeddings=int(getattr(text, "max_position_embeddings", 4096) or 4096),
+        tie_word_embeddings=bool(
+            getattr(hf_config, "tie_word_embeddings", None) or getattr(text, "tie_word_embeddings", False)
+        ),
+        qkv_bias=bool(getattr(text, "attention_bias", False)),
         eos_token_ids=_eos_ids(source, hf_config, tokenizer),
         dtype=resolve_dtype(dtype, hf_config, device),
-        sliding_window=_sliding_window(hf_config),
+        sliding_window=_sliding_window(text),
+        layer_types=tuple(layer_types) if layer_types else None,
+        rotary_dim=int(head_dim * partial),
+        hidden_act=getattr(text, "hidden_activation", None) or getattr(text, "hidden_act", None) or "silu",
         quantization=resolve_quantization(quantization, source, hf_config),
     )
+    fields.update(model_cls.config_overrides(text))
+    return hf_config, ModelConfig(**fields)
 
 
 def _sliding_window(hf_config) -> int | None:
@@ -208,8 +253,14 @@ def _sliding_window(hf_config) -> int | None:
     return window
 
 
-def iter_weights(source: ModelSource, dtype: torch.dtype):
-    """Yield (hf_name, tensor) for every weight, one file at a time to keep peak memory low."""
+def iter_weights(source: ModelSource, dtype: torch.dtype, quantization: str | None = None):
+    """Yield (hf_name, tensor) for every weight, one file at a time to keep peak memory low. AWQ/GPTQ
+    pieces come out as one int4 weight per linear (wslm.backend.quant.packed_checkpoint)."""
+    if quantization in ("awq", "gptq"):
+        from wslm.backend.quant.packed_checkpoint import read_quant_config, repack
+
+        yield from repack(iter_weights(source, dtype), quantization, read_quant_config(source.folder))
+        return
     if source.gguf_file:
         yield from _iter_gguf_weights(source, dtype)
         return

@@ -6,20 +6,21 @@ import logging
 
 import torch
 
-from wslm.backend.modeling.llama import AttentionMetadata, LlamaModel
+from wslm.backend.modeling import get_model_class
+from wslm.backend.modeling.layers.attention import AttentionMetadata
 from wslm.backend.sequence import Sequence
 from wslm.backend.step_inputs import StepInputs, prepare_step
 
 logger = logging.getLogger(__name__)
 
 
-def load_model(source, mc, device: torch.device, embedding: bool = False) -> LlamaModel:
-    """Build the model for mc and load its weights (this rank's shard under tensor parallelism).
-    embedding: an embedding checkpoint, which may be a bare decoder body (decoder_pooling.py)."""
+def load_model(source, mc, device: torch.device, embedding: bool = False):
+    """Build the model for mc (its family's class) and load its weights (this rank's shard under tensor
+    parallelism). embedding: an embedding checkpoint, which may be a bare decoder body (decoder_pooling.py)."""
     from wslm.backend.model_loader import iter_weights
 
-    model = LlamaModel(mc, device)
-    weights = iter_weights(source, mc.dtype)
+    model = get_model_class(mc.architecture)(mc, device)
+    weights = iter_weights(source, mc.dtype, getattr(mc, "quantization", None))
     if embedding:
         from wslm.backend.decoder_pooling import DecoderPooling
 
@@ -29,7 +30,7 @@ def load_model(source, mc, device: torch.device, embedding: bool = False) -> Lla
 
 
 class ModelRunner:
-    def __init__(self, model: LlamaModel, block_size: int, num_blocks: int) -> None:
+    def __init__(self, model, block_size: int, num_blocks: int) -> None:
         self.model = model
         self.cfg = model.cfg
         self.device = model.device

@@ -1,6 +1,7 @@
 """Embedding models: which task a checkpoint serves, how its token states become one vector (the
 sentence-transformers config files say: modules.json, 1_Pooling/config.json), and the finishing steps
-every embedding takes (Matryoshka truncation, L2 normalisation)."""
+every embedding takes (Matryoshka truncation, L2 normalisation). torch is imported only where tensors are
+handled: the model catalog reads the architecture sets without it."""
 
 from __future__ import annotations
 
@@ -8,8 +9,10 @@ import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 logger = logging.getLogger("wslm.engine")
 
@@ -119,6 +122,8 @@ def _pooling_mode(cfg: dict) -> str | None:
 
 def pool(hidden: torch.Tensor, lengths: list[int], mode: str) -> torch.Tensor:
     """[batch, seq, dim] padded states (valid tokens first) -> [batch, dim] fp32."""
+    import torch
+
     hidden = hidden.float()
     if mode == "cls":
         return hidden[:, 0]
@@ -134,6 +139,8 @@ def pool(hidden: torch.Tensor, lengths: list[int], mode: str) -> torch.Tensor:
 def finish(vector: torch.Tensor, dimensions: int | None, normalize: bool) -> torch.Tensor:
     """Matryoshka truncation to `dimensions`, then L2 normalisation (in that order, so a cut vector is unit
     length again)."""
+    import torch
+
     if dimensions is not None:
         vector = vector[..., :dimensions]
     if normalize:

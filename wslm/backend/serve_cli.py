@@ -117,6 +117,10 @@ def _add_vllm_flags(p: argparse.ArgumentParser) -> None:
                    help="how the model writes tool calls (default: picked from the chat template)")
     g.add_argument("--reasoning-parser", default=None, choices=["deepseek_r1", "qwen3"],
                    help="split <think>...</think> into reasoning_content (default: picked from the chat template)")
+    g.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1,
+                   help="only 1: wslm splits a model over GPUs by tensor parallelism (--tensor-parallel-size)")
+    g.add_argument("--data-parallel-size", "-dp", type=int, default=1,
+                   help="only 1: run one `wslm serve` per GPU (or replica) behind a load balancer instead")
     g.add_argument("--disable-uvicorn-access-log", action="store_true", help="no access log line per request")
     g.add_argument("--disable-fastapi-docs", action="store_true", help="no /docs, /redoc or /openapi.json")
     add_no_effect_flags(p)

@@ -34,6 +34,7 @@ class RequestLimits:
     block_size: int = 16
     max_stop_strings: int = 64
     max_stop_string_length: int = 512
+    max_completions_per_request: int = 1024  # prompts x n of one /v1/completions request
     max_logprobs: int = 20  # --max-logprobs; -1: the whole vocabulary
 
     @property
@@ -120,6 +121,17 @@ def check_sampling(params: SamplingParams, limits: RequestLimits) -> None:
     check_token_ids(params.stop_token_ids or [], limits.vocab_size, "stop_token_ids")
     check_token_ids(list(params.logit_bias or {}), limits.vocab_size, "logit_bias")
     check_token_ids(params.allowed_token_ids or [], limits.vocab_size, "allowed_token_ids")
+
+
+def check_batch(num_prompts: int, n: int, limits: RequestLimits) -> None:
+    """A list of prompts is one engine request per prompt: all of them queue at once, ahead of every later
+    client, so one HTTP request may start at most max_completions_per_request completions in total."""
+    if num_prompts * n > limits.max_completions_per_request:
+        raise RequestError(
+            f"This request asks for {num_prompts} prompts x n={n} = {num_prompts * n} completions; at most "
+            f"{limits.max_completions_per_request} are allowed in one request. Split it into several requests.",
+            param="prompt",
+        )
 
 
 def check_fits_pool(prompt_len: int, params: SamplingParams, limits: RequestLimits) -> None:

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 from PySide6.QtCore import QAbstractListModel, QModelIndex, Qt
+from PySide6.QtGui import QColor
 
 import wslm.gui.qt_fix  # noqa: F401  (PySide6 6.12 emit() refcount bug)
+from wslm.gui import theme
 from wslm.gui.chat_store import ChatStore, Conversation, Message
 
 IdRole = Qt.ItemDataRole.UserRole + 1
@@ -12,6 +14,7 @@ RoleRole = Qt.ItemDataRole.UserRole + 2
 StatsRole = Qt.ItemDataRole.UserRole + 3
 ErrorRole = Qt.ItemDataRole.UserRole + 4
 StreamingRole = Qt.ItemDataRole.UserRole + 5
+BusyRole = Qt.ItemDataRole.UserRole + 6
 
 
 class ConversationListModel(QAbstractListModel):
@@ -22,6 +25,7 @@ class ConversationListModel(QAbstractListModel):
         self.store = store
         self._items: list[Conversation] = []
         self._search = ""
+        self._busy: set[int] = set()  # chats streaming a reply (shown with a dot, possibly in the background)
         self.refresh()
 
     def rowCount(self, parent: QModelIndex = QModelIndex()) -> int:  # noqa: B008
@@ -31,13 +35,26 @@ class ConversationListModel(QAbstractListModel):
         if not index.isValid():
             return None
         conv = self._items[index.row()]
-        if role in (Qt.ItemDataRole.DisplayRole, Qt.ItemDataRole.EditRole):
+        busy = conv.id in self._busy
+        if role == Qt.ItemDataRole.DisplayRole:
+            return f"● {conv.title}" if busy else conv.title
+        if role == Qt.ItemDataRole.EditRole:
             return conv.title
         if role == IdRole:
             return conv.id
+        if role == BusyRole:
+            return busy
+        if role == Qt.ItemDataRole.ForegroundRole and busy:
+            return QColor(theme.ACCENT)
         if role == Qt.ItemDataRole.ToolTipRole:
-            return conv.title
+            return f"{conv.title} (writing a reply…)" if busy else conv.title
         return None
+
+    def set_busy(self, conv_id: int, busy: bool) -> None:
+        (self._busy.add if busy else self._busy.discard)(conv_id)
+        row = self.row_of(conv_id)
+        if row >= 0:
+            self.dataChanged.emit(self.index(row), self.index(row))
 
     def flags(self, index: QModelIndex) -> Qt.ItemFlag:
         return super().flags(index) | Qt.ItemFlag.ItemIsEditable
@@ -154,6 +171,21 @@ class MessageListModel(QAbstractListModel):
         self._items.append(msg)
         self.endInsertRows()
         return row
+
+    def attach_stream(self, message: Message) -> None:
+        """Show `message` (a reply still streaming in memory) in place of its saved copy, as the
+        streaming row."""
+        row = next((i for i, m in enumerate(self._items) if m.id == message.id), -1)
+        if row < 0:
+            return
+        self._items[row] = message
+        self.streaming_row = row
+        self.dataChanged.emit(self.index(row), self.index(row))
+
+    def touch_row(self, row: int) -> None:
+        """The message changed in memory (its streaming reasoning): repaint it."""
+        idx = self.index(row)
+        self.dataChanged.emit(idx, idx)
 
     def append_text(self, row: int, text: str) -> None:
         """Streamed delta: kept in memory; written to SQLite by finish() (not per token)."""

@@ -4,13 +4,17 @@ A view over ChatSession; the only state kept here is what the widgets show."""
 
 from __future__ import annotations
 
-from PySide6.QtCore import QEvent, QModelIndex, Qt, Signal
+import html
+from pathlib import Path
+
+from PySide6.QtCore import QEvent, QModelIndex, QRect, Qt, Signal
 from PySide6.QtGui import QKeyEvent
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QButtonGroup,
     QComboBox,
     QDoubleSpinBox,
+    QFileDialog,
     QFormLayout,
     QFrame,
     QHBoxLayout,
@@ -24,16 +28,19 @@ from PySide6.QtWidgets import (
     QRadioButton,
     QSpinBox,
     QSplitter,
+    QStyledItemDelegate,
     QVBoxLayout,
     QWidget,
 )
 
 import wslm.gui.qt_fix  # noqa: F401  (PySide6 6.12 emit() refcount bug)
 from wslm.gui.chat_errors import normalize_base_url
+from wslm.gui.chat_export import export_conversation
 from wslm.gui.chat_model import IdRole
 from wslm.gui.chat_session import ChatSession
 from wslm.gui.chat_view import ChatView
 from wslm.gui.model_lister import ModelLister
+from wslm.gui.models_model import display_name
 from wslm.gui.settings import Settings
 
 
@@ -49,8 +56,27 @@ class ChatInput(QPlainTextEdit):
         super().keyPressEvent(event)
 
 
+class RenameDelegate(QStyledItemDelegate):
+    """The rename box covers the whole row, and is never shorter than a line edit wants: the list's item
+    padding would otherwise leave it a text-high strip that clips the letters (top and bottom)."""
+
+    def createEditor(self, parent, option, index):
+        editor = QLineEdit(parent)
+        editor.setStyleSheet("QLineEdit { padding: 0 6px; border-radius: 5px; }")
+        return editor
+
+    def updateEditorGeometry(self, editor, option, index) -> None:
+        rect = QRect(option.rect)
+        need = editor.sizeHint().height()
+        if rect.height() < need:
+            rect.setTop(rect.center().y() - need // 2)
+            rect.setHeight(need)
+        editor.setGeometry(rect)
+
+
 class ChatPanel(QWidget):
     settings_changed = Signal()
+    model_switch_requested = Signal(str)  # an installed model's id: serve it instead (stop, start, ready)
 
     def __init__(self, session: ChatSession, settings: Settings, parent=None) -> None:
         super().__init__(parent)
@@ -59,6 +85,10 @@ class ChatPanel(QWidget):
         self.server_url = ""  # set by the main window while our server is ready
         self.server_model = ""
         self.server_key = ""
+        self.installed: list[dict] = []  # `models list`, for the picker in wslm-server mode
+        self.serve_choice = ""  # the server panel's model (what a start would load)
+        self.switching_to = ""  # a model switch in progress
+        self.editing_row = -1  # a sent message being edited (Send re-runs the chat from it)
         self._loading_params = True  # widgets being filled from the conversation: not a user edit
         self.lister = ModelLister(self)
         self.lister.listed.connect(self._on_models)
@@ -67,13 +97,19 @@ class ChatPanel(QWidget):
         split = QSplitter(Qt.Orientation.Horizontal, self)
         split.addWidget(self._build_list())
         split.addWidget(self._build_center())
-        split.addWidget(self._build_params())
+        self.params_box = self._build_params()
+        split.addWidget(self.params_box)
         split.setStretchFactor(0, 0)
         split.setStretchFactor(1, 1)
         split.setStretchFactor(2, 0)
-        split.setSizes([230, 700, 270])
-        split.setChildrenCollapsible(False)
+        split.setSizes([210, 700, 260])
+        # The chat list and the settings column fold away (drag the handle, or the ⚙ button) on narrow windows.
+        split.setCollapsible(0, True)
+        split.setCollapsible(1, False)
+        split.setCollapsible(2, True)
         split.setHandleWidth(1)
+        self.split = split
+        self.set_settings_visible(settings.chat_settings_visible)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(0, 0, 0, 0)
         lay.addWidget(split)
@@ -82,6 +118,8 @@ class ChatPanel(QWidget):
         session.current_changed.connect(self._on_current)
         session.reply_failed.connect(self._on_failed)
         self.view.regenerate_requested.connect(self._regenerate)
+        self.view.edit_requested.connect(self.edit_message)
+        self.view.version_requested.connect(self.session.show_version)
         self._apply_connection()
         first = session.conversations.conversation(0)
         if first is not None and not session.messages.conversation_id:
@@ -91,7 +129,7 @@ class ChatPanel(QWidget):
     # Layout
     def _build_list(self) -> QWidget:
         box = QWidget()
-        box.setMinimumWidth(190)
+        box.setMinimumWidth(150)
         lay = QVBoxLayout(box)
         lay.setContentsMargins(10, 10, 6, 10)
         self.new_button = QPushButton("＋  New chat")
@@ -110,6 +148,7 @@ class ChatPanel(QWidget):
         self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.list.setTextElideMode(Qt.TextElideMode.ElideRight)
         self.list.setUniformItemSizes(True)
+        self.list.setItemDelegate(RenameDelegate(self.list))
         lay.addWidget(self.new_button)
         lay.addWidget(self.search)
         lay.addWidget(self.list, 1)
@@ -122,8 +161,24 @@ class ChatPanel(QWidget):
         head = QHBoxLayout()
         self.title = QLabel("New chat", objectName="Title")
         self.connection_label = QLabel(objectName="Muted")
+        self.settings_button = QPushButton("⚙")
+        self.settings_button.setCheckable(True)
+        self.settings_button.setToolTip("Show or hide the chat settings (system prompt, sampling, connection)")
+        self.settings_button.setFocusPolicy(Qt.FocusPolicy.NoFocus)
+        self.settings_button.toggled.connect(self._settings_toggled)
+        # The model picker: installed models (wslm server: choosing one switches the server to it), or the
+        # models an OpenAI-compatible URL serves (free text allowed there).
+        self.model_combo = QComboBox()
+        self.model_combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+        self.model_combo.setMinimumContentsLength(16)
+        self.model_combo.setToolTip("The model this chat talks to")
+        self.model_combo.currentTextChanged.connect(self._model_changed)
+        self.model_combo.activated.connect(self._model_chosen)
+        self.connection_label.setMinimumWidth(1)
         head.addWidget(self.title, 1)
+        head.addWidget(self.model_combo)
         head.addWidget(self.connection_label)
+        head.addWidget(self.settings_button)
         lay.addLayout(head)
         self.view = ChatView(self.session.messages)
         lay.addWidget(self.view, 1)
@@ -142,8 +197,12 @@ class ChatPanel(QWidget):
         self.send_button = QPushButton("Send", objectName="Primary")
         self.send_button.clicked.connect(self.send)
         self.stop_button = QPushButton("■  Stop")
-        self.stop_button.clicked.connect(self.session.stop)
+        self.stop_button.clicked.connect(self.stop)
         self.stop_button.hide()
+        # Clicking Send or Stop must leave the keyboard in the message box: a focused button that hides
+        # itself hands focus to the next widget in the chain (the system prompt), where typing would land.
+        for b in (self.send_button, self.stop_button):
+            b.setFocusPolicy(Qt.FocusPolicy.NoFocus)
         buttons = QVBoxLayout()
         buttons.addStretch(1)
         buttons.addWidget(self.send_button)
@@ -155,7 +214,7 @@ class ChatPanel(QWidget):
 
     def _build_params(self) -> QWidget:
         box = QWidget()
-        box.setMinimumWidth(240)
+        box.setMinimumWidth(200)
         lay = QVBoxLayout(box)
         lay.setContentsMargins(6, 10, 10, 10)
         lay.addWidget(QLabel("System prompt", objectName="Muted"))
@@ -188,20 +247,12 @@ class ChatPanel(QWidget):
         self.key.setEchoMode(QLineEdit.EchoMode.Password)
         for w in (self.url, self.key):
             w.editingFinished.connect(self._connection_edited)
-        model_row = QHBoxLayout()
-        self.model_combo = QComboBox(editable=True)
-        self.model_combo.lineEdit().setPlaceholderText("model")  # (QComboBox.setPlaceholderText would unselect)
-        if self.settings.chat_model:
-            self.model_combo.addItem(self.settings.chat_model)
-        self.model_combo.currentTextChanged.connect(self._model_changed)
-        refresh = QPushButton("List")
-        refresh.setToolTip("Ask the server which models it serves")
+        refresh = QPushButton("List the URL's models")
+        refresh.setToolTip("Ask the server at the URL which models it serves (into the model box above the chat)")
         refresh.clicked.connect(self.refresh_models)
-        model_row.addWidget(self.model_combo, 1)
-        model_row.addWidget(refresh)
-        for w in (self.use_server, self.use_custom, self.url, self.key):
+        self.list_button = refresh
+        for w in (self.use_server, self.use_custom, self.url, self.key, refresh):
             lay.addWidget(w)
-        lay.addLayout(model_row)
         lay.addStretch(1)
         return box
 
@@ -220,6 +271,9 @@ class ChatPanel(QWidget):
             return
         menu = QMenu(self)
         menu.addAction("Rename", lambda: self.list.edit(index))
+        conv_id = int(index.data(IdRole))
+        menu.addAction("Export as Markdown…", lambda: self._export_dialog(conv_id, "md"))
+        menu.addAction("Export as JSON…", lambda: self._export_dialog(conv_id, "json"))
         menu.addAction("Delete", lambda: self._delete(index.row()))
         menu.exec(self.list.viewport().mapToGlobal(pos))
 
@@ -274,13 +328,58 @@ class ChatPanel(QWidget):
         text = self.input.toPlainText()
         if not text.strip() or self.session.busy:
             return
+        if self.switching_to and self.settings.chat_use_server:
+            self._show_error("The new model is still loading: send when the server is ready (your text is kept).")
+            return
         if not self.session.base_url:
             self._show_error("No server to talk to: start one in the Server panel, or set a URL under Connection.")
+            return
+        if self.editing_row >= 0:
+            if self.session.edit_and_rerun(self.editing_row, text):
+                self.input.clear()
+                self.cancel_edit()
+            self.input.setFocus()
             return
         if self.session.send(text):
             self.input.clear()
             self.title.setText(self.session.current().title)
             self.error_label.hide()
+        self.input.setFocus()
+
+    def stop(self) -> None:
+        self.session.stop()
+        self.input.setFocus()
+
+    # Editing a sent message
+    def edit_message(self, row: int) -> None:
+        msg = self.session.messages.message(row)
+        if msg is None or msg.role != "user" or self.session.busy:
+            return
+        self.editing_row = row
+        self.input.setPlainText(msg.content)
+        self.input.setFocus()
+        self._show_error("Editing a sent message: Send asks again from there (the replies after it are "
+                         "replaced); Esc cancels.")
+
+    def cancel_edit(self) -> None:
+        if self.editing_row >= 0:
+            self.editing_row = -1
+            self.error_label.hide()
+
+    # Export
+    def _export_dialog(self, conv_id: int, kind: str) -> None:
+        conv = self.session.store.get_conversation(conv_id)
+        name = "".join(c if c.isalnum() or c in " -_" else "_" for c in (conv.title if conv else "chat"))[:60]
+        path, _ = QFileDialog.getSaveFileName(self, "Export chat", f"{name}.{kind}",
+                                              "Markdown (*.md)" if kind == "md" else "JSON (*.json)")
+        if path:
+            self.export_chat(conv_id, path)
+
+    def export_chat(self, conv_id: int, path: str) -> None:
+        try:
+            export_conversation(self.session.store, conv_id, Path(path))
+        except (OSError, ValueError) as exc:
+            self._show_error(f"Could not export the chat to {path}: {exc}")
 
     def _regenerate(self, row: int) -> None:
         self.session.regenerate(row)
@@ -288,6 +387,19 @@ class ChatPanel(QWidget):
     def _on_busy(self, busy: bool) -> None:
         self.send_button.setVisible(not busy)
         self.stop_button.setVisible(busy)
+
+    # Settings column
+    def set_settings_visible(self, visible: bool) -> None:
+        self.settings_button.blockSignals(True)
+        self.settings_button.setChecked(visible)
+        self.settings_button.blockSignals(False)
+        self._settings_toggled(visible)
+
+    def _settings_toggled(self, visible: bool) -> None:
+        self.params_box.setVisible(visible)
+        if self.settings.chat_settings_visible != visible:
+            self.settings.chat_settings_visible = visible
+            self.settings_changed.emit()
 
     def _on_failed(self, kind: str, message: str) -> None:
         # The message is shown in the transcript; the typed text was saved there too.
@@ -303,9 +415,14 @@ class ChatPanel(QWidget):
         self.server_url, self.server_model, self.server_key = url, model, api_key
         self._apply_connection()
 
+    def refresh_connection(self) -> None:
+        """The server's settings changed (its port): the URL shown follows."""
+        self._apply_connection()
+
     def _connection_edited(self, *_args) -> None:
+        if self.url.isEnabled():  # the field held the user's own URL (not the server's, shown read-only)
+            self.settings.chat_base_url = self.url.text().strip()
         self.settings.chat_use_server = self.use_server.isChecked()
-        self.settings.chat_base_url = self.url.text().strip()
         self.settings.chat_api_key = self.key.text()
         self.settings_changed.emit()
         self._apply_connection()
@@ -313,20 +430,76 @@ class ChatPanel(QWidget):
             self.refresh_models()
 
     def _model_changed(self, text: str) -> None:
+        if self.settings.chat_use_server:
+            return  # the request names what the server serves (set_server), not the picker's label
         self.session.model = text.strip()
+        self.settings.chat_model = text.strip()
+        self.settings_changed.emit()
+
+    def _model_chosen(self, index: int) -> None:
+        """The user picked a model: with our server, switch the server to it (LM Studio's JIT load)."""
         if not self.settings.chat_use_server:
-            self.settings.chat_model = text.strip()
-            self.settings_changed.emit()
+            return
+        model_id = str(self.model_combo.itemData(index) or "")
+        if model_id and model_id != (self.server_model if self.server_url else "") and model_id != self.switching_to:
+            self.model_switch_requested.emit(model_id)
+
+    def choose_model(self, model_id: str) -> None:
+        """Pick a model as the user would (tests, other panels)."""
+        i = self.model_combo.findData(model_id)
+        if i >= 0:
+            self.model_combo.setCurrentIndex(i)
+            self._model_chosen(i)
+
+    def set_installed_models(self, models: list[dict], serve_choice: str = "") -> None:
+        self.installed = [m for m in models if isinstance(m, dict) and m.get("id")]
+        if serve_choice:
+            self.serve_choice = serve_choice
+        if self.settings.chat_use_server:
+            self._fill_server_models()
+
+    def _fill_server_models(self) -> None:
+        selected = self.switching_to or (self.server_model if self.server_url else "") or self.serve_choice
+        combo = self.model_combo
+        combo.blockSignals(True)
+        combo.setEditable(False)
+        combo.clear()
+        for m in self.installed:
+            combo.addItem(display_name(m), m["id"])
+        if selected and combo.findData(selected) < 0:
+            combo.addItem(selected, selected)
+        combo.setCurrentIndex(max(0, combo.findData(selected)))
+        combo.blockSignals(False)
+
+    def show_switch(self, model_id: str, state: str, detail: str) -> None:
+        """Progress of a model switch, where the user chose it."""
+        name = next((display_name(m) for m in self.installed if m.get("id") == model_id), model_id)
+        self.switching_to = "" if state in ("ready", "crashed") else model_id
+        if state == "crashed":
+            self._show_error(f"Could not load {name}: {detail}")
+            return
+        if state == "ready":
+            self.error_label.hide()
+            return
+        step = {"stopping": "stopping the current model", "stopped": "stopped", "starting": "starting the server",
+                "loading": "loading the model"}.get(state, state)
+        self.connection_label.setText(f"<span style='color:#d29922;'>●</span> Switching to {html.escape(name)}: "
+                                      f"{step}…")
+        self.view.set_empty_hint(f"Loading {name}… the chat can continue once it is ready.")
+        self._fill_server_models()
 
     def _apply_connection(self) -> None:
         use_server = self.settings.chat_use_server
         self.url.setEnabled(not use_server)
         self.key.setEnabled(not use_server)
         if use_server:
+            # The field shows where the chat goes: our server's URL, on whatever port it runs.
+            self.url.setText(self.server_url or f"http://127.0.0.1:{self.settings.port}/v1")
             self.session.set_endpoint(self.server_url, self.server_key, self.server_model or None)
-            if self.server_model:
-                self._set_models([self.server_model])
-            if self.server_url:
+            self._fill_server_models()
+            if self.switching_to:
+                pass  # show_switch() keeps the label up to date
+            elif self.server_url:
                 self.connection_label.setText(f"<span style='color:#3fb950;'>●</span> wslm server · {self.server_model}")
                 self.view.set_empty_hint(f"Talking to {self.server_model} on the wslm server.")
             else:
@@ -334,6 +507,13 @@ class ChatPanel(QWidget):
                 self.view.set_empty_hint("Start the server in the Server panel, or connect to any "
                                          "OpenAI-compatible URL under Connection.")
         else:
+            if not self.model_combo.isEditable():
+                self.model_combo.clear()
+                self.model_combo.setEditable(True)
+                self.model_combo.lineEdit().setPlaceholderText("model")
+                if self.settings.chat_model:
+                    self.model_combo.addItem(self.settings.chat_model)
+            self.url.setText(self.settings.chat_base_url)
             url = normalize_base_url(self.settings.chat_base_url)
             self.session.set_endpoint(url, self.settings.chat_api_key, self.model_combo.currentText().strip())
             self.connection_label.setText(f"<span style='color:#4f9dff;'>●</span> {url}")
@@ -347,6 +527,8 @@ class ChatPanel(QWidget):
         self._set_models(ids)
 
     def _set_models(self, ids: list) -> None:
+        if self.settings.chat_use_server:
+            return  # our server: the picker lists installed models, not what one server serves
         current = self.model_combo.currentText()
         self.model_combo.blockSignals(True)
         self.model_combo.clear()

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass, field
 
 from PySide6.QtCore import QObject, Signal, Slot
 
 import wslm.gui.qt_fix  # noqa: F401  (PySide6 6.12 emit() refcount bug)
 from wslm.gui.chat_errors import normalize_base_url
 from wslm.gui.chat_model import ConversationListModel, MessageListModel
-from wslm.gui.chat_store import ChatStore, Conversation
+from wslm.gui.chat_store import ChatStore, Conversation, Message
 from wslm.gui.stream_worker import ChatRequest, StreamWorker
 
 log = logging.getLogger(__name__)
@@ -26,8 +27,54 @@ def title_from(text: str) -> str:
     return line if len(line) <= TITLE_CHARS else line[: TITLE_CHARS - 1] + "…"
 
 
+def versions_of(msg: Message) -> list[dict]:
+    """A reply's versions so far (itself included), for the regenerated one to extend."""
+    if msg.stats.get("versions"):
+        return list(msg.stats["versions"])
+    own = {k: v for k, v in msg.stats.items() if k not in ("versions", "version")}
+    return [{"content": msg.content, "stats": own}]
+
+
+@dataclass
+class _Reply:
+    """One reply being streamed. It keeps streaming when the user opens another chat: the text grows in
+    `message` (the very object the message model shows while its chat is open) and is saved at the end."""
+
+    conv_id: int
+    message: Message
+    worker: StreamWorker
+    started: float = field(default_factory=time.monotonic)
+    ttft_s: float | None = None
+    chunks: int = 0
+    saved_at: float = field(default_factory=time.monotonic)  # when the text so far was last written to the store
+    versions: list[dict] = field(default_factory=list)  # earlier replies this one regenerates (kept as ‹ 1/2 ›)
+    think_start: float | None = None
+    think_end: float | None = None
+
+    def final_stats(self, stats: dict) -> dict:
+        """The reply's stats plus what the chat keeps with it: the reasoning and the earlier versions."""
+        out = dict(stats)
+        thought = self.message.stats.get("reasoning", "")
+        if thought:
+            end = self.think_end or time.monotonic()
+            out["reasoning"] = thought
+            out["reasoning_s"] = round(end - (self.think_start or end), 1)
+        if self.versions:
+            own = {k: v for k, v in out.items() if k not in ("versions", "version")}
+            out["versions"] = [*self.versions, {"content": self.message.content, "stats": own}]
+            out["version"] = len(out["versions"]) - 1
+        return out
+
+    def partial_stats(self) -> dict:
+        """Stats of a reply stopped by the user: what was measured up to the stop."""
+        gen = time.monotonic() - self.started - (self.ttft_s or 0.0)
+        return {"ttft_s": round(self.ttft_s, 3) if self.ttft_s is not None else None, "tokens": self.chunks,
+                "tokens_per_s": round(self.chunks / gen, 1) if gen > 0 and self.chunks > 1 else None,
+                "stopped": True, "finish_reason": "stopped"}
+
+
 class ChatSession(QObject):
-    busy_changed = Signal(bool)
+    busy_changed = Signal(bool)  # the *open* chat started or ended a reply
     reply_finished = Signal(dict)  # stats of the last reply (tokens/s for the status bar)
     reply_failed = Signal(str, str)  # kind, message
     first_token = Signal(float)
@@ -42,9 +89,8 @@ class ChatSession(QObject):
         self.base_url = ""
         self.api_key = ""
         self.model = ""
-        self._worker: StreamWorker | None = None
+        self._replies: dict[int, _Reply] = {}  # conversation id -> its streaming reply
         self._retired: list[StreamWorker] = []  # stopped workers still closing their connection
-        self._saved_at = 0.0  # when the streaming reply was last written to the store
 
     # Endpoint
     def set_endpoint(self, base_url: str, api_key: str = "", model: str | None = None) -> None:
@@ -56,38 +102,53 @@ class ChatSession(QObject):
     # Conversations
     @property
     def busy(self) -> bool:
-        return self._worker is not None
+        """The open chat is streaming a reply (other chats may be too: see streaming_ids)."""
+        return self.messages.conversation_id in self._replies
+
+    @property
+    def _worker(self) -> StreamWorker | None:
+        """The open chat's stream worker (None when it is not streaming)."""
+        reply = self._replies.get(self.messages.conversation_id)
+        return reply.worker if reply else None
+
+    @property
+    def streaming_ids(self) -> set[int]:
+        return set(self._replies)
 
     def current(self) -> Conversation | None:
         cid = self.messages.conversation_id
         return self.store.get_conversation(cid) if cid else None
 
     def open(self, conv_id: int) -> None:
+        """Show another chat; a reply streaming in the one left keeps going in the background."""
         if conv_id == self.messages.conversation_id:
             return
-        self.stop()
+        self._load(conv_id)
+
+    def _load(self, conv_id: int) -> None:
         self.messages.load(conv_id)
+        reply = self._replies.get(conv_id)
+        if reply is not None:
+            self.messages.attach_stream(reply.message)
         self.current_changed.emit(conv_id)
+        self.busy_changed.emit(self.busy)
 
     def new_conversation(self) -> Conversation:
         current = self.current()
         if current is not None and not self.messages.rowCount():
             return current  # an empty chat is already open: no second empty one
-        self.stop()
         params = {k: v for k, v in self.defaults.items() if k in ("system_prompt", "temperature", "top_p", "max_tokens")}
         conv = self.conversations.create(**params)
-        self.messages.load(conv.id)
-        self.current_changed.emit(conv.id)
+        self._load(conv.id)
         return conv
 
     def delete_conversation(self, row: int) -> None:
         conv = self.conversations.conversation(row)
         if conv is None:
             return
+        self.stop(conv.id)
         if conv.id == self.messages.conversation_id:
-            self.stop()
-            self.messages.load(0)
-            self.current_changed.emit(0)
+            self._load(0)
         self.conversations.delete(row)
 
     def update_params(self, **changes) -> None:
@@ -120,24 +181,48 @@ class ChatSession(QObject):
                 return True
         if not (0 <= row < len(items)) or items[row].role != "assistant":
             return False
+        old = items[row]
+        versions = versions_of(old) if old.content else []
         self.messages.remove_from(row)
+        self._start_reply(versions)
+        return True
+
+    def show_version(self, row: int, index: int) -> bool:
+        """Flip a regenerated reply to another of its versions (‹ 2/3 ›); the one shown is what the
+        conversation continues from."""
+        msg = self.messages.message(row)
+        versions = (msg.stats.get("versions") or []) if msg else []
+        if not (0 <= index < len(versions)) or row == self.messages.streaming_row:
+            return False
+        chosen = versions[index]
+        msg.content = chosen["content"]
+        self.messages.finish(row, {**chosen.get("stats", {}), "versions": versions, "version": index},
+                             error=msg.error)
+        return True
+
+    def edit_and_rerun(self, row: int, text: str) -> bool:
+        """Replace the user's message at `row` with `text`, drop everything after it, and ask again."""
+        text = text.strip()
+        msg = self.messages.message(row)
+        if self.busy or not text or msg is None or msg.role != "user":
+            return False
+        self.messages.remove_from(row)
+        self.messages.append("user", text)
         self._start_reply()
         return True
 
-    def stop(self) -> None:
-        """End the stream now: the reply so far is kept, the connection closes, the server aborts."""
-        worker = self._worker
-        if worker is None:
+    def stop(self, conv_id: int | None = None) -> None:
+        """End the open chat's stream (or `conv_id`'s) now: the reply so far is kept with the stats
+        measured until then, the connection closes, the server aborts."""
+        reply = self._replies.get(self.messages.conversation_id if conv_id is None else conv_id)
+        if reply is None:
             return
-        self._detach(worker)
-        worker.stop()
-        row = self.messages.streaming_row
-        if row >= 0:
-            self.messages.finish(row, {"stopped": True, "finish_reason": "stopped"})
-        self.busy_changed.emit(False)
+        reply.worker.stop()
+        self._finish(reply, reply.partial_stats())
 
     def shutdown(self, wait_ms: int = 3000) -> None:
-        self.stop()
+        for conv_id in list(self._replies):
+            self.stop(conv_id)
         for worker in self._retired:
             worker.wait(wait_ms)
 
@@ -154,12 +239,10 @@ class ChatSession(QObject):
             out.append({"role": msg.role, "content": msg.content})
         return out
 
-    def _start_reply(self) -> None:
+    def _start_reply(self, versions: list[dict] | None = None) -> None:
         conv = self.current()
         row = self.messages.append("assistant", "")
         self.messages.streaming_row = row
-        self.store.begin_reply(self.messages.message(row).id)
-        self._saved_at = time.monotonic()
         request = ChatRequest(
             base_url=self.base_url,
             api_key=self.api_key,
@@ -170,27 +253,54 @@ class ChatSession(QObject):
             max_tokens=conv.max_tokens if conv else 1024,
         )
         worker = StreamWorker(request, self)
+        reply = _Reply(self.messages.conversation_id, self.messages.message(row), worker, versions=versions or [])
+        if conv is not None and request.model != conv.model:
+            self.store.update_conversation(conv.id, model=request.model)  # the chat remembers its model
+        self.store.begin_reply(reply.message.id)
+        worker.reply = reply
         worker.delta.connect(self._on_delta)
-        worker.first_token.connect(self.first_token)
+        worker.reasoning.connect(self._on_reasoning)
+        worker.first_token.connect(self._on_first_token)
         worker.done.connect(self._on_done)
         worker.failed.connect(self._on_failed)
         # A bound slot, not a lambda: QThread.finished is emitted on the worker thread, and only a
         # receiver living on the GUI thread makes the call queued (deleting the QThread object from
         # its own, still-running thread crashes).
         worker.finished.connect(self._on_worker_finished)
-        self._worker = worker
+        self._replies[reply.conv_id] = reply
+        self.conversations.set_busy(reply.conv_id, True)
         self.busy_changed.emit(True)
         worker.start()
 
-    def _detach(self, worker: StreamWorker) -> None:
-        for sig, slot in ((worker.delta, self._on_delta), (worker.done, self._on_done),
-                          (worker.failed, self._on_failed), (worker.first_token, self.first_token)):
+    def _reply_of_sender(self) -> _Reply | None:
+        sender = self.sender()
+        # Called directly (not by a worker's signal): the open chat's reply.
+        reply = getattr(sender, "reply", None) if sender is not None else self._replies.get(self.messages.conversation_id)
+        return reply if reply is not None and self._replies.get(reply.conv_id) is reply else None
+
+    def _shown(self, reply: _Reply) -> bool:
+        return reply.conv_id == self.messages.conversation_id and self.messages.streaming_row >= 0
+
+    def _finish(self, reply: _Reply, stats: dict, error: str = "") -> None:
+        """The reply ended (done, failed or stopped): save it, free its chat, retire its worker."""
+        del self._replies[reply.conv_id]
+        worker = reply.worker
+        for sig, slot in ((worker.delta, self._on_delta), (worker.reasoning, self._on_reasoning), (worker.done, self._on_done),
+                          (worker.failed, self._on_failed), (worker.first_token, self._on_first_token)):
             try:
                 sig.disconnect(slot)
             except (RuntimeError, TypeError):
                 pass
-        self._worker = None
         self._retired.append(worker)
+        stats = reply.final_stats(stats)
+        if self._shown(reply):
+            self.messages.finish(self.messages.streaming_row, stats, error=error)
+        else:  # finished in the background: straight to SQLite, shown when its chat is opened
+            reply.message.stats, reply.message.error = stats, error
+            self.store.update_message(reply.message.id, content=reply.message.content, stats=stats, error=error)
+        self.conversations.set_busy(reply.conv_id, False)
+        if reply.conv_id == self.messages.conversation_id:
+            self.busy_changed.emit(False)
 
     @Slot()
     def _on_worker_finished(self) -> None:
@@ -200,33 +310,55 @@ class ChatSession(QObject):
             worker.wait()  # returns at once: run() is over, let the thread finish exiting
             worker.deleteLater()
 
+    def _on_first_token(self, seconds: float) -> None:
+        reply = self._reply_of_sender()
+        if reply is not None:
+            reply.ttft_s = seconds
+            if reply.conv_id == self.messages.conversation_id:
+                self.first_token.emit(seconds)
+
     def _on_delta(self, text: str) -> None:
-        row = self.messages.streaming_row
-        if row >= 0:
-            self.messages.append_text(row, text)
-            now = time.monotonic()
-            if now - self._saved_at >= SAVE_EVERY_S:  # the reply so far survives the app being killed
-                self._saved_at = now
-                msg = self.messages.message(row)
-                self.store.save_partial(msg.id, msg.content)
+        reply = self._reply_of_sender()
+        if reply is None:
+            return
+        reply.chunks += 1
+        if reply.think_start is not None and reply.think_end is None:
+            reply.think_end = time.monotonic()
+        if self._shown(reply):
+            self.messages.append_text(self.messages.streaming_row, text)
+        else:
+            reply.message.content += text
+        now = time.monotonic()
+        if now - reply.saved_at >= SAVE_EVERY_S:  # the reply so far survives the app being killed
+            reply.saved_at = now
+            self.store.save_partial(reply.message.id, reply.message.content)
+
+    def _on_reasoning(self, text: str) -> None:
+        """The model's thinking: kept apart from the answer (shown folded, stored, never sent back)."""
+        reply = self._reply_of_sender()
+        if reply is None:
+            return
+        reply.chunks += 1
+        if reply.think_start is None:
+            reply.think_start = time.monotonic()
+        stats = reply.message.stats
+        stats["reasoning"] = stats.get("reasoning", "") + text
+        if self._shown(reply):
+            self.messages.touch_row(self.messages.streaming_row)
 
     def _on_done(self, stats: dict) -> None:
-        worker = self._worker
-        row = self.messages.streaming_row
-        if row >= 0:
-            self.messages.finish(row, stats)
-        if worker:
-            self._detach(worker)
-        self.conversations.touch(self.messages.conversation_id)
-        self.busy_changed.emit(False)
-        self.reply_finished.emit(stats)
+        reply = self._reply_of_sender()
+        if reply is None:
+            return
+        self._finish(reply, stats)
+        self.conversations.touch(reply.conv_id)
+        if reply.conv_id == self.messages.conversation_id:
+            self.reply_finished.emit(stats)
 
     def _on_failed(self, kind: str, message: str) -> None:
-        worker = self._worker
-        row = self.messages.streaming_row
-        if row >= 0:
-            self.messages.finish(row, {"error_kind": kind}, error=message)
-        if worker:
-            self._detach(worker)
-        self.busy_changed.emit(False)
-        self.reply_failed.emit(kind, message)
+        reply = self._reply_of_sender()
+        if reply is None:
+            return
+        self._finish(reply, {"error_kind": kind}, error=message)
+        if reply.conv_id == self.messages.conversation_id:
+            self.reply_failed.emit(kind, message)

@@ -6,6 +6,7 @@ message is re-converted from Markdown on each update, the others come from a cac
 from __future__ import annotations
 
 import html
+import json
 
 from PySide6.QtCore import QTimer, QUrl, Signal
 from PySide6.QtGui import QDesktopServices, QGuiApplication, QTextCursor
@@ -27,6 +28,8 @@ def stats_line(stats: dict) -> str:
         parts.append(f"{stats['tokens']} tokens")
     if stats.get("ttft_s") is not None:
         parts.append(f"TTFT {stats['ttft_s']:.2f} s")
+    if stats.get("model"):
+        parts.append(str(stats["model"]))
     if stats.get("cut"):
         parts.append("cut off: the app closed during this reply")
     elif stats.get("stopped"):
@@ -36,8 +39,28 @@ def stats_line(stats: dict) -> str:
     return " · ".join(parts)
 
 
+def json_reply(text: str) -> str | None:
+    """A reply that is one JSON object or array (structured output), pretty-printed; None otherwise."""
+    t = text.strip()
+    if not t.startswith(("{", "[")):
+        return None
+    try:
+        return json.dumps(json.loads(t), indent=2, ensure_ascii=False)
+    except ValueError:
+        return None
+
+
+def pretty_arguments(arguments: str) -> str:
+    try:
+        return json.dumps(json.loads(arguments), indent=2, ensure_ascii=False)
+    except ValueError:
+        return arguments
+
+
 class ChatView(QTextBrowser):
     regenerate_requested = Signal(int)
+    edit_requested = Signal(int)  # a user message's row: put it back in the message box
+    version_requested = Signal(int, int)  # row, version index (‹ 2/3 ›)
 
     def __init__(self, model: MessageListModel, parent=None) -> None:
         super().__init__(parent)
@@ -47,6 +70,8 @@ class ChatView(QTextBrowser):
         self.anchorClicked.connect(self._on_link)
         self.model = model
         self.empty_hint = ""
+        self.open_thoughts: set[int] = set()  # message ids whose reasoning is unfolded
+        self.open_tools: set[tuple[int, int]] = set()  # (message id, call index) unfolded
         self._cache: dict[tuple[int, int, str], str] = {}
         self._timer = QTimer(self, singleShot=True, interval=RENDER_DELAY_MS)
         self._timer.timeout.connect(self.render)
@@ -93,13 +118,19 @@ class ChatView(QTextBrowser):
         key = (msg.id, row, msg.content)
         body = None if streaming else self._cache.get(key)
         if body is None:
-            body = render_markdown(msg.content, f"copycode:{row}:") if msg.role == "assistant" else (
-                "<p>" + html.escape(msg.content).replace("\n", "<br>") + "</p>")
+            pretty = json_reply(msg.content) if msg.role == "assistant" and not streaming else None
+            if pretty is not None:  # structured output: shown as formatted JSON
+                body = render_markdown(f"```json\n{pretty}\n```", f"copycode:{row}:")
+            elif msg.role == "assistant":
+                body = render_markdown(msg.content, f"copycode:{row}:")
+            else:
+                body = "<p>" + html.escape(msg.content).replace("\n", "<br>") + "</p>"
             if not streaming:
                 self._cache[key] = body
         if streaming:
             body += f'<span style="color:{theme.ACCENT};">▍</span>' if msg.content else (
                 f'<p style="color:{theme.MUTED};">Thinking…</p>')
+        body = self._thought_html(row, msg, streaming) + body + self._tools_html(row, msg)
         who = "You" if msg.role == "user" else "Assistant"
         bg = "#1a2130" if msg.role == "user" else theme.BG
         parts = [
@@ -116,14 +147,54 @@ class ChatView(QTextBrowser):
         if msg.role == "assistant" and not streaming and not msg.error:
             footer = stats_line(msg.stats)
             links = f'<a href="copy:{row}">Copy</a> &nbsp;·&nbsp; <a href="regen:{row}">Regenerate</a>'
+            versions = msg.stats.get("versions") or []
+            if len(versions) > 1:
+                at = int(msg.stats.get("version", len(versions) - 1))
+                prev = f'<a href="ver:{row}:{at - 1}">‹</a>' if at > 0 else "‹"
+                nxt = f'<a href="ver:{row}:{at + 1}">›</a>' if at < len(versions) - 1 else "›"
+                links = f"{prev} {at + 1}/{len(versions)} {nxt} &nbsp;·&nbsp; " + links
             parts.append(
                 f'<p style="color:{theme.MUTED}; font-size:small; margin-top:6px;">'
                 f'{html.escape(footer)}{" &nbsp;·&nbsp; " if footer else ""}{links}</p>'
             )
         elif msg.role == "user":
-            parts.append(f'<p style="font-size:small; margin-top:4px;"><a href="copy:{row}">Copy</a></p>')
+            parts.append(f'<p style="font-size:small; margin-top:4px;"><a href="copy:{row}">Copy</a>'
+                         f' &nbsp;·&nbsp; <a href="edit:{row}">Edit</a></p>')
         parts.append("</td></tr></table>")
         return "".join(parts)
+
+    def _thought_html(self, row: int, msg, streaming: bool) -> str:
+        """The model's reasoning, folded: "▸ Thought for 4.2 s" (click to open)."""
+        thought = msg.stats.get("reasoning") if msg.role == "assistant" else ""
+        if not thought:
+            return ""
+        if streaming and not msg.content:
+            head, open_ = "▾ Thinking…", True  # live while it thinks
+        else:
+            secs = msg.stats.get("reasoning_s")
+            head = f"Thought for {secs:.1f} s" if secs is not None else "Thought"
+            open_ = msg.id in self.open_thoughts
+            head = ("▾ " if open_ else "▸ ") + head
+        out = f'<p style="margin-bottom:4px;"><a href="think:{row}">{head}</a></p>'
+        if open_:
+            text = html.escape(thought.strip()).replace("\n", "<br>")
+            out += (f'<table width="100%" cellpadding="8" style="background-color:#161a22; margin-bottom:6px;">'
+                    f'<tr><td style="color:{theme.MUTED};">{text}</td></tr></table>')
+        return out
+
+    def _tools_html(self, row: int, msg) -> str:
+        """Tool calls the model made: one folded line each (name and arguments), unfolded as JSON."""
+        out = []
+        for i, call in enumerate(msg.stats.get("tool_calls") or []):
+            args = str(call.get("arguments") or "")
+            short = " ".join(args.split())
+            short = short if len(short) <= 60 else short[:59] + "…"
+            open_ = (msg.id, i) in self.open_tools
+            out.append(f'<p style="margin:4px 0;"><a href="tool:{row}:{i}">{"▾" if open_ else "▸"} 🔧 '
+                       f'{html.escape(str(call.get("name") or "tool"))}({html.escape(short)})</a></p>')
+            if open_:
+                out.append(render_markdown(f"```json\n{pretty_arguments(args)}\n```", f"copycode:{row}:"))
+        return "".join(out)
 
     def render(self) -> None:
         bar = self.verticalScrollBar()
@@ -155,7 +226,10 @@ class ChatView(QTextBrowser):
             if idx.isdigit() and int(idx) < len(blocks):
                 QGuiApplication.clipboard().setText(blocks[int(idx)])
             return
-        if action not in ("copy", "regen") or not arg.isdigit():
+        if action in ("think", "tool", "ver"):
+            self._fold_link(action, arg)
+            return
+        if action not in ("copy", "regen", "edit") or not arg.isdigit():
             return
         row = int(arg)
         msg = self.model.message(row)
@@ -163,5 +237,21 @@ class ChatView(QTextBrowser):
             return
         if action == "copy":
             QGuiApplication.clipboard().setText(msg.content)
+        elif action == "edit":
+            self.edit_requested.emit(row)
         else:
             self.regenerate_requested.emit(row)
+
+    def _fold_link(self, action: str, arg: str) -> None:
+        row_text, _, sub = arg.partition(":")
+        msg = self.model.message(int(row_text)) if row_text.isdigit() else None
+        if msg is None:
+            return
+        if action == "think":
+            self.open_thoughts ^= {msg.id}
+        elif action == "tool" and sub.isdigit():
+            self.open_tools ^= {(msg.id, int(sub))}
+        elif action == "ver" and sub.lstrip("-").isdigit():
+            self.version_requested.emit(int(row_text), int(sub))
+            return
+        self.render()

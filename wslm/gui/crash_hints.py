@@ -1,37 +1,68 @@
-"""Guess why the backend died from its exit code and last log lines, and say what to do about it."""
+"""Guess why the backend died from its exit code and last log lines, and say what to do about it in the
+app's own terms: which field of the Server panel to change, not which command-line flag to pass."""
 
 from __future__ import annotations
 
-HINTS: list[tuple[tuple[str, ...], str]] = [
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class CrashCause:
+    title: str  # the crash box's headline, e.g. "The port is taken"
+    advice: str  # what to do, naming the field to change
+    field: str = ""  # Server panel field to point at: model, port, context, gpu, api_key, target, extra
+
+
+# (needles in the error or log, cause); first match wins, so the specific ones come first.
+CAUSES: list[tuple[tuple[str, ...], CrashCause]] = [
     (("out of memory", "cuda oom", "outofmemoryerror"),
-     "The GPU ran out of memory: lower the GPU memory share or the context length, or pick a smaller model."),
-    (("address already in use", "errno 98", "port is already in use", "only one usage of each socket"),
-     "The port is taken by another program: choose another port, or stop that program."),
+     CrashCause("The GPU ran out of memory", "Lower “GPU memory share” or “Context length” above, or pick a "
+                "smaller model in the Model box.", "gpu")),
+    (("address already in use", "errno 98", "port is already in use", "is already in use",
+      "only one usage of each socket"),
+     CrashCause("The port is taken", "Another program (or another wslm server) listens on this port: change "
+                "“Port” above, or stop that program.", "port")),
     (("no module named",),
-     "wslm's Python packages are incomplete on the target: run the installer (install.sh) inside the distro."),
+     CrashCause("wslm is incomplete on the target", "wslm's Python packages are missing on the target: run the "
+                "installer (install.sh) inside the distro.", "target")),
     (("command not found", "no such file or directory: 'wslm'", "wslm: not found"),
-     "wslm is not installed on the target: run the installer (install.sh) inside the distro."),
-    (("not found in", "no model named", "model not found", "unknown model"),
-     "The model is not on the target: download it in the Models panel, or pick another one."),
+     CrashCause("wslm is not installed on the target", "Run the installer (install.sh) inside the distro, or "
+                "pick another target with “Change…”.", "target")),
+    (("was not found", "no such model", "not found in", "no model named", "model not found", "unknown model",
+      "is not a model"),
+     CrashCause("Model not found", "Pick an installed model in the Model box above, or download this one in "
+                "the Models panel.", "model")),
     (("maximum context", "max_model_len", "max-model-len"),
-     "The context length does not fit: lower it, or leave it empty to use the model's own."),
+     CrashCause("The context length does not fit", "Lower “Context length” above, or set it to “model "
+                "default”.", "context")),
     (("no distribution with the supplied name", "wsl_e_distro_not_found"),
-     "That WSL distro does not exist: pick another target (see `wsl --list`)."),
+     CrashCause("That WSL distro does not exist", "Pick another target with “Change…”.", "target")),
     (("unsupported architecture", "not supported"),
-     "This model's architecture is not supported by the wslm engine: pick a supported model."),
-    (("api key", "api-key"), "Check the API key setting."),
+     CrashCause("This model is not supported", "The wslm engine cannot run this model's architecture: pick "
+                "another model in the Model box.", "model")),
+    (("unrecognized arguments", "invalid choice", "invalid int value", "invalid float value"),
+     CrashCause("A flag was not accepted", "Check “Extra flags” above.", "extra")),
+    (("api key", "api-key"), CrashCause("API key problem", "Check “API key” above.", "api_key")),
 ]
 
 
-def likely_cause(exit_code: int, lines: list[str], error_message: str = "") -> str:
+def crash_cause(exit_code: int, lines: list[str], error_message: str = "") -> CrashCause:
     text = "\n".join([error_message, *lines]).lower()
-    for needles, hint in HINTS:
+    for needles, cause in CAUSES:
         if any(n in text for n in needles):
-            return hint
+            return cause
     if exit_code == 127:
-        return "wslm is not installed on the target: run the installer (install.sh) inside the distro."
+        return CAUSES[3][1]
     if exit_code in (-9, 137):
-        return "The process was killed (out of memory in Linux, or killed by hand). Try a smaller model."
+        return CrashCause("The server was killed", "Out of memory in Linux, or killed by hand: pick a smaller "
+                          "model or lower “Context length”.", "model")
     if exit_code == -1:
-        return "The backend could not be started. Check the target in the first-run settings."
-    return f"The backend exited with code {exit_code}; see the log lines above."
+        return CrashCause("The server could not be started", "Check the target (“Change…”).", "target")
+    return CrashCause("The server stopped unexpectedly", f"It exited with code {exit_code}; the log lines "
+                      "below say why.")
+
+
+def likely_cause(exit_code: int, lines: list[str], error_message: str = "") -> str:
+    """One sentence (for places without a headline, such as a failed `models list`)."""
+    cause = crash_cause(exit_code, lines, error_message)
+    return f"{cause.title}: {cause.advice}"

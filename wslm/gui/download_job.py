@@ -5,6 +5,7 @@ again, which continues where it stopped."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from PySide6.QtCore import QObject, Signal
@@ -15,6 +16,14 @@ from wslm.gui.log_model import LogModel
 from wslm.wsl_bridge.launcher import Target
 
 IDLE, RUNNING, DONE, CANCELLED, FAILED = "idle", "running", "done", "cancelled", "failed"
+
+_MIRROR_FLAG = re.compile(r"(a mirror)(?::| with) --endpoint URL(?: or HF_ENDPOINT=URL)?")
+
+
+def app_wording(message: str) -> str:
+    """`wslm models pull`'s advice in the app's terms: the Mirror endpoint field, not its CLI flag."""
+    return _MIRROR_FLAG.sub(r"\1: fill in “Mirror endpoint” in the Download dialog (e.g. https://hf-mirror.com)",
+                            message)
 
 
 @dataclass
@@ -71,8 +80,11 @@ class PullJob(QObject):
         """Start, or resume after a cancel or failure."""
         if self.running:
             return
-        done = self.progress.files_done
-        self.progress = PullProgress(state=RUNNING, files_done=done, message="Starting…")
+        before = self.progress
+        again = "Retrying…" if before.state == FAILED else "Resuming…" if before.state == CANCELLED else "Starting…"
+        # Keep the byte counts of the earlier run: a resume continues from them.
+        self.progress = PullProgress(state=RUNNING, files_done=before.files_done, message=again,
+                                     bytes=before.bytes, total_bytes=before.total_bytes)
         proc = JsonProcess(self)
         proc.event.connect(self._on_event)
         proc.log_line.connect(self._on_log)
@@ -120,7 +132,7 @@ class PullJob(QObject):
             self._final = (DONE, "Download complete")
         elif kind == "error":
             err = e.get("message") or (e.get("error") or {}).get("message") or "download failed"
-            self._final = (FAILED, str(err))
+            self._final = (FAILED, app_wording(str(err)))
         elif kind == "cancelled":
             self._final = (CANCELLED, "Cancelled; Resume continues where it stopped")
         self.changed.emit()
@@ -138,6 +150,8 @@ class PullJob(QObject):
                 p.state, p.message = CANCELLED, "Cancelled; Resume continues where it stopped"
             else:
                 p.state = FAILED
-                p.message = f"`wslm models pull` exited with code {code}: {tail.strip()[-300:] or 'no output'}"
+                p.message = f"The download stopped (exit code {code}): {tail.strip()[-300:] or 'no output'}"
+        if p.state == FAILED and self.logs:
+            self.logs.add("download", f"failed: {p.message}")  # the Logs panel says why, not only the command
         self.changed.emit()
         self.finished.emit(p.state)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import html
+
 from PySide6.QtWidgets import QFrame, QHBoxLayout, QLabel, QProgressBar, QPushButton, QVBoxLayout
 
 from wslm.gui.download_job import CANCELLED, DONE, FAILED, RUNNING, PullJob
@@ -27,11 +29,11 @@ class DownloadProgressView(QFrame):
         self.resume_button = QPushButton("Resume", objectName="Primary")
         self.resume_button.clicked.connect(job.start)
         buttons = QHBoxLayout()
-        buttons.addWidget(self.info, 1)
+        buttons.addStretch(1)
         buttons.addWidget(self.resume_button)
         buttons.addWidget(self.cancel_button)
         self.dismiss_button = QPushButton("Dismiss")
-        self.dismiss_button.clicked.connect(self.deleteLater)
+        self.dismiss_button.clicked.connect(self.dismiss)
         buttons.addWidget(self.dismiss_button)
         lay = QVBoxLayout(self)
         lay.setContentsMargins(12, 10, 12, 10)
@@ -39,22 +41,42 @@ class DownloadProgressView(QFrame):
         lay.addWidget(self.total_bar)
         lay.addWidget(self.file_label)
         lay.addWidget(self.file_bar)
+        lay.addWidget(self.info)  # its own row: a long error wraps instead of being cut beside the buttons
         lay.addLayout(buttons)
         job.changed.connect(self.refresh)
         self.refresh()
 
+    def dismiss(self) -> None:
+        """Remove the card now (not at the next event loop turn), so its layout closes the gap at once."""
+        parent_layout = self.parentWidget().layout() if self.parentWidget() else None
+        self.hide()
+        if parent_layout is not None:
+            parent_layout.removeWidget(self)
+        self.setParent(None)
+        self.deleteLater()
+
     def refresh(self) -> None:
         p = self.job.progress
+        known = p.total_bytes > 0
+        # No size yet (starting, or failed before the hub answered): no "0% · 0 B / 0 B" bar.
+        self.total_bar.setVisible(known)
         self.total_bar.setValue(int(p.fraction * 1000))
         self.total_bar.setFormat(f"{p.fraction * 100:.0f}%  ·  {human_bytes(p.bytes)} / {human_bytes(p.total_bytes)}")
+        # The second bar is the file being fetched right now, and says so; only while it runs.
+        show_file = p.state == RUNNING and bool(p.file)
+        self.file_bar.setVisible(show_file)
+        self.file_label.setVisible(show_file)
         self.file_bar.setValue(int(p.file_fraction * 1000))
-        self.file_label.setText(f"{p.file}  {human_bytes(p.file_bytes)} / {human_bytes(p.file_total)}" if p.file else "")
+        self.file_label.setText(f"Now: {p.file}  {human_bytes(p.file_bytes)} / {human_bytes(p.file_total)}"
+                                if p.file else "")
         if p.state == RUNNING and not p.message:
             text = f"{human_bytes(p.speed_bps)}/s · {human_duration(p.eta_s)} left"
         else:
             text = p.message
         color = {FAILED: "#f85149", DONE: "#3fb950"}.get(p.state)
+        text = html.escape(text or "")
         self.info.setText(f"<span style='color:{color};'>{text}</span>" if color else text)
         self.cancel_button.setVisible(p.state == RUNNING)
+        self.resume_button.setText("Retry" if p.state == FAILED else "Resume")
         self.resume_button.setVisible(p.state in (CANCELLED, FAILED))
         self.dismiss_button.setVisible(p.state in (DONE, CANCELLED, FAILED))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from collections import deque
 
@@ -11,6 +12,12 @@ import wslm.gui.qt_fix  # noqa: F401  (PySide6 6.12 emit() refcount bug)
 
 SourceRole = Qt.ItemDataRole.UserRole + 1
 MAX_LINES = 5000
+# A time the line brings itself (uvicorn's and the engine's logging): the view shows ours, once.
+_OWN_TIMESTAMP = re.compile(r"^\[?(\d{4}-\d\d-\d\d[ T])?\d\d:\d\d:\d\d([.,]\d+)?\]?\s+")
+
+
+def strip_timestamp(line: str) -> str:
+    return _OWN_TIMESTAMP.sub("", line, count=1)
 
 
 class LogModel(QAbstractListModel):
@@ -18,6 +25,7 @@ class LogModel(QAbstractListModel):
         super().__init__(parent)
         self.max_lines = max_lines
         self._lines: deque[tuple[float, str, str]] = deque()
+        self.added = 0  # lines ever added: a mark for since() that survives the cap dropping old lines
 
     def rowCount(self, parent: QModelIndex = QModelIndex()) -> int:  # noqa: B008
         return 0 if parent.isValid() else len(self._lines)
@@ -40,12 +48,19 @@ class LogModel(QAbstractListModel):
                 self.endRemoveRows()
             row = len(self._lines)
             self.beginInsertRows(QModelIndex(), row, row)
-            self._lines.append((time.time(), source, line))
+            self._lines.append((time.time(), source, strip_timestamp(line)))
+            self.added += 1
             self.endInsertRows()
 
     def tail(self, source: str, n: int = 20) -> list[str]:
         out = [text for _, src, text in reversed(self._lines) if src == source][:n]
         return list(reversed(out))
+
+    def since(self, mark: int, source: str, n: int = 20) -> list[str]:
+        """The last `n` lines of `source` added after `mark` (a value of `added`): one run's lines only."""
+        new = min(len(self._lines), self.added - mark)
+        lines = list(self._lines)[len(self._lines) - new:] if new > 0 else []
+        return [text for _, src, text in lines if src == source][-n:]
 
     def clear(self) -> None:
         self.beginResetModel()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from PySide6.QtCore import Qt
 from PySide6.QtGui import QFont, QGuiApplication
 from PySide6.QtWidgets import QHBoxLayout, QLineEdit, QListView, QPushButton, QVBoxLayout, QWidget
 
@@ -23,8 +24,14 @@ class LogView(QWidget):
         bar.addWidget(copy)
         self.list = QListView()
         self.list.setModel(self.proxy)
-        self.list.setUniformItemSizes(True)  # fast with thousands of lines
-        self.list.setWordWrap(False)
+        # Long lines (tracebacks, paths) wrap rather than end in "…"; batched layout keeps thousands of
+        # rows of different heights fast.
+        self.list.setWordWrap(True)
+        self.list.setTextElideMode(Qt.TextElideMode.ElideNone)
+        self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.list.setResizeMode(QListView.ResizeMode.Adjust)
+        self.list.setLayoutMode(QListView.LayoutMode.Batched)
+        self.list.setBatchSize(200)
         mono = QFont()
         mono.setFamilies(["Cascadia Mono", "Consolas", "DejaVu Sans Mono", "Noto Sans Mono CJK SC", "monospace"])
         mono.setPointSizeF(9)

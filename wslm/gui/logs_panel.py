@@ -13,6 +13,8 @@ class LogsPanel(QWidget):
         super().__init__(parent)
         title = QLabel("Logs", objectName="Title")
         hint = QLabel(f"Server, downloads and commands; the last {logs.max_lines:,} lines are kept.", objectName="Muted")
+        hint.setWordWrap(True)
+        hint.setMinimumWidth(1)
         clear = QPushButton("Clear")
         clear.clicked.connect(logs.clear)
         head = QHBoxLayout()

@@ -6,8 +6,17 @@ import base64
 import logging
 
 from PySide6.QtCore import QByteArray, Qt, QTimer
-from PySide6.QtGui import QCloseEvent, QKeySequence, QShortcut
-from PySide6.QtWidgets import QHBoxLayout, QMainWindow, QStackedWidget, QWidget
+from PySide6.QtGui import QAction, QCloseEvent, QKeySequence, QShortcut
+from PySide6.QtWidgets import (
+    QApplication,
+    QHBoxLayout,
+    QMainWindow,
+    QMenu,
+    QMessageBox,
+    QStackedWidget,
+    QSystemTrayIcon,
+    QWidget,
+)
 
 import wslm.gui.qt_fix  # noqa: F401  (PySide6 6.12 emit() refcount bug)
 from wslm.gui.backend_target import target_from_settings, target_label, target_to_settings
@@ -20,7 +29,7 @@ from wslm.gui.logs_panel import LogsPanel
 from wslm.gui.models_panel import ModelsPanel
 from wslm.gui.models_service import ModelsService
 from wslm.gui.resource_monitor import ResourceMonitor
-from wslm.gui.server_controller import READY, ServerController
+from wslm.gui.server_controller import CRASHED, READY, STOPPED, ServerController
 from wslm.gui.server_panel import ServerPanel
 from wslm.gui.settings import Settings, load_settings, save_settings
 from wslm.gui.share_panel import SharePanel
@@ -46,6 +55,8 @@ class MainWindow(QMainWindow):
         self.target = target_from_settings(s.target)
         self.logs = LogModel(parent=self)
         self._own_store = store is None
+        self._switching_to = ""  # the model a switch from the Chat panel is loading
+        self.quit_ends_app = watch  # the real app; tests and screenshots share their QApplication
         self.store = store or ChatStore()
         self.session = ChatSession(self.store, {"system_prompt": s.system_prompt, "temperature": s.temperature,
                                                 "top_p": s.top_p, "max_tokens": s.max_tokens}, self)
@@ -54,6 +65,7 @@ class MainWindow(QMainWindow):
         self.server.auto_restart = s.auto_restart
         self.models = ModelsService(self.logs, self)
         self.models.target = self.target
+        self.models.context = s.max_model_len
         self.share = ShareService(self)
         self.share.port = s.port
         self.share.distro = self.target.distro if self.target.via_wsl else None
@@ -84,6 +96,7 @@ class MainWindow(QMainWindow):
         self.setStatusBar(self.status)
 
         self._wire()
+        self._menus()
         self._shortcuts()
         self._restore_geometry()
         self.sidebar.select(s.last_panel if s.last_panel in self.panels else "chat")
@@ -100,25 +113,67 @@ class MainWindow(QMainWindow):
         self.server.ready.connect(self._on_server_ready)
         self.server.metrics_updated.connect(self._on_metrics)
         self.server_panel.change_target.connect(self.choose_target)
-        self.models.listed.connect(self.server_panel.set_models)
+        self.models.listed.connect(self._on_models_listed)
+        self.chat_panel.model_switch_requested.connect(self.switch_model)
         self.models_panel.use_model.connect(self._serve_model)
         self.monitor.sample.connect(self.server_panel.show_resources)
         self.monitor.gpu_sample.connect(self.server_panel.show_gpu)
         self.monitor.gpu_sample.connect(self._on_gpu)
         self.monitor.gpu_unavailable.connect(self.server_panel.gpu_unavailable)
         self.monitor.gpu_unavailable.connect(lambda _why: self.models.table.set_vram(None, no_gpu=True))
+        # The status bar's tok/s is the last reply's own figure (the one under the message), not the
+        # server-wide rate, which mixes in idle time and other clients.
         self.session.reply_finished.connect(lambda st: self.status.set_speed(st.get("tokens_per_s")))
+        self.server_panel.settings_changed.connect(self.chat_panel.refresh_connection)
+        self.server_panel.settings_changed.connect(self._server_settings_changed)
         self.share_panel.server_change.connect(self._on_share_server)
         self.share.result.connect(lambda r: self._on_share_off() if r.get("action") == "off" else None)
         self._on_server_state(self.server.state, "")
+
+    def _menus(self) -> None:
+        """File menu (New chat, Quit: Ctrl+Q) and a tray icon with Show/Quit: the app can always be quit,
+        also where no window manager draws a close button."""
+        file_menu = self.menuBar().addMenu("&File")
+        new = QAction("New chat", self, shortcut=QKeySequence("Ctrl+N"))
+        new.triggered.connect(lambda: (self.sidebar.select("chat"), self.chat_panel.new_chat()))
+        self.quit_action = QAction("Quit", self, shortcut=QKeySequence("Ctrl+Q"))
+        self.quit_action.setShortcutContext(Qt.ShortcutContext.ApplicationShortcut)
+        self.quit_action.triggered.connect(self.quit_app)
+        file_menu.addAction(new)
+        file_menu.addSeparator()
+        file_menu.addAction(self.quit_action)
+        self.tray: QSystemTrayIcon | None = None
+        if QSystemTrayIcon.isSystemTrayAvailable():
+            self.tray = QSystemTrayIcon(self.windowIcon(), self)
+            menu = QMenu(self)
+            menu.addAction("Show wslm", lambda: (self.showNormal(), self.raise_(), self.activateWindow()))
+            menu.addAction(self.quit_action)
+            self.tray.setContextMenu(menu)
+            self.tray.setToolTip("wslm")
+            self.tray.show()
+
+    def quit_app(self) -> None:
+        """Quit (menu, Ctrl+Q, tray): close the window, which asks first if the server runs."""
+        if self.close() and self.quit_ends_app:
+            QApplication.quit()  # also when a dialog is open or the tray keeps the app alive
+
+    def confirm_close(self) -> bool:
+        """Closing stops the server: ask when one runs (or loads). Tests replace this."""
+        if not self.server.running or not self.quit_ends_app:
+            return True  # (windows made for tests and screenshots never block on a dialog)
+        answer = QMessageBox.question(
+            self, "Quit wslm",
+            f"The server is {self.server.state} ({self.server.config.model}). Quitting stops it, and every "
+            "client using it loses its connection. Stop the server and quit?",
+            QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.Cancel, QMessageBox.StandardButton.Cancel)
+        return answer == QMessageBox.StandardButton.Yes
 
     def _shortcuts(self) -> None:
         """Ctrl+1..5: panels; Ctrl+N: new chat; Esc: stop the reply."""
         for i, (key, _icon, _label) in enumerate(PANELS, start=1):
             QShortcut(QKeySequence(f"Ctrl+{i}"), self, activated=lambda k=key: self.sidebar.select(k))
-        QShortcut(QKeySequence("Ctrl+N"), self, activated=lambda: (self.sidebar.select("chat"),
-                                                                  self.chat_panel.new_chat()))
-        QShortcut(QKeySequence(Qt.Key.Key_Escape), self, activated=self.session.stop)
+        QShortcut(QKeySequence(Qt.Key.Key_Escape), self,
+                  activated=lambda: (self.session.stop(), self.chat_panel.cancel_edit()))
 
     def _watch_share(self) -> None:
         from wslm.wsl_bridge import winexec
@@ -127,15 +182,21 @@ class MainWindow(QMainWindow):
             self.share.poll()
             self.share.start_watching()
         else:
-            self.share_panel._set_notes([("LAN sharing is for Windows with WSL: on Linux, start the server with "
-                                          "host 0.0.0.0 and an API key instead.", "#8d96a8")])
+            from wslm.gui.share_service import NOT_WINDOWS
+
+            self.share_panel.set_unavailable(NOT_WINDOWS)
 
     def show_panel(self, key: str) -> None:
         if key in self.panels:
             self.stack.setCurrentWidget(self.panels[key])
             self.settings.last_panel = key
 
-    def _on_server_state(self, state: str, _detail: str) -> None:
+    def _on_server_state(self, state: str, detail: str) -> None:
+        if self._switching_to:
+            self.chat_panel.show_switch(self._switching_to, state, detail)
+            # Done when the new model is ready, or it failed, or the user stopped the server meanwhile.
+            if state in (READY, CRASHED) or (state == STOPPED and not self.server.restart_pending):
+                self._switching_to = ""
         self.status.set_state(state, target_label(self.target))
         model = self.server.ready_event.get("model") or self.server.config.model
         self.setWindowTitle(f"wslm — {model}" if state == READY else f"wslm — server {state}")
@@ -143,6 +204,7 @@ class MainWindow(QMainWindow):
         if state != READY:
             self.chat_panel.set_server("", "", "")
             self.status.set_kv(None)
+            self.status.set_speed(None)
 
     def _on_server_ready(self, event: dict) -> None:
         self.share_panel.remove_note(SERVER_NOT_RUNNING)
@@ -151,15 +213,34 @@ class MainWindow(QMainWindow):
 
     def _on_metrics(self, m: dict) -> None:
         self.status.set_kv(m.get("kv_cache_usage"))
-        if m.get("tokens_per_s"):
-            self.status.set_speed(m["tokens_per_s"])
 
     def _on_gpu(self, g: dict) -> None:
         self.models.table.set_vram(int(g["vram_total_mib"] * 2**20), self.settings.gpu_memory_utilization)
 
     def _serve_model(self, model_id: str) -> None:
-        self.server_panel.model.setCurrentText(model_id)
+        self.server_panel.set_model(model_id)
         self.sidebar.select("server")
+
+    def _server_settings_changed(self) -> None:
+        if self.models.context != self.settings.max_model_len:  # the estimates are for this context
+            self.models.context = self.settings.max_model_len
+            self.models.refresh()
+
+    def _on_models_listed(self, _ids: list) -> None:
+        self.server_panel.set_models(self.models.table.models)
+        self.chat_panel.set_installed_models(self.models.table.models, self.server_panel.model_id())
+
+    # Model switch (Chat's model picker): stop, start with the new model, wait for ready, with progress.
+    def switch_model(self, model_id: str) -> None:
+        if self.server.state == READY and self.server.config.model == model_id:
+            return
+        self.server_panel.set_model(model_id)
+        self._switching_to = model_id
+        self.chat_panel.show_switch(model_id, "stopping" if self.server.running else "starting", "")
+        if self.server.running:
+            self.server_panel.restart()
+        else:
+            self.server_panel.start()
 
     def _on_share_off(self) -> None:
         """Share off: back to loopback only; a backend listening on the LAN restarts on 127.0.0.1."""
@@ -225,6 +306,11 @@ class MainWindow(QMainWindow):
             log.warning("could not save settings: %s", exc)
 
     def closeEvent(self, event: QCloseEvent) -> None:
+        if not self.confirm_close():
+            event.ignore()
+            return
+        if self.tray is not None:
+            self.tray.hide()
         self.save()
         self.monitor.stop()
         self.share.stop_watching()

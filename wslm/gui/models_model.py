@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from PySide6.QtCore import QAbstractTableModel, QModelIndex, Qt
 from PySide6.QtGui import QColor
 
@@ -11,6 +13,17 @@ from wslm.gui.format import human_bytes, human_count
 
 COLUMNS = ["Model", "Architecture", "Params", "Format", "Quant", "Size", "Context", "Fits GPU?"]
 ModelRole = Qt.ItemDataRole.UserRole + 1
+
+
+def display_name(model: dict) -> str:
+    """The name users know: the hub repo (owner/name) or the file name, not GGUF's general.name
+    ("Smollm2 135M 8k Lc100K Mix1 Ep2")."""
+    if model.get("repo_id"):
+        return str(model["repo_id"])
+    path = str(model.get("path") or "")
+    if model.get("format") == "gguf" and path:
+        return Path(path).name
+    return str(model.get("id") or Path(path).name)
 
 
 def fit_hint(model: dict, vram_total_bytes: int | None, gpu_share: float = 0.9,
@@ -71,7 +84,7 @@ class ModelsTableModel(QAbstractTableModel):
         if role == Qt.ItemDataRole.ForegroundRole and col == 7:
             return QColor(fit_hint(m, self.vram_total_bytes, self.gpu_share, self.no_gpu)[1])
         if role == Qt.ItemDataRole.ToolTipRole:
-            tip = [m.get("path", ""), f"source: {m.get('source', '?')}"]
+            tip = [display_name(m), m.get("path", ""), f"source: {m.get('source', '?')}"]
             if m.get("memory_estimate_bytes"):
                 tip.append(f"needs about {human_bytes(m['memory_estimate_bytes'])} of GPU memory")
             return "\n".join(t for t in tip if t)

@@ -24,6 +24,7 @@ class ModelsService(QObject):
         self.table = ModelsTableModel(self)
         self._list_proc: JsonProcess | None = None
         self.loading = False
+        self.context = 0  # the Server panel's context length: estimates for the server it would start
 
     def refresh(self) -> None:
         if self._list_proc and self._list_proc.running:
@@ -35,7 +36,10 @@ class ModelsService(QObject):
         proc.finished.connect(lambda code, tail: self._listed(code, tail, got))
         self._list_proc = proc
         self.loading = True
-        proc.start(self.target.wslm_argv(["models", "list", "--json"]))
+        args = ["models", "list", "--json"] + (["--context", str(int(self.context))] if self.context else [])
+        argv = self.target.wslm_argv(args)
+        self.logs.add("models", "$ " + " ".join(argv))
+        proc.start(argv)
 
     def _listed(self, code: int, tail: str, events: list[dict]) -> None:
         self.loading = False
@@ -43,8 +47,10 @@ class ModelsService(QObject):
         payload = next((e for e in events if isinstance(e.get("models"), list)), None)
         if code != 0 or payload is None:
             err = next((e.get("message") for e in events if e.get("event") == "error"), "") or tail.strip()
-            self.failed.emit(f"`wslm models list` failed on {self.target.describe()} (exit {code}): "
-                             f"{err[-300:] or 'no output'}. {likely_cause(code, tail.splitlines(), err)}")
+            why = (f"`wslm models list` failed on {self.target.describe()} (exit {code}): "
+                   f"{err[-300:] or 'no output'}. {likely_cause(code, tail.splitlines(), err)}")
+            self.logs.add("models", f"failed: {why}")  # the Logs panel says why, not only the command
+            self.failed.emit(why)
             return
         self.table.set_models(payload["models"])
         self.listed.emit(self.table.ids())
@@ -59,7 +65,9 @@ class ModelsService(QObject):
 
     def _removed(self, model_id: str, code: int, tail: str) -> None:
         if code != 0:
-            self.failed.emit(f"Could not delete {model_id} (exit {code}): {tail.strip()[-400:]}")
+            why = f"Could not delete {model_id} (exit {code}): {tail.strip()[-400:]}"
+            self.logs.add("models", f"failed: {why}")
+            self.failed.emit(why)
         else:
             self.removed.emit(model_id)
         self.refresh()

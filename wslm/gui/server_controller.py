@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import time
 from dataclasses import dataclass, field
 
@@ -19,7 +20,7 @@ from PySide6.QtNetwork import QNetworkAccessManager, QNetworkReply, QNetworkRequ
 import wslm.gui.qt_fix  # noqa: F401  (PySide6 6.12 emit() refcount bug)
 from wslm.gui.background import BackgroundCall
 from wslm.gui.cli_process import JsonProcess
-from wslm.gui.crash_hints import likely_cause
+from wslm.gui.crash_hints import CrashCause, crash_cause
 from wslm.gui.log_model import LogModel
 from wslm.gui.metrics import ThroughputMeter, metric, parse_prometheus
 from wslm.wsl_bridge.launcher import Target, api_key_env, stop_backend
@@ -49,6 +50,9 @@ class ServerConfig:
     api_key: str = ""
     max_model_len: int = 0
     gpu_memory_utilization: float = 0.9
+    quantization: str = ""  # "": the checkpoint's own
+    kv_cache_dtype: str = "auto"
+    tensor_parallel_size: int = 1
     extra_args: list[str] = field(default_factory=list)  # any other `wslm serve` flags
 
     def serve_args(self) -> list[str]:
@@ -57,6 +61,12 @@ class ServerConfig:
         if self.max_model_len:
             args += ["--max-model-len", str(int(self.max_model_len))]
         args += ["--gpu-memory-utilization", f"{float(self.gpu_memory_utilization):g}"]
+        if self.quantization:
+            args += ["--quantization", self.quantization]
+        if self.kv_cache_dtype and self.kv_cache_dtype != "auto":
+            args += ["--kv-cache-dtype", self.kv_cache_dtype]
+        if int(self.tensor_parallel_size) > 1:
+            args += ["--tensor-parallel-size", str(int(self.tensor_parallel_size))]
         return args + list(self.extra_args)
 
     def env(self) -> dict[str, str]:
@@ -71,6 +81,23 @@ class ServerConfig:
 
     def client_host(self) -> str:
         return "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
+
+
+_CLI_ADVICE = re.compile(r"`|(^|\s)--[a-z]")
+
+
+def app_wording(message: str) -> str:
+    """The server's own error without its command-line advice (flags, `wslm ...` commands): in the app the
+    crash box names the field to change instead."""
+    kept = []
+    for sentence in re.split(r"(?<=\.)\s+", message.strip()):
+        if _CLI_ADVICE.search(sentence):
+            head = sentence.split(":", 1)[0]
+            if head != sentence and not _CLI_ADVICE.search(head):
+                kept.append(head.rstrip(".") + ".")
+            continue
+        kept.append(sentence)
+    return " ".join(kept).strip()
 
 
 class ServerController(QObject):
@@ -88,7 +115,9 @@ class ServerController(QObject):
         self.detail = ""
         self.auto_restart = False
         self.ready_event: dict = {}
-        self.last_lines: list[str] = []
+        self.last_lines: list[str] = []  # this run's last log lines (for the crash box)
+        self.cause: CrashCause | None = None  # why the last run crashed
+        self._log_mark = 0  # logs.added when this run started
         self._proc: JsonProcess | None = None
         self._error_message = ""
         self._restarts: list[float] = []
@@ -117,6 +146,11 @@ class ServerController(QObject):
         return f"http://{host}:{self.ready_event.get('port') or self.config.port}/v1"
 
     @property
+    def restart_pending(self) -> bool:
+        """Stopping (or just stopped) in order to start again (restart, model switch)."""
+        return self._restart_after_stop
+
+    @property
     def running(self) -> bool:
         return self.state in (STARTING, LOADING, READY, STOPPING)
 
@@ -131,7 +165,9 @@ class ServerController(QObject):
         self._error_message = ""
         self.ready_event = {}
         self.last_lines = []
+        self.cause = None
         self._health_failures = 0
+        self._log_mark = self.logs.added
         argv = self.target.wslm_argv(["serve", *self.config.serve_args()])
         shown = ["<hidden>" if i and argv[i - 1] == "--api-key" else a for i, a in enumerate(argv)]
         self.logs.add("server", "$ " + " ".join(shown))
@@ -228,7 +264,7 @@ class ServerController(QObject):
     def _on_finished(self, code: int, tail: str) -> None:
         self._kill_timer.stop()
         self._health_timer.stop()
-        self.last_lines = self.logs.tail("server", 12)
+        self.last_lines = self.logs.since(self._log_mark, "server", 12)
         was = self.state
         if was == STOPPING:
             self._set(STOPPED, f"Stopped (exit code {code})")
@@ -236,9 +272,9 @@ class ServerController(QObject):
                 self._restart_after_stop = False
                 QTimer.singleShot(0, self.start)
             return
-        cause = likely_cause(code, tail.splitlines(), self._error_message)
-        said = self._error_message.rstrip(". ")
-        msg = f"Exited with code {code} while {was}. {said + '. ' if said else ''}{cause}"
+        self.cause = crash_cause(code, [*self.last_lines, *tail.splitlines()], self._error_message)
+        said = app_wording(self._error_message)
+        msg = f"{self.cause.title}. {said + ' ' if said else ''}{self.cause.advice}"
         self._set(CRASHED, msg)
         self._maybe_restart()
 

@@ -52,6 +52,8 @@ class SharePanel(QWidget):
         head = QHBoxLayout()
         text = QVBoxLayout()
         text.addWidget(title)
+        subtitle.setWordWrap(True)
+        subtitle.setMinimumWidth(1)
         text.addWidget(subtitle)
         head.addLayout(text, 1)
         head.addWidget(self.state_label)
@@ -90,6 +92,8 @@ class SharePanel(QWidget):
         regen.clicked.connect(self._regenerate)
         for w in (self.key_edit, show, copy, regen):
             row.addWidget(w, 1 if w is self.key_edit else 0)
+        self.key_buttons = (show, copy, regen)
+        self.key_edit.textChanged.connect(self._update_key_buttons)
         key_lay.addLayout(row)
 
         rules, self.rules_lay = card("Windows rules")
@@ -137,6 +141,18 @@ class SharePanel(QWidget):
             self.key_edit.setText(self.service.api_key())
         except OSError as exc:
             self.key_edit.setPlaceholderText(f"cannot read the key: {exc}")
+        self._update_key_buttons()
+
+    def _update_key_buttons(self, *_args) -> None:
+        """Show / Copy / Regenerate only mean something once a key exists."""
+        for b in self.key_buttons:
+            b.setEnabled(bool(self._key()))
+
+    def set_unavailable(self, text: str) -> None:
+        """Not on Windows: the switch cannot do anything here; say why instead."""
+        self.switch.setEnabled(False)
+        self.switch.setToolTip(text)
+        self._set_notes([(text, theme.MUTED)])
 
     def _toggle_key(self) -> None:
         self._key_visible = not self._key_visible

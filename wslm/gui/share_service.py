@@ -12,8 +12,19 @@ from wslm.gui.background import BackgroundCall
 POLL_MS = 15000
 
 
+NOT_WINDOWS = ("LAN sharing is set up from Windows: it adds the port forwarding and firewall rules a WSL distro "
+               "needs. This app is running on Linux, where there is nothing to set up here.")
+
+
 def _error_text(exc_text: str) -> str:
-    return exc_text.split(": ", 1)[-1] if exc_text.startswith(("BridgeError", "WslError", "ShareConflictError")) else exc_text
+    """The bridge's error in the app's words: no exception class names, no command-line advice."""
+    kind, _, message = exc_text.partition(": ")
+    if kind == "NotWindowsError":
+        return NOT_WINDOWS
+    if kind.endswith("Error") and " " not in kind:
+        # "fix:" lines address the CLI user ("run this command from Windows ..."); keep the message.
+        return message.split("\n  fix:", 1)[0].strip()
+    return exc_text
 
 
 class ShareService(QObject):

@@ -43,8 +43,26 @@ class ChatRequest:
         }
 
 
+class ToolCallAssembler:
+    """OpenAI streams a tool call in pieces (index, then id and name, then arguments in chunks)."""
+
+    def __init__(self) -> None:
+        self._calls: dict[int, dict] = {}
+
+    def add(self, piece: dict) -> None:
+        call = self._calls.setdefault(int(piece.get("index") or 0), {"id": "", "name": "", "arguments": ""})
+        call["id"] = piece.get("id") or call["id"]
+        fn = piece.get("function") or {}
+        call["name"] = fn.get("name") or call["name"]
+        call["arguments"] += fn.get("arguments") or ""
+
+    def calls(self) -> list[dict]:
+        return [self._calls[i] for i in sorted(self._calls)]
+
+
 class StreamWorker(QThread):
     delta = Signal(str)
+    reasoning = Signal(str)  # delta.reasoning_content: the model's thinking, shown folded above the answer
     first_token = Signal(float)  # seconds from send to the first content
     done = Signal(dict)  # stats: ttft_s, tokens, tokens_per_s, elapsed_s, finish_reason, stopped
     failed = Signal(str, str)  # kind, message (see chat_errors)
@@ -85,6 +103,8 @@ class StreamWorker(QThread):
         chunks = 0
         usage_tokens = None
         finish_reason = None
+        served_by = ""  # the model that answered (the chunk's "model"): shown under the reply
+        tools = ToolCallAssembler()
         try:
             timeout = httpx.Timeout(connect=5.0, read=600.0, write=30.0, pool=5.0)
             with httpx.Client(timeout=timeout) as client:
@@ -113,10 +133,21 @@ class StreamWorker(QThread):
                             body = json.dumps({"error": {"message": msg}})
                             self.failed.emit(*describe_http_error(int(code or 500), body, req.base_url))
                             return
+                        served_by = chunk.get("model") or served_by
                         if chunk.get("usage"):
                             usage_tokens = chunk["usage"].get("completion_tokens", usage_tokens)
                         for choice in chunk.get("choices") or []:
-                            text = (choice.get("delta") or {}).get("content") or ""
+                            delta = choice.get("delta") or {}
+                            thought = delta.get("reasoning_content") or delta.get("reasoning") or ""
+                            if thought:
+                                if ttft is None:
+                                    ttft = time.monotonic() - t0
+                                    self.first_token.emit(ttft)
+                                chunks += 1
+                                self.reasoning.emit(thought)
+                            for call in delta.get("tool_calls") or []:
+                                tools.add(call)
+                            text = delta.get("content") or ""
                             if text:
                                 if ttft is None:
                                     ttft = time.monotonic() - t0
@@ -141,4 +172,6 @@ class StreamWorker(QThread):
             "elapsed_s": round(elapsed, 3),
             "finish_reason": "stopped" if self._stop.is_set() else finish_reason,
             "stopped": self._stop.is_set(),
+            "model": served_by,
+            **({"tool_calls": tools.calls()} if tools.calls() else {}),
         })

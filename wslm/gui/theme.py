@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
-from PySide6.QtCore import QRectF, Qt
-from PySide6.QtGui import QColor, QFont, QIcon, QPainter, QPalette, QPixmap
+import os
+import tempfile
+from pathlib import Path
+
+from PySide6.QtCore import QPointF, QRectF, Qt
+from PySide6.QtGui import QColor, QFont, QIcon, QPainter, QPalette, QPen, QPixmap
 from PySide6.QtWidgets import QApplication
 
 ACCENT = "#4f9dff"
@@ -107,6 +111,24 @@ def app_icon() -> QIcon:
     return icon
 
 
+def arrow_image() -> str:
+    """A drawn down-arrow (PNG in the temp folder) for combo boxes: once a style sheet restyles a
+    QComboBox, Qt draws no arrow unless ::down-arrow names an image."""
+    path = Path(tempfile.gettempdir()) / f"wslm-gui-{os.getuid() if hasattr(os, 'getuid') else 0}-arrow.png"
+    if not path.exists():
+        pm = QPixmap(20, 20)
+        pm.fill(Qt.GlobalColor.transparent)
+        p = QPainter(pm)
+        p.setRenderHint(QPainter.RenderHint.Antialiasing)
+        p.setPen(QPen(QColor(MUTED), 2.2, Qt.PenStyle.SolidLine, Qt.PenCapStyle.RoundCap))
+        p.drawPolyline([QPointF(5, 8), QPointF(10, 13), QPointF(15, 8)])
+        p.end()
+        tmp = path.with_suffix(f".{os.getpid()}.png")
+        pm.save(str(tmp))
+        os.replace(tmp, path)
+    return path.as_posix()
+
+
 def apply_theme(app: QApplication) -> None:
     app.setStyle("Fusion")
     app.setWindowIcon(app_icon())
@@ -122,7 +144,7 @@ def apply_theme(app: QApplication) -> None:
                         (QPalette.ColorRole.Link, ACCENT), (QPalette.ColorRole.PlaceholderText, "#687086")):
         pal.setColor(role, QColor(color))
     app.setPalette(pal)
-    app.setStyleSheet(QSS)
+    app.setStyleSheet(QSS + f"QComboBox::down-arrow {{ image: url({arrow_image()}); width: 12px; height: 12px; }}\n")
 
 
 def _rgba(color: str, alpha: float) -> str:

@@ -6,6 +6,7 @@ Public functions (vLLM's names and layouts):
   reshape_and_cache  write new keys/values into their cache slots
   rms_norm           RMSNorm, optionally fused with the residual add
   rotary_embedding   rotary position embedding (neox or GPT-J style), in place
+  fused_moe          mixture-of-experts MLP over routed tokens (experts grouped; Triton grouped GEMM on CUDA)
 
 Each takes `backend="triton" | "torch" | None`. None picks Triton for CUDA tensors and PyTorch otherwise;
 env WSLM_KERNEL_BACKEND=triton|torch overrides None. `selected_backend(device)` says what None picks and
@@ -18,11 +19,14 @@ Cache layout: k_cache / v_cache are [num_blocks, block_size, num_kv_heads, head_
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 from wslm.kernels.dispatch import backend_description, resolve, selected_backend
 
 __all__ = [
+    "fused_moe",
     "paged_attention",
     "reshape_and_cache",
     "rms_norm",
@@ -138,3 +142,26 @@ def rotary_embedding(
     else:
         from wslm.kernels.torch_rotary import rotary_embedding as impl
     return impl(positions, q, k, cos_sin_cache, head_dim, is_neox_style)
+
+
+def fused_moe(
+    hidden: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    act_and_mul: Callable[[torch.Tensor], torch.Tensor],
+    backend: str | None = None,
+) -> torch.Tensor:
+    """sum_k topk_weights[t, k] * expert_{topk_ids[t, k]}(hidden[t]) for each token t.
+
+    hidden [T, H]; w13 [E, 2 * I, H], each expert's gate and up projections stacked (HF's gate_up_proj);
+    w2 [E, H, I]; topk_weights [T, k] (model dtype, already normalised as the model wants) and topk_ids
+    [T, k] from the router; act_and_mul maps [.., 2 * I] -> [.., I] (e.g. silu(gate) * up). Returns [T, H]
+    in hidden's dtype. Each expert's output is rounded to that dtype before its weight multiplies it (HF)."""
+    be = resolve(backend, hidden.device)
+    if be == "triton":
+        from wslm.kernels.triton_moe import fused_moe as impl
+    else:
+        from wslm.kernels.torch_moe import fused_moe as impl
+    return impl(hidden, w13, w2, topk_weights, topk_ids, act_and_mul)

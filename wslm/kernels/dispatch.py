@@ -69,6 +69,21 @@ def resolve(backend: str | None, device: torch.device) -> str:
     return backend
 
 
+@functools.cache
+def _cuda_capability(index: int) -> tuple[int, int]:
+    return tuple(torch.cuda.get_device_capability(index))
+
+
+def device_capability(device: torch.device) -> tuple[int, int]:
+    """The compute capability the Triton launch configs plan for (wslm.kernels.configs): the device's,
+    or the smallest checked card's under the interpreter."""
+    if device.type != "cuda":
+        from wslm.kernels.configs import INTERPRETER_CAPABILITY
+
+        return INTERPRETER_CAPABILITY
+    return _cuda_capability(device.index if device.index is not None else torch.cuda.current_device())
+
+
 def backend_description(device: torch.device | str | None) -> str:
     """One line for the engine's start-up log: which kernels run, and why."""
     dev = torch.device(device) if device is not None else torch.device("cpu")

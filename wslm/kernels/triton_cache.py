@@ -6,6 +6,8 @@ import torch
 import triton
 import triton.language as tl
 
+from wslm.kernels import configs
+
 
 @triton.jit
 def _reshape_and_cache_kernel(
@@ -54,12 +56,13 @@ def reshape_and_cache(
     slots = slot_mapping.reshape(-1)
     if not slots.is_contiguous():
         slots = slots.contiguous()
+    heads_pad, dim_pad, warps = configs.cache_config(num_kv_heads, head_dim)
     _reshape_and_cache_kernel[(num_tokens,)](
         key, value, k_cache, v_cache, slots,
         key.stride(0), key.stride(1), value.stride(0), value.stride(1),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        NUM_KV_HEADS=num_kv_heads, HEADS_PAD=triton.next_power_of_2(num_kv_heads),
-        HEAD_DIM=head_dim, HEAD_DIM_PAD=triton.next_power_of_2(head_dim), BLOCK_SIZE=k_cache.shape[1],
-        num_warps=4,
+        NUM_KV_HEADS=num_kv_heads, HEADS_PAD=heads_pad,
+        HEAD_DIM=head_dim, HEAD_DIM_PAD=dim_pad, BLOCK_SIZE=k_cache.shape[1],
+        num_warps=warps,
     )

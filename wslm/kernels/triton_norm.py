@@ -9,6 +9,8 @@ import torch
 import triton
 import triton.language as tl
 
+from wslm.kernels import configs
+
 
 @triton.jit
 def _rms_norm_kernel(
@@ -54,12 +56,12 @@ def rms_norm(
     summed = torch.empty_like(out) if residual is not None else out
     r2 = _rows(residual) if residual is not None else x2
     if x2.shape[0]:
-        block = triton.next_power_of_2(n)
+        block, warps = configs.rms_norm_config(n)
         _rms_norm_kernel[(x2.shape[0],)](
             x2, r2, weight.contiguous(), out, summed,
             x2.stride(0), r2.stride(0), out.stride(0), summed.stride(0), n, float(eps),
             HAS_RESIDUAL=residual is not None, BLOCK=block,
-            num_warps=4 if block <= 2048 else 8 if block <= 8192 else 16,
+            num_warps=warps,
         )
     out = out.view(x.shape)
     return out if residual is None else (out, summed.view(x.shape))

@@ -19,6 +19,9 @@ import torch
 import triton
 import triton.language as tl
 
+from wslm.kernels import configs
+from wslm.kernels.dispatch import device_capability
+
 LOG2E = 1.4426950408889634
 
 
@@ -62,7 +65,7 @@ def _attend_tile(
     stride_kb, stride_ks, k_head_off, stride_vb, stride_vs, v_head_off,
     qk_scale, cap_log2, window,
     BLOCK_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, MASK: tl.constexpr,
-    SLIDING: tl.constexpr, SOFT_CAP: tl.constexpr,
+    SLIDING: tl.constexpr, SOFT_CAP: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """One online-softmax step of query rows q [M, D] over keys start_n .. start_n + BLOCK_N.
     MASK: 0 every key visible (interior tiles), 1 keys below kv_end, 2 also causal (key <= q_pos);
@@ -74,7 +77,7 @@ def _attend_tile(
                       stride_kb, stride_ks, k_head_off, BLOCK_SIZE)
     v = _load_kv_tile(v_cache_ptr, block_table_row, offs_n, offs_d, n_mask, d_mask,
                       stride_vb, stride_vs, v_head_off, BLOCK_SIZE)
-    s = tl.dot(q, tl.trans(k.to(q.dtype))) * qk_scale  # [M, BLOCK_N]
+    s = tl.dot(q, tl.trans(k.to(q.dtype)), input_precision=DOT_PRECISION) * qk_scale  # [M, BLOCK_N]
     if SOFT_CAP:
         s = cap_log2 * _tanh(s)
     if SLIDING:
@@ -88,7 +91,7 @@ def _attend_tile(
     alpha = tl.exp2(m_i - m_safe)
     p = tl.exp2(s - m_safe[:, None])
     l_i = l_i * alpha + tl.sum(p, 1)
-    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+    acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=DOT_PRECISION)
     return acc, m_new, l_i
 
 
@@ -103,7 +106,7 @@ def _prefill_kernel(
     NUM_GROUPS: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_Q: tl.constexpr, BLOCK_N: tl.constexpr,
-    SLIDING: tl.constexpr, SOFT_CAP: tl.constexpr, HAS_SINKS: tl.constexpr,
+    SLIDING: tl.constexpr, SOFT_CAP: tl.constexpr, HAS_SINKS: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):
     """grid (num_seqs, cdiv(max_q_len, BLOCK_Q), num_kv_heads), BLOCK_Q = BLOCK_M // GROUP_PAD.
 
@@ -148,14 +151,14 @@ def _prefill_kernel(
         acc, m_i, l_i = _attend_tile(
             acc, m_i, l_i, q, start_n, k_cache_ptr, v_cache_ptr, block_table_row, offs_d, d_mask,
             q_pos, kv_len, stride_kb, stride_ks, k_head_off, stride_vb, stride_vs, v_head_off,
-            qk_scale, cap_log2, window, BLOCK_SIZE, BLOCK_N, 0, SLIDING, SOFT_CAP,
+            qk_scale, cap_log2, window, BLOCK_SIZE, BLOCK_N, 0, SLIDING, SOFT_CAP, DOT_PRECISION,
         )
     kv_end = tl.minimum(kv_len, ctx + m0 + BLOCK_Q)
     for start_n in range(full_end, kv_end, BLOCK_N):
         acc, m_i, l_i = _attend_tile(
             acc, m_i, l_i, q, start_n, k_cache_ptr, v_cache_ptr, block_table_row, offs_d, d_mask,
             q_pos, kv_len, stride_kb, stride_ks, k_head_off, stride_vb, stride_vs, v_head_off,
-            qk_scale, cap_log2, window, BLOCK_SIZE, BLOCK_N, 2, SLIDING, SOFT_CAP,
+            qk_scale, cap_log2, window, BLOCK_SIZE, BLOCK_N, 2, SLIDING, SOFT_CAP, DOT_PRECISION,
         )
     acc = acc / tl.where(l_i == 0.0, 1.0, l_i)[:, None]
     tl.store(out_ptr + q_rows[:, None] * stride_ot + head[:, None] * stride_oh + offs_d[None, :],
@@ -173,6 +176,7 @@ def _decode_kernel(
     NUM_GROUPS: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_SIZE: tl.constexpr,
     HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
     SINGLE_PARTITION: tl.constexpr, SLIDING: tl.constexpr, SOFT_CAP: tl.constexpr, HAS_SINKS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
 ):
     """grid (num_seqs, num_kv_heads, num_partitions): every query head of one KV head (GQA group) over
     one partition of the sequence's keys, so each K/V byte is read once per group. With one partition
@@ -207,6 +211,7 @@ def _decode_kernel(
             acc, m_i, l_i, q, start_n, k_cache_ptr, v_cache_ptr, block_table_row, offs_d, d_mask,
             offs_g, end, stride_kb, stride_ks, kv_head * stride_kh, stride_vb, stride_vs,
             kv_head * stride_vh, qk_scale, cap_log2, window, BLOCK_SIZE, BLOCK_N, 1, False, SOFT_CAP,
+            DOT_PRECISION,
         )
     acc = acc / l_i[:, None]
     mask = g_mask[:, None] & d_mask[None, :]
@@ -223,9 +228,10 @@ def _decode_kernel(
 def _decode_reduce_kernel(
     out_ptr, part_out_ptr, part_lse_ptr, seq_lens_ptr,
     partition_size, window, stride_ot, stride_oh, stride_ps, stride_ph,
-    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, PARTS_PAD: tl.constexpr, SLIDING: tl.constexpr,
+    HEAD_DIM: tl.constexpr, HEAD_DIM_PAD: tl.constexpr, PARTS_BLOCK: tl.constexpr, SLIDING: tl.constexpr,
 ):
-    """grid (num_seqs, num_heads): merges the partitions' partial outputs by their log-sum-exp."""
+    """grid (num_seqs, num_heads): merges the partitions' partial outputs by their log-sum-exp,
+    PARTS_BLOCK partitions at a time (an online merge: registers stay bounded however many there are)."""
     seq = tl.program_id(0)
     head = tl.program_id(1)
     kv_len = tl.load(seq_lens_ptr + seq)
@@ -233,18 +239,25 @@ def _decode_reduce_kernel(
     if SLIDING:
         span = tl.minimum(kv_len, window)
     num_parts = tl.cdiv(span, partition_size)
-    offs_p = tl.arange(0, PARTS_PAD)
     offs_d = tl.arange(0, HEAD_DIM_PAD)
-    p_mask = offs_p < num_parts
-    base = seq.to(tl.int64) * stride_ps + head * stride_ph + offs_p
-    lse = tl.load(part_lse_ptr + base, mask=p_mask, other=float("-inf"))
-    w = tl.exp2(lse - tl.max(lse, 0))
-    w = tl.where(p_mask, w, 0.0)
-    parts = tl.load(part_out_ptr + base[:, None] * HEAD_DIM_PAD + offs_d[None, :],
-                    mask=p_mask[:, None], other=0.0)
-    o = tl.sum(parts * w[:, None], 0) / tl.sum(w, 0)
-    tl.store(out_ptr + seq.to(tl.int64) * stride_ot + head * stride_oh + offs_d, o.to(out_ptr.dtype.element_ty),
-             mask=offs_d < HEAD_DIM)
+    row = seq.to(tl.int64) * stride_ps + head * stride_ph
+    m = tl.max(tl.full([PARTS_BLOCK], float("-inf"), tl.float32), 0)
+    den = tl.sum(tl.zeros([PARTS_BLOCK], tl.float32), 0)
+    acc = tl.zeros([HEAD_DIM_PAD], tl.float32)
+    for p0 in range(0, num_parts, PARTS_BLOCK):
+        offs_p = p0 + tl.arange(0, PARTS_BLOCK)
+        p_mask = offs_p < num_parts
+        lse = tl.load(part_lse_ptr + row + offs_p, mask=p_mask, other=float("-inf"))
+        m_new = tl.maximum(m, tl.max(lse, 0))  # partition 0 is never empty: m_new is finite
+        alpha = tl.exp2(m - m_new)
+        w = tl.where(p_mask, tl.exp2(lse - m_new), 0.0)
+        parts = tl.load(part_out_ptr + (row + offs_p)[:, None] * HEAD_DIM_PAD + offs_d[None, :],
+                        mask=p_mask[:, None], other=0.0)
+        acc = acc * alpha + tl.sum(parts * w[:, None], 0)
+        den = den * alpha + tl.sum(w, 0)
+        m = m_new
+    tl.store(out_ptr + seq.to(tl.int64) * stride_ot + head * stride_oh + offs_d,
+             (acc / den).to(out_ptr.dtype.element_ty), mask=offs_d < HEAD_DIM)
 
 
 def _num_sms(device: torch.device) -> int:
@@ -321,10 +334,12 @@ def paged_attention(
         v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
         block_tables.stride(0),
     )
-    num_warps = 4 if head_dim_pad <= 64 else 8
+    dtype = str(q.dtype).removeprefix("torch.")
+    capability = device_capability(q.device)
 
     if num_tokens == num_seqs:  # one query token per sequence: decode
-        block_n = 64
+        cfg = configs.decode_config(dtype, head_dim, groups, capability)
+        block_n = configs.PARTITION_UNIT  # partitions are multiples of it (cfg.block_n divides it)
         # An upper bound on every seq_len; the block table's width always is one (0/None: unknown).
         max_len = max_seqlen_k if max_seqlen_k else block_tables.shape[1] * block_size
         if window:  # partitions tile the window only
@@ -350,31 +365,31 @@ def paged_attention(
         _decode_kernel[(num_seqs, num_kv_heads, num_parts)](
             q, k_cache, v_cache, out, part_out, part_lse, block_tables, seq_lens, sinks_arg,
             qk_scale, cap_log2, window, partition_size, *common_strides, stride_ps, stride_ph,
-            NUM_GROUPS=groups, GROUP_PAD=max(16, triton.next_power_of_2(groups)), BLOCK_SIZE=block_size,
-            HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, BLOCK_N=block_n, SINGLE_PARTITION=single,
-            **options, num_warps=4, num_stages=2,
+            NUM_GROUPS=groups, GROUP_PAD=cfg.group_pad, BLOCK_SIZE=block_size,
+            HEAD_DIM=head_dim, HEAD_DIM_PAD=cfg.head_dim_pad, BLOCK_N=cfg.block_n, SINGLE_PARTITION=single,
+            **options, DOT_PRECISION=cfg.dot_precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
         if not single:
+            red = configs.decode_reduce_config(head_dim)
             _decode_reduce_kernel[(num_seqs, num_heads)](
                 out, part_out, part_lse, seq_lens, partition_size, window,
                 out.stride(0), out.stride(1), stride_ps, stride_ph,
-                HEAD_DIM=head_dim, HEAD_DIM_PAD=head_dim_pad, PARTS_PAD=triton.next_power_of_2(num_parts),
-                SLIDING=window > 0, num_warps=4,
+                HEAD_DIM=head_dim, HEAD_DIM_PAD=red.head_dim_pad, PARTS_BLOCK=red.parts_block,
+                SLIDING=window > 0, num_warps=red.num_warps,
             )
         return out
 
     if not max_seqlen_q:
         max_seqlen_q = int((cu_seqlens_q[1:] - cu_seqlens_q[:-1]).max())  # a device sync
-    group_pad = triton.next_power_of_2(groups)
-    # Rows = query tokens x heads of a group: 16 rows for short (decode-like) runs, 64 for prefill.
-    block_m = max(group_pad, 64 if max_seqlen_q * group_pad > 16 else 16)
-    block_n = 64
-    grid = (num_seqs, math.ceil(max_seqlen_q / (block_m // group_pad)), num_kv_heads)
+    cfg = configs.prefill_config(dtype, head_dim, groups, max_seqlen_q, capability)
+    block_q = cfg.block_m // cfg.group_pad
+    grid = (num_seqs, math.ceil(max_seqlen_q / block_q), num_kv_heads)
     _prefill_kernel[grid](
         q, k_cache, v_cache, out, block_tables, cu_seqlens_q, seq_lens, sinks_arg,
         qk_scale, cap_log2, window, *common_strides,
-        NUM_GROUPS=groups, GROUP_PAD=group_pad, BLOCK_SIZE=block_size, HEAD_DIM=head_dim,
-        HEAD_DIM_PAD=head_dim_pad, BLOCK_M=block_m, BLOCK_Q=block_m // group_pad, BLOCK_N=block_n,
-        **options, num_warps=num_warps, num_stages=2,
+        NUM_GROUPS=groups, GROUP_PAD=cfg.group_pad, BLOCK_SIZE=block_size, HEAD_DIM=head_dim,
+        HEAD_DIM_PAD=cfg.head_dim_pad, BLOCK_M=cfg.block_m, BLOCK_Q=block_q, BLOCK_N=cfg.block_n,
+        **options, DOT_PRECISION=cfg.dot_precision, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        maxnreg=cfg.maxnreg,
     )
     return out

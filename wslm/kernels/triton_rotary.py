@@ -6,6 +6,7 @@ import torch
 import triton
 import triton.language as tl
 
+from wslm.kernels import configs
 from wslm.kernels.torch_rotary import as_heads
 
 
@@ -75,11 +76,11 @@ def rotary_embedding(
         pos = pos.contiguous()
     num_tokens = qh.shape[0]
     if num_tokens:
+        q_pad, k_pad, half_pad, warps = configs.rotary_config(qh.shape[1], kh.shape[1], rot_dim)
         _rotary_kernel[(num_tokens,)](
             pos, qh, kh, cache, qh.stride(0), qh.stride(1), kh.stride(0), kh.stride(1), cache.stride(0),
             qh.shape[1], kh.shape[1], rot_dim // 2,
             HAS_K=k is not None, IS_NEOX=is_neox_style,
-            Q_HEADS_PAD=triton.next_power_of_2(qh.shape[1]), K_HEADS_PAD=triton.next_power_of_2(kh.shape[1]),
-            HALF_PAD=triton.next_power_of_2(rot_dim // 2), num_warps=4,
+            Q_HEADS_PAD=q_pad, K_HEADS_PAD=k_pad, HALF_PAD=half_pad, num_warps=warps,
         )
     return q, k

@@ -19,9 +19,10 @@ from pathlib import Path
 from wslm.backend.hub import hf_cache, pull_state
 from wslm.backend.hub.metadata import ModelMetadata, gguf_shards, read_gguf, read_hf_folder, weight_files
 from wslm.backend.hub.quant import gguf_variants, is_model_gguf, pick_variant, quant_label
+from wslm.backend.kv_sizing import available_ram, default_cpu_kv_cache_bytes
 
 DEFAULT_ESTIMATE_CONTEXT = 4096
-RUNTIME_BYTES_PER_PARAM = 2  # the engine computes in 16 bits on GPUs (GGUF weights are dequantized)
+RUNTIME_BYTES_PER_PARAM = 2  # dense checkpoints: 16 bits on GPUs (GGUF/AWQ/GPTQ: their own sizes)
 FIXED_OVERHEAD_BYTES = 256 * 1024**2  # CUDA context, activations, sampler buffers
 _NATIVE_GGUF_TYPES = {"F32", "F16", "BF16"}
 
@@ -236,7 +237,7 @@ def _support(entry: _Entry, meta: ModelMetadata) -> str | None:
         if odd:
             return f"GGUF tensor type {odd[0]} cannot be dequantized"
     else:
-        if meta.architecture not in SUPPORTED_ARCHITECTURES:
+        if not _runnable(meta.architecture, SUPPORTED_ARCHITECTURES):
             return f"architecture {meta.architecture!r} is not supported (supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
         if meta.quantization:
             return f"pre-quantized HF weights ({meta.quantization}) are not supported; use the unquantized repo or a GGUF"
@@ -245,6 +246,15 @@ def _support(entry: _Entry, meta: ModelMetadata) -> str | None:
     if not meta.has_tokenizer:
         return "no tokenizer in the model files"
     return None
+
+
+def _runnable(arch: str, causal: dict) -> bool:
+    """A causal LM the engine runs, its bare decoder body (embedding checkpoints: Qwen3Model), or a
+    BERT-family encoder (embeddings, rerankers)."""
+    from wslm.backend.pooling import ENCODER_ARCHITECTURES
+
+    body = arch.removesuffix("Model") + "ForCausalLM" if arch.endswith("Model") else None
+    return arch in causal or arch in ENCODER_ARCHITECTURES or body in causal
 
 
 def resume_hint(state: dict | None, repo_id: str) -> str:
@@ -296,18 +306,25 @@ def _describe(entry: _Entry, context: int | None = None) -> ModelInfo:
 
 
 def _estimate_memory(info: ModelInfo, meta: ModelMetadata, context: int | None) -> None:
-    """Weights at 16 bits + the KV cache for `context` tokens + a fixed overhead: enough to say "fits"."""
+    """Weights at 16 bits + the default KV pool for `context` tokens + a fixed overhead: what the server
+    takes when started with that context (on CPU; on a GPU it reserves its --gpu-memory-utilization)."""
     if not info.complete:
         return
-    if meta.num_params and not (info.format == "hf" and meta.quantization):
+    if meta.elements_by_type:  # GGUF: kept quantized, at each storage type's runtime size
+        from wslm.backend.quant.sizes import gguf_runtime_bytes
+
+        weights = gguf_runtime_bytes(meta.elements_by_type)
+    elif meta.num_params and not (info.format == "hf" and meta.quantization):
         weights = meta.num_params * RUNTIME_BYTES_PER_PARAM
     else:
         weights = info.size_bytes
-    ctx = context or DEFAULT_ESTIMATE_CONTEXT
+    # The context the server would use: the one asked for, else the model's own.
+    ctx = context or meta.context_length or DEFAULT_ESTIMATE_CONTEXT
     if meta.context_length:
         ctx = min(ctx, int(meta.context_length))
     per_token = meta.kv_bytes_per_token()
-    kv = per_token * ctx if per_token else 0
+    # The KV pool `wslm serve` reserves on CPU by default (the same function), not just one sequence.
+    kv = default_cpu_kv_cache_bytes(per_token, ctx, available_ram()) if per_token else 0
     info.weights_memory_bytes = int(weights)
     info.kv_bytes_per_token = per_token
     info.kv_cache_bytes = kv

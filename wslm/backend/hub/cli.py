@@ -20,7 +20,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = sub.add_parser("list", help="models on this machine (HF cache, models folder, demo)")
     p.add_argument("--json", action="store_true", help='one JSON line: {"models": [...]}')
     p.add_argument(
-        "--context", type=_positive, metavar="N", help="context length for the memory estimate (default 4096)"
+        "--context", type=_positive, metavar="N",
+        help="context length for the memory estimate (default: each model's own, as `wslm serve` uses)",
     )
     p.add_argument("--all", action="store_true", help="also list unfinished downloads")
     p.set_defaults(func=cmd_list)
@@ -43,6 +44,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--json", action="store_true", help="JSON-lines progress events on stdout")
     p.set_defaults(func=cmd_pull)
+
+    p = sub.add_parser("search", help="find models on the hub (or a mirror) with their files and sizes")
+    p.add_argument("query")
+    p.add_argument("--endpoint", default=None, help="hub mirror (default: HF_ENDPOINT or huggingface.co)")
+    p.add_argument("--limit", type=_positive, default=20)
+    p.add_argument("--json", action="store_true", help='one JSON line: {"models": [...]}')
+    p.set_defaults(func=cmd_search)
 
     p = sub.add_parser("rm", help="delete a model from disk")
     p.add_argument("id", metavar="ID", help="an id from `wslm models list`")
@@ -106,6 +114,26 @@ def human_count(n: int | None) -> str:
 # --- list / info -------------------------------------------------------------------------------------
 
 
+def cmd_search(args: argparse.Namespace) -> int:
+    import os
+
+    from wslm.backend.hub.search import search_models
+
+    try:
+        found = search_models(args.query, args.endpoint, args.limit, os.environ.get("HF_TOKEN"))
+    except Exception as exc:  # noqa: BLE001 - network and HTTP errors become one message
+        msg = f"Hub search failed ({type(exc).__name__}: {exc}). Check the network, or set a mirror endpoint."
+        print(json.dumps({"event": "error", "message": msg}) if args.json else f"error: {msg}", file=sys.stdout
+              if args.json else sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps({"models": found}))
+    else:
+        for m in found:
+            print(f"{m['id']}  ({len(m['files'])} files, {human_size(m['total_bytes'])})")
+    return 0
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     from wslm.backend.hub.catalog import list_models, resume_hint
 
@@ -129,10 +157,8 @@ def cmd_list(args: argparse.Namespace) -> int:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
-    ctx = models[0].estimate_context if models else None
-    print(
-        f"\n* memory: weights + KV cache at {args.context or ctx or 4096} tokens + overhead (--context N to change)"
-    )
+    at = f"{args.context} tokens" if args.context else "each model's own context"
+    print(f"\n* memory: weights + the KV cache `wslm serve` reserves at {at} + overhead (--context N to change)")
     for m in models:
         if not m.supported and m.unsupported_reason:
             print(f"  {m.id}: {m.unsupported_reason}")

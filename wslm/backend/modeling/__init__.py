@@ -1,19 +1,48 @@
-"""Our own model code over a flattened, variable-length batch (no HF modeling classes)."""
+"""Our own model code over a flattened, variable-length batch (no HF modeling classes).
 
-# HF architecture name -> what differs from plain Llama.
-SUPPORTED_ARCHITECTURES: dict[str, dict] = {
-    "LlamaForCausalLM": {"qkv_bias": False},
-    "MistralForCausalLM": {"qkv_bias": False},
-    "Qwen2ForCausalLM": {"qkv_bias": True},
+layers/ holds the building blocks (linear methods, attention, rotary, norms, activations); models/ holds
+one small file per family. The registry below maps a checkpoint's HF `architectures` entry (and a GGUF's
+`general.architecture`) to its class; modules are imported only when a model is built, so the model
+catalog can ask what is supported without importing torch."""
+
+from __future__ import annotations
+
+import importlib
+
+# HF architecture name -> (module under models/, class name).
+_MODELS: dict[str, tuple[str, str]] = {
+    "LlamaForCausalLM": ("llama", "LlamaForCausalLM"),
+    "MistralForCausalLM": ("llama", "MistralForCausalLM"),
+    "Qwen2ForCausalLM": ("llama", "Qwen2ForCausalLM"),
+    "Qwen3ForCausalLM": ("qwen3", "Qwen3ForCausalLM"),
+    "Qwen3MoeForCausalLM": ("qwen3_moe", "Qwen3MoeForCausalLM"),
+    "Qwen2MoeForCausalLM": ("qwen3_moe", "Qwen2MoeForCausalLM"),
+    "Phi3ForCausalLM": ("phi3", "Phi3ForCausalLM"),
+    "Gemma2ForCausalLM": ("gemma3", "Gemma2ForCausalLM"),
+    "Gemma3ForCausalLM": ("gemma3", "Gemma3ForCausalLM"),
+    "Gemma3ForConditionalGeneration": ("gemma3", "Gemma3ForConditionalGeneration"),
 }
-# GGUF general.architecture -> HF architecture.
+
+# Kept under its old name: the model catalog and the loader test membership and list the keys.
+SUPPORTED_ARCHITECTURES: dict[str, tuple[str, str]] = _MODELS
+
+# GGUF general.architecture -> HF architecture (the families transformers' GGUF loader can read).
 GGUF_ARCHITECTURES: dict[str, str] = {
     "llama": "LlamaForCausalLM",
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
 }
 
 
 def unsupported_message(arch: str) -> str:
     names = ", ".join(SUPPORTED_ARCHITECTURES)
     return f"Model architecture {arch!r} is not supported by wslm's engine. Supported: {names}."
+
+
+def get_model_class(arch: str) -> type:
+    """The class that runs HF architecture `arch`; ValueError naming the supported list otherwise."""
+    if arch not in _MODELS:
+        raise ValueError(unsupported_message(arch))
+    module, name = _MODELS[arch]
+    return getattr(importlib.import_module(f"wslm.backend.modeling.models.{module}"), name)

@@ -9,6 +9,7 @@ exact comparisons with HF, which the tests make."""
 
 from __future__ import annotations
 
+import mmap
 import os
 import re
 from collections.abc import Iterator
@@ -17,22 +18,20 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from wslm.backend.quant.gguf_formats import DENSE_TYPES, INT4_TYPES, INT8_TYPES
 from wslm.backend.quant.int4 import Int4Codes
 from wslm.backend.quant.int8 import quantize_int8_chunks
 
 _LAYER_NAMES = {
     "attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
+    "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
     "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
 }  # fmt: skip
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 # Architectures whose q/k rows llama.cpp's converter permuted (transformers undoes the same set).
 _PERMUTED_ARCHS = ("llama", "mistral")
-INT4_TYPES = ("Q4_0", "Q4_1", "Q4_K")
-DENSE_TYPES = ("F32", "F16", "BF16")
-INT8_TYPES = ("Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0", "Q2_K", "Q3_K")
-_ROWS_PER_CHUNK = 2048
+_ROWS_PER_CHUNK = 1024
 
 
 def dequantize_requested() -> bool:
@@ -71,6 +70,9 @@ def iter_gguf_weights(path: str | Path) -> Iterator[tuple[str, object]]:
     n_head = _field(reader, f"{arch}.attention.head_count")
     n_kv = _field(reader, f"{arch}.attention.head_count_kv") or n_head
     dequant = dequantize_requested()
+    # The parsed metadata (the vocabulary as thousands of small arrays, ~1.6x the file for a 49k vocab)
+    # is not needed for the weights: free it before they load.
+    reader.fields.clear()
     for t in reader.tensors:
         name = hf_name(t.name)
         if name is None:  # rope_freqs and the like: the engine computes them from the config
@@ -80,7 +82,22 @@ def iter_gguf_weights(path: str | Path) -> Iterator[tuple[str, object]]:
         if arch in _PERMUTED_ARCHS and (".q_proj." in name or ".k_proj." in name):
             heads = n_head if ".q_proj." in name else n_kv
             weight = _permute(weight, _unpermute_rows(weight.shape[0], heads))
+        _drop_pages(reader, t)
         yield name, weight
+
+
+def _drop_pages(reader, t) -> None:
+    """Give back the page cache of a tensor already repacked: the file is mapped, and its pages would
+    otherwise count in this process's resident memory until the kernel needs them."""
+    mm = getattr(reader.data, "_mmap", None)
+    if mm is None or not hasattr(mm, "madvise") or not hasattr(mmap, "MADV_DONTNEED"):
+        return
+    start = (int(t.data_offset) // mmap.PAGESIZE) * mmap.PAGESIZE
+    end = int(t.data_offset) + int(t.n_bytes)
+    try:
+        mm.madvise(mmap.MADV_DONTNEED, start, end - start)
+    except (OSError, ValueError):
+        pass
 
 
 def _permute(weight, rows: torch.Tensor):
@@ -119,7 +136,7 @@ def _read_tensor(t, kind: str, dequant: bool, is_table: bool):
         torch.from_numpy(gguf.quants.dequantize(data[i : i + _ROWS_PER_CHUNK], qtype).reshape(-1, shape[1]))
         for i in range(0, shape[0], _ROWS_PER_CHUNK)
     )
-    return quantize_int8_chunks(chunks, torch.device("cpu"))
+    return quantize_int8_chunks(chunks, shape, torch.device("cpu"))
 
 
 def _f16(a: np.ndarray) -> np.ndarray:

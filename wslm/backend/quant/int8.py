@@ -61,11 +61,15 @@ def quantize_int8(w: torch.Tensor, device: torch.device | None = None) -> Int8We
     return Int8Weight(q.to(device), scales.to(device=device, dtype=compute_dtype(device)))
 
 
-def quantize_int8_chunks(chunks, device: torch.device) -> Int8Weight:
-    """quantize_int8 over row blocks of one weight (a float copy of a big embedding never exists whole)."""
-    qs, ss = [], []
+def quantize_int8_chunks(chunks, shape: tuple[int, int], device: torch.device) -> Int8Weight:
+    """quantize_int8 over row blocks of one weight, written into one preallocated result (a float copy
+    of a big embedding never exists whole, nor do two int8 copies)."""
+    qweight = torch.empty(shape, dtype=torch.int8)
+    scales = torch.empty(shape[0], dtype=compute_dtype(device))
+    row = 0
     for part in chunks:
         q = quantize_int8(part, torch.device("cpu"))
-        qs.append(q.qweight)
-        ss.append(q.scales)
-    return Int8Weight(torch.cat(qs).to(device), torch.cat(ss).to(device))
+        qweight[row : row + part.shape[0]] = q.qweight
+        scales[row : row + part.shape[0]] = q.scales
+        row += part.shape[0]
+    return Int8Weight(qweight.to(device), scales.to(device))

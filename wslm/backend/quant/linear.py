@@ -35,7 +35,12 @@ def fuse_rows(parts: list) -> object:
     if all(isinstance(p, torch.Tensor) for p in parts):
         return torch.cat(parts, dim=0).contiguous()
     if all(isinstance(p, Int4Codes) for p in parts) and len({p.group_size for p in parts}) == 1:
-        return cat_codes(parts)
+        perms = [p.perm for p in parts]
+        if all(q is None for q in perms) or all(q is not None and torch.equal(q, perms[0]) for q in perms):
+            return cat_codes(parts)
+        # Act-order GPTQ sorts each linear's input columns its own way: parts that disagree cannot share
+        # one activation permutation, so they stay separate matmuls.
+        return RowStack(parts)
     as_int8 = [p if isinstance(p, Int8Weight) else quantize_int8(_dense(p)) for p in parts]
     dtype = as_int8[0].scales.dtype
     return Int8Weight(
@@ -47,8 +52,38 @@ def _dense(p) -> torch.Tensor:
     return p.float() if isinstance(p, torch.Tensor) else p.dequantize(torch.float32)
 
 
+class RowStack:
+    """Weights fused by rows that must stay separate matmuls (outputs concatenated)."""
+
+    __slots__ = ("parts",)
+
+    def __init__(self, parts: list) -> None:
+        self.parts = parts
+
+    @property
+    def bits(self) -> int:
+        return max(p.bits for p in self.parts)
+
+    @property
+    def shape(self) -> torch.Size:
+        return torch.Size((sum(p.shape[0] for p in self.parts), self.parts[0].shape[1]))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(p.nbytes for p in self.parts)
+
+    def apply(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        out = torch.cat([p.apply(x) for p in self.parts], dim=-1)
+        return out if bias is None else out + bias
+
+    def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+        return torch.cat([p.dequantize(dtype) for p in self.parts])
+
+
 def finalize(weight, device: torch.device, dtype: torch.dtype):
     """The runtime form on the engine's device: dense tensors in the model dtype, int4 codes packed."""
+    if isinstance(weight, RowStack):
+        return RowStack([finalize(p, device, dtype) for p in weight.parts])
     if isinstance(weight, torch.Tensor):
         return weight.to(device=device, dtype=dtype)
     if isinstance(weight, Int4Codes):

@@ -25,6 +25,7 @@ from wslm.backend.server import (
     serving_chat,
     serving_completion,
     serving_embedding,
+    serving_messages,
     serving_score,
     serving_tokens,
     serving_vllm,
@@ -68,6 +69,7 @@ def build_app(state: ServerState, root_path: str = "", docs: bool = True) -> Fas
 
     app.add_api_route("/v1/chat/completions", route(serving_chat.create_chat_completion), methods=["POST"])
     app.add_api_route("/v1/completions", route(serving_completion.create_completion), methods=["POST"])
+    app.add_api_route("/v1/messages", route(serving_messages.create_message), methods=["POST"])
     app.add_api_route("/tokenize", route(serving_tokens.tokenize), methods=["POST"])
     app.add_api_route("/detokenize", route(serving_tokens.detokenize), methods=["POST"])
     app.add_api_route("/v1/models", route(_list_models), methods=["GET"])
@@ -140,12 +142,17 @@ class APIKeyMiddleware:
                 if scheme.lower() == b"bearer":
                     given = token.strip()
                 break
+            if name == b"x-api-key":  # Anthropic's clients send the key this way (/v1/messages)
+                given = value.strip()
         if hmac.compare_digest(given, self.key):  # constant time: the key cannot be guessed byte by byte
             await self.app(scope, receive, send)
             return
         why = "No API key was provided" if not given else "Incorrect API key provided"
-        error = APIError(f"{why}. Send it as `Authorization: Bearer <key>` (the key the server was started "
-                         "with: --api-key or WSLM_API_KEY).", 401, code="invalid_api_key")
+        error = APIError(f"{why}. Send it as `Authorization: Bearer <key>` or `x-api-key: <key>` (the key the "
+                         "server was started with: --api-key or WSLM_API_KEY).", 401, code="invalid_api_key")
+        if path.startswith("/v1/messages"):
+            await serving_messages.anthropic_error(error)(scope, receive, send)
+            return
         await error.response()(scope, receive, send)
 
 

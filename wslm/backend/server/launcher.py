@@ -207,6 +207,7 @@ def run(args: Namespace) -> int:
         if args.shutdown_timeout < 0:
             raise StartupError(f"--shutdown-timeout must not be negative, got {args.shutdown_timeout}.")
         check_limit_flags(args)
+        check_parallel_flags(args)
         vllm_flags.log_no_effect(args)
         generation_defaults = load_generation_defaults(args)
         config = engine_config(args)
@@ -241,6 +242,16 @@ def request_limits(args: Namespace, engine: Any):
     changes = {k: v for k in ("max_stop_strings", "max_stop_string_length") if (v := getattr(args, k, None)) is not None}
     engine.limits = dataclasses.replace(limits, **changes)
     return engine.limits
+
+
+def check_parallel_flags(args: Namespace) -> None:
+    """vLLM's pipeline and data parallelism: accepted at 1 (launch scripts often spell it out), refused above."""
+    if getattr(args, "pipeline_parallel_size", 1) != 1:
+        raise StartupError(f"--pipeline-parallel-size {args.pipeline_parallel_size} is not supported: wslm splits a "
+                           "model over GPUs with tensor parallelism. Use --tensor-parallel-size instead.")
+    if getattr(args, "data_parallel_size", 1) != 1:
+        raise StartupError(f"--data-parallel-size {args.data_parallel_size} is not supported: start one `wslm serve` "
+                           "per replica (each on its own --port) behind a load balancer.")
 
 
 def check_limit_flags(args: Namespace) -> None:
@@ -320,7 +331,7 @@ def _serve(args: Namespace, engine: Any, sock: socket.socket) -> int:
             log.warning("%s\n%s\n%s", "!" * 100, "WARNING: " + warning, "!" * 100)
         extra = {"warning": warning} if warning else {}
         emit("ready", url=url, host=host, port=port, model=names[0], pid=os.getpid(),
-             max_model_len=state.max_model_len, api_key_required=bool(api_key), **extra)
+             max_model_len=state.max_model_len, api_key_required=bool(api_key), task=state.task, **extra)
 
     def on_signal() -> None:
         state.engine.begin_drain(args.shutdown_timeout)

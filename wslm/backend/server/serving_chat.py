@@ -11,6 +11,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from wslm.backend.sampling_params import SamplingParams
 from wslm.backend.server.async_engine import RequestGroup
 from wslm.backend.server.errors import bad_request
 from wslm.backend.server.protocol import ChatCompletionRequest, ChatMessage, parse_body
@@ -52,20 +53,15 @@ async def render_prompt(state: ServerState, messages: list[dict], **kwargs: Any)
                           param="messages") from exc
 
 
-async def create_chat_completion(state: ServerState, request: Request) -> Response:
-    req: ChatCompletionRequest = parse_body(await request.body(), ChatCompletionRequest)
-    state.apply_generation_defaults(req)
-    model = state.check_model(req.model)
-    check_unsupported(req.unsupported_fields())
-    req.check_stream_options()
-    state.check_not_draining()
+async def prepare_chat(state: ServerState, req: ChatCompletionRequest, top_n: int | None
+                       ) -> tuple[list[int], SamplingParams, ChatPlan]:
+    """The prompt ids, sampling params and reply plan (tools, reasoning) of a chat request: the path
+    /v1/chat/completions and /v1/messages share; every problem is a 400."""
     max_tokens = req.requested_max_tokens()
     check_max_tokens(max_tokens, "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens")
-    top_n = req.requested_logprobs()
-    messages = template_messages(req.messages)
     params = req.sampling_params(max_tokens, top_n)
     plan = plan_chat(state, req)
-    prompt_ids = await render_prompt(state, messages, chat_template=req.chat_template,
+    prompt_ids = await render_prompt(state, template_messages(req.messages), chat_template=req.chat_template,
                                      add_generation_prompt=req.add_generation_prompt,
                                      continue_final_message=req.continue_final_message,
                                      tools=plan.template_tools, chat_template_kwargs=req.chat_template_kwargs)
@@ -77,6 +73,18 @@ async def create_chat_completion(state: ServerState, request: Request) -> Respon
     else:
         await compile_structured(state, params.structured_outputs, req.structured_source)
     state.check_request(prompt_ids, params, "messages")
+    return prompt_ids, params, plan
+
+
+async def create_chat_completion(state: ServerState, request: Request) -> Response:
+    req: ChatCompletionRequest = parse_body(await request.body(), ChatCompletionRequest)
+    state.apply_generation_defaults(req)
+    model = state.check_model(req.model)
+    check_unsupported(req.unsupported_fields())
+    req.check_stream_options()
+    state.check_not_draining()
+    top_n = req.requested_logprobs()
+    prompt_ids, params, plan = await prepare_chat(state, req, top_n)
 
     response_id = f"chatcmpl-{uuid.uuid4().hex}"
     group = await start_group(state.engine, response_id, [prompt_ids], params)

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from wslm.backend import validation
 from wslm.backend.server.async_engine import RequestGroup
 from wslm.backend.server.errors import bad_request
 from wslm.backend.server.protocol import CompletionRequest, parse_body
@@ -24,6 +25,7 @@ from wslm.backend.server.serving_base import (
     EventStream,
     ServerState,
     Tracker,
+    as_bad_request,
     check_max_tokens,
     check_unsupported,
     collect_all,
@@ -52,7 +54,10 @@ async def create_completion(state: ServerState, request: Request) -> Response:
     await compile_structured(state, params.structured_outputs, req.structured_source)
     prompts_ids: list[list[int]] = []
     prompt_texts: list[str] = []
-    for p in req.prompts():
+    prompts = req.prompts()
+    with as_bad_request():
+        validation.check_batch(len(prompts), params.n, state.limits)
+    for p in prompts:
         if isinstance(p, str):
             ids = await state.engine.encode(p)
             if not ids:

@@ -53,12 +53,12 @@ def plan_chat(state: Any, req: Any) -> ChatPlan:
     if isinstance(choice, dict):
         name = _named_function(choice)
         fn = _find_tool(tools, name)
-        grammar = StructuredOutputsParams(json=fn.get("parameters") or _ANY_OBJECT)
+        grammar = StructuredOutputsParams(json=fn.get("parameters") or _ANY_OBJECT, disable_any_whitespace=True)
         parser = NamedFunctionParser(name)
     elif choice == "required":
         if not tools:
             raise bad_request('tool_choice "required" needs at least one tool in `tools`.', param="tool_choice")
-        grammar = StructuredOutputsParams(json=required_schema(tools, parallel))
+        grammar = StructuredOutputsParams(json=required_schema(tools, parallel), disable_any_whitespace=True)
         parser = ArrayToolParser()
     elif choice == "auto":
         if tools:

@@ -37,6 +37,11 @@ class MistralToolParser(ToolParser):
     def parse(self, text: str, final: bool) -> Parse:
         first = text.find(START)
         if first < 0:
+            # [TOOL_CALLS] is a special token in Mistral's HF tokenizers, dropped from the text when special
+            # tokens are skipped: a reply that starts with the bare array is read as calls too.
+            i = skip_ws(text, 0)
+            if text.startswith("[{", i) or (not final and text[i:] == "["):
+                return parse_call_array(text, i, Parse(0))
             return Parse(len(text) if final else len(text) - partial_suffix(text, START))
         return parse_call_array(text, skip_ws(text, first + len(START)), Parse(first))
 

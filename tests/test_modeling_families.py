@@ -1,0 +1,175 @@
+"""Each model family, as a tiny random-weight checkpoint made here from its HF config class: greedy output
+token-identical to HF transformers' generate (float32) alone, inside a batch of mixed-length prompts, on a
+prefix-cache hit, and with preemption and chunked prefill forced by a tiny KV pool."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from engine_helpers import hf_greedy
+
+from wslm.backend import LLM, SamplingParams
+
+MAX_TOKENS = 16
+TEXTS = [
+    "Hi",
+    "The quick brown fox jumps over the lazy dog.",
+    "Once upon a time, in a village by the sea, there lived an old clockmaker who fixed every clock "
+    "in town except his own",
+]  # fmt: skip
+
+
+@pytest.fixture
+def tok(demo_tok):
+    return demo_tok
+
+
+def _randomize_norms(model, std: float) -> None:
+    # HF initializes norm weights to ones (Gemma: zeros, i.e. 1 + 0): random ones make a wrong norm show.
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.add_(torch.randn_like(p) * std)
+
+
+def make_family_model(folder, family: str, tok, seed: int = 0):
+    """A 2-4 layer model of `family` with GQA and an odd number of heads, saved with the demo tokenizer."""
+    import transformers as tf
+
+    torch.manual_seed(seed)
+    common = dict(
+        vocab_size=len(tok), intermediate_size=96, max_position_embeddings=512, initializer_range=0.2,
+        eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id, pad_token_id=tok.eos_token_id,
+    )  # fmt: skip
+    if family == "qwen3":
+        config = tf.Qwen3Config(
+            hidden_size=48, num_hidden_layers=2, num_attention_heads=3, num_key_value_heads=1, head_dim=16,
+            tie_word_embeddings=False, **common,
+        )  # fmt: skip
+        model = tf.Qwen3ForCausalLM(config)
+    elif family == "phi3":
+        # Partial rotary (half of each 16-dim head) with longrope factors; prompts stay inside the
+        # original 64 positions, where HF and wslm both use the short factors.
+        config = tf.Phi3Config(
+            hidden_size=80, num_hidden_layers=2, num_attention_heads=5, num_key_value_heads=1,
+            original_max_position_embeddings=64, partial_rotary_factor=0.5, tie_word_embeddings=False,
+            rope_scaling={"type": "longrope", "short_factor": [1.0, 1.3, 2.0, 3.5],
+                          "long_factor": [2.0, 3.0, 5.0, 7.0]},
+            **common,
+        )  # fmt: skip
+        model = tf.Phi3ForCausalLM(config)
+    elif family == "gemma2":
+        config = tf.Gemma2Config(
+            hidden_size=48, num_hidden_layers=4, num_attention_heads=3, num_key_value_heads=1, head_dim=16,
+            query_pre_attn_scalar=24, sliding_window=16, attn_logit_softcapping=8.0, final_logit_softcapping=12.0,
+            **common,
+        )  # fmt: skip
+        model = tf.Gemma2ForCausalLM(config)
+    elif family == "gemma3":
+        config = tf.Gemma3TextConfig(
+            hidden_size=48, num_hidden_layers=4, num_attention_heads=3, num_key_value_heads=1, head_dim=16,
+            query_pre_attn_scalar=24, sliding_window=16,
+            layer_types=["sliding_attention", "sliding_attention", "full_attention", "sliding_attention"],
+            rope_parameters={
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000000.0},
+            },
+            **common,
+        )  # fmt: skip
+        model = tf.Gemma3ForCausalLM(config)
+    else:
+        raise ValueError(family)
+    _randomize_norms(model, 0.3)
+    model.eval()
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder, model
+
+
+def _tokens(llm, prompts: list[list[int]]) -> list[list[int]]:
+    outs = llm.generate(
+        [{"prompt_token_ids": p} for p in prompts], SamplingParams(temperature=0, max_tokens=MAX_TOKENS)
+    )
+    return [o.outputs[0].token_ids for o in outs]
+
+
+@pytest.mark.parametrize("family", ["qwen3", "phi3", "gemma2", "gemma3"])
+def test_family_matches_hf_alone_batched_cached_and_preempted(family, tok, tmp_path):
+    folder, hf = make_family_model(tmp_path / family, family, tok)
+    prompts = [tok.encode(t) for t in TEXTS]
+    longer = prompts[-1] + tok.encode(", nor the one on the church tower")  # starts with the long prompt
+    assert len(prompts[-1]) > 16 + 8  # past Gemma's 16-token window, over several 8-token blocks
+    expected = [hf_greedy(hf, tok, p, MAX_TOKENS) for p in [*prompts, longer]]
+
+    llm = LLM(str(folder), kv_cache_memory=16 << 20, block_size=8, dtype="float32")
+    assert _tokens(llm, [prompts[-1]]) == [expected[-2]]  # alone, nothing cached yet
+    assert _tokens(llm, prompts) == expected[:-1]  # inside a batch of mixed lengths
+    hit = llm.generate({"prompt_token_ids": longer}, SamplingParams(temperature=0, max_tokens=MAX_TOKENS))[0]
+    assert hit.num_cached_tokens >= 16  # the long prompt's full blocks came from the prefix cache
+    assert hit.outputs[0].token_ids == expected[-1]
+
+    # 10 blocks of 8 tokens cannot hold these four sequences at once (~150 tokens): preemption must
+    # happen, and a 32-token budget sends prompts through in chunks.
+    tight = LLM(str(folder), num_gpu_blocks_override=10, block_size=8, max_num_batched_tokens=32,
+                max_model_len=80, dtype="float32")  # fmt: skip
+    assert _tokens(tight, [*prompts, longer]) == expected
+    engine = tight.llm_engine
+    assert engine.scheduler.num_preemptions > 0
+    assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+def _write_qwen3_gguf(path, model, tok_source) -> None:
+    """model's float32 weights as a GGUF with gguf's writer, the demo file's tokenizer copied in."""
+    import gguf
+
+    cfg = model.config
+    n = cfg.num_hidden_layers
+    w = gguf.GGUFWriter(str(path), "qwen3")
+    w.add_context_length(cfg.max_position_embeddings)
+    w.add_block_count(n)
+    w.add_embedding_length(cfg.hidden_size)
+    w.add_feed_forward_length(cfg.intermediate_size)
+    w.add_head_count(cfg.num_attention_heads)
+    w.add_head_count_kv(cfg.num_key_value_heads)
+    w.add_key_length(cfg.head_dim)
+    w.add_value_length(cfg.head_dim)
+    w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
+    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    w.add_file_type(gguf.LlamaFileType.ALL_F32)
+    for key, field in gguf.GGUFReader(str(tok_source)).fields.items():
+        if key.startswith("tokenizer."):
+            sub = field.types[1] if len(field.types) > 1 else None
+            w.add_key_value(key, field.contents(), field.types[0], sub_type=sub)
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN3, n)
+    for name, t in model.state_dict().items():
+        w.add_tensor(names.get_name(name, try_suffixes=(".weight", ".bias")), t.float().numpy())
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+def test_qwen3_gguf_written_here_loads_to_the_same_tokens(tok, tmp_path, monkeypatch):
+    import transformers as tf
+
+    from wslm.demo import demo_model_path
+
+    monkeypatch.setenv("WSLM_GGUF_CACHE", "0")  # read this file itself, not a converted copy
+    torch.manual_seed(1)
+    # head_dim 128: transformers' GGUF config reader has no key for it and takes Qwen3's default.
+    config = tf.Qwen3Config(
+        vocab_size=len(tok), hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=3,
+        num_key_value_heads=1, head_dim=128, max_position_embeddings=512, initializer_range=0.2,
+        tie_word_embeddings=False, eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id,
+    )  # fmt: skip
+    model = tf.Qwen3ForCausalLM(config).eval()
+    _randomize_norms(model, 0.3)
+    path = tmp_path / "tiny-qwen3-F32.gguf"
+    _write_qwen3_gguf(path, model, demo_model_path())
+    prompts = [tok.encode(t) for t in TEXTS]
+    expected = [hf_greedy(model, tok, p, MAX_TOKENS) for p in prompts]
+    # The file carries the demo tokenizer too; the saved copy spares converting it from GGUF again (slow).
+    tok.save_pretrained(tmp_path / "tok")
+    llm = LLM(str(path), tokenizer=str(tmp_path / "tok"), kv_cache_memory=16 << 20, dtype="float32")
+    assert llm.llm_engine.model_config.architecture == "Qwen3ForCausalLM"
+    assert _tokens(llm, prompts) == expected

@@ -1,0 +1,114 @@
+"""The tool-call and reasoning parsers on their own (the server tests drive them with real model output): any
+split of a reply into streamed pieces gives the same calls, content and reasoning as the whole reply, and text
+that only looks like a call stays content."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from wslm.backend.server.chat_reply import ChatReply
+from wslm.backend.server.reasoning import get_reasoning_parser, pick_reasoning_parser, prompt_opens_think
+from wslm.backend.server.tool_parsers import (
+    ArrayToolParser,
+    NamedFunctionParser,
+    get_tool_parser,
+    pick_tool_parser,
+)
+
+CALLS = [("get_weather", {"city": "Pa\"ris", "days": [1, 2]}), ("get_time", {})]
+REPLIES = {
+    "hermes": 'Sure.<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa\\"ris", "days": [1, 2]}}\n'
+              '</tool_call>\n<tool_call>{"arguments": {}, "name": "get_time"}</tool_call>',
+    "mistral": 'Sure.[TOOL_CALLS][{"name": "get_weather", "arguments": {"city": "Pa\\"ris", "days": [1,2]}}, '
+               '{"name": "get_time", "arguments": {}}]',
+    "llama3_json": '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Pa\\"ris", "days": [1, 2]}}; '
+                   '{"name": "get_time", "parameters": {}}',
+    "pythonic": '[get_weather(city=\'Pa"ris\', days=[1, 2]), get_time()]',
+}
+
+
+def _streamed(reply: ChatReply, text: str, step: int) -> tuple[str, str, list[tuple[str, str]]]:
+    deltas = []
+    for i in range(0, len(text), step):
+        deltas += reply.feed(text[i:i + step], final=False)
+    deltas += reply.feed("", final=True)
+    content = "".join(d.get("content", "") for d in deltas)
+    reasoning = "".join(d.get("reasoning_content", "") for d in deltas)
+    calls: dict[int, list] = {}
+    for d in deltas:
+        for tc in d.get("tool_calls", []):
+            if "id" in tc:
+                assert tc["index"] not in calls and tc["id"].startswith("call_") and tc["function"]["arguments"] == ""
+                calls[tc["index"]] = [tc["function"]["name"], ""]
+            calls[tc["index"]][1] += tc["function"].get("arguments", "")
+    return content, reasoning, [tuple(c) for c in calls.values()]
+
+
+@pytest.mark.parametrize("fmt", list(REPLIES))
+@pytest.mark.parametrize("step", [1, 2, 7, 10_000])
+def test_streamed_pieces_join_into_the_whole_reply(fmt, step):
+    whole = ChatReply(None, get_tool_parser(fmt))
+    whole.feed(REPLIES[fmt], final=True)
+    msg = whole.message()
+    assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in msg["tool_calls"]] == CALLS
+    assert msg["content"] == ("Sure." if fmt in ("hermes", "mistral") else None)
+    assert whole.finish_reason("stop") == "tool_calls" and whole.finish_reason("length") == "length"
+    content, _, calls = _streamed(ChatReply(None, get_tool_parser(fmt)), REPLIES[fmt], step)
+    assert (content or None) == msg["content"]
+    assert calls == [(c["function"]["name"], c["function"]["arguments"]) for c in msg["tool_calls"]]
+
+
+@pytest.mark.parametrize(("fmt", "text"), [
+    ("hermes", "Plain text, then a half marker <tool_"), ("hermes", "<tool_call>not json</tool_call>"),
+    ("mistral", "[1] first point"), ("mistral", "Text [TOOL_CALLS"), ("llama3_json", "Hello {there}"),
+    ("llama3_json", "<|python"), ("pythonic", "[1] a list"), ("pythonic", "[unclosed(x=1)"),
+])
+def test_text_that_is_not_a_call_stays_content(fmt, text):
+    for step in (1, 3, len(text)):
+        reply = ChatReply(None, get_tool_parser(fmt))
+        content, _, calls = _streamed(reply, text, step)
+        assert content == text and calls == [] and not reply.called_tools
+
+
+def test_required_named_and_parallel_off():
+    reply = ChatReply(None, ArrayToolParser())
+    reply.feed('[{"name":"a","parameters":{"x":1}},{"name":"b","parameters":{}}]', final=True)
+    assert [c["function"]["name"] for c in reply.message()["tool_calls"]] == ["a", "b"]
+    single = ChatReply(None, ArrayToolParser(), parallel_tool_calls=False)
+    assert len(_streamed(single, '[{"name":"a","parameters":{}},{"name":"b","parameters":{}}]', 2)[2]) == 1
+    content, _, calls = _streamed(ChatReply(None, NamedFunctionParser("f")), '{"q": [1, {"r": 2}]}', 3)
+    assert content == "" and calls == [("f", '{"q": [1, {"r": 2}]}')]
+
+
+@pytest.mark.parametrize(("name", "opened", "text", "reasoning", "content"), [
+    ("deepseek_r1", False, "Let me see.</think>It is 4.", "Let me see.", "It is 4."),
+    ("deepseek_r1", False, "<think>Hm.</think>Yes", "Hm.", "Yes"),
+    ("deepseek_r1", False, "Cut while thinking", "Cut while thinking", ""),
+    ("qwen3", False, "<think>\nHm.\n</think>\n\nYes", "\nHm.\n", "\n\nYes"),
+    ("qwen3", False, "No thinking here", "", "No thinking here"),
+    ("qwen3", True, "Opened by the prompt</think>Answer", "Opened by the prompt", "Answer"),
+    ("qwen3", False, "<think>Cut inside", "Cut inside", ""),
+])
+def test_reasoning_split(name, opened, text, reasoning, content):
+    for step in (1, 4, len(text)):
+        got_content, got_reasoning, _ = _streamed(ChatReply(get_reasoning_parser(name, opened)), text, step)
+        assert (got_reasoning, got_content) == (reasoning, content)
+    whole = ChatReply(get_reasoning_parser(name, opened))
+    whole.feed(text, final=True)
+    msg = whole.message()
+    assert (msg["reasoning_content"] or "", msg["content"] or "") == (reasoning, content)
+
+
+def test_parsers_picked_from_templates():
+    assert pick_tool_parser("{% if tools %}<tool_call>{% endif %}") == "hermes"
+    assert pick_tool_parser("[TOOL_CALLS] {{ tools }}") == "mistral"
+    assert pick_tool_parser("<|start_header_id|>{% if tools %}{% endif %}") == "llama3_json"
+    assert pick_tool_parser("[func_name1(params_name1=params_value1)]") == "pythonic"
+    assert pick_tool_parser("<|im_start|>{{ message.content }}") is None
+    assert pick_reasoning_parser("{% if enable_thinking %}<think>{% endif %}") == "qwen3"
+    assert pick_reasoning_parser("<｜Assistant｜><think>\n") == "deepseek_r1"
+    assert pick_reasoning_parser("<|im_start|>") is None
+    assert prompt_opens_think("<|im_start|>assistant\n<think>\n")
+    assert not prompt_opens_think("<think>\n\n</think>\n\n")

@@ -1,0 +1,1 @@
+"""Building blocks the model families share: linear methods, attention, rotary, norms, activations."""

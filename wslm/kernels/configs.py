@@ -1,0 +1,156 @@
+"""Launch configurations of the Triton kernels: pure functions of dtype, shapes and the GPU's compute
+capability. The wrappers call them at launch and tests/test_kernels_compile.py compiles what they return
+for sm_80/86/89/90 without a GPU (wslm.kernels.compile_check), so a tile that needs more shared memory
+than a card has, or spills registers, fails a test on a machine with no GPU instead of a user's launch.
+
+No torch or triton import here: dtypes are names ("float16", "bfloat16", "float32")."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# Shared memory one block may use (opt-in maximum), bytes. sm_86/sm_89 (RTX 30/40) and the consumer
+# Blackwell sm_120 have 99 KiB; A100 163 KiB; H100/H200 227 KiB.
+SHARED_MEMORY_LIMITS = {(8, 0): 163 * 1024, (8, 7): 163 * 1024, (9, 0): 227 * 1024, (10, 0): 227 * 1024}
+DEFAULT_SHARED_MEMORY = 99 * 1024
+# The targets the compile test checks (what our users own, and the datacenter cards).
+TARGETS = ((8, 0), (8, 6), (8, 9), (9, 0))
+DTYPES = ("float16", "bfloat16", "float32")
+# The interpreter (no GPU) and unknown devices plan for the smallest card.
+INTERPRETER_CAPABILITY = (8, 6)
+
+
+def shared_memory_limit(capability: tuple[int, int]) -> int:
+    return SHARED_MEMORY_LIMITS.get(tuple(capability), DEFAULT_SHARED_MEMORY)
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 << max(0, int(n) - 1).bit_length()
+
+
+def _dtype_bytes(dtype: str) -> int:
+    if dtype not in DTYPES:
+        raise ValueError(f"unsupported dtype {dtype!r} for the Triton kernels: use one of {DTYPES}")
+    return 4 if dtype == "float32" else 2
+
+
+def dot_precision(dtype: str, head_dim_pad: int = 128) -> str:
+    """float32 attention keeps float32 accuracy (the engine's float32 must match HF's float32, which CUDA
+    matmuls compute without TF32 by default): three TF32 products, or plain FMA ("ieee") for head_dim 256,
+    where the split operands would not fit the registers. 16-bit inputs ignore it."""
+    if dtype != "float32":
+        return "tf32"
+    return "ieee" if head_dim_pad > 128 else "tf32x3"
+
+
+@dataclass(frozen=True)
+class AttentionConfig:
+    block_m: int  # query rows per program (prefill: tokens x GQA group); decode: group_pad
+    block_n: int  # keys per tile
+    num_warps: int
+    num_stages: int
+    group_pad: int
+    head_dim_pad: int
+    dot_precision: str
+    # ptxas's register cap (None: its own choice). For 256-thread programs on sm_80 ptxas aims at two
+    # programs per SM and caps registers at 128, which made the prefill tiles spill; 255 lets it use them.
+    maxnreg: int | None = None
+
+
+def prefill_config(
+    dtype: str, head_dim: int, groups: int, max_seqlen_q: int, capability: tuple[int, int]
+) -> AttentionConfig:
+    """Tiles of the prefill/mixed kernel. Rows = query tokens x the heads of a GQA group: 16 rows for
+    short (decode-like) runs, 64 for prefill; keys per tile shrink with head_dim and dtype so K, V (2
+    pipeline stages, 3 on cards with 160+ KiB) and Q fit the card's shared memory and the accumulators
+    fit the registers without spilling (checked by tests/test_kernels_compile.py for each target)."""
+    elt = _dtype_bytes(dtype)
+    group_pad = next_power_of_2(groups)
+    head_dim_pad = next_power_of_2(head_dim)
+    block_m = max(group_pad, 64 if max_seqlen_q * group_pad > 16 else 16)
+    row = head_dim_pad * elt  # bytes of one row of K (or V)
+    stages = 2
+    if row <= 128:  # head_dim <= 64 in 16-bit, <= 32 in float32
+        block_n, warps = 64, 4
+    elif row <= 256:  # head_dim 128 in 16-bit, 64 in float32 (3 TF32 products: twice the operands)
+        block_n, warps = (16, 8) if elt == 4 else (64, 8)
+    elif row <= 512:  # head_dim 256 in 16-bit, 128 in float32
+        block_n, warps = (16 if elt == 4 else 32), 8
+        block_m = max(group_pad, min(block_m, 32))
+    else:  # head_dim 256 in float32 (FMA dots): the smallest tiles, one stage
+        block_n, warps, stages = 16, 8, 1
+        block_m = max(group_pad, 16)
+    if elt == 2 and row <= 256 and block_m == 64 and shared_memory_limit(capability) >= 160 * 1024:
+        stages = 3  # A100/H100-class shared memory: one more K/V tile in flight for long prefills
+    return AttentionConfig(
+        block_m, block_n, warps, stages, group_pad, head_dim_pad, dot_precision(dtype, head_dim_pad), 255
+    )
+
+
+def decode_config(dtype: str, head_dim: int, groups: int, capability: tuple[int, int]) -> AttentionConfig:
+    """Tiles of the split-KV decode kernel: the group's query heads padded to 16 rows (tl.dot's minimum)
+    against BLOCK_N keys; BLOCK_N divides 64, the partition size's unit."""
+    elt = _dtype_bytes(dtype)
+    head_dim_pad = next_power_of_2(head_dim)
+    group_pad = max(16, next_power_of_2(groups))
+    row = head_dim_pad * elt
+    block_n = 64 if row <= 256 else 32 if row <= 512 else 16
+    warps = 8 if row > 512 else 4
+    # Decode keeps 3 TF32 products at head_dim 256 in float32 (16 rows fit), unlike prefill.
+    precision = "tf32x3" if dtype == "float32" else "tf32"
+    return AttentionConfig(group_pad, block_n, warps, 2, group_pad, head_dim_pad, precision)
+
+
+# The decode partitions' unit: every decode block_n divides it.
+PARTITION_UNIT = 64
+
+
+@dataclass(frozen=True)
+class ReduceConfig:
+    parts_block: int
+    head_dim_pad: int
+    num_warps: int
+
+
+def decode_reduce_config(head_dim: int) -> ReduceConfig:
+    return ReduceConfig(16, next_power_of_2(head_dim), 4)
+
+
+def rms_norm_config(hidden: int) -> tuple[int, int]:
+    """(BLOCK, num_warps): the whole row in registers, at most ~32 fp32 values per thread."""
+    block = next_power_of_2(hidden)
+    return block, max(4, min(16, block // 1024))
+
+
+def rotary_config(num_q_heads: int, num_k_heads: int, rot_dim: int) -> tuple[int, int, int, int]:
+    """(Q_HEADS_PAD, K_HEADS_PAD, HALF_PAD, num_warps)."""
+    q_pad, k_pad, half = next_power_of_2(num_q_heads), next_power_of_2(num_k_heads), next_power_of_2(rot_dim // 2)
+    return q_pad, k_pad, half, 4 if q_pad * half <= 4096 else 8
+
+
+def cache_config(num_kv_heads: int, head_dim: int) -> tuple[int, int, int]:
+    """(HEADS_PAD, HEAD_DIM_PAD, num_warps) of reshape_and_cache."""
+    heads, dim = next_power_of_2(num_kv_heads), next_power_of_2(head_dim)
+    return heads, dim, 4 if heads * dim <= 4096 else 8
+
+
+@dataclass(frozen=True)
+class MoeConfig:
+    block_m: int  # (token, expert) rows per program, all of one expert
+    block_n: int
+    block_k: int
+    num_warps: int
+    num_stages: int
+    dot_precision: str
+    maxnreg: int | None = 255  # ptxas otherwise caps the 16-row tiles at 64 registers on sm_90 and spills
+
+
+def moe_config(dtype: str, num_tokens: int, top_k: int, capability: tuple[int, int]) -> MoeConfig:
+    """Tiles of the grouped expert GEMM: 16 rows when few tokens reach each expert (decode), 64 for
+    prefill batches; 64 x 64 x 32 tiles (K halved in float32) fit every checked card's shared memory."""
+    elt = _dtype_bytes(dtype)
+    block_m = 64 if num_tokens * top_k >= 256 else 16
+    block_k = 32 if elt == 4 else 64
+    stages = 3 if block_m == 64 and shared_memory_limit(capability) >= 160 * 1024 else 2
+    precision = "tf32x3" if elt == 4 else "tf32"
+    return MoeConfig(block_m, 64, block_k, 4, stages, precision)

@@ -1,0 +1,42 @@
+"""PyTorch mixture-of-experts: the engine's CPU path and the reference for the Triton kernel.
+
+Experts run grouped: the (token, slot) pairs are sorted by expert, and each expert that received tokens
+does one gate|up matmul and one down matmul over all of its tokens (no per-token loop, no dense
+all-experts compute). Routing (softmax top-k) lives with the layer; this takes its result."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+
+def fused_moe(
+    hidden: torch.Tensor,
+    w13: torch.Tensor,
+    w2: torch.Tensor,
+    topk_weights: torch.Tensor,
+    topk_ids: torch.Tensor,
+    act_and_mul: Callable[[torch.Tensor], torch.Tensor],
+) -> torch.Tensor:
+    """See wslm.kernels.fused_moe."""
+    num_tokens, top_k = topk_ids.shape
+    out = torch.zeros_like(hidden)
+    if num_tokens == 0:
+        return out
+    flat = topk_ids.reshape(-1)
+    order = torch.argsort(flat, stable=True)  # (token, slot) pairs grouped by expert
+    counts = torch.bincount(flat, minlength=w13.shape[0]).tolist()
+    tokens = order // top_k
+    weights = topk_weights.reshape(-1)[order].to(hidden.dtype)
+    start = 0
+    for expert, count in enumerate(counts):
+        if count == 0:
+            continue
+        rows = tokens[start : start + count]
+        x = hidden.index_select(0, rows)
+        y = act_and_mul(x @ w13[expert].t()) @ w2[expert].t()
+        # Rounded to the model dtype before the weighted sum, as HF's experts loop does.
+        out.index_add_(0, rows, y * weights[start : start + count, None])
+        start += count
+    return out
