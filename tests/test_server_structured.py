@@ -220,7 +220,8 @@ def test_tool_choice_required_valid_arguments_over_20_seeds(server):
         aclient = openai.AsyncOpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=180)
         ask = [{"role": "user", "content": "What is the weather in Paris?"}]
         calls = [aclient.chat.completions.create(model="demo", messages=ask, tools=[WEATHER_TOOL], seed=seed,
-                                                 tool_choice="required", temperature=1.0, max_tokens=60)
+                                                 tool_choice="required", parallel_tool_calls=False,
+                                                 temperature=1.0, max_tokens=60)
                  for seed in range(20)]
         try:
             return await asyncio.gather(*calls)
