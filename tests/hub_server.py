@@ -4,6 +4,7 @@
 Served:
   GET  /api/models/{repo}[/revision/{rev}]      model info: sha, gated, private, siblings (sizes, blobId, lfs
                                                  with ?blobs=true)
+  GET  /api/models?search=Q&limit=N             search: public repos whose id contains Q
   GET  /api/models/{repo}/tree/{rev}[/{path}]   file tree (?recursive=true)
   HEAD|GET /{repo}/resolve/{rev}/{file}          small files: 200 + ETag (git sha1), X-Repo-Commit,
                                                  Content-Length, Accept-Ranges; LFS files: 302 to a "CDN" on
@@ -249,6 +250,8 @@ class _Handler(BaseHTTPRequestHandler):
         parts = urlsplit(self.path)
         path, query = unquote(parts.path), parse_qs(parts.query)
         try:
+            if path.rstrip("/") == "/api/models":
+                return self._search(req, query)
             if path.startswith("/api/models/"):
                 return self._api_model(req, path[len("/api/models/") :], query)
             if path.startswith("/cdn/"):
@@ -260,6 +263,16 @@ class _Handler(BaseHTTPRequestHandler):
             self._error(req, 404, None, "Not found")
         except (BrokenPipeError, ConnectionResetError):
             self.close_connection = True
+
+    def _search(self, req: Request, query: dict) -> None:
+        """GET /api/models?search=Q&limit=N: public repos whose id contains Q (case-insensitive), as the hub lists."""
+        words = query.get("search", [""])[0].lower()
+        limit = int(query.get("limit", ["20"])[0])
+        found = [{"id": r.repo_id, "modelId": r.repo_id, "downloads": 1000 - i, "likes": 0, "private": False,
+                  "pipeline_tag": "text-generation", "tags": ["text-generation"], "library_name": "transformers"}
+                 for i, r in enumerate(sorted(self.hub.repos.values(), key=lambda r: r.repo_id))
+                 if words in r.repo_id.lower() and not r.private]
+        self._send(req, 200, json.dumps(found[:limit]).encode())
 
     def _api_model(self, req: Request, rest: str, query: dict) -> None:
         rev, sub = "main", None

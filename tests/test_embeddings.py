@@ -54,20 +54,15 @@ def make_encoder(folder, kind: str, pooling: str, seed: int):
 
 def make_qwen3_embedding(folder, seed: int = 3):
     """A tiny random Qwen3 body (no LM head, as embedding checkpoints ship) with the demo tokenizer; its
-    config says Matryoshka dimensions are allowed. (Qwen2 until the engine runs Qwen3: the same path.)"""
-    from transformers import Qwen2Config, Qwen2Model, Qwen3Config, Qwen3Model
-
-    from wslm.backend.modeling import SUPPORTED_ARCHITECTURES
+    config says Matryoshka dimensions are allowed."""
+    from transformers import Qwen3Config, Qwen3Model
 
     torch.manual_seed(seed)
     tok = make_bert_tokenizer(folder)  # any tokenizer does: the server and the reference share it
     common = dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, initializer_range=0.2,
                   tie_word_embeddings=True, eos_token_id=tok.sep_token_id)
-    if "Qwen3ForCausalLM" in SUPPORTED_ARCHITECTURES:
-        model = Qwen3Model(Qwen3Config(head_dim=16, **common)).eval()
-    else:
-        model = Qwen2Model(Qwen2Config(**common)).eval()
+    model = Qwen3Model(Qwen3Config(head_dim=16, **common)).eval()
     model.save_pretrained(folder)
     tok.save_pretrained(folder)
     cfg = json.loads((folder / "config.json").read_text())
@@ -112,11 +107,16 @@ def test_bert_matches_sentence_transformers(bert):
         assert cosine(e, d.embedding) > 0.9999
     # What the model can do, and what it cannot.
     card = httpx.get(srv.base_url + "/models").json()["data"][0]
-    assert card["task"] == "embed" and card["capabilities"] == ["embeddings"]
+    assert card["task"] == "embed" and card["capabilities"] == ["embeddings"] and srv.ready["task"] == "embed"
     with pytest.raises(openai.BadRequestError, match="Matryoshka"):
         client.embeddings.create(model="bert", input="the cat", dimensions=16)
     with pytest.raises(openai.BadRequestError, match="maximum context length"):
         client.embeddings.create(model="bert", input="cat " * 200)
+    # vLLM's truncate_prompt_tokens: long inputs cut to fit instead (-1: the model's whole context).
+    cut = client.embeddings.create(model="bert", input="cat " * 200, extra_body={"truncate_prompt_tokens": -1})
+    assert cut.usage.prompt_tokens == srv.ready["max_model_len"] == 130  # max_position_embeddings
+    short = client.embeddings.create(model="bert", input=TEXTS[0], extra_body={"truncate_prompt_tokens": 4})
+    assert short.usage.prompt_tokens == 4
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model="bert", messages=[{"role": "user", "content": "hi"}])
 

@@ -261,3 +261,29 @@ def test_doctor_names_the_missing_qt_xcb_libraries(tmp_path):
     assert check_qt_xcb(probe, gui_installed=lambda: False) is None  # no GUI extra: not our business
     assert check_qt_xcb(Probe(root=tmp_path, env={"PATH": str(bin_dir)}, system="Windows")) is None
 
+
+
+def test_engine_options_are_fields_checked_before_start(window):
+    panel = window.server_panel
+    models = [{"id": "demo", "format": "gguf", "quantization": "Q4_1", "path": "/x/d.gguf", "num_kv_heads": 3},
+              {"id": "org/llama", "format": "hf", "quantization": None, "num_kv_heads": 4,
+               "num_attention_heads": 8, "intermediate_size": 128}]
+    panel.set_models(models)
+    assert not panel.tp.isVisible()  # one GPU or none: no tensor-parallel field
+    panel.set_model("demo")
+    panel.quantization.setCurrentIndex(panel.quantization.findData("int8"))
+    panel.start_button.click()
+    assert window.server.state == STOPPED and "GGUF" in panel.detail.text()  # refused, with the fix
+    assert panel.quantization.styleSheet()
+    panel.set_model("org/llama")
+    panel.kv_dtype.setCurrentIndex(panel.kv_dtype.findData("fp8"))
+    panel.gpu_unavailable("no GPU")
+    assert not panel.validate() and "needs an NVIDIA GPU" in panel.detail.text()
+    panel.show_gpu({"gpu_util": 1.0, "vram_used_mib": 1.0, "vram_total_mib": 8192.0, "gpu_count": 4})
+    assert not panel.tp.isHidden() and [panel.tp.itemData(i) for i in range(panel.tp.count())] == [1, 2, 4]
+    panel.tp.setCurrentIndex(panel.tp.findData(4))
+    assert panel.validate()
+    args = panel.config().serve_args()
+    assert args[args.index("--quantization") + 1] == "int8" and args[args.index("--kv-cache-dtype") + 1] == "fp8"
+    assert args[args.index("--tensor-parallel-size") + 1] == "4"
+    assert window.settings.quantization == "int8" and window.settings.tensor_parallel_size == 4

@@ -109,3 +109,41 @@ def test_models_list_failure_names_the_fix(qtbot, tmp_path, monkeypatch):
     assert "WSL distro Ubuntu" in failed.args[0] and "install" in failed.args[0].lower()
     assert window.models_panel.error.isVisible() and "install.sh" in window.models_panel.error.text()
     window.close()
+
+
+@pytest.mark.timeout(200)
+def test_discover_searches_the_hub_and_downloads_a_file(qtbot, env):
+    from wslm.gui.discover_dialog import fit_verdict, recommended
+
+    q4 = make_tiny_gguf(env / "src" / "tiny-Q4_K_M.gguf", "Q4_K_M").read_bytes()
+    q8 = make_tiny_gguf(env / "src" / "tiny-Q8_0.gguf", "Q8_0").read_bytes()
+    with FakeHub() as hub:
+        hub.add_repo(REPO, {"tiny-Q4_K_M.gguf": q4, "tiny-Q8_0.gguf": q8, "README.md": b"# tiny\n"})
+        hub.add_repo("org/notes-only", {"README.md": b"# no weights\n"})
+        window = MainWindow(Settings(first_run_done=True, hub_endpoint=hub.url), ChatStore(env / "c.sqlite3"),
+                            watch=False)
+        qtbot.addWidget(window)
+        window.show()
+        panel = window.models_panel
+        qtbot.waitUntil(lambda: not window.models.loading, timeout=60_000)
+        window.models.table.set_vram(8 << 30, 0.9)
+        dialog = panel.open_discover()
+        assert "Recommended for this machine" in dialog.picks.text()
+        dialog.query.setText("org/")
+        dialog.search()
+        qtbot.waitUntil(lambda: dialog.list.count() > 0 or "⚠" in dialog.status.text(), timeout=60_000)
+        # Through the mirror; only repos with weights the engine loads; each GGUF file with quant, size, fit.
+        assert any("/api/models" in r.path and "search=org" in r.path for r in hub.requests), dialog.status.text()
+        assert [m["id"] for m in dialog.results] == [REPO]
+        rows = {dialog.files.item(r, 1).text(): dialog.files.item(r, 3).text() for r in range(dialog.files.rowCount())}
+        assert rows == {"Q4_K_M": "fits GPU", "Q8_0": "fits GPU"}
+        dialog.files.selectRow([dialog.files.item(r, 1).text() for r in range(2)].index("Q8_0"))
+        dialog.download_button.click()
+        job = panel.jobs[-1]
+        assert job.file_pattern == "tiny-Q8_0.gguf" and job.endpoint == hub.url
+        qtbot.waitUntil(lambda: job.progress.state == DONE, timeout=60_000)
+        qtbot.waitUntil(lambda: any(REPO in i for i in window.models.table.ids()), timeout=60_000)
+    assert fit_verdict(20 << 30, 8 << 30, 0.9, 64 << 30)[0] == "too big for GPU · fits RAM"
+    assert fit_verdict(20 << 30, None, 0.9, 16 << 30)[0] == "too big"
+    assert "Qwen/Qwen3-8B-GGUF" in recommended(16 << 30, 32 << 30)
+    assert "Qwen/Qwen3-8B-GGUF" not in recommended(None, 8 << 30)

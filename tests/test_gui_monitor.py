@@ -23,7 +23,8 @@ NVIDIA_SMI_OUT = "37, 20480, 143771, NVIDIA H200\n"
 
 def test_parse_nvidia_smi():
     assert parse_nvidia_smi(NVIDIA_SMI_OUT) == {"gpu_util": 37.0, "vram_used_mib": 20480.0,
-                                                "vram_total_mib": 143771.0, "gpu_name": "NVIDIA H200"}
+                                                "vram_total_mib": 143771.0, "gpu_name": "NVIDIA H200",
+                                                "gpu_count": 1}
     assert parse_nvidia_smi("[N/A], [N/A], [N/A], X\n") is None
     assert parse_nvidia_smi("") is None
 

@@ -124,3 +124,18 @@ def test_sliding_window_matches_hf_mask():
             sliding_window=window,
         )
         torch.testing.assert_close(out, ref[-q_len:], atol=2e-5, rtol=2e-5)
+
+
+def test_windowed_decode_reads_only_the_window():
+    # Long and short rows: each row gathers its own window's blocks (a padded table, as the engine's).
+    batch = make_paged_batch([1] * 5, [300, 1, 64, 129, 77], 4, 2, 32, 16)
+    wide = torch.zeros(5, 24, dtype=torch.int32)
+    wide[:, : batch.block_tables.shape[1]] = batch.block_tables
+    batch.block_tables = wide
+    for window in (40, 64, 200):
+        out = paged_attention(
+            batch.q, batch.k_cache, batch.v_cache, batch.block_tables, batch.cu_seqlens_q, batch.seq_lens,
+            0.2, backend="torch", sliding_window=window, sinks=torch.ones(4),
+        )
+        want = naive_attention(batch, 0.2, sliding_window=window, sinks=torch.ones(4))
+        torch.testing.assert_close(out, want, atol=2e-5, rtol=2e-5)

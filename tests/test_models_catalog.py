@@ -83,7 +83,12 @@ def test_memory_estimate_follows_the_context(models_dir):
     assert big.kv_cache_bytes == default_cpu_kv_cache_bytes(per_token, 8192, available_ram())
     assert big.memory_estimate_bytes - small.memory_estimate_bytes == big.kv_cache_bytes - small.kv_cache_bytes > 0
     assert find_model("demo", context=10**6).estimate_context == 8192  # capped at the model's own
-    assert small.weights_memory_bytes == small.num_params * 2
+    # GGUF weights stay quantized (Q4_1 -> int4 groups of 32, Q8_0 -> int8): about the file's size, not 2 bytes each.
+    from wslm.backend.hub.metadata import read_gguf
+    from wslm.backend.quant.sizes import gguf_runtime_bytes
+
+    assert small.weights_memory_bytes == gguf_runtime_bytes(read_gguf(Path(small.path)).elements_by_type)
+    assert small.weights_memory_bytes < small.num_params
 
 
 def test_human_table_and_info(models_dir, capsys):

@@ -149,3 +149,17 @@ def test_quantize_int4_needs_a_group_that_divides():
         pick_group_size(100)
     assert quantize_int4(torch.randn(16, 64), 32).shape == (16, 64)
     assert finalize(quantize_int4_codes(torch.randn(8, 64), 32), CPU, torch.float32).bits == 8  # 16-row tiles
+
+
+def test_model_list_counts_gguf_weights_at_their_runtime_size(tmp_path, monkeypatch):
+    from wslm.backend.hub.metadata import read_gguf
+    from wslm.backend.quant.sizes import gguf_runtime_bytes
+    from wslm.demo import demo_model_path
+
+    monkeypatch.setenv("WSLM_CACHE_DIR", str(tmp_path))
+    meta = read_gguf(demo_model_path())
+    assert set(meta.elements_by_type) == {"Q4_1", "Q8_0", "F32"}
+    runtime = gguf_runtime_bytes(meta.elements_by_type)
+    size = demo_model_path().stat().st_size
+    assert 0.8 * size < runtime < 1.3 * size  # not the 2 bytes per weight of a dequantized model
+    assert gguf_runtime_bytes({"Q4_K": 1024, "Q6_K": 1024}) == 640 + 1024

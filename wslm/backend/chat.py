@@ -51,8 +51,8 @@ def _normalize_message(i: int, msg: Any) -> dict:
                 texts.append(part["text"])
             else:
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise RequestError(f"messages[{i}]: content parts of type {kind!r} are not supported: wslm serves "
-                                   "text-only models. Send text parts.", param=f"messages.{i}.content",
+                raise RequestError(f"messages[{i}] has a {kind!r} content part; only text parts are supported "
+                                   "(wslm serves text-only models).", param=f"messages.{i}.content",
                                    code="unsupported_parameter")
         content = "\n".join(texts)
     elif not isinstance(content, str):

@@ -170,7 +170,8 @@ def resolve_quantization(requested: str | None, source: ModelSource, hf_config) 
 
     requested = check_quantization(requested)
     if source.gguf_file:
-        return "gguf"
+        # int8/int4 apply to the dense tensors of a GGUF (all of them under WSLM_GGUF_DEQUANTIZE=1).
+        return requested if requested in ("int8", "int4") else "gguf"
     qc = getattr(hf_config, "quantization_config", None)
     found = (qc.get("quant_method") if isinstance(qc, dict) else getattr(qc, "quant_method", None)) if qc else None
     found = str(found).lower() if found else None

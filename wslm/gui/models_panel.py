@@ -19,6 +19,7 @@ from PySide6.QtWidgets import (
 )
 
 import wslm.gui.qt_fix  # noqa: F401  (PySide6 6.12 emit() refcount bug)
+from wslm.gui.discover_dialog import DiscoverDialog
 from wslm.gui.download_dialog import DownloadDialog
 from wslm.gui.download_job import DONE, PullJob
 from wslm.gui.download_view import DownloadProgressView
@@ -42,6 +43,9 @@ class ModelsPanel(QWidget):
         self.summary.setMinimumWidth(1)  # long text must not set the window's minimum width
         self.download_button = QPushButton("⬇  Download…", objectName="Primary")
         self.download_button.clicked.connect(self.open_download)
+        self.discover_button = QPushButton("🔍  Discover…")
+        self.discover_button.setToolTip("Search the hub for models, see which files fit this machine")
+        self.discover_button.clicked.connect(self.open_discover)
         self.serve_button = QPushButton("Serve selected")
         self.serve_button.clicked.connect(self._serve_selected)
         self.delete_button = QPushButton("Delete", objectName="Danger")
@@ -52,7 +56,7 @@ class ModelsPanel(QWidget):
         head.addWidget(title)
         head.addSpacing(12)
         head.addWidget(self.summary, 1)
-        for b in (refresh, self.delete_button, self.serve_button, self.download_button):
+        for b in (refresh, self.delete_button, self.serve_button, self.discover_button, self.download_button):
             head.addWidget(b)
 
         self.table = QTableView()
@@ -172,3 +176,14 @@ class ModelsPanel(QWidget):
         self.dialog = DownloadDialog(self.make_job, self.hub_endpoint, self)
         self.dialog.show()
         return self.dialog
+
+    def open_discover(self) -> DiscoverDialog:
+        import psutil
+
+        t = self.service.table
+        self.discover = DiscoverDialog(self.service.target, self.hub_endpoint, t.vram_total_bytes, t.gpu_share,
+                                       psutil.virtual_memory().total, self)
+        self.discover.download_requested.connect(lambda repo, pattern: self.make_job(repo, pattern,
+                                                                                     self.hub_endpoint).start())
+        self.discover.show()
+        return self.discover

@@ -12,16 +12,18 @@ NVIDIA_QUERY = ["--query-gpu=utilization.gpu,memory.used,memory.total,name", "--
 
 
 def parse_nvidia_smi(text: str) -> dict | None:
-    """First GPU's use (%) and VRAM (MiB) from nvidia-smi's CSV; None when there is none."""
+    """First GPU's use (%) and VRAM (MiB) from nvidia-smi's CSV, and how many GPUs there are; None when
+    there is none."""
+    gpus = []
     for line in text.splitlines():
         parts = [p.strip() for p in line.split(",")]
         if len(parts) >= 3:
             try:
-                return {"gpu_util": float(parts[0]), "vram_used_mib": float(parts[1]),
-                        "vram_total_mib": float(parts[2]), "gpu_name": parts[3] if len(parts) > 3 else ""}
+                gpus.append({"gpu_util": float(parts[0]), "vram_used_mib": float(parts[1]),
+                             "vram_total_mib": float(parts[2]), "gpu_name": parts[3] if len(parts) > 3 else ""})
             except ValueError:
                 continue
-    return None
+    return {**gpus[0], "gpu_count": len(gpus)} if gpus else None
 
 
 class ResourceMonitor(QObject):

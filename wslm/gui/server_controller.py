@@ -50,6 +50,9 @@ class ServerConfig:
     api_key: str = ""
     max_model_len: int = 0
     gpu_memory_utilization: float = 0.9
+    quantization: str = ""  # "": the checkpoint's own
+    kv_cache_dtype: str = "auto"
+    tensor_parallel_size: int = 1
     extra_args: list[str] = field(default_factory=list)  # any other `wslm serve` flags
 
     def serve_args(self) -> list[str]:
@@ -58,6 +61,12 @@ class ServerConfig:
         if self.max_model_len:
             args += ["--max-model-len", str(int(self.max_model_len))]
         args += ["--gpu-memory-utilization", f"{float(self.gpu_memory_utilization):g}"]
+        if self.quantization:
+            args += ["--quantization", self.quantization]
+        if self.kv_cache_dtype and self.kv_cache_dtype != "auto":
+            args += ["--kv-cache-dtype", self.kv_cache_dtype]
+        if int(self.tensor_parallel_size) > 1:
+            args += ["--tensor-parallel-size", str(int(self.tensor_parallel_size))]
         return args + list(self.extra_args)
 
     def env(self) -> dict[str, str]:

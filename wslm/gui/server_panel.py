@@ -25,6 +25,14 @@ from PySide6.QtWidgets import (
 import wslm.gui.qt_fix  # noqa: F401  (PySide6 6.12 emit() refcount bug)
 from wslm.gui import theme
 from wslm.gui.backend_target import target_label
+from wslm.gui.engine_options import (
+    KV_CACHE_DTYPES,
+    QUANTIZATIONS,
+    check_kv_cache_dtype,
+    check_quantization,
+    check_tensor_parallel,
+    fitting_tp_sizes,
+)
 from wslm.gui.log_view import LogView
 from wslm.gui.models_model import display_name
 from wslm.gui.plot_widget import Sparkline
@@ -45,6 +53,7 @@ class ServerPanel(QWidget):
         super().__init__(parent)
         self.controller = controller
         self.settings = settings
+        self.models: list[dict] = []  # `models list` entries: what the engine options are checked against
 
         title = QLabel("Server", objectName="Title")
         self.badge = QLabel(objectName="StateBadge")
@@ -101,18 +110,41 @@ class ServerPanel(QWidget):
         self.auto_restart = QCheckBox("Restart automatically if it crashes")
         self.auto_restart.setChecked(settings.auto_restart)
         self.auto_restart.toggled.connect(self._save)
+        # Engine options (vLLM's flags), offered with the values that fit; checked before a start.
+        self.quantization = QComboBox()
+        for label, value in QUANTIZATIONS:
+            self.quantization.addItem(label, value)
+        self.quantization.setCurrentIndex(max(0, self.quantization.findData(settings.quantization)))
+        self.quantization.setToolTip("--quantization: how the weights are stored in memory")
+        self.kv_dtype = QComboBox()
+        for label, value in KV_CACHE_DTYPES:
+            self.kv_dtype.addItem(label, value)
+        self.kv_dtype.setCurrentIndex(max(0, self.kv_dtype.findData(settings.kv_cache_dtype)))
+        self.kv_dtype.setToolTip("--kv-cache-dtype")
+        self.tp = QComboBox()
+        self.tp.setToolTip("--tensor-parallel-size: split the model over several GPUs")
+        self.tp_label = QLabel("Tensor parallel", objectName="Muted")
+        self.gpu_count = 0  # from nvidia-smi on the target; the TP field shows with 2 or more
+        self.has_gpu: bool | None = None
+        self._fill_tp()
         rows = [("Target", target_row), ("Model", self.model), ("Port", self.port), ("Context length", self.context),
-                ("GPU memory share", self.gpu), ("API key", key_row)]
+                ("GPU memory share", self.gpu), ("API key", key_row), ("Quantization", self.quantization),
+                ("KV cache dtype", self.kv_dtype), (self.tp_label, self.tp)]
+        for combo in (self.quantization, self.kv_dtype, self.tp):
+            combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+            combo.setMinimumContentsLength(10)
         for i, (label, w) in enumerate(rows):
-            r, c = i % 3, (i // 3) * 2
-            grid.addWidget(QLabel(label, objectName="Muted"), r, c)
+            r, c = i // 2, (i % 2) * 2  # two label/field pairs a row: fits a narrow window
+            grid.addWidget(label if isinstance(label, QLabel) else QLabel(label, objectName="Muted"), r, c)
             if isinstance(w, QHBoxLayout):
                 grid.addLayout(w, r, c + 1)
             else:
                 grid.addWidget(w, r, c + 1)
-        grid.addWidget(QLabel("Extra flags", objectName="Muted"), 3, 0)
-        grid.addWidget(self.extra, 3, 1)
-        grid.addWidget(self.auto_restart, 3, 3)
+        grid.addWidget(QLabel("Extra flags", objectName="Muted"), 5, 0)
+        grid.addWidget(self.extra, 5, 1)
+        grid.addWidget(self.auto_restart, 5, 2, 1, 2)
+        for w in (self.quantization, self.kv_dtype, self.tp):
+            w.currentIndexChanged.connect(self._save)
         grid.setColumnStretch(1, 1)
         grid.setColumnStretch(3, 1)
         for w in (self.port, self.context, self.gpu):
@@ -165,6 +197,7 @@ class ServerPanel(QWidget):
     def set_models(self, models: list) -> None:
         """Fill the picker from `models list` (dicts, or bare ids); the chosen model stays chosen."""
         current = self.model_id()
+        self.models = [m for m in models if isinstance(m, dict)]
         self.model.blockSignals(True)
         self.model.clear()
         for m in models or ["demo"]:
@@ -174,6 +207,7 @@ class ServerPanel(QWidget):
                 self.model.addItem(label if label == model_id else f"{label}  ({model_id})", model_id)
         self.model.blockSignals(False)
         self.set_model(current or "demo")
+        self._fill_tp()
 
     def model_id(self) -> str:
         return str(self.model.currentData() or self.model.currentText()).strip()
@@ -199,6 +233,9 @@ class ServerPanel(QWidget):
         return ServerConfig(model=self.model_id() or "demo", host=self.settings.host,
                             port=self.port.value(), api_key=self.api_key.text().strip(),
                             max_model_len=self.context.value(), gpu_memory_utilization=self.gpu.value(),
+                            quantization=str(self.quantization.currentData() or ""),
+                            kv_cache_dtype=str(self.kv_dtype.currentData() or "auto"),
+                            tensor_parallel_size=int(self.tp.currentData() or 1),
                             extra_args=self.extra_args() or [])
 
     def _save(self, *_args) -> None:
@@ -206,15 +243,53 @@ class ServerPanel(QWidget):
         s.model, s.port, s.max_model_len = self.model_id() or "demo", self.port.value(), self.context.value()
         s.gpu_memory_utilization, s.api_key = self.gpu.value(), self.api_key.text().strip()
         s.auto_restart = self.auto_restart.isChecked()
+        s.quantization = str(self.quantization.currentData() or "")
+        s.kv_cache_dtype = str(self.kv_dtype.currentData() or "auto")
+        s.tensor_parallel_size = int(self.tp.currentData() or 1)
         s.serve_extra_args = self.extra.text().strip()
         self.controller.auto_restart = s.auto_restart
         self.settings_changed.emit()
 
     def start(self) -> None:
         self._save()
-        if self.extra_args() is None:
+        if self.extra_args() is None or not self.validate():
             return
         self.controller.start(self.config())
+
+    # Engine options
+    def selected_model(self) -> dict | None:
+        return next((m for m in self.models if m.get("id") == self.model_id()), None)
+
+    def validate(self) -> bool:
+        """Check the engine options against the model and the target; say what to change, before a start."""
+        model = self.selected_model()
+        problems = [(check_quantization(str(self.quantization.currentData() or ""), model), "quantization"),
+                    (check_kv_cache_dtype(str(self.kv_dtype.currentData() or "auto"), self.has_gpu), "kv_dtype"),
+                    (check_tensor_parallel(int(self.tp.currentData() or 1), self.gpu_count, model), "tp")]
+        problem = next(((text, name) for text, name in problems if text), None)
+        self._mark_field(problem[1] if problem else "")
+        if problem:
+            self.detail.setText(f"⚠ {problem[0]}")
+            self.detail.setToolTip(problem[0])
+        return problem is None
+
+    def set_gpu_count(self, count: int) -> None:
+        self.gpu_count = int(count)
+        self.has_gpu = count > 0
+        self._fill_tp()
+
+    def _fill_tp(self) -> None:
+        chosen = int(self.tp.currentData() or self.settings.tensor_parallel_size or 1)
+        sizes = fitting_tp_sizes(self.gpu_count, self.selected_model()) if self.gpu_count > 1 else [1]
+        self.tp.blockSignals(True)
+        self.tp.clear()
+        for n in sizes:
+            self.tp.addItem(f"{n} GPU{'s' if n > 1 else ''}", n)
+        self.tp.setCurrentIndex(max(0, self.tp.findData(chosen)))
+        self.tp.blockSignals(False)
+        several = self.gpu_count > 1
+        self.tp.setVisible(several)
+        self.tp_label.setVisible(several)
 
     def restart(self) -> None:
         self._save()
@@ -255,7 +330,8 @@ class ServerPanel(QWidget):
     def _mark_field(self, name: str) -> None:
         """Outline the field the crash box tells the user to change (and put the cursor there)."""
         fields = {"model": self.model, "port": self.port, "context": self.context, "gpu": self.gpu,
-                  "api_key": self.api_key, "extra": self.extra}
+                  "api_key": self.api_key, "extra": self.extra, "quantization": self.quantization,
+                  "kv_dtype": self.kv_dtype, "tp": self.tp}
         for key, w in fields.items():
             w.setStyleSheet(f"border: 1px solid {theme.ERROR};" if key == name else "")
         if name in fields:
@@ -273,12 +349,15 @@ class ServerPanel(QWidget):
         self.plots["ram"].add(s["ram"], f"{s['ram_used_gib']:.1f} / {s['ram_total_gib']:.1f} GiB")
 
     def show_gpu(self, g: dict) -> None:
+        if g.get("gpu_count") is not None and g["gpu_count"] != self.gpu_count:
+            self.set_gpu_count(int(g["gpu_count"]))
         self.plots["gpu"].add(g["gpu_util"], g.get("gpu_name", ""))
         total = g["vram_total_mib"] or 1
         self.plots["vram"].add(100.0 * g["vram_used_mib"] / total,
                                f"{g['vram_used_mib'] / 1024:.1f} / {total / 1024:.1f} GiB")
 
     def gpu_unavailable(self, why: str) -> None:
+        self.set_gpu_count(0)
         self.plots["gpu"].set_note(why)
         self.plots["vram"].set_note("no GPU data")
 

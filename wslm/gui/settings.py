@@ -33,6 +33,9 @@ class Settings:
     gpu_memory_utilization: float = 0.9
     api_key: str = ""
     auto_restart: bool = False
+    quantization: str = ""  # --quantization ("": the model's own)
+    kv_cache_dtype: str = "auto"  # --kv-cache-dtype
+    tensor_parallel_size: int = 1  # --tensor-parallel-size (offered with several GPUs)
     serve_extra_args: str = ""  # more `wslm serve` flags, shell-quoted
     # Chat: against our server, or any OpenAI-compatible URL.
     chat_use_server: bool = True

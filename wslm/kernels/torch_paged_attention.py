@@ -59,15 +59,23 @@ def _decode(
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     groups = num_heads // num_kv_heads
     n_blocks = -(-max_len // block_size)
-    blocks = block_tables[:, :n_blocks].reshape(-1).long()
+    lens = seq_lens[:, None].long()
+    if sliding_window and sliding_window < max_len - block_size:
+        # Only the blocks that hold the window: each row starts at its own window's first block.
+        n_blocks = -(-sliding_window // block_size) + 1
+        first = ((lens - sliding_window).clamp(min=0) // block_size).clamp(max=block_tables.shape[1] - n_blocks)
+        cols = first + torch.arange(n_blocks, device=q.device)[None, :]
+        blocks = block_tables.gather(1, cols.to(torch.int64)).reshape(-1).long()
+        pos = first * block_size + torch.arange(n_blocks * block_size, device=q.device)[None, :]
+    else:
+        blocks = block_tables[:, :n_blocks].reshape(-1).long()
+        pos = torch.arange(n_blocks * block_size, device=q.device)[None, :]
     # One index_select per cache; [B, Hkv, S, D] stays a strided view (SDPA reads it as is).
     k = k_cache.index_select(0, blocks).view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
     v = v_cache.index_select(0, blocks).view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
-    pos = torch.arange(k.shape[2], device=q.device)
-    lens = seq_lens[:, None].to(pos.dtype)
-    mask = pos[None, :] < lens
+    mask = pos < lens
     if sliding_window:
-        mask &= pos[None, :] >= lens - sliding_window  # the query sits at len - 1
+        mask &= pos >= lens - sliding_window  # the query sits at len - 1
     mask = mask[:, None, None, :]  # [B, 1, 1, S]
     # GQA without expanding K/V: the G query heads of a KV head become G query rows of that head.
     qg = q.view(num_seqs, num_kv_heads, groups, head_dim)

@@ -22,7 +22,7 @@ from wslm.backend.hub.quant import gguf_variants, is_model_gguf, pick_variant, q
 from wslm.backend.kv_sizing import available_ram, default_cpu_kv_cache_bytes
 
 DEFAULT_ESTIMATE_CONTEXT = 4096
-RUNTIME_BYTES_PER_PARAM = 2  # the engine computes in 16 bits on GPUs (GGUF weights are dequantized)
+RUNTIME_BYTES_PER_PARAM = 2  # dense checkpoints: 16 bits on GPUs (GGUF/AWQ/GPTQ: their own sizes)
 FIXED_OVERHEAD_BYTES = 256 * 1024**2  # CUDA context, activations, sampler buffers
 _NATIVE_GGUF_TYPES = {"F32", "F16", "BF16"}
 
@@ -310,7 +310,11 @@ def _estimate_memory(info: ModelInfo, meta: ModelMetadata, context: int | None) 
     takes when started with that context (on CPU; on a GPU it reserves its --gpu-memory-utilization)."""
     if not info.complete:
         return
-    if meta.num_params and not (info.format == "hf" and meta.quantization):
+    if meta.elements_by_type:  # GGUF: kept quantized, at each storage type's runtime size
+        from wslm.backend.quant.sizes import gguf_runtime_bytes
+
+        weights = gguf_runtime_bytes(meta.elements_by_type)
+    elif meta.num_params and not (info.format == "hf" and meta.quantization):
         weights = meta.num_params * RUNTIME_BYTES_PER_PARAM
     else:
         weights = info.size_bytes

@@ -45,6 +45,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--json", action="store_true", help="JSON-lines progress events on stdout")
     p.set_defaults(func=cmd_pull)
 
+    p = sub.add_parser("search", help="find models on the hub (or a mirror) with their files and sizes")
+    p.add_argument("query")
+    p.add_argument("--endpoint", default=None, help="hub mirror (default: HF_ENDPOINT or huggingface.co)")
+    p.add_argument("--limit", type=_positive, default=20)
+    p.add_argument("--json", action="store_true", help='one JSON line: {"models": [...]}')
+    p.set_defaults(func=cmd_search)
+
     p = sub.add_parser("rm", help="delete a model from disk")
     p.add_argument("id", metavar="ID", help="an id from `wslm models list`")
     p.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation")
@@ -105,6 +112,26 @@ def human_count(n: int | None) -> str:
 
 
 # --- list / info -------------------------------------------------------------------------------------
+
+
+def cmd_search(args: argparse.Namespace) -> int:
+    import os
+
+    from wslm.backend.hub.search import search_models
+
+    try:
+        found = search_models(args.query, args.endpoint, args.limit, os.environ.get("HF_TOKEN"))
+    except Exception as exc:  # noqa: BLE001 - network and HTTP errors become one message
+        msg = f"Hub search failed ({type(exc).__name__}: {exc}). Check the network, or set a mirror endpoint."
+        print(json.dumps({"event": "error", "message": msg}) if args.json else f"error: {msg}", file=sys.stdout
+              if args.json else sys.stderr)
+        return 1
+    if args.json:
+        print(json.dumps({"models": found}))
+    else:
+        for m in found:
+            print(f"{m['id']}  ({len(m['files'])} files, {human_size(m['total_bytes'])})")
+    return 0
 
 
 def cmd_list(args: argparse.Namespace) -> int:

@@ -21,7 +21,7 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tiktoken.model", "tokenizer.tiktoken")
 _SHARD_RE = re.compile(r"-(\d{5})-of-(\d{5})(\.safetensors|\.bin)$")
 SPLIT_RE = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
-_CACHE_VERSION = 1
+_CACHE_VERSION = 2  # 2: elements_by_type
 
 
 @dataclass
@@ -42,6 +42,7 @@ class ModelMetadata:
     has_chat_template: bool = False
     weight_files: list[str] = field(default_factory=list)
     tensor_types: list[str] = field(default_factory=list)  # GGUF: every storage type used (F32, Q4_K ...)
+    elements_by_type: dict[str, int] = field(default_factory=dict)  # GGUF: weights per storage type
     missing_files: list[str] = field(default_factory=list)  # weight shards named in an index but absent
     name: str | None = None
     error: str | None = None
@@ -250,13 +251,16 @@ def _read_gguf_uncached(path: Path) -> ModelMetadata:
     types: Counter[str] = Counter()
     all_types: set[str] = set()
     params = 0
+    by_type: Counter[str] = Counter()
     for r in readers:
         for t in r.tensors:
             params += int(t.n_elements)
             all_types.add(t.tensor_type.name)
+            by_type[t.tensor_type.name] += int(t.n_elements)
             if len(t.shape) >= 2:
                 types[t.tensor_type.name] += int(t.n_elements)
     meta.tensor_types = sorted(all_types)
+    meta.elements_by_type = dict(by_type)
     meta.num_params = params
     meta.dtype = types.most_common(1)[0][0] if types else None
     ft = _field(reader, "general.file_type")

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from wslm.backend.quant.gguf_formats import DENSE_TYPES, INT4_TYPES, INT8_TYPES
 from wslm.backend.quant.int4 import Int4Codes
 from wslm.backend.quant.int8 import quantize_int8_chunks
 
@@ -30,9 +31,6 @@ _LAYER_NAMES = {
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 # Architectures whose q/k rows llama.cpp's converter permuted (transformers undoes the same set).
 _PERMUTED_ARCHS = ("llama", "mistral")
-INT4_TYPES = ("Q4_0", "Q4_1", "Q4_K")
-DENSE_TYPES = ("F32", "F16", "BF16")
-INT8_TYPES = ("Q5_0", "Q5_1", "Q5_K", "Q6_K", "Q8_0", "Q2_K", "Q3_K")
 _ROWS_PER_CHUNK = 1024
 
 

@@ -70,6 +70,7 @@ def build_app(state: ServerState, root_path: str = "", docs: bool = True) -> Fas
     app.add_api_route("/v1/chat/completions", route(serving_chat.create_chat_completion), methods=["POST"])
     app.add_api_route("/v1/completions", route(serving_completion.create_completion), methods=["POST"])
     app.add_api_route("/v1/messages", route(serving_messages.create_message), methods=["POST"])
+    app.add_api_route("/v1/messages/count_tokens", route(serving_messages.count_tokens), methods=["POST"])
     app.add_api_route("/tokenize", route(serving_tokens.tokenize), methods=["POST"])
     app.add_api_route("/detokenize", route(serving_tokens.detokenize), methods=["POST"])
     app.add_api_route("/v1/models", route(_list_models), methods=["GET"])

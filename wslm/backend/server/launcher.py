@@ -331,7 +331,7 @@ def _serve(args: Namespace, engine: Any, sock: socket.socket) -> int:
             log.warning("%s\n%s\n%s", "!" * 100, "WARNING: " + warning, "!" * 100)
         extra = {"warning": warning} if warning else {}
         emit("ready", url=url, host=host, port=port, model=names[0], pid=os.getpid(),
-             max_model_len=state.max_model_len, api_key_required=bool(api_key), **extra)
+             max_model_len=state.max_model_len, api_key_required=bool(api_key), task=state.task, **extra)
 
     def on_signal() -> None:
         state.engine.begin_drain(args.shutdown_timeout)

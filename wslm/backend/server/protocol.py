@@ -306,6 +306,7 @@ class EmbeddingRequest(_Request):
     dimensions: int | None = None
     user: str | None = None
     normalize: bool | None = None
+    truncate_prompt_tokens: int | None = None  # vLLM's: keep this many tokens of each input (-1: the context)
 
     def inputs(self) -> list[str | list[int]]:
         """The input field as a list of inputs, each a string or token ids (LangChain sends ids)."""

@@ -56,6 +56,7 @@ class ServerState:
     enable_auto_tool_choice: bool = False
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
+    exclude_tools_when_tool_choice_none: bool = False
     task: str = "generate"  # what the model serves: "generate" (chat, completions) or "embed" (embeddings)
 
     @property

@@ -1,0 +1,197 @@
+"""Weight formats on the demo GGUF, against llama.cpp on the same file and HF transformers, in one run.
+
+    .venv/bin/python bench/quant.py [--tokens 64] [--concurrent 32] [--llama-python /work/llama-venv/bin/python]
+
+Each configuration runs in a fresh process (so resident memory after load is its own): float32 and
+bfloat16 (the GGUF dequantized, as transformers loads it), int8 and int4 (dequantized, then quantized on
+load), GGUF-native (kept quantized: Q4_1 -> int4, Q8_0 -> int8). Single-stream greedy decode tok/s (best of
+2) and --concurrent chats at once (output tok/s). llama.cpp: llama-cpp-python with the same thread count,
+single stream (install it in its own venv: `python -m venv /work/llama-venv && /work/llama-venv/bin/pip
+install llama-cpp-python`, ~10 min to compile); HF: its padded batch in float32. Appends the table to
+docs/benchmarks.md."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import machine  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+CHAT = [{"role": "user", "content": "Write a long story about a lighthouse keeper and a storm."}]
+CONFIGS = {  # name: (dtype, quantization, dequantize the GGUF)
+    "float32": ("float32", None, True),
+    "bfloat16": ("bfloat16", None, True),
+    "int8": ("float32", "int8", True),
+    "int4": ("float32", "int4", True),
+    "gguf-native": ("float32", None, False),
+}
+
+
+def _rss() -> int:
+    for line in open("/proc/self/status"):
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    return 0
+
+
+def run_wslm(name: str, tokens: int, concurrent: int) -> dict:
+    dtype, quantization, dequantize = CONFIGS[name]
+    os.environ["WSLM_GGUF_DEQUANTIZE"] = "1" if dequantize else "0"
+    from wslm.backend import LLM, SamplingParams
+
+    start = time.perf_counter()
+    llm = LLM("demo", dtype=dtype, quantization=quantization, kv_cache_memory=256 << 20, max_model_len=1024,
+              max_num_seqs=max(concurrent, 1))  # fmt: skip
+    load_s = time.perf_counter() - start
+    rss = _rss()
+    params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
+    llm.chat(CHAT, SamplingParams(temperature=0, max_tokens=4))  # warm-up
+    single = 0.0
+    for _ in range(2):
+        t = time.perf_counter()
+        out = llm.chat(CHAT, params)[0].outputs[0]
+        single = max(single, len(out.token_ids) / (time.perf_counter() - t))
+    chats = [
+        [{"role": "user", "content": f"Write a story about topic number {i}."}] for i in range(concurrent)
+    ]
+    t = time.perf_counter()
+    outs = llm.chat(chats, params)
+    batch = sum(len(o.outputs[0].token_ids) for o in outs) / (time.perf_counter() - t)
+    return {"load_s": load_s, "rss": rss, "single": single, "batch": batch}
+
+
+def run_llama_cpp(tokens: int, threads: int) -> dict:
+    from llama_cpp import Llama
+
+    from wslm.demo import demo_model_path
+
+    start = time.perf_counter()
+    llm = Llama(model_path=str(demo_model_path()), n_threads=threads, n_ctx=1024, verbose=False)
+    load_s = time.perf_counter() - start
+    rss = _rss()
+    best = 0.0
+    for _ in range(2):
+        t = time.perf_counter()
+        out = llm.create_chat_completion(CHAT, max_tokens=tokens, temperature=0.0)
+        n = out["usage"]["completion_tokens"]
+        best = max(best, n / (time.perf_counter() - t))
+    return {"load_s": load_s, "rss": rss, "single": best, "batch": None}
+
+
+def run_hf(tokens: int, concurrent: int) -> dict:
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from wslm.demo import demo_model_path
+
+    path = demo_model_path()
+    start = time.perf_counter()
+    tok = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    model = AutoModelForCausalLM.from_pretrained(
+        str(path.parent), gguf_file=path.name, dtype=torch.float32
+    ).eval()
+    load_s = time.perf_counter() - start
+    rss = _rss()
+    gen = dict(
+        max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False, pad_token_id=tok.pad_token_id or 0
+    )
+    with torch.no_grad():
+        enc = tok.apply_chat_template(CHAT, add_generation_prompt=True, return_tensors="pt", return_dict=True)
+        t = time.perf_counter()
+        model.generate(**enc, **gen)
+        single = tokens / (time.perf_counter() - t)
+        tok.padding_side = "left"
+        texts = [f"Write a story about topic number {i}." for i in range(concurrent)]
+        prompts = [tok.apply_chat_template([{"role": "user", "content": c}], tokenize=False, add_generation_prompt=True)
+                   for c in texts]  # fmt: skip
+        enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
+        t = time.perf_counter()
+        model.generate(**enc, **gen)
+        batch = concurrent * tokens / (time.perf_counter() - t)
+    return {"load_s": load_s, "rss": rss, "single": single, "batch": batch}
+
+
+def child(args) -> int:
+    if args.child != "llama.cpp":  # llama.cpp's venv has no torch
+        import torch
+
+        torch.set_num_threads(args.threads)
+    if args.child == "llama.cpp":
+        result = run_llama_cpp(args.tokens, args.threads)
+    elif args.child == "hf":
+        result = run_hf(args.tokens, args.concurrent)
+    else:
+        result = run_wslm(args.child, args.tokens, args.concurrent)
+    print("RESULT " + json.dumps(result), flush=True)
+    return 0
+
+
+def spawn(name: str, args, python: str = sys.executable) -> dict | None:
+    cmd = [python, __file__, "--child", name, "--tokens", str(args.tokens), "--concurrent", str(args.concurrent),
+           "--threads", str(args.threads)]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    print(f"{name} failed:\n{proc.stderr[-2000:]}", file=sys.stderr)
+    return None
+
+
+def main() -> int:
+    p = argparse.ArgumentParser()
+    p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--concurrent", type=int, default=32)
+    p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--llama-python", default="/work/llama-venv/bin/python")
+    p.add_argument("--only", nargs="*", default=None, help="subset of configurations")
+    p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        return child(args)
+    names = args.only or [*CONFIGS, "llama.cpp", "hf"]
+    results = {}
+    for name in names:
+        if name == "llama.cpp":
+            if not Path(args.llama_python).exists():
+                print("llama.cpp skipped: no", args.llama_python, file=sys.stderr)
+                continue
+            results[name] = spawn(name, args, args.llama_python)
+        else:
+            results[name] = spawn(name, args)
+        print(name, results[name], flush=True)
+    size = __import__("wslm.demo", fromlist=["demo_model_path"]).demo_model_path().stat().st_size
+    ref = (results.get("llama.cpp") or {}).get("single")
+    hf_batch = (results.get("hf") or {}).get("batch")
+    rows = ["| weights | single stream tok/s | vs llama.cpp | " f"{args.concurrent} concurrent tok/s | vs HF batch | "
+            "RSS after load (MiB) | load s |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for name, r in results.items():
+        if not r:
+            rows.append(f"| {name} | failed | | | | | |")
+            continue
+        vs = f"{r['single'] / ref:.2f}x" if ref else "-"
+        b = f"{r['batch']:.1f}" if r["batch"] else "-"
+        vb = f"{r['batch'] / hf_batch:.2f}x" if r["batch"] and hf_batch else "-"
+        rows.append(
+            f"| {name} | {r['single']:.1f} | {vs} | {b} | {vb} | {r['rss'] / 2**20:.0f} | {r['load_s']:.1f} |"
+        )
+    body = (
+        f"Demo GGUF ({size / 2**20:.0f} MiB, Q4_1 + Q8_0 embeddings), {args.tokens} greedy tokens, "
+        f"{args.threads} threads, each configuration in its own process. The machine was shared with other "
+        "jobs while this ran: compare rows of this run, not absolute numbers.\n\n" + "\n".join(rows)
+    )
+    print(body)
+    print("written to", machine.append_section("weight formats on the demo GGUF (bench/quant.py)", body))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

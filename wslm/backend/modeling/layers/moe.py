@@ -1,0 +1,78 @@
+"""Mixture-of-experts MLP (Qwen3-MoE, Qwen2-MoE): a router picks the top-k experts of each token, the
+experts run grouped through wslm.kernels.fused_moe (PyTorch: tokens sorted by expert, one matmul per
+active expert; CUDA: the Triton grouped GEMM).
+
+Routing follows HF: softmax over the router logits in float32, top-k, renormalised when the config's
+norm_topk_prob says so, then cast to the model dtype. Experts are stored stacked, w13 [E, 2 * I, H]
+(gate rows then up rows, HF's gate_up_proj) and w2 [E, H, I], filled as the checkpoint's per-expert
+tensors arrive. Under tensor parallelism every rank keeps all experts and computes the whole MoE output
+(no all-reduce needed); quantized checkpoints keep their experts dense."""
+
+from __future__ import annotations
+
+from functools import partial
+
+import torch
+
+from wslm import kernels
+from wslm.backend.modeling.layers.activation import get_act_and_mul
+from wslm.backend.modeling.layers.linear import ReplicatedLinear
+
+
+class FusedMoE:
+    def __init__(
+        self,
+        num_experts: int,
+        top_k: int,
+        hidden_size: int,
+        intermediate_size: int,
+        *,
+        norm_topk_prob: bool,
+        hidden_act: str = "silu",
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+        backend: str | None = None,
+    ) -> None:
+        self.num_experts = num_experts
+        self.top_k = top_k
+        self.intermediate_size = intermediate_size
+        self.norm_topk_prob = norm_topk_prob
+        self.backend = backend
+        self.act_and_mul = get_act_and_mul(hidden_act)
+        self.gate = ReplicatedLinear(hidden_size, [num_experts], dtype=dtype, device=device)  # the router
+        self.w13 = torch.empty(num_experts, 2 * intermediate_size, hidden_size, dtype=dtype, device=device)
+        self.w2 = torch.empty(num_experts, hidden_size, intermediate_size, dtype=dtype, device=device)
+        self._loaded: set[tuple[int, str]] = set()
+
+    def loaders(self, prefix: str, fused: bool = False) -> dict:
+        out = {f"{prefix}.gate.weight": partial(self.gate.load, "weight")}
+        for e in range(self.num_experts):
+            for name in ("gate_proj", "up_proj", "down_proj"):
+                out[f"{prefix}.experts.{e}.{name}.weight"] = partial(self._load_expert, e, name)
+        return out
+
+    def _load_expert(self, expert: int, name: str, tensor) -> None:
+        if not isinstance(tensor, torch.Tensor):  # a quantized GGUF tensor: experts are kept dense
+            tensor = tensor.dequantize(torch.float32)
+        inter = self.intermediate_size
+        dst = {
+            "gate_proj": self.w13[expert, :inter],
+            "up_proj": self.w13[expert, inter:],
+            "down_proj": self.w2[expert],
+        }[name]
+        if tuple(tensor.shape) != tuple(dst.shape):
+            raise ValueError(f"expert {expert} {name}: checkpoint shape {tuple(tensor.shape)}, expected {tuple(dst.shape)}")
+        dst.copy_(tensor)
+        self._loaded.add((expert, name))
+
+    def route(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(topk_weights [T, k] in x's dtype, topk_ids [T, k])."""
+        probs = torch.softmax(self.gate(x), dim=-1, dtype=torch.float32)
+        weights, ids = torch.topk(probs, self.top_k, dim=-1)
+        if self.norm_topk_prob:
+            weights = weights / weights.sum(dim=-1, keepdim=True)
+        return weights.to(x.dtype), ids
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        weights, ids = self.route(x)
+        return kernels.fused_moe(x, self.w13, self.w2, weights, ids, self.act_and_mul, backend=self.backend)

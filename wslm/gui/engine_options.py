@@ -1,0 +1,65 @@
+"""The engine options the Server panel offers as fields (vLLM's flag names): which values fit the chosen
+model and the target, checked before a start so a wrong choice is a message, not a crashed server."""
+
+from __future__ import annotations
+
+from wslm.backend.distributed.sizes import tensor_parallel_sizes
+
+# (label, --quantization value; "" = not passed: the checkpoint's own format)
+QUANTIZATIONS = [
+    ("auto (the model's own)", ""),
+    ("int8 (quantize while loading)", "int8"),
+    ("int4 (quantize while loading)", "int4"),
+    ("AWQ", "awq"),
+    ("GPTQ", "gptq"),
+    ("GGUF", "gguf"),
+]
+KV_CACHE_DTYPES = [("auto (the model's dtype)", "auto"), ("fp8 (GPU: half the KV memory)", "fp8")]
+
+
+def model_format(model: dict | None) -> tuple[str, str]:
+    """(format, pre-quantization) of an installed model: ("gguf", "Q4_K_M"), ("hf", "awq"), ("hf", "")."""
+    if not model:
+        return "", ""
+    fmt = str(model.get("format") or "")
+    quant = str(model.get("quantization") or "").lower()
+    return fmt, quant
+
+
+def check_quantization(choice: str, model: dict | None) -> str:
+    """"" when `choice` fits the model, else what to change."""
+    if not choice or model is None:
+        return ""
+    fmt, quant = model_format(model)
+    if fmt == "gguf":
+        return "" if choice == "gguf" else (
+            "This model is a GGUF file: it runs in its own quantization. Set Quantization to auto.")
+    prequantized = next((q for q in ("awq", "gptq") if q in quant), "")
+    if prequantized:
+        return "" if choice == prequantized else (
+            f"This checkpoint is already {prequantized.upper()}-quantized: set Quantization to auto.")
+    if choice in ("awq", "gptq", "gguf"):
+        return f"This model is not a {choice.upper()} checkpoint: pick auto, int8 or int4."
+    return ""
+
+
+def check_kv_cache_dtype(choice: str, has_gpu: bool | None) -> str:
+    if choice != "auto" and has_gpu is False:
+        return "An fp8 KV cache needs an NVIDIA GPU and this target has none: set KV cache dtype to auto."
+    return ""
+
+
+def fitting_tp_sizes(gpu_count: int, model: dict | None) -> list[int]:
+    m = model or {}
+    return tensor_parallel_sizes(gpu_count, m.get("num_attention_heads"), m.get("num_kv_heads"),
+                                 m.get("intermediate_size"))
+
+
+def check_tensor_parallel(size: int, gpu_count: int, model: dict | None) -> str:
+    if size <= 1:
+        return ""
+    sizes = fitting_tp_sizes(gpu_count, model)
+    if size not in sizes:
+        return (f"Tensor parallel size {size} does not fit: this target has {gpu_count} GPU(s) and the model "
+                f"splits evenly over {', '.join(map(str, sizes))}.")
+    return ""
