@@ -203,6 +203,7 @@ def test_gemma3_multimodal_checkpoint_runs_its_text_tower(tok, tmp_path):
 
 def test_models_list_marks_the_families_supported_and_names_them_for_others(tok, tmp_path):
     import json
+    import shutil
 
     from safetensors.torch import save_file
 
@@ -211,6 +212,7 @@ def test_models_list_marks_the_families_supported_and_names_them_for_others(tok,
     archs = ["Qwen3ForCausalLM", "Phi3ForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM",
              "Gemma3ForConditionalGeneration", "MistralForCausalLM", "GPTNeoXForCausalLM"]  # fmt: skip
     root = tmp_path / "models"
+    tok.save_pretrained(tmp_path / "tok")
     for arch in archs:
         folder = root / arch
         folder.mkdir(parents=True)
@@ -222,7 +224,8 @@ def test_models_list_marks_the_families_supported_and_names_them_for_others(tok,
         }
         (folder / "config.json").write_text(json.dumps(config))
         save_file({"w": torch.zeros(2)}, str(folder / "model.safetensors"))
-        tok.save_pretrained(folder)
+        for f in (tmp_path / "tok").iterdir():
+            shutil.copy(f, folder / f.name)
     listed = {m.id: m for m in list_models(cache_dir=tmp_path / "empty-cache", models_root=root)}
     for arch in archs[:-1]:
         assert listed[arch].supported, listed[arch].unsupported_reason
