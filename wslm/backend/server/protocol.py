@@ -208,8 +208,9 @@ class ChatCompletionRequest(_SamplingFields):
         if self.top_logprobs is not None:
             if not self.logprobs:
                 raise bad_request("when using `top_logprobs`, `logprobs` must be set to true.", param="top_logprobs")
-            if self.top_logprobs < 0:  # the upper bound is the server's --max-logprobs (ServerState.check_logprobs)
-                raise bad_request(f"top_logprobs must not be negative, got {self.top_logprobs}.", param="top_logprobs")
+            if self.top_logprobs < -1:  # the upper bound is the server's --max-logprobs; -1: the whole vocabulary
+                raise bad_request(f"top_logprobs must be -1 (all) or more, got {self.top_logprobs}.",
+                                  param="top_logprobs")
         return (self.top_logprobs or 0) if self.logprobs else None
 
 
