@@ -112,6 +112,11 @@ def test_bert_matches_sentence_transformers(bert):
         client.embeddings.create(model="bert", input="the cat", dimensions=16)
     with pytest.raises(openai.BadRequestError, match="maximum context length"):
         client.embeddings.create(model="bert", input="cat " * 200)
+    # vLLM's truncate_prompt_tokens: long inputs cut to fit instead (-1: the model's whole context).
+    cut = client.embeddings.create(model="bert", input="cat " * 200, extra_body={"truncate_prompt_tokens": -1})
+    assert cut.usage.prompt_tokens == srv.ready["max_model_len"] == 130  # max_position_embeddings
+    short = client.embeddings.create(model="bert", input=TEXTS[0], extra_body={"truncate_prompt_tokens": 4})
+    assert short.usage.prompt_tokens == 4
     with pytest.raises(openai.BadRequestError):
         client.chat.completions.create(model="bert", messages=[{"role": "user", "content": "hi"}])
 

@@ -121,6 +121,8 @@ def test_logit_bias_allowed_tokens_bad_words_truncation(demo_llm):
     assert "Paris" not in out.text
     with pytest.raises(ValueError, match=r"logit_bias values must be in \[-100, 100\]"):
         SamplingParams(logit_bias={1: 101})
+    with pytest.raises(ValueError, match="max-logprobs"):  # -1 (whole vocabulary) needs --max-logprobs -1
+        demo_llm.generate(prompt, SamplingParams(logprobs=-1))
     with pytest.raises(ValueError, match="out of range"):
         demo_llm.generate(prompt, SamplingParams(logit_bias={10**7: 1}))
     out = demo_llm.generate(prompt, SamplingParams(max_tokens=2, truncate_prompt_tokens=3, **GREEDY))[0]

@@ -29,7 +29,7 @@ ASK = [{"role": "user", "content": "Describe a person as JSON with a name, an ag
 
 @pytest.fixture(scope="module")
 def server():
-    srv = ServerProcess("--port", "0", *SMALL, "--dtype", "float32", "--max-num-seqs", "32")
+    srv = ServerProcess("--port", "0", *SMALL, "--dtype", "float32", "--max-num-seqs", "32", "--max-logprobs", "-1")
     yield srv
     assert srv.stop() == 0, srv.stderr()[-3000:]
 
@@ -199,6 +199,14 @@ def test_echo_logprobs_prompt_logprobs_token_ids(server, client):
     assert r.usage.prompt_tokens == 3
 
 
+def test_top_logprobs_whole_vocabulary(client):
+    # --max-logprobs -1 lets a request ask for every token's logprob (vLLM's top_logprobs=-1).
+    r = client.chat.completions.create(model="demo", messages=ASK, max_tokens=1, temperature=0, logprobs=True,
+                                       top_logprobs=-1)
+    top = r.choices[0].logprobs.content[0].top_logprobs
+    assert len(top) == 49152 and top[0].logprob >= top[-1].logprob
+
+
 WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object",
     "properties": {"city": {"type": "string", "maxLength": 12}, "unit": {"type": "string", "enum": ["C", "F"]}},
@@ -212,7 +220,8 @@ def test_tool_choice_required_valid_arguments_over_20_seeds(server):
         aclient = openai.AsyncOpenAI(base_url=server.base_url, api_key="unused", max_retries=0, timeout=180)
         ask = [{"role": "user", "content": "What is the weather in Paris?"}]
         calls = [aclient.chat.completions.create(model="demo", messages=ask, tools=[WEATHER_TOOL], seed=seed,
-                                                 tool_choice="required", temperature=1.0, max_tokens=60)
+                                                 tool_choice="required", parallel_tool_calls=False,
+                                                 temperature=1.0, max_tokens=60)
                  for seed in range(20)]
         try:
             return await asyncio.gather(*calls)

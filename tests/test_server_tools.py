@@ -116,9 +116,11 @@ def _assemble(stream) -> tuple[str, str, dict[int, dict], str | None]:
     return content, reasoning, calls, finish
 
 
-def test_server_picked_parsers_from_template(server):
+def test_server_picked_parsers_from_template(server, client):
     log = server.stderr()
     assert "parser hermes picked from the chat template" in log and "parser qwen3 picked" in log
+    card = client.models.list().data[0]
+    assert {"chat", "messages", "tool_calls", "reasoning"} <= set(card.capabilities)
 
 
 def _check_format(client, fmt: str) -> None:
@@ -302,6 +304,8 @@ def test_messages_text_tools_and_stream(server):
     assert [b.type for b in msg.content] == ["text", "tool_use"] and msg.content[0].text == "Once more."
     assert msg.content[1].name == "get_weather" and msg.content[1].input == {"city": "Paris", "days": 2}
     assert msg.content[1].id.startswith("toolu_")
+    counted = client.messages.count_tokens(model="x", system="Be brief.", messages=history, tools=tools)
+    assert counted.input_tokens == msg.usage.input_tokens
     with client.messages.stream(model="x", max_tokens=250, system="Be brief.", messages=history, tools=tools,
                                 extra_body={**_script(script), "temperature": 0}) as stream:
         events = [e.type for e in stream]

@@ -112,3 +112,21 @@ def test_parsers_picked_from_templates():
     assert pick_reasoning_parser("<|im_start|>") is None
     assert prompt_opens_think("<|im_start|>assistant\n<think>\n")
     assert not prompt_opens_think("<think>\n\n</think>\n\n")
+
+
+def test_plan_tool_choice_none_and_exclude_flag():
+    from types import SimpleNamespace
+
+    from wslm.backend.server.protocol import ChatCompletionRequest
+    from wslm.backend.server.serving_tools import plan_chat
+
+    tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
+    req = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "hi"}], "tools": [tool],
+                                                "tool_choice": "none"})
+    req.sampling_params(5, None)
+    state = SimpleNamespace(enable_auto_tool_choice=False, tool_call_parser=None, reasoning_parser=None,
+                            exclude_tools_when_tool_choice_none=False)
+    plan = plan_chat(state, req)
+    assert plan.template_tools == [tool] and plan.tool_parser is None and plan.grammar is None
+    state.exclude_tools_when_tool_choice_none = True
+    assert plan_chat(state, req).template_tools is None

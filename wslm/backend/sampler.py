@@ -137,7 +137,8 @@ class Sampler:
         if raw is None:
             return [None] * len(tokens)
         result = []
-        top_n = max((p.logprobs or 0) for p in params)
+        # -1: the whole vocabulary (allowed only when the server's --max-logprobs is -1).
+        top_n = max((self.vocab_size if p.logprobs == -1 else p.logprobs or 0) for p in params)
         top_vals, top_ids = raw.topk(max(top_n, 1), dim=-1) if top_n else (None, None)
         chosen = raw.gather(1, torch.tensor(tokens, device=raw.device).unsqueeze(1)).squeeze(1)
         ranks = (raw > chosen.unsqueeze(1)).sum(dim=-1) + 1
@@ -146,7 +147,7 @@ class Sampler:
             if not want[i]:
                 result.append(None)
                 continue
-            n = p.logprobs or 0
+            n = self.vocab_size if p.logprobs == -1 else p.logprobs or 0
             ids = top_ids[i, :n].tolist() if n else []
             vals = top_vals[i, :n].tolist() if n else []
             result.append((chosen_l[i], ranks_l[i], ids, vals))

@@ -80,8 +80,9 @@ class SamplingParams:
             raise bad("min_tokens", "a non-negative integer")
         if self.max_tokens is not None and self.min_tokens > self.max_tokens:
             raise ValueError(f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens}).")
-        if self.logprobs is not None and (not isinstance(self.logprobs, int) or self.logprobs < 0):
-            raise bad("logprobs", "a non-negative integer (at most the engine's max_logprobs, 20 by default)")
+        if self.logprobs is not None and (not isinstance(self.logprobs, int) or self.logprobs < -1):
+            raise bad("logprobs", "a non-negative integer (at most the engine's max_logprobs, 20 by default) "
+                      "or -1 (the whole vocabulary, when max_logprobs is -1)")
         if self.seed is not None and not isinstance(self.seed, int):
             raise bad("seed", "an integer")
         if any(not isinstance(t, int) or t < 0 for t in self.stop_token_ids):

@@ -115,6 +115,8 @@ def _add_vllm_flags(p: argparse.ArgumentParser) -> None:
                         "template shows a tool format wslm recognises")
     g.add_argument("--tool-call-parser", default=None, choices=["hermes", "llama3_json", "mistral", "pythonic"],
                    help="how the model writes tool calls (default: picked from the chat template)")
+    g.add_argument("--exclude-tools-when-tool-choice-none", action="store_true",
+                   help='with tool_choice "none", do not show the tools to the chat template')
     g.add_argument("--reasoning-parser", default=None, choices=["deepseek_r1", "qwen3"],
                    help="split <think>...</think> into reasoning_content (default: picked from the chat template)")
     g.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1,

@@ -87,7 +87,9 @@ def check_sampling(params: SamplingParams, limits: RequestLimits) -> None:
         raise RequestError(f"seed must be a 64-bit integer, got {params.seed}.", param="seed")
     if params.top_k > 2**31 or (params.max_tokens or 0) > 2**31 or params.min_tokens > 2**31:
         raise RequestError("top_k, max_tokens and min_tokens must be below 2**31.", param="top_k")
-    if params.logprobs is not None and 0 <= limits.max_logprobs < params.logprobs:
+    if params.logprobs is not None and 0 <= limits.max_logprobs and (
+        params.logprobs == -1 or limits.max_logprobs < params.logprobs
+    ):
         raise RequestError(
             f"{params.logprobs} top logprobs were asked for; this server allows at most {limits.max_logprobs} "
             "(its --max-logprobs flag).",

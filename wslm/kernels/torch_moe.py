@@ -21,22 +21,24 @@ def fused_moe(
 ) -> torch.Tensor:
     """See wslm.kernels.fused_moe."""
     num_tokens, top_k = topk_ids.shape
-    out = torch.zeros_like(hidden)
     if num_tokens == 0:
-        return out
+        return torch.zeros_like(hidden)
     flat = topk_ids.reshape(-1)
     order = torch.argsort(flat, stable=True)  # (token, slot) pairs grouped by expert
     counts = torch.bincount(flat, minlength=w13.shape[0]).tolist()
     tokens = order // top_k
     weights = topk_weights.reshape(-1)[order].to(hidden.dtype)
+    # Each pair's output lands in its own row, then a token's top_k rows are summed: index_add_ on CPU
+    # (scatter_add) costs ~100x a matmul of this size.
+    per_slot = torch.empty(num_tokens * top_k, hidden.shape[1], dtype=hidden.dtype, device=hidden.device)
     start = 0
     for expert, count in enumerate(counts):
         if count == 0:
             continue
-        rows = tokens[start : start + count]
-        x = hidden.index_select(0, rows)
+        end = start + count
+        x = hidden.index_select(0, tokens[start:end])
         y = act_and_mul(x @ w13[expert].t()) @ w2[expert].t()
-        # Rounded to the model dtype before the weighted sum, as HF's experts loop does.
-        out.index_add_(0, rows, y * weights[start : start + count, None])
-        start += count
-    return out
+        # Rounded to the model dtype before the routing weight, as HF's experts loop does.
+        per_slot[order[start:end]] = y * weights[start:end, None]
+        start = end
+    return per_slot.view(num_tokens, top_k, -1).sum(dim=1)

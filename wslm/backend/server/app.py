@@ -70,6 +70,7 @@ def build_app(state: ServerState, root_path: str = "", docs: bool = True) -> Fas
     app.add_api_route("/v1/chat/completions", route(serving_chat.create_chat_completion), methods=["POST"])
     app.add_api_route("/v1/completions", route(serving_completion.create_completion), methods=["POST"])
     app.add_api_route("/v1/messages", route(serving_messages.create_message), methods=["POST"])
+    app.add_api_route("/v1/messages/count_tokens", route(serving_messages.count_tokens), methods=["POST"])
     app.add_api_route("/tokenize", route(serving_tokens.tokenize), methods=["POST"])
     app.add_api_route("/detokenize", route(serving_tokens.detokenize), methods=["POST"])
     app.add_api_route("/v1/models", route(_list_models), methods=["GET"])
@@ -168,8 +169,18 @@ def _model_card(state: ServerState, name: str) -> dict:
         # What the model can do (the GUI and clients pick endpoints by it): vLLM's task name, and the API
         # capabilities it gives.
         "task": state.task,
-        "capabilities": _CAPABILITIES.get(state.task, ["completion", "chat"]),
+        "capabilities": _CAPABILITIES.get(state.task) or _generate_capabilities(state),
     }
+
+
+def _generate_capabilities(state: ServerState) -> list[str]:
+    """A generating model's APIs, plus tool calls with tool_choice "auto" and reasoning when a parser is on."""
+    caps = ["completion", "chat", "messages"]
+    if state.enable_auto_tool_choice and state.tool_call_parser:
+        caps.append("tool_calls")
+    if state.reasoning_parser:
+        caps.append("reasoning")
+    return caps
 
 
 _STARTED = int(time.time())

@@ -138,9 +138,15 @@ class AsyncEngine:
         reads the tokenizer and the template, never the engine's scheduling state."""
         return list(await asyncio.to_thread(self.engine.apply_chat_template, messages, **kwargs))
 
-    async def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """Tokenize a prompt off the event loop (a long prompt takes a while)."""
-        return list(await asyncio.to_thread(self.engine.tokenizer.encode, text, add_special_tokens=add_special_tokens))
+    async def encode(self, text: str, add_special_tokens: bool = True, max_length: int | None = None) -> list[int]:
+        """Tokenize a prompt off the event loop (a long prompt takes a while); max_length: cut to that many
+        tokens the tokenizer's way (its truncation side, special tokens kept)."""
+        tokenizer = self.engine.tokenizer
+        if max_length is None:
+            return list(await asyncio.to_thread(tokenizer.encode, text, add_special_tokens=add_special_tokens))
+        enc = await asyncio.to_thread(tokenizer, text, add_special_tokens=add_special_tokens, truncation=True,
+                                      max_length=max_length)
+        return list(enc["input_ids"])
 
     async def compile_structured(self, spec: Any) -> None:
         """Compile a structured-output grammar in a worker thread (tens of ms for a large schema) so that

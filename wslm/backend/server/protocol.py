@@ -208,8 +208,9 @@ class ChatCompletionRequest(_SamplingFields):
         if self.top_logprobs is not None:
             if not self.logprobs:
                 raise bad_request("when using `top_logprobs`, `logprobs` must be set to true.", param="top_logprobs")
-            if self.top_logprobs < 0:  # the upper bound is the server's --max-logprobs (ServerState.check_logprobs)
-                raise bad_request(f"top_logprobs must not be negative, got {self.top_logprobs}.", param="top_logprobs")
+            if self.top_logprobs < -1:  # the upper bound is the server's --max-logprobs; -1: the whole vocabulary
+                raise bad_request(f"top_logprobs must be -1 (all) or more, got {self.top_logprobs}.",
+                                  param="top_logprobs")
         return (self.top_logprobs or 0) if self.logprobs else None
 
 
@@ -306,6 +307,7 @@ class EmbeddingRequest(_Request):
     dimensions: int | None = None
     user: str | None = None
     normalize: bool | None = None
+    truncate_prompt_tokens: int | None = None  # vLLM's: keep this many tokens of each input (-1: the context)
 
     def inputs(self) -> list[str | list[int]]:
         """The input field as a list of inputs, each a string or token ids (LangChain sends ids)."""

@@ -56,6 +56,7 @@ class ServerState:
     enable_auto_tool_choice: bool = False
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
+    exclude_tools_when_tool_choice_none: bool = False
     task: str = "generate"  # what the model serves: "generate" (chat, completions) or "embed" (embeddings)
 
     @property
@@ -193,8 +194,8 @@ def chat_logprobs(tokenizer: Any, token_ids: list[int], logprobs: list[dict[int,
         sampled = entries.get(token_id)
         text = token_text(tokenizer, token_id, sampled, as_ids)
         top = []
-        if top_n:
-            for tid, e in sorted(entries.items(), key=lambda kv: kv[1].rank)[:top_n]:
+        if top_n:  # -1: every entry (the whole vocabulary was asked for)
+            for tid, e in sorted(entries.items(), key=lambda kv: kv[1].rank)[: top_n if top_n > 0 else None]:
                 t = token_text(tokenizer, tid, e, as_ids)
                 top.append({"token": t, "logprob": _lp(e.logprob), "bytes": list(t.encode("utf-8"))})
         content.append({
@@ -219,7 +220,7 @@ def completion_logprobs(tokenizer: Any, token_ids: list[int], logprobs: list[dic
         offset += len(text)
         top = {}
         for tid, e in sorted(entries.items(), key=lambda kv: kv[1].rank):
-            if e.rank <= top_n or tid == token_id:
+            if top_n < 0 or e.rank <= top_n or tid == token_id:
                 top[token_text(tokenizer, tid, e, as_ids)] = _lp(e.logprob)
         out["top_logprobs"].append(top)
     return out

@@ -46,8 +46,8 @@ async def create_completion(state: ServerState, request: Request) -> Response:
     req.check_stream_options()
     state.check_not_draining()
     check_max_tokens(req.max_tokens, "max_tokens")
-    if req.logprobs is not None and req.logprobs < 0:
-        raise bad_request(f"logprobs must not be negative, got {req.logprobs}.", param="logprobs")
+    if req.logprobs is not None and req.logprobs < -1:
+        raise bad_request(f"logprobs must be -1 (all) or more, got {req.logprobs}.", param="logprobs")
     params = req.sampling_params(req.max_tokens, req.logprobs)
     if req.echo and req.logprobs is not None:  # the echoed prompt's tokens carry logprobs too
         params.prompt_logprobs = max(params.prompt_logprobs or 0, req.logprobs)

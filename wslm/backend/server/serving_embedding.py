@@ -32,13 +32,19 @@ async def create_embedding(state: ServerState, request: Request) -> Response:
                           "with an embedding model (auto-detected, or --task embed).", param="model",
                           code="model_not_supported")
     inputs = req.inputs()
+    keep = req.truncate_prompt_tokens
+    if keep is not None and (keep == 0 or keep < -1):
+        raise bad_request(f"truncate_prompt_tokens must be -1 (the model's context) or at least 1, got {keep}.",
+                          param="truncate_prompt_tokens")
+    if keep == -1 or (keep is not None and keep > state.max_model_len):
+        keep = state.max_model_len
     prompts: list[Any] = []
     for item in inputs:
         if isinstance(item, str):  # tokenized off the event loop, with the model's special tokens
-            prompts.append(await state.engine.encode(item))
+            prompts.append(await state.engine.encode(item, max_length=keep))
         else:
             state.check_token_ids(item, "input")
-            prompts.append(list(item))
+            prompts.append(list(item)[-keep:] if keep else list(item))  # ids: the last `keep`, as vLLM
     params = PoolingParams(dimensions=req.dimensions, normalize=req.normalize)
     response_id = f"embd-{uuid.uuid4().hex}"
     group = await start_group(state.engine, response_id, prompts, params)

@@ -66,6 +66,10 @@ class MessagesRequest(_Request):
     metadata: dict[str, Any] | None = None
 
 
+class CountTokensRequest(MessagesRequest):
+    max_tokens: int = 1  # count_tokens takes no max_tokens
+
+
 def anthropic_error(exc: APIError) -> JSONResponse:
     kind = _ERROR_TYPES.get(exc.status_code, "api_error")
     return JSONResponse({"type": "error", "error": {"type": kind, "message": exc.message}},
@@ -80,6 +84,17 @@ async def create_message(state: ServerState, request: Request) -> Response:
     except Exception as exc:  # noqa: BLE001 - a 500 with a message; the server keeps serving
         log.exception("POST /v1/messages failed")
         return anthropic_error(internal_error(exc))
+
+
+async def count_tokens(state: ServerState, request: Request) -> Response:
+    """POST /v1/messages/count_tokens: the prompt's token count, rendered exactly as /v1/messages renders it."""
+    try:
+        req: CountTokensRequest = parse_body(await request.body(), CountTokensRequest)
+        state.check_model(req.model)
+        prompt_ids, _, _ = await prepare_chat(state, chat_request(req), None)
+        return JSONResponse({"input_tokens": len(prompt_ids)})
+    except APIError as exc:
+        return anthropic_error(exc)
 
 
 async def _create_message(state: ServerState, request: Request) -> Response:

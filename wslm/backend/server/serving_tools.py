@@ -76,6 +76,8 @@ def plan_chat(state: Any, req: Any) -> ChatPlan:
     if grammar is not None and req.structured_source:
         raise bad_request(f"tool_choice {choice if isinstance(choice, str) else 'naming a function'} already "
                           f"constrains the reply; remove `{req.structured_source}`.", param=req.structured_source)
+    if choice == "none" and getattr(state, "exclude_tools_when_tool_choice_none", False):
+        tools = None  # --exclude-tools-when-tool-choice-none: the template never sees them
     return ChatPlan(tools, grammar, parser, parallel, getattr(state, "reasoning_parser", None))
 
 
