@@ -173,3 +173,62 @@ def test_qwen3_gguf_written_here_loads_to_the_same_tokens(tok, tmp_path, monkeyp
     llm = LLM(str(path), tokenizer=str(tmp_path / "tok"), kv_cache_memory=16 << 20, dtype="float32")
     assert llm.llm_engine.model_config.architecture == "Qwen3ForCausalLM"
     assert _tokens(llm, prompts) == expected
+
+
+def test_gemma3_multimodal_checkpoint_runs_its_text_tower(tok, tmp_path):
+    """Gemma3ForConditionalGeneration (what google/gemma-3-4b-it and up ship): the language model's
+    weights under language_model.*, the vision tower's skipped."""
+    import json
+
+    import transformers as tf
+    from safetensors.torch import load_file, save_file
+
+    folder, hf = make_family_model(tmp_path / "g3", "gemma3", tok)
+    state = load_file(str(folder / "model.safetensors"))
+    renamed = {"language_model." + k: v for k, v in state.items()}  # model.* -> language_model.model.*
+    renamed["vision_tower.vision_model.post_layernorm.weight"] = torch.ones(8)
+    (folder / "model.safetensors").unlink()
+    save_file(renamed, str(folder / "model.safetensors"))
+    text = json.loads((folder / "config.json").read_text())
+    config = tf.Gemma3Config(text_config=text, vision_config={"hidden_size": 8, "num_hidden_layers": 1})
+    config.architectures = ["Gemma3ForConditionalGeneration"]
+    config.save_pretrained(folder)
+
+    prompts = [tok.encode(t) for t in TEXTS]
+    expected = [hf_greedy(hf, tok, p, MAX_TOKENS) for p in prompts]
+    llm = LLM(str(folder), kv_cache_memory=16 << 20, dtype="float32")
+    assert llm.llm_engine.model_config.architecture == "Gemma3ForConditionalGeneration"
+    assert _tokens(llm, prompts) == expected
+
+
+def test_models_list_marks_the_families_supported_and_names_them_for_others(tok, tmp_path):
+    import json
+    import shutil
+
+    from safetensors.torch import save_file
+
+    from wslm.backend.hub.catalog import list_models
+
+    archs = ["Qwen3ForCausalLM", "Phi3ForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM",
+             "Gemma3ForConditionalGeneration", "MistralForCausalLM", "GPTNeoXForCausalLM"]  # fmt: skip
+    root = tmp_path / "models"
+    tok.save_pretrained(tmp_path / "tok")
+    for arch in archs:
+        folder = root / arch
+        folder.mkdir(parents=True)
+        config = {
+            "architectures": [arch],
+            "num_hidden_layers": 2,
+            "hidden_size": 64,
+            "num_attention_heads": 4,
+        }
+        (folder / "config.json").write_text(json.dumps(config))
+        save_file({"w": torch.zeros(2)}, str(folder / "model.safetensors"))
+        for f in (tmp_path / "tok").iterdir():
+            shutil.copy(f, folder / f.name)
+    listed = {m.id: m for m in list_models(cache_dir=tmp_path / "empty-cache", models_root=root)}
+    for arch in archs[:-1]:
+        assert listed[arch].supported, listed[arch].unsupported_reason
+    other = listed["GPTNeoXForCausalLM"]
+    assert not other.supported and "Qwen3ForCausalLM" in other.unsupported_reason
+    assert "Gemma3ForCausalLM" in other.unsupported_reason

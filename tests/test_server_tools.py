@@ -116,9 +116,11 @@ def _assemble(stream) -> tuple[str, str, dict[int, dict], str | None]:
     return content, reasoning, calls, finish
 
 
-def test_server_picked_parsers_from_template(server):
+def test_server_picked_parsers_from_template(server, client):
     log = server.stderr()
     assert "parser hermes picked from the chat template" in log and "parser qwen3 picked" in log
+    card = client.models.list().data[0]
+    assert {"chat", "messages", "tool_calls", "reasoning"} <= set(card.capabilities)
 
 
 def _check_format(client, fmt: str) -> None:

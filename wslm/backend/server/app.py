@@ -169,8 +169,18 @@ def _model_card(state: ServerState, name: str) -> dict:
         # What the model can do (the GUI and clients pick endpoints by it): vLLM's task name, and the API
         # capabilities it gives.
         "task": state.task,
-        "capabilities": _CAPABILITIES.get(state.task, ["completion", "chat"]),
+        "capabilities": _CAPABILITIES.get(state.task) or _generate_capabilities(state),
     }
+
+
+def _generate_capabilities(state: ServerState) -> list[str]:
+    """A generating model's APIs, plus tool calls with tool_choice "auto" and reasoning when a parser is on."""
+    caps = ["completion", "chat", "messages"]
+    if state.enable_auto_tool_choice and state.tool_call_parser:
+        caps.append("tool_calls")
+    if state.reasoning_parser:
+        caps.append("reasoning")
+    return caps
 
 
 _STARTED = int(time.time())
