@@ -108,6 +108,7 @@ def test_grammar_with_n_stream_and_penalties(client):
          "response_format", "Unsupported type"),
         ({"guided_regex": "a(b"}, "guided_regex", "parenthesis"),
         ({"guided_regex": "a{100000}"}, "guided_regex", "limit of 1000"),
+        ({"guided_json": {"type": "object"}, "guided_whitespace_pattern": " *"}, "guided_json", "whitespace_pattern"),
         ({"structured_outputs": {"grammar": "root ::= nothing"}}, "structured_outputs", "not defined"),
         ({"guided_choice": []}, "guided_choice", "non-empty"),
         ({"guided_json": {"type": "object"}, "guided_regex": "a"}, "guided_regex", "Only one"),

@@ -122,6 +122,10 @@ class StructuredOutputCompiler:
         except RecursionError:
             raise GrammarError("The JSON schema is nested too deeply.", param=spec.kind) from None
         _check_repetitions(spec, key)
+        if spec.whitespace_pattern is not None:  # said plainly rather than ignored
+            raise GrammarError("whitespace_pattern (guided_whitespace_pattern) is not supported by xgrammar, wslm's "
+                               "grammar engine; use disable_any_whitespace for compact JSON.",
+                               param="whitespace_pattern")
         with self._lock:
             hit = self._cache.get(key)
             if hit is not None:
