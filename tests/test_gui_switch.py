@@ -53,9 +53,8 @@ def test_switch_model_from_chat(qtbot, tmp_path, monkeypatch):
     monkeypatch.setenv("WSLM_CONFIG_DIR", str(tmp_path / "config"))
     monkeypatch.setenv("WSLM_MODELS_DIR", str(tmp_path / "models"))
     make_tiny_model(tmp_path / "models" / "tiny-llama", "llama", demo_tokenizer())
-    # bf16: the estimate counts 16-bit weights and KV values; any CPU runs it.
     settings = Settings(first_run_done=True, port=free_port(), model="demo", max_model_len=512,
-                        serve_extra_args="--max-num-seqs 4 --dtype bfloat16", max_tokens=6, system_prompt="")
+                        serve_extra_args="--max-num-seqs 4", max_tokens=6, system_prompt="")
     store = ChatStore(tmp_path / "chats.sqlite3")
     window = MainWindow(settings, store, watch=False)
     qtbot.addWidget(window)

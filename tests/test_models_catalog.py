@@ -74,11 +74,13 @@ def test_list_json_contract_and_sources(models_dir, capsys):
 def test_memory_estimate_follows_the_context(models_dir):
     small = find_model("demo", context=1024)
     big = find_model("demo", context=8192)
-    per_token = 2 * 30 * 3 * 64 * 2  # K and V, 30 layers, 3 KV heads of 64, 16 bits
+    from wslm.backend.kv_sizing import available_ram, default_cpu_kv_cache_bytes, runtime_value_bytes
+
+    # K and V, 30 layers, 3 KV heads of 64, in the engine's dtype=auto here (16-bit, or fp32 on most CPUs)
+    per_token = 2 * 30 * 3 * 64 * runtime_value_bytes()
     assert small.kv_bytes_per_token == per_token
     # The KV part is the pool `wslm serve` reserves by default (kv_sizing, the engine's own function): room for
     # DEFAULT_KV_SEQUENCES sequences of the context, within the RAM cap.
-    from wslm.backend.kv_sizing import available_ram, default_cpu_kv_cache_bytes
 
     assert big.kv_cache_bytes == default_cpu_kv_cache_bytes(per_token, 8192, available_ram())
     assert big.memory_estimate_bytes - small.memory_estimate_bytes == big.kv_cache_bytes - small.kv_cache_bytes > 0

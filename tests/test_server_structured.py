@@ -107,6 +107,7 @@ def test_grammar_with_n_stream_and_penalties(client):
         ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "wat"}}}},
          "response_format", "Unsupported type"),
         ({"guided_regex": "a(b"}, "guided_regex", "parenthesis"),
+        ({"guided_regex": "a{100000}"}, "guided_regex", "limit of 1000"),
         ({"structured_outputs": {"grammar": "root ::= nothing"}}, "structured_outputs", "not defined"),
         ({"guided_choice": []}, "guided_choice", "non-empty"),
         ({"guided_json": {"type": "object"}, "guided_regex": "a"}, "guided_regex", "Only one"),

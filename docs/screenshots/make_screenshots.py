@@ -4,7 +4,9 @@ from the loopback hub and LAN sharing on against the fake Windows programs of te
     QT_QPA_PLATFORM=offscreen .venv/bin/python docs/screenshots/make_screenshots.py [OUT_DIR]
 
 Plain `wslm gui --screenshot DIR` renders whatever the user's own app shows; this script only stages
-something worth showing first. Everything lives in a temporary config dir."""
+something worth showing first (docs/screenshots/README.md says which parts are staged). It also writes
+model-switch/*.png: the Chat panel's model picker switching the server from the demo to a tiny random
+Llama (a real stop, start and reply). Everything lives in a temporary config dir."""
 
 from __future__ import annotations
 
@@ -111,8 +113,51 @@ def main(out: Path) -> None:
     w.sidebar.select("chat")
     for path in screenshot(w, out):
         print(path)
+    for path in switch_sequence(w, cfg, out / "model-switch"):
+        print(path)
+    w.confirm_close = lambda: True
     w.close()
     hub.stop()
+
+
+def switch_sequence(w, cfg: Path, out: Path) -> list[Path]:
+    """The model switch from the Chat panel, as a sequence of PNGs: picker, stopping, loading, ready, reply."""
+    from engine_helpers import demo_tokenizer, make_tiny_model
+
+    from wslm.gui.app import process_events_for
+
+    out.mkdir(parents=True, exist_ok=True)
+    make_tiny_model(Path(os.environ["WSLM_MODELS_DIR"]) / "tiny-llama", "llama", demo_tokenizer())
+    w.models.refresh()
+    process_events_for(60, until=lambda: "tiny-llama" in w.models.table.ids())
+    w.sidebar.select("chat")
+    w.chat_panel.new_chat()
+    w.chat_panel.input.setPlainText("Say hi.")
+    w.chat_panel.send()
+    process_events_for(90, until=lambda: not w.session.busy)
+    shots, seen = [], set()
+
+    def shot(name: str) -> None:
+        process_events_for(0.3)
+        w.grab()
+        path = out / f"{len(shots) + 1}-{name}.png"
+        w.grab().save(str(path))
+        shots.append(path)
+
+    shot("serving-demo")
+    w.chat_panel.choose_model("tiny-llama")
+    for state in ("stopping", "loading"):
+        process_events_for(120, until=lambda s=state: w.server.state == s or w.server.state == "ready")
+        if w.server.state == state and state not in seen:
+            seen.add(state)
+            shot(state)
+    process_events_for(180, until=lambda: w.server.state == "ready" and w.server.config.model == "tiny-llama")
+    shot("ready")
+    w.chat_panel.input.setPlainText("Hello again!")
+    w.chat_panel.send()
+    process_events_for(90, until=lambda: not w.session.busy)
+    shot("reply-from-new-model")
+    return shots
 
 
 if __name__ == "__main__":

@@ -25,3 +25,15 @@ def default_cpu_kv_cache_bytes(kv_bytes_per_token: int, context: int, free_ram: 
     want = int(kv_bytes_per_token) * int(context) * DEFAULT_KV_SEQUENCES
     cap = CPU_KV_CAP if free_ram is None else min(CPU_KV_CAP, int(free_ram * RAM_SHARE))
     return max(CPU_KV_MIN, min(want, cap))
+
+
+def runtime_value_bytes() -> int:
+    """Bytes per weight and KV value the engine computes in with dtype=auto here: 16-bit on a GPU and on CPUs
+    that multiply bf16 natively, 32-bit on other CPUs (cpu_tuning.cpu_auto_dtype, the engine's own rule)."""
+    import os
+
+    from wslm.backend.cpu_tuning import cpu_auto_dtype
+
+    if os.path.exists("/dev/nvidia0") or os.path.exists("/dev/dxg"):
+        return 2
+    return 2 if cpu_auto_dtype()[0] == "bfloat16" else 4

@@ -235,6 +235,10 @@ class MainWindow(QMainWindow):
         if self.server.state == READY and self.server.config.model == model_id:
             return
         self.server_panel.set_model(model_id)
+        model = next((m for m in self.models.table.models if m.get("id") == model_id), {})
+        own = int(model.get("context_length") or 0)
+        if own and self.server_panel.context.value() > own:
+            self.server_panel.context.setValue(0)  # longer than this model's context: use the model's own
         self._switching_to = model_id
         self.chat_panel.show_switch(model_id, "stopping" if self.server.running else "starting", "")
         if self.server.running:

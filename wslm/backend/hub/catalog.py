@@ -19,10 +19,9 @@ from pathlib import Path
 from wslm.backend.hub import hf_cache, pull_state
 from wslm.backend.hub.metadata import ModelMetadata, gguf_shards, read_gguf, read_hf_folder, weight_files
 from wslm.backend.hub.quant import gguf_variants, is_model_gguf, pick_variant, quant_label
-from wslm.backend.kv_sizing import available_ram, default_cpu_kv_cache_bytes
+from wslm.backend.kv_sizing import available_ram, default_cpu_kv_cache_bytes, runtime_value_bytes
 
 DEFAULT_ESTIMATE_CONTEXT = 4096
-RUNTIME_BYTES_PER_PARAM = 2  # dense checkpoints: 16 bits on GPUs (GGUF/AWQ/GPTQ: their own sizes)
 FIXED_OVERHEAD_BYTES = 256 * 1024**2  # CUDA context, activations, sampler buffers
 _NATIVE_GGUF_TYPES = {"F32", "F16", "BF16"}
 
@@ -315,14 +314,14 @@ def _estimate_memory(info: ModelInfo, meta: ModelMetadata, context: int | None) 
 
         weights = gguf_runtime_bytes(meta.elements_by_type)
     elif meta.num_params and not (info.format == "hf" and meta.quantization):
-        weights = meta.num_params * RUNTIME_BYTES_PER_PARAM
+        weights = meta.num_params * runtime_value_bytes()  # dtype=auto here: 16-bit, or fp32 on most CPUs
     else:
         weights = info.size_bytes
     # The context the server would use: the one asked for, else the model's own.
     ctx = context or meta.context_length or DEFAULT_ESTIMATE_CONTEXT
     if meta.context_length:
         ctx = min(ctx, int(meta.context_length))
-    per_token = meta.kv_bytes_per_token()
+    per_token = meta.kv_bytes_per_token(runtime_value_bytes())  # the KV cache is kept in the compute dtype
     # The KV pool `wslm serve` reserves on CPU by default (the same function), not just one sequence.
     kv = default_cpu_kv_cache_bytes(per_token, ctx, available_ram()) if per_token else 0
     info.weights_memory_bytes = int(weights)

@@ -27,6 +27,10 @@ _NATIVE_PREFIX = re.compile(r"^\[[\d:]+\] \S+?:\d+: (Check failed: \(.*?\) is fa
 # JSON whitespace allowed between tokens: enough for pretty-printing, but a small model cannot loop on
 # newlines until max_tokens (a known failure of unbounded whitespace in vLLM's JSON mode).
 _MAX_WHITESPACE = 12
+# A counted repetition such as a{100000} makes xgrammar compile for minutes (a request could tie up a thread
+# and a core): counts above this are refused with a 400.
+MAX_REPETITION = 1000
+_REPEAT = re.compile(r"\{(\d+)(?:,(\d*))?\}")
 
 
 class GrammarError(RequestError):
@@ -113,7 +117,11 @@ class StructuredOutputCompiler:
     # ---- the public entry points --------------------------------------------------------------
     def compile(self, spec: StructuredOutputsParams) -> CompiledGrammar:
         """The compiled grammar for spec (cached); GrammarError when it is invalid."""
-        key = spec.cache_key()
+        try:
+            key = spec.cache_key()
+        except RecursionError:
+            raise GrammarError("The JSON schema is nested too deeply.", param=spec.kind) from None
+        _check_repetitions(spec, key)
         with self._lock:
             hit = self._cache.get(key)
             if hit is not None:
@@ -163,6 +171,8 @@ class StructuredOutputCompiler:
             if kind == "grammar":
                 return compiler.compile_grammar(spec.grammar)
             return compiler.compile_structural_tag(spec.structural_tag)
+        except RecursionError:
+            raise GrammarError(f"The {_WHAT[kind]} is nested too deeply.", param=kind) from None
         except Exception as exc:  # noqa: BLE001 - xgrammar raises RuntimeError/ValueError for bad input
             raise GrammarError(f"Invalid {_WHAT[kind]}: {_clean(exc)}", param=kind) from None
 
@@ -175,6 +185,18 @@ _WHAT = {
     "grammar": "EBNF grammar",
     "structural_tag": "structural tag",
 }
+
+
+def _check_repetitions(spec: StructuredOutputsParams, key: tuple) -> None:
+    text = key[1] if isinstance(key[1], str) else ""
+    for m in _REPEAT.finditer(text):
+        count = max(int(m.group(1)), int(m.group(2) or 0))
+        if count > MAX_REPETITION:
+            raise GrammarError(
+                f"Invalid {_WHAT[spec.kind]}: the repetition {m.group(0)} is above wslm's limit of "
+                f"{MAX_REPETITION}; use a smaller count (or + / *).",
+                param=spec.kind,
+            )
 
 
 def _clean(exc: Exception) -> str:
