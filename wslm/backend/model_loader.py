@@ -199,6 +199,12 @@ def load_model_config(
     if arch.endswith("Model") and arch.removesuffix("Model") + "ForCausalLM" in SUPPORTED_ARCHITECTURES:
         arch = arch.removesuffix("Model") + "ForCausalLM"
     model_cls = get_model_class(arch)  # ValueError naming the supported list
+    if source.gguf_file and arch not in GGUF_ARCHITECTURES.values():
+        # The family runs from safetensors, but this GGUF's tensor names/layout are not mapped yet.
+        raise ValueError(
+            f"GGUF files of {arch} are not supported yet (GGUF architectures supported: "
+            f"{', '.join(GGUF_ARCHITECTURES)}). Use the model's Hugging Face (safetensors) repository instead."
+        )
     if source.gguf_file and source.converted() is None:
         from wslm.backend import gguf_cache
 
