@@ -252,7 +252,7 @@ def test_two_gpus_offer_tensor_parallel_sizes(tmp_path):
 
 
 def test_tensor_parallel_sizes_follow_the_model():
-    from wslm.backend.distributed.sizes import tensor_parallel_sizes
+    from wslm.tp_sizes import tensor_parallel_sizes
 
     assert tensor_parallel_sizes(4) == [1, 2, 3, 4]
     assert tensor_parallel_sizes(4, num_heads=32, num_kv_heads=8) == [1, 2, 4]

@@ -243,7 +243,7 @@ def check_gpu(probe: Probe, t: dict, exe: str | None, smi: list[dict] | None, sm
 
 
 def _gpu_data(gpus: list[dict], source: str | None) -> dict:
-    from wslm.backend.distributed.sizes import tensor_parallel_sizes
+    from wslm.tp_sizes import tensor_parallel_sizes
 
     return {"gpus": gpus, "source": source, "gpu_count": len(gpus),
             "tensor_parallel_sizes": tensor_parallel_sizes(len(gpus))}  # fmt: skip

@@ -3,7 +3,7 @@ model and the target, checked before a start so a wrong choice is a message, not
 
 from __future__ import annotations
 
-from wslm.backend.distributed.sizes import tensor_parallel_sizes
+from wslm.tp_sizes import tensor_parallel_sizes
 
 # (label, --quantization value; "" = not passed: the checkpoint's own format)
 QUANTIZATIONS = [

@@ -117,7 +117,7 @@ def divide(total: int, parts: int, what: str) -> int:
 
 def check_divisible(mc, size: int) -> None:
     """Fail before any worker starts when the model cannot be split size ways, naming the sizes that can."""
-    from wslm.backend.distributed.sizes import fits, tensor_parallel_sizes
+    from wslm.tp_sizes import fits, tensor_parallel_sizes
 
     if fits(size, mc.num_heads, mc.num_kv_heads, mc.intermediate_size):
         return

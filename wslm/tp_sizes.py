@@ -1,4 +1,5 @@
-"""Which --tensor-parallel-size values fit: pure arithmetic, no torch, so `wslm doctor` and the GUI can ask."""
+"""Which --tensor-parallel-size values fit: pure arithmetic, no torch, so `wslm doctor` and the GUI (whose
+Windows bundle carries no backend) can ask."""
 
 from __future__ import annotations
 
