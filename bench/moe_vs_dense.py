@@ -80,6 +80,7 @@ def main() -> int:
     ap.add_argument("--requests", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--hf-batch", type=int, default=16)
+    ap.add_argument("--rounds", type=int, default=3, help="alternating rounds; the best of each is kept")
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--no-hf", action="store_true")
     ap.add_argument("--no-write", action="store_true", help="print only, leave docs/benchmarks.md alone")
@@ -89,6 +90,26 @@ def main() -> int:
 
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="wslm-moe-bench-"))
     folders = make_models(out)
+    llms = {name: LLM(str(folder), max_num_seqs=max(args.requests, 1), dtype=args.dtype)
+            for name, folder in folders.items()}  # fmt: skip
+    best: dict[str, dict[str, float]] = {name: {} for name in folders}
+    rounds: list[str] = []
+    for _ in range(args.rounds):
+        # Alternating, best of each: the machine may be shared, and a busy moment should not pick the winner.
+        per_round = []
+        for name, folder in folders.items():
+            llms[name].generate("warm up", SamplingParams(max_tokens=4))
+            got = {"single": run_wslm(llms[name], 1, 128)["tok_s"]}
+            many = run_wslm(llms[name], args.requests, args.max_tokens)
+            got.update(many=many["tok_s"], overhead=many["overhead"])
+            if not args.no_hf:
+                got["hf"] = run_hf(0, args.hf_batch, args.max_tokens, str(folder))["batch_tok_s"]
+            for key, value in got.items():
+                keep = min if key == "overhead" else max
+                best[name][key] = keep(best[name].get(key, value), value)
+            per_round.append(f"{got['single']:.1f}/{got['many']:.1f}")
+            print(name, got, flush=True)
+        rounds.append(" vs ".join(per_round))
     rows = [
         f"| model | params total / active | 1 stream, 128 tokens (tok/s) | {args.requests} concurrent, "
         f"{args.max_tokens} tokens each (tok/s) | step overhead at {args.requests} | HF padded batch of "
@@ -97,22 +118,16 @@ def main() -> int:
     ]
     for name, folder in folders.items():
         total, active = count_params(folder)
-        llm = LLM(str(folder), max_num_seqs=max(args.requests, 1), dtype=args.dtype)
-        dtype = str(llm.llm_engine.model_config.dtype).removeprefix("torch.")
-        llm.generate("warm up", SamplingParams(max_tokens=4))
-        single = run_wslm(llm, 1, 128)
-        many = run_wslm(llm, args.requests, args.max_tokens)
-        del llm
-        hf = "" if args.no_hf else f"{run_hf(0, args.hf_batch, args.max_tokens, str(folder))['batch_tok_s']:.1f}"
-        rows.append(
-            f"| {folder.name} ({dtype}) | {total / 1e6:.1f}M / {active / 1e6:.1f}M | {single['tok_s']:.1f} | "
-            f"{many['tok_s']:.1f} | {many['overhead']:.1%} | {hf} |"
-        )
-        print(rows[-1], flush=True)
+        dtype = str(llms[name].llm_engine.model_config.dtype).removeprefix("torch.")
+        b = best[name]
+        hf = f"{b['hf']:.1f}" if "hf" in b else ""
+        rows.append(f"| {folder.name} ({dtype}) | {total / 1e6:.1f}M / {active / 1e6:.1f}M | {b['single']:.1f} | "
+                    f"{b['many']:.1f} | {b['overhead']:.1%} | {hf} |")  # fmt: skip
     rows.append(
-        "\nRandom weights, ignore_eos chat requests, greedy. Both models have the same active MLP width per token; "
-        "the MoE routes each token to 2 of 8 experts (kernels.fused_moe: tokens grouped by expert, one matmul "
-        "per active expert). HF runs float32, its default."
+        f"\nBest of {args.rounds} alternating rounds (dense vs MoE, 1 stream/{args.requests} concurrent tok/s per "
+        f"round: {'; '.join(rounds)}). Random weights, ignore_eos chat requests, greedy. Both models have the same "
+        "active MLP width per token; the MoE routes each token to 2 of 8 experts (kernels.fused_moe: tokens "
+        "grouped by expert, one matmul per active expert). HF runs float32, its default."
     )
     table = "\n".join(rows)
     print(table)
