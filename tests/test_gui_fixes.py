@@ -25,7 +25,7 @@ from wslm.gui.download_job import FAILED  # noqa: E402
 from wslm.gui.log_model import LogModel  # noqa: E402
 from wslm.gui.main_window import MainWindow  # noqa: E402
 from wslm.gui.models_model import display_name  # noqa: E402
-from wslm.gui.server_controller import CRASHED, STOPPED  # noqa: E402
+from wslm.gui.server_controller import CRASHED, READY, STOPPED  # noqa: E402
 from wslm.gui.settings import Settings  # noqa: E402
 
 fake_server = test_gui_chat.fake_server  # the loopback OpenAI-style streamer, as a fixture here too
@@ -126,6 +126,22 @@ def test_stop_clears_stale_figures_and_status_speed_is_the_replys(window):
     assert status.speed.text() == "— tok/s"
 
 
+def test_ready_warning_is_shown_in_the_server_panel(window):
+    # The launcher's ready event carries `warning` when the server is on the LAN with no key (tests/test_security.py).
+    panel, server = window.server_panel, window.server
+    server.state_changed.emit(READY, "demo")
+    server.ready.emit({"event": "ready", "host": "0.0.0.0", "port": 8123, "model": "demo",
+                       "warning": "This server listens on 0.0.0.0 ... has NO API key ... Pass --api-key KEY"})
+    text = panel.warning_box.text()
+    assert not panel.warning_box.isHidden() and "no API key" in text and "“API key” field" in text
+    assert "--api-key" not in text and "--api-key" in panel.warning_box.toolTip()
+    assert panel.api_key.styleSheet()  # the field to fill is outlined
+    server.state_changed.emit(STOPPED, "Stopped")
+    assert panel.warning_box.isHidden() and not panel.api_key.styleSheet()
+    server.ready.emit({"event": "ready", "host": "127.0.0.1", "port": 8123, "model": "demo"})
+    assert panel.warning_box.isHidden()
+
+
 def test_chat_url_follows_the_servers_port(window):
     chat = window.chat_panel
     chat.use_server.setChecked(True)
@@ -175,6 +191,7 @@ def test_share_on_linux_speaks_the_apps_language(window, qtbot, monkeypatch):
         panel.switch.click()
     text = panel.notes.text()
     assert "Windows" in text and "NotWindowsError" not in text and "fix:" not in text and "PowerShell" not in text
+    assert any("share on failed:" in window.logs.data(window.logs.index(i)) for i in range(window.logs.rowCount()))
     panel.key_edit.setText("sk-wslm-x")
     assert all(b.isEnabled() for b in panel.key_buttons)
 

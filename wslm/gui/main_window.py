@@ -128,6 +128,8 @@ class MainWindow(QMainWindow):
         self.server_panel.settings_changed.connect(self._server_settings_changed)
         self.share_panel.server_change.connect(self._on_share_server)
         self.share.result.connect(lambda r: self._on_share_off() if r.get("action") == "off" else None)
+        # The Logs panel says why a share step failed, not only that the panel showed an error.
+        self.share.failed.connect(lambda action, why: self.logs.add("share", f"share {action} failed: {why}"))
         self._on_server_state(self.server.state, "")
 
     def _menus(self) -> None:
