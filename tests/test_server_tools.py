@@ -487,3 +487,31 @@ def test_messages_tool_choice_forced_and_bad_bodies(server):
                      timeout=30)
     assert bad.status_code == 400 and bad.json()["type"] == "error"
     assert bad.json()["error"]["type"] == "invalid_request_error" and "max_tokens" in bad.json()["error"]["message"]
+
+
+# The id check of Mistral's published templates (tool calls and tool results), trimmed to what matters here.
+MISTRAL_IDS = """{%- for message in messages %}
+{%- if message.tool_calls %}{% for tool_call in message.tool_calls %}
+{%- if not tool_call.id is defined or tool_call.id|length != 9 %}
+{{- raise_exception("Tool call IDs should be alphanumeric strings with length 9!") }}{% endif %}
+{{- "[TOOL_CALLS]" + tool_call.id }}{% endfor %}
+{%- elif message.role == "tool" %}
+{%- if message.tool_call_id is not defined or message.tool_call_id|length != 9 %}
+{{- raise_exception("Tool call IDs should be alphanumeric strings with length 9!") }}{% endif %}
+{{- "[TOOL_RESULTS]" + message.tool_call_id }}
+{%- else %}{{ message.content }}{% endif %}{% endfor %}"""
+
+
+def test_mistral_template_gets_nine_character_tool_call_ids(server):
+    """OpenAI-style ids ("call_...", as wslm and OpenAI hand out) reach a Mistral template as 9 alphanumeric
+    characters, the same for a call and its result, so a tool round-trip does not fail inside the template."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {KEY}"}
+    body = {"model": "x", "messages": _history(), "chat_template": MISTRAL_IDS, "add_generation_prompt": False}
+    r = httpx.post(server.url + "/tokenize", json=body, headers=headers, timeout=30)
+    assert r.status_code == 200, r.text
+    text = httpx.post(server.url + "/detokenize", json={"tokens": r.json()["tokens"]}, headers=headers,
+                      timeout=30).json()["prompt"]
+    call_id = text.split("[TOOL_CALLS]")[1][:9]
+    assert call_id.isalnum() and f"[TOOL_RESULTS]{call_id}" in text
