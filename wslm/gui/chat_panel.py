@@ -39,6 +39,7 @@ from wslm.gui.chat_export import export_conversation
 from wslm.gui.chat_model import IdRole
 from wslm.gui.chat_session import ChatSession
 from wslm.gui.chat_view import ChatView
+from wslm.gui.elided_label import ElidedLabel
 from wslm.gui.model_lister import ModelLister
 from wslm.gui.models_model import display_name
 from wslm.gui.settings import Settings
@@ -160,7 +161,7 @@ class ChatPanel(QWidget):
         lay = QVBoxLayout(box)
         lay.setContentsMargins(8, 10, 8, 10)
         head = QHBoxLayout()
-        self.title = QLabel("New chat", objectName="Title")
+        self.title = ElidedLabel("New chat", objectName="Title")  # a long title gives way to the picker
         self.connection_label = QLabel(objectName="Muted")
         self.settings_button = QPushButton("⚙")
         self.settings_button.setCheckable(True)
@@ -171,7 +172,7 @@ class ChatPanel(QWidget):
         # models an OpenAI-compatible URL serves (free text allowed there).
         self.model_combo = QComboBox()
         self.model_combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
-        self.model_combo.setMinimumContentsLength(16)
+        self.model_combo.setMinimumContentsLength(22)  # "SmolLM2-135M-Instruct.Q4_1…" readable
         self.model_combo.setToolTip("The model this chat talks to")
         self.model_combo.currentTextChanged.connect(self._model_changed)
         self.model_combo.activated.connect(self._model_chosen)
