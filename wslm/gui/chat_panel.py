@@ -188,6 +188,12 @@ class ChatPanel(QWidget):
         self.error_label.setWordWrap(True)
         self.error_label.hide()
         lay.addWidget(self.error_label)
+        # Per-chat model: a chat that talked to another installed model offers to switch back to it.
+        self.model_hint = QLabel(objectName="Muted")
+        self.model_hint.setWordWrap(True)
+        self.model_hint.linkActivated.connect(lambda model_id: self.choose_model(model_id))
+        self.model_hint.hide()
+        lay.insertWidget(1, self.model_hint)
         composer = QFrame(objectName="Card")
         row = QHBoxLayout(composer)
         row.setContentsMargins(8, 8, 8, 8)
@@ -309,6 +315,19 @@ class ChatPanel(QWidget):
         if row >= 0:
             self.list.setCurrentIndex(self.session.conversations.index(row))
         self.error_label.hide()
+        self._show_model_hint()
+
+    def _show_model_hint(self) -> None:
+        conv = self.session.current()
+        served = self.switching_to or (self.server_model if self.server_url else self.serve_choice)
+        chat_model = next((m for m in self.installed if conv and m["id"] == conv.model), None)
+        if not self.settings.chat_use_server or chat_model is None or conv.model == served:
+            self.model_hint.hide()
+            return
+        name = html.escape(display_name(chat_model))
+        self.model_hint.setText(f"This chat was with {name}. <a href='{html.escape(conv.model)}'>Switch to it</a> "
+                                "(the server reloads), or just write: the model above answers.")
+        self.model_hint.show()
 
     def _params_changed(self, *_args) -> None:
         if self._loading_params:
@@ -460,6 +479,7 @@ class ChatPanel(QWidget):
             self.serve_choice = serve_choice
         if self.settings.chat_use_server:
             self._fill_server_models()
+        self._show_model_hint()
 
     def _fill_server_models(self) -> None:
         selected = self.switching_to or (self.server_model if self.server_url else "") or self.serve_choice
@@ -490,6 +510,7 @@ class ChatPanel(QWidget):
                                       f"{step}…")
         self.view.set_empty_hint(f"Loading {name}… the chat can continue once it is ready.")
         self._fill_server_models()
+        self._show_model_hint()
 
     def _apply_connection(self) -> None:
         use_server = self.settings.chat_use_server
@@ -522,6 +543,7 @@ class ChatPanel(QWidget):
             self.session.set_endpoint(url, self.settings.chat_api_key, self.model_combo.currentText().strip())
             self.connection_label.setText(f"<span style='color:#4f9dff;'>●</span> {url}")
             self.view.set_empty_hint(f"Talking to {url}.")
+        self._show_model_hint()
 
     def refresh_models(self) -> None:
         if self.session.base_url:
