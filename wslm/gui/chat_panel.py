@@ -463,6 +463,9 @@ class ChatPanel(QWidget):
         if not self.settings.chat_use_server:
             return
         model_id = str(self.model_combo.itemData(index) or "")
+        conv = self.session.current()
+        if model_id and conv is not None and conv.model != model_id:
+            self.session.store.update_conversation(conv.id, model=model_id)  # this chat's model from now on
         if model_id and model_id != (self.server_model if self.server_url else "") and model_id != self.switching_to:
             self.model_switch_requested.emit(model_id)
 
