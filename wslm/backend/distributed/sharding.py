@@ -74,14 +74,14 @@ def shard_vocab(t, vocab_size: int):
     return pad_rows(narrow(t, 0, start, min(per, vocab_size - start)), per)
 
 
-def vocab_parallel_embedding(ids: torch.Tensor, weight) -> torch.Tensor:
+def vocab_parallel_embedding(ids: torch.Tensor, weight, dtype: torch.dtype | None = None) -> torch.Tensor:
     """Rows of a dense or int8 table (GGUF files, int8/int4 on the fly)."""
     if get_tp_size() == 1:
-        return embedding(ids, weight)
+        return embedding(ids, weight, dtype)  # an int8 table (GGUF) reads out in the model's dtype
     per = weight.shape[0]
     local = ids - get_tp_rank() * per
     outside = (local < 0) | (local >= per)
-    out = embedding(local.masked_fill(outside, 0), weight)
+    out = embedding(local.masked_fill(outside, 0), weight, dtype)
     out.masked_fill_(outside.unsqueeze(-1), 0.0)
     return tensor_model_parallel_all_reduce(out)
 

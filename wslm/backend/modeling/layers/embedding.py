@@ -29,7 +29,7 @@ class VocabParallelEmbedding:
         )
 
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
-        return vocab_parallel_embedding(ids, self.weight)
+        return vocab_parallel_embedding(ids, self.weight, self.dtype)
 
 
 class ParallelLMHead(VocabParallelEmbedding):
