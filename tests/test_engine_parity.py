@@ -67,7 +67,26 @@ def test_bfloat16_engine_answers_sensibly():
     assert str(resolve_dtype("auto", None, torch.device("cpu"))) == f"torch.{auto}"
 
 
+def _run_tracking_blocks(llm, prompts: list[list[int]], max_tokens: int) -> tuple[list[list[int]], int]:
+    """Greedy tokens per prompt, and the most blocks any one decoding sequence held at once."""
+    engine = llm.llm_engine
+    params = SamplingParams(temperature=0, max_tokens=max_tokens)
+    for i, p in enumerate(prompts):
+        engine.add_request(str(i), {"prompt_token_ids": p}, params)
+    done: dict[str, list[int]] = {str(i): [] for i in range(len(prompts))}
+    most = 0
+    while engine.has_unfinished_requests():
+        for out in engine.step():  # engine outputs are deltas
+            done[out.request_id] += out.outputs[0].token_ids if out.outputs else []
+        decoding = [s for s in engine.scheduler.running if s.num_output_tokens > 1]
+        most = max([most] + [len(s.block_table) - s.num_freed_blocks for s in decoding])
+    return [done[str(i)] for i in range(len(prompts))], most
+
+
 def test_sliding_window_models_run_windowed_attention_over_the_whole_context(tmp_path):
+    """Mistral-style window on every layer: the whole context is served (no cap at the window), and blocks
+    behind the window go back to the pool, so a long sequence holds about window / block_size + 1 blocks;
+    tokens stay HF's alone, in a batch, on a prefix-cache hit past the window and under preemption."""
     import json
 
     from engine_helpers import demo_tokenizer, make_tiny_model
@@ -80,9 +99,34 @@ def test_sliding_window_models_run_windowed_attention_over_the_whole_context(tmp
     cfg.pop("rope_scaling", None)
     cfg.pop("rope_parameters", None)
     (folder / "config.json").write_text(json.dumps(cfg))
-    llm = LLM(str(folder), kv_cache_memory=16 << 20, dtype="float32")
+    llm = LLM(str(folder), kv_cache_memory=16 << 20, block_size=8, dtype="float32")
     assert llm.llm_engine.max_model_len == 512  # no longer capped at the window
     hf = AutoModelForCausalLM.from_pretrained(folder).eval()
     ids = tok.encode("The quick brown fox jumps over the lazy dog " * 4)  # longer than the window
-    out = llm.generate({"prompt_token_ids": ids}, SamplingParams(temperature=0, max_tokens=20))[0]
-    assert out.outputs[0].token_ids == hf_greedy(hf, tok, ids, 20)
+    expected = hf_greedy(hf, tok, ids, 40)
+    tokens, most = _run_tracking_blocks(llm, [ids], 40)
+    assert tokens == [expected]
+    assert most == 16 // 8 + 1  # the window's blocks and the one being written, however long the sequence
+    bm = llm.llm_engine.block_manager
+    assert bm.num_free_blocks == bm.num_blocks
+    # A longer prompt starting with the same tokens: a prefix hit far past the window takes back only the
+    # blocks inside it.
+    longer = ids + expected[:-2]
+    out = llm.generate({"prompt_token_ids": longer}, SamplingParams(temperature=0, max_tokens=12))[0]
+    assert out.num_cached_tokens >= len(ids) - 8 and out.outputs[0].token_ids == hf_greedy(hf, tok, longer, 12)
+
+    # 6 blocks of 8 tokens hold none of these sequences whole (prompt + 40 > 48 tokens), let alone three: only
+    # freeing behind the window lets them finish; the pool still forces preemption and chunked prefill.
+    prompts = [ids, tok.encode("Once upon a time, in a village by the sea, there lived a clockmaker"), ids[:30]]
+    tight = LLM(str(folder), num_gpu_blocks_override=6, block_size=8, max_num_batched_tokens=16, dtype="float32")
+    tokens, most = _run_tracking_blocks(tight, prompts, 40)
+    assert tokens == [expected, *(hf_greedy(hf, tok, p, 40) for p in prompts[1:])]
+    assert tight.llm_engine.scheduler.num_preemptions > 0 and most == 16 // 8 + 1
+    bm = tight.llm_engine.block_manager
+    assert bm.num_free_blocks == bm.num_blocks
+    # n=2 forks the second completion off a prompt whose first blocks are already freed (chunked prefill).
+    fork = LLM(str(folder), num_gpu_blocks_override=10, block_size=8, max_num_batched_tokens=16, dtype="float32")
+    out = fork.generate({"prompt_token_ids": ids}, SamplingParams(temperature=0, max_tokens=20, n=2))[0]
+    assert [c.token_ids for c in out.outputs] == [expected[:20]] * 2
+    bm = fork.llm_engine.block_manager
+    assert bm.num_free_blocks == bm.num_blocks

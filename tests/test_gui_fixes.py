@@ -25,7 +25,7 @@ from wslm.gui.download_job import FAILED  # noqa: E402
 from wslm.gui.log_model import LogModel  # noqa: E402
 from wslm.gui.main_window import MainWindow  # noqa: E402
 from wslm.gui.models_model import display_name  # noqa: E402
-from wslm.gui.server_controller import CRASHED, STOPPED  # noqa: E402
+from wslm.gui.server_controller import CRASHED, READY, STOPPED  # noqa: E402
 from wslm.gui.settings import Settings  # noqa: E402
 
 fake_server = test_gui_chat.fake_server  # the loopback OpenAI-style streamer, as a fixture here too
@@ -103,6 +103,21 @@ def test_switching_chats_keeps_the_reply_streaming_in_the_background(window, fak
     assert not convs.index(convs.row_of(first)).data(BusyRole)
 
 
+def test_a_reply_fits_a_shorter_context_after_a_switch(window, fake_server, qtbot):
+    # After switching to a model with a 512-token context, the chat's 1024 max tokens would be a 400
+    # ("conversation is too long"): the request leaves max_tokens out and the server fills the rest.
+    chat, session = window.chat_panel, window.session
+    chat.use_server.setChecked(True)
+    chat.set_server(fake_server, "demo", "sk-test", 4096)
+    for context in (4096, 512):
+        chat.set_server(fake_server, "demo", "sk-test", context)
+        chat.input.setPlainText("hi")
+        with qtbot.waitSignal(session.reply_finished, timeout=10_000):
+            chat.send()
+    sent = [r.get("max_tokens") for r in FakeOpenAI.requests]
+    assert sent == [session.current().max_tokens, None] and session.current().max_tokens > 512
+
+
 def test_rename_box_is_not_clipped(window, qtbot):
     chat = window.chat_panel
     chat.new_chat()
@@ -124,6 +139,22 @@ def test_stop_clears_stale_figures_and_status_speed_is_the_replys(window):
     for key in ("kv", "tps"):
         assert not panel.plots[key].values and not panel.plots[key].caption
     assert status.speed.text() == "— tok/s"
+
+
+def test_ready_warning_is_shown_in_the_server_panel(window):
+    # The launcher's ready event carries `warning` when the server is on the LAN with no key (tests/test_security.py).
+    panel, server = window.server_panel, window.server
+    server.state_changed.emit(READY, "demo")
+    server.ready.emit({"event": "ready", "host": "0.0.0.0", "port": 8123, "model": "demo",
+                       "warning": "This server listens on 0.0.0.0 ... has NO API key ... Pass --api-key KEY"})
+    text = panel.warning_box.text()
+    assert not panel.warning_box.isHidden() and "no API key" in text and "“API key” field" in text
+    assert "--api-key" not in text and "--api-key" in panel.warning_box.toolTip()
+    assert panel.api_key.styleSheet()  # the field to fill is outlined
+    server.state_changed.emit(STOPPED, "Stopped")
+    assert panel.warning_box.isHidden() and not panel.api_key.styleSheet()
+    server.ready.emit({"event": "ready", "host": "127.0.0.1", "port": 8123, "model": "demo"})
+    assert panel.warning_box.isHidden()
 
 
 def test_chat_url_follows_the_servers_port(window):
@@ -175,6 +206,7 @@ def test_share_on_linux_speaks_the_apps_language(window, qtbot, monkeypatch):
         panel.switch.click()
     text = panel.notes.text()
     assert "Windows" in text and "NotWindowsError" not in text and "fix:" not in text and "PowerShell" not in text
+    assert any("share on failed:" in window.logs.data(window.logs.index(i)) for i in range(window.logs.rowCount()))
     panel.key_edit.setText("sk-wslm-x")
     assert all(b.isEnabled() for b in panel.key_buttons)
 
@@ -193,6 +225,7 @@ def test_download_failure_card(window, qtbot, tmp_path, monkeypatch):
     qtbot.waitUntil(lambda: job.progress.state == FAILED, timeout=60_000)
     info = view.info.text()
     assert "Mirror endpoint" in info and "--endpoint" not in info and "HF_ENDPOINT" not in info
+    assert "0 B / 0 B" not in info and "0%" not in info  # and the bar that would say it is hidden (below)
     assert view.info.wordWrap() and not view.total_bar.isVisible() and not view.file_bar.isVisible()
     assert view.resume_button.text() == "Retry"
     assert any("failed:" in window.logs.data(window.logs.index(i)) for i in range(window.logs.rowCount()))

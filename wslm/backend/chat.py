@@ -77,6 +77,11 @@ def _template_tool_call(i: int, j: int, call: Any) -> dict:
         except ValueError as exc:
             raise RequestError(f"{where}.function.arguments is not valid JSON: {exc}.",
                                param=f"messages.{i}.tool_calls") from exc
+    if args is None:
+        args = {}  # "null" arguments: a call without any
+    if not isinstance(args, dict):
+        raise RequestError(f"{where}.function.arguments must be a JSON object (as a string, as OpenAI sends it), "
+                           f"got {type(args).__name__}.", param=f"messages.{i}.tool_calls")
     return {**call, "type": call.get("type", "function"), "function": {**fn, "arguments": args}}
 
 

@@ -33,8 +33,12 @@ def _cpu_budget(config: EngineConfig, mc: ModelConfig) -> int:
     env = os.environ.get("WSLM_CPU_KVCACHE_SPACE")  # GiB, like vLLM's VLLM_CPU_KVCACHE_SPACE
     if env:
         return int(float(env) * (1 << 30))
-    # Sized for the context asked for (else the model's own), as `wslm models info` estimates it.
-    context = config.max_model_len or min(mc.max_position_embeddings, mc.sliding_window or mc.max_position_embeddings)
+    # Sized for the context asked for (else the model's own), as `wslm models info` estimates it; when every
+    # layer is windowed a sequence holds only its window's blocks (block_manager.py).
+    window = mc.uniform_sliding_window
+    context = config.max_model_len or mc.max_position_embeddings
+    if window:
+        context = min(context, window + config.max_num_batched_tokens)
     return default_cpu_kv_cache_bytes(mc.kv_bytes_per_token(), context, available_ram())
 
 

@@ -11,7 +11,7 @@ from typing import Any
 import torch
 
 from wslm import kernels
-from wslm.backend.block_manager import BlockManager
+from wslm.backend.block_manager import BlockManager, window_blocks
 from wslm.backend.chat import read_template, render_chat
 from wslm.backend.config import EngineConfig
 from wslm.backend.cpu_tuning import tune_allocator
@@ -92,13 +92,20 @@ class LLMEngine:
         else:
             model = load_model(source, mc, self.device, embedding=self.pooling is not None)
             num_blocks = determine_num_blocks(config, mc, self.device)
-        mc.max_model_len = self._resolve_max_model_len(num_blocks * config.block_size)
+        # Every layer windowed: the block manager frees blocks behind the window, so one sequence holds at most
+        # `held` blocks and, when the pool has that many, the context is the model's own, not what the pool holds.
+        window = mc.uniform_sliding_window
+        held = window_blocks(window, config.block_size, config.max_num_batched_tokens) if window else None
+        capacity = num_blocks * config.block_size
+        if held is not None and num_blocks >= held:
+            capacity = max(capacity, mc.max_position_embeddings)
+        mc.max_model_len = self._resolve_max_model_len(capacity)
         self.max_model_len = mc.max_model_len
-        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching)
+        self.block_manager = BlockManager(num_blocks, config.block_size, config.enable_prefix_caching, window)
         self.scheduler = Scheduler(config, self.block_manager)
         # What one request may ask for; the server swaps in its own stop-list limits (its flags).
         self.limits = RequestLimits(mc.max_model_len, mc.vocab_size, config.max_num_seqs, num_blocks, config.block_size,
-                                    max_logprobs=config.max_logprobs)
+                                    max_logprobs=config.max_logprobs, window_blocks=held)
         if config.tensor_parallel_size == 1:
             self.runner = ModelRunner(model, config.block_size, num_blocks)
         # CUDA graphs serve decode steps, which an embedding model never runs.

@@ -62,6 +62,15 @@ class ModelConfig:
             return self.sliding_window
         return self.sliding_window if self.layer_types[layer_idx] == "sliding_attention" else None
 
+    @property
+    def uniform_sliding_window(self) -> int | None:
+        """The window when every layer has it (the block manager may then free blocks behind it), else None."""
+        if self.sliding_window is None:
+            return None
+        if self.layer_types and any(t != "sliding_attention" for t in self.layer_types):
+            return None
+        return self.sliding_window
+
     def kv_bytes_per_token(self, dtype: torch.dtype | None = None) -> int:
         elem = torch.empty(0, dtype=dtype or self.dtype).element_size()
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * elem

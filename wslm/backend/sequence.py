@@ -29,6 +29,9 @@ class Sequence:
     # Tokens whose KV is in the cache (prompt and generated alike): vLLM v1's single counter.
     num_computed_tokens: int = 0
     block_table: list[int] = field(default_factory=list)
+    # Leading block_table entries given back because every layer's sliding window has moved past them;
+    # they hold block_manager.NULL_BLOCK (positions keep their index: block_table[pos // block_size]).
+    num_freed_blocks: int = 0
     # Hashes of the full blocks of this sequence, in order (prefix caching).
     block_hashes: list[int] = field(default_factory=list)
     num_cached_tokens: int = -1  # prefix-cache hit at first schedule; -1 until scheduled

@@ -36,6 +36,8 @@ class RequestLimits:
     max_stop_string_length: int = 512
     max_completions_per_request: int = 1024  # prompts x n of one /v1/completions request
     max_logprobs: int = 20  # --max-logprobs; -1: the whole vocabulary
+    # Every layer windowed: the most blocks one sequence holds (the block manager frees those behind the window).
+    window_blocks: int | None = None
 
     @property
     def max_n(self) -> int:
@@ -145,6 +147,8 @@ def check_fits_pool(prompt_len: int, params: SamplingParams, limits: RequestLimi
     new_tokens = params.max_tokens if params.max_tokens is not None else 1
     own = -(-(prompt_len + new_tokens) // bs) - shared
     needed = shared + params.n * own
+    if limits.window_blocks is not None:
+        needed = min(needed, params.n * limits.window_blocks)
     if needed > limits.num_kv_blocks:
         pool = limits.num_kv_blocks * bs
         raise RequestError(

@@ -84,6 +84,7 @@ class ChatPanel(QWidget):
         self.settings = settings
         self.server_url = ""  # set by the main window while our server is ready
         self.server_model = ""
+        self.server_context: int | None = None  # its max_model_len: replies are kept within it
         self.server_key = ""
         self.installed: list[dict] = []  # `models list`, for the picker in wslm-server mode
         self.serve_choice = ""  # the server panel's model (what a start would load)
@@ -410,9 +411,10 @@ class ChatPanel(QWidget):
         self.error_label.show()
 
     # Connection
-    def set_server(self, url: str, model: str, api_key: str) -> None:
-        """Called when our server becomes ready (url "") when it stops."""
+    def set_server(self, url: str, model: str, api_key: str, context_len: int | None = None) -> None:
+        """Called when our server becomes ready (url "") when it stops. context_len: its max_model_len."""
         self.server_url, self.server_model, self.server_key = url, model, api_key
+        self.server_context = context_len
         self._apply_connection()
 
     def refresh_connection(self) -> None:
@@ -495,7 +497,8 @@ class ChatPanel(QWidget):
         if use_server:
             # The field shows where the chat goes: our server's URL, on whatever port it runs.
             self.url.setText(self.server_url or f"http://127.0.0.1:{self.settings.port}/v1")
-            self.session.set_endpoint(self.server_url, self.server_key, self.server_model or None)
+            self.session.set_endpoint(self.server_url, self.server_key, self.server_model or None,
+                                      self.server_context)
             self._fill_server_models()
             if self.switching_to:
                 pass  # show_switch() keeps the label up to date

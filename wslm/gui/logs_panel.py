@@ -23,7 +23,7 @@ class LogsPanel(QWidget):
         head.addWidget(hint, 1)
         self.source = QComboBox()
         self.source.addItem("All sources", "")
-        for src, label in (("server", "Server"), ("models", "Models"), ("download", "Downloads")):
+        for src, label in (("server", "Server"), ("models", "Models"), ("download", "Downloads"), ("share", "Share")):
             self.source.addItem(label, src)
         head.addWidget(self.source)
         head.addWidget(clear)

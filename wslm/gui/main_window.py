@@ -128,6 +128,8 @@ class MainWindow(QMainWindow):
         self.server_panel.settings_changed.connect(self._server_settings_changed)
         self.share_panel.server_change.connect(self._on_share_server)
         self.share.result.connect(lambda r: self._on_share_off() if r.get("action") == "off" else None)
+        # The Logs panel says why a share step failed, not only that the panel showed an error.
+        self.share.failed.connect(lambda action, why: self.logs.add("share", f"share {action} failed: {why}"))
         self._on_server_state(self.server.state, "")
 
     def _menus(self) -> None:
@@ -209,7 +211,7 @@ class MainWindow(QMainWindow):
     def _on_server_ready(self, event: dict) -> None:
         self.share_panel.remove_note(SERVER_NOT_RUNNING)
         self.chat_panel.set_server(self.server.base_url, str(event.get("model") or self.server.config.model),
-                                   self.server.config.api_key)
+                                   self.server.config.api_key, event.get("max_model_len"))
 
     def _on_metrics(self, m: dict) -> None:
         self.status.set_kv(m.get("kv_cache_usage"))

@@ -158,6 +158,12 @@ class ServerPanel(QWidget):
         self.crash_box.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
         self.crash_box.setStyleSheet("background-color: #2a1517; border: 1px solid #5c2a2d; border-radius: 10px; padding: 10px;")
         self.crash_box.hide()
+        # The ready event's `warning` (reachable from the LAN with no API key), in the app's words.
+        self.warning_box = QLabel(wordWrap=True)
+        self.warning_box.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.warning_box.setStyleSheet(f"color: {theme.WARN}; border: 1px solid {theme.WARN}; border-radius: 10px;"
+                                       " padding: 10px;")
+        self.warning_box.hide()
 
         plots = QGridLayout()
         plots.setSpacing(10)
@@ -180,6 +186,7 @@ class ServerPanel(QWidget):
         lay.addLayout(head)
         lay.addWidget(form_card)
         lay.addWidget(self.crash_box)
+        lay.addWidget(self.warning_box)
         lay.addLayout(plots)
         log_title = QLabel("Server log", objectName="Muted")
         lay.addWidget(log_title)
@@ -188,6 +195,7 @@ class ServerPanel(QWidget):
         controller.state_changed.connect(self.show_state)
         controller.metrics_updated.connect(self.show_metrics)
         controller.health_changed.connect(self._on_health)
+        controller.ready.connect(self.show_ready)
         self.show_state(controller.state, controller.detail)
         self.set_target_label()
 
@@ -322,19 +330,34 @@ class ServerPanel(QWidget):
         elif state != STOPPED:
             self.crash_box.hide()
         if state != READY:
+            self.warning_box.hide()
             # Nothing is served: no stale "80 tokens generated" beside "when the server is ready".
             for key in ("kv", "tps"):
                 self.plots[key].clear()
                 self.plots[key].set_note("when the server is ready")
 
-    def _mark_field(self, name: str) -> None:
+    def show_ready(self, event: dict) -> None:
+        """Say the server's own warning where the user can act on it: the API key field, not a flag."""
+        if not event.get("warning"):
+            self.warning_box.hide()
+            return
+        host, port = event.get("host", ""), event.get("port", "")
+        self.warning_box.setText(
+            f"⚠ Reachable from other machines ({host}:{port}) with no API key: anyone who can reach this port "
+            "can use the model. Set a key in the “API key” field (Generate) and restart, or share it through "
+            "the Share panel, which sets a key for you.")
+        self.warning_box.setToolTip(str(event["warning"]))  # the server's own words, flags and all
+        self.warning_box.show()
+        self._mark_field("api_key", focus=False)
+
+    def _mark_field(self, name: str, focus: bool = True) -> None:
         """Outline the field the crash box tells the user to change (and put the cursor there)."""
         fields = {"model": self.model, "port": self.port, "context": self.context, "gpu": self.gpu,
                   "api_key": self.api_key, "extra": self.extra, "quantization": self.quantization,
                   "kv_dtype": self.kv_dtype, "tp": self.tp}
         for key, w in fields.items():
             w.setStyleSheet(f"border: 1px solid {theme.ERROR};" if key == name else "")
-        if name in fields:
+        if name in fields and focus:
             fields[name].setFocus()
 
     def show_metrics(self, m: dict) -> None:

@@ -74,9 +74,9 @@ def shard_vocab(t: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return part.contiguous()
 
 
-def vocab_parallel_embedding(ids: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def vocab_parallel_embedding(ids: torch.Tensor, weight: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
     if get_tp_size() == 1:
-        return embedding(ids, weight)
+        return embedding(ids, weight, dtype)  # an int8 table (GGUF) reads out in the model's dtype
     per = weight.shape[0]
     local = ids - get_tp_rank() * per
     outside = (local < 0) | (local >= per)

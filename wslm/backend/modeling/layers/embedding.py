@@ -30,10 +30,7 @@ class VocabParallelEmbedding:
         )
 
     def __call__(self, ids: torch.Tensor) -> torch.Tensor:
-        out = vocab_parallel_embedding(ids, self.weight)
-        # An int8 table (GGUF Q8_0, int8/int4 on the fly) dequantizes its rows in fp32: hand the layers
-        # the model's dtype, or a bfloat16 model meets fp32 activations at its KV cache.
-        return out if out.dtype == self.dtype else out.to(self.dtype)
+        return vocab_parallel_embedding(ids, self.weight, self.dtype)
 
 
 class ParallelLMHead(VocabParallelEmbedding):
