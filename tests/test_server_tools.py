@@ -306,6 +306,8 @@ def test_tool_result_as_content_parts(server, client):
         ({"continue_final_message": True}, "continue_final_message", "cannot both"),
         ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "wat"}}}],
           "tool_choice": "required"}, "tools", "wat"),
+        ({"tools": [{"type": "function", "function": {"name": n, "parameters": {"$defs": {"U": {"type": t}}}}}
+                    for n, t in (("f", "string"), ("g", "integer"))], "tool_choice": "required"}, "tools", "$defs.U"),
     ],
 )
 def test_bad_tool_requests_are_400(client, body, param, words):
