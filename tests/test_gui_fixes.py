@@ -118,6 +118,32 @@ def test_a_reply_fits_a_shorter_context_after_a_switch(window, fake_server, qtbo
     assert sent == [session.current().max_tokens, None] and session.current().max_tokens > 512
 
 
+def test_a_chat_offers_its_own_model_back(window, fake_server, qtbot):
+    chat, session = window.chat_panel, window.session
+    chat.model_switch_requested.disconnect(window.switch_model)  # no real server restart here
+    asked = []
+    chat.model_switch_requested.connect(asked.append)
+    chat.use_server.setChecked(True)
+    chat.set_installed_models([{"id": "demo", "path": "/m/SmolLM2-135M-Instruct.Q4_1.gguf", "format": "gguf"},
+                               {"id": "tiny", "repo_id": "org/Tiny-Chat"}])
+    chat.set_server(fake_server, "demo", "sk-test", 4096)
+    chat.new_chat()
+    chat.input.setPlainText("hi")
+    with qtbot.waitSignal(session.reply_finished, timeout=10_000):
+        chat.send()
+    assert session.current().model == "demo" and chat.model_hint.isHidden()  # the chat remembers its model
+    first = session.current().id
+    window.store.update_conversation(first, model="tiny")  # as if it had talked to tiny
+    chat.new_chat()
+    assert chat.model_hint.isHidden()  # a new chat has no model of its own yet
+    session.open(first)
+    assert not chat.model_hint.isHidden() and "org/Tiny-Chat" in chat.model_hint.text()
+    chat.model_hint.linkActivated.emit("tiny")
+    assert asked == ["tiny"]
+    chat.set_server(fake_server, "tiny", "sk-test", 4096)
+    assert chat.model_hint.isHidden()
+
+
 def test_rename_box_is_not_clipped(window, qtbot):
     chat = window.chat_panel
     chat.new_chat()
