@@ -103,6 +103,47 @@ def test_switching_chats_keeps_the_reply_streaming_in_the_background(window, fak
     assert not convs.index(convs.row_of(first)).data(BusyRole)
 
 
+def test_a_reply_fits_a_shorter_context_after_a_switch(window, fake_server, qtbot):
+    # After switching to a model with a 512-token context, the chat's 1024 max tokens would be a 400
+    # ("conversation is too long"): the request leaves max_tokens out and the server fills the rest.
+    chat, session = window.chat_panel, window.session
+    chat.use_server.setChecked(True)
+    chat.set_server(fake_server, "demo", "sk-test", 4096)
+    for context in (4096, 512):
+        chat.set_server(fake_server, "demo", "sk-test", context)
+        chat.input.setPlainText("hi")
+        with qtbot.waitSignal(session.reply_finished, timeout=10_000):
+            chat.send()
+    sent = [r.get("max_tokens") for r in FakeOpenAI.requests]
+    assert sent == [session.current().max_tokens, None] and session.current().max_tokens > 512
+
+
+def test_a_chat_offers_its_own_model_back(window, fake_server, qtbot):
+    chat, session = window.chat_panel, window.session
+    chat.model_switch_requested.disconnect(window.switch_model)  # no real server restart here
+    asked = []
+    chat.model_switch_requested.connect(asked.append)
+    chat.use_server.setChecked(True)
+    chat.set_installed_models([{"id": "demo", "path": "/m/SmolLM2-135M-Instruct.Q4_1.gguf", "format": "gguf"},
+                               {"id": "tiny", "repo_id": "org/Tiny-Chat"}])
+    chat.set_server(fake_server, "demo", "sk-test", 4096)
+    chat.new_chat()
+    chat.input.setPlainText("hi")
+    with qtbot.waitSignal(session.reply_finished, timeout=10_000):
+        chat.send()
+    assert session.current().model == "demo" and chat.model_hint.isHidden()  # the chat remembers its model
+    first = session.current().id
+    window.store.update_conversation(first, model="tiny")  # as if it had talked to tiny
+    chat.new_chat()
+    assert chat.model_hint.isHidden()  # a new chat has no model of its own yet
+    session.open(first)
+    assert not chat.model_hint.isHidden() and "org/Tiny-Chat" in chat.model_hint.text()
+    chat.model_hint.linkActivated.emit("tiny")
+    assert asked == ["tiny"]
+    chat.set_server(fake_server, "tiny", "sk-test", 4096)
+    assert chat.model_hint.isHidden()
+
+
 def test_rename_box_is_not_clipped(window, qtbot):
     chat = window.chat_panel
     chat.new_chat()
@@ -210,6 +251,7 @@ def test_download_failure_card(window, qtbot, tmp_path, monkeypatch):
     qtbot.waitUntil(lambda: job.progress.state == FAILED, timeout=60_000)
     info = view.info.text()
     assert "Mirror endpoint" in info and "--endpoint" not in info and "HF_ENDPOINT" not in info
+    assert "0 B / 0 B" not in info and "0%" not in info  # and the bar that would say it is hidden (below)
     assert view.info.wordWrap() and not view.total_bar.isVisible() and not view.file_bar.isVisible()
     assert view.resume_button.text() == "Retry"
     assert any("failed:" in window.logs.data(window.logs.index(i)) for i in range(window.logs.rowCount()))

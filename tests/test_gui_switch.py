@@ -52,6 +52,9 @@ def reply(window, qtbot, text: str) -> dict:
 def test_switch_model_from_chat(qtbot, tmp_path, monkeypatch):
     monkeypatch.setenv("WSLM_CONFIG_DIR", str(tmp_path / "config"))
     monkeypatch.setenv("WSLM_MODELS_DIR", str(tmp_path / "models"))
+    # The demo served as the app serves it: GGUF weights kept quantized, dtype=auto (bf16 on CPUs with
+    # avx512_bf16/AMX), not the dequantized form the parity tests load.
+    monkeypatch.setenv("WSLM_GGUF_DEQUANTIZE", "0")
     make_tiny_model(tmp_path / "models" / "tiny-llama", "llama", demo_tokenizer())
     settings = Settings(first_run_done=True, port=free_port(), model="demo", max_model_len=512,
                         serve_extra_args="--max-num-seqs 4", max_tokens=6, system_prompt="")

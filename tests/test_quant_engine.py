@@ -80,6 +80,18 @@ def test_quantized_on_load_matches_its_dequantized_forward(tiny_models, method):
     assert _teacher_forced_agreement(quant, prompt, list(ref.token_ids)) >= 0.9
 
 
+def test_quantized_tables_feed_a_bfloat16_model(tiny_models):
+    """An int8 embedding table (GGUF Q8_0, int8/int4 on the fly) dequantizes its rows in fp32: a bfloat16
+    model must still get bfloat16 activations (it failed at its KV cache: dtype=auto picks bfloat16 on
+    CPUs with avx512_bf16, so every GGUF chat broke there)."""
+    llm = LLM(str(tiny_models["llama"]), dtype="bfloat16", kv_cache_memory=16 << 20, max_model_len=256,
+              quantization="int4")  # fmt: skip
+    assert llm.llm_engine.runner.model.embed_tokens.weight.bits == 8
+    prompt = llm.get_tokenizer().encode("The quick brown fox")
+    out = llm.generate([{"prompt_token_ids": prompt}], SamplingParams(max_tokens=4, ignore_eos=True))[0].outputs[0]
+    assert out.finish_reason == "length" and len(out.token_ids) == 4
+
+
 def test_loading_the_demo_gguf_stays_near_its_file_size():
     """Peak RSS growth while the weights load (not a timing): the quantized model, one tensor in flight,
     never the dequantized model (float32 would be ~5.5x the file)."""
@@ -114,3 +126,16 @@ def test_loading_the_demo_gguf_stays_near_its_file_size():
     # weights load), pages of the mapped file, allocator slack. Dequantized to float32 the weights alone
     # would be 5.5x.
     assert grown < 3.5 * size, (grown / size, rss)
+
+
+def test_int8_embedding_table_reads_out_in_the_models_dtype():
+    # A GGUF's token table stays int8; with dtype=auto -> bfloat16 (CPUs with avx512_bf16/AMX) its rows must
+    # come out in bf16 too, or q meets a bf16 KV cache in attention and every request fails.
+    from wslm.backend.modeling.layers.embedding import VocabParallelEmbedding
+    from wslm.backend.quant.int8 import quantize_int8
+
+    emb = VocabParallelEmbedding(16, torch.bfloat16, torch.device("cpu"))
+    table = torch.randn(16, 8)
+    emb.weight = quantize_int8(table)
+    out = emb(torch.tensor([1, 5]))
+    assert out.dtype == torch.bfloat16 and torch.allclose(out.float(), table[[1, 5]], atol=0.05, rtol=0.05)

@@ -209,9 +209,11 @@ def test_top_logprobs_whole_vocabulary(client):
     assert len(top) == 49152 and top[0].logprob >= top[-1].logprob
 
 
+# Shaped as pydantic writes tool schemas (LangChain, the OpenAI SDK): a `$defs` entry behind a `$ref`.
 WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "$defs": {"Unit": {"type": "string", "enum": ["C", "F"]}},
     "type": "object",
-    "properties": {"city": {"type": "string", "maxLength": 12}, "unit": {"type": "string", "enum": ["C", "F"]}},
+    "properties": {"city": {"type": "string", "maxLength": 12}, "unit": {"$ref": "#/$defs/Unit"}},
     "required": ["city", "unit"], "additionalProperties": False}}}
 
 

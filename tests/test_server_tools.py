@@ -189,6 +189,110 @@ def test_required_and_named_choice_forced_by_grammar(client):
         assert "city" in json.loads(calls[0]["arguments"])
 
 
+def _sse_chunks(server, body: dict) -> list[dict]:
+    import httpx
+
+    with httpx.stream("POST", server.url + "/v1/chat/completions", json={"model": "x", **body},
+                      headers={"Authorization": f"Bearer {KEY}"}, timeout=120) as r:
+        assert r.status_code == 200, r.read()
+        lines = [line[6:] for line in r.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "[DONE]"
+    return [json.loads(line) for line in lines[:-1]]
+
+
+def test_raw_stream_delta_shape_with_n2(server):
+    """OpenAI's exact tool-call delta shape, per choice of an n=2 stream: role first; then for each call one
+    delta with index, id, type and name (arguments ""), then deltas with only index and an arguments piece."""
+    chunks = _sse_chunks(server, {"messages": ASK, "tools": [WEATHER, TIME], "max_tokens": 120, "n": 2,
+                                  "temperature": 0, "stream": True, **_script(SCRIPTS["hermes"])})
+    per_choice: dict[int, list[dict]] = {0: [], 1: []}
+    finish = {}
+    for chunk in chunks:
+        assert chunk["object"] == "chat.completion.chunk" and len(chunk["choices"]) == 1
+        c = chunk["choices"][0]
+        per_choice[c["index"]].append(c["delta"])
+        if c["finish_reason"]:
+            finish[c["index"]] = c["finish_reason"]
+    assert finish == {0: "tool_calls", 1: "tool_calls"}
+    ids = set()
+    for deltas in per_choice.values():
+        assert deltas[0] == {"role": "assistant", "content": ""}
+        content, calls = "", []
+        for d in deltas[1:]:
+            if "tool_calls" not in d:
+                assert set(d) <= {"content"}
+                content += d.get("content", "")
+                continue
+            assert set(d) == {"tool_calls"} and len(d["tool_calls"]) == 1
+            tc = d["tool_calls"][0]
+            if "id" in tc:
+                assert set(tc) == {"index", "id", "type", "function"} and tc["type"] == "function"
+                assert tc["index"] == len(calls) and tc["function"]["arguments"] == ""
+                calls.append([tc["id"], tc["function"]["name"], ""])
+            else:
+                assert set(tc) == {"index", "function"} and set(tc["function"]) == {"arguments"}
+                assert tc["index"] == len(calls) - 1, "a call's pieces come before the next call"
+                calls[tc["index"]][2] += tc["function"]["arguments"]
+        assert content == "Let me look."
+        assert [(n, json.loads(a)) for _, n, a in calls] == [("get_weather", {"city": "Paris", "days": 3}),
+                                                             ("get_time", {})]
+        ids |= {i for i, _, _ in calls}
+    assert len(ids) == 4 and all(i.startswith("call_") for i in ids)
+
+
+def test_parallel_tool_calls_false_keeps_the_first_call(client):
+    body = _script(SCRIPTS["hermes"])
+    r = client.chat.completions.create(model="x", messages=ASK, tools=[WEATHER, TIME], max_tokens=120,
+                                       temperature=0, parallel_tool_calls=False, extra_body=body)
+    assert [c.function.name for c in r.choices[0].message.tool_calls] == ["get_weather"]
+    assert r.choices[0].finish_reason == "tool_calls"
+    _, _, calls, finish = _assemble(client.chat.completions.create(
+        model="x", messages=ASK, tools=[WEATHER, TIME], max_tokens=120, temperature=0, stream=True,
+        parallel_tool_calls=False, extra_body=body))
+    assert [c["name"] for c in calls.values()] == ["get_weather"] and finish == "tool_calls"
+
+
+def _history(call: object = None, tool: object = None) -> list[dict]:
+    call = call if call is not None else {"id": "call_1", "type": "function",
+                                          "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    tool = tool if tool is not None else {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}
+    return [*ASK, {"role": "assistant", "content": None, "tool_calls": [call] if isinstance(call, dict) else call},
+            tool]
+
+
+@pytest.mark.parametrize(
+    ("messages", "param", "words"),
+    [
+        (_history(call="x"), "messages.1.tool_calls", "list"),
+        (_history(call={"type": "function", "function": {"arguments": "{}"}}), "messages.1.tool_calls",
+         "'name'"),
+        (_history(call={"id": "c", "function": {"name": "get_weather", "arguments": "{oops"}}),
+         "messages.1.tool_calls", "not valid JSON"),
+        (_history(call={"id": "c", "function": {"name": "get_weather", "arguments": 5}}),
+         "messages.1.tool_calls", "JSON object"),
+        (_history(tool={"role": "tool", "tool_call_id": "call_1"}), "messages.2.content", "required"),
+        (_history(tool={"role": "tool", "tool_call_id": 7, "content": "sunny"}), "messages.2.tool_call_id",
+         "string"),
+    ],
+)
+def test_malformed_tool_history_is_400_naming_the_field(client, messages, param, words):
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model="x", messages=messages, max_tokens=2)
+    assert err.value.body["param"] == param and words in err.value.body["message"], err.value.body
+
+
+def test_tool_result_as_content_parts(server, client):
+    """A tool message whose content is a list of text parts (LangChain sends them) reaches the template joined."""
+    tool = {"role": "tool", "tool_call_id": "call_1", "content": [{"type": "text", "text": "sunny"},
+                                                                   {"type": "text", "text": "20C"}]}
+    import httpx
+
+    ids = httpx.post(server.url + "/tokenize", json={"messages": _history(tool=tool)},
+                     headers={"Authorization": f"Bearer {KEY}"}, timeout=30).json()["tokens"]
+    r = client.chat.completions.create(model="x", messages=_history(tool=tool), max_tokens=2)
+    assert r.usage.prompt_tokens == len(ids)
+
+
 @pytest.mark.parametrize(
     ("body", "param", "words"),
     [
@@ -200,6 +304,10 @@ def test_required_and_named_choice_forced_by_grammar(client):
          "response_format", "already constrains"),
         ({"tools": [{"type": "function", "function": {"name": 5}}]}, "tools.0", "string"),
         ({"continue_final_message": True}, "continue_final_message", "cannot both"),
+        ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "wat"}}}],
+          "tool_choice": "required"}, "tools", "wat"),
+        ({"tools": [{"type": "function", "function": {"name": n, "parameters": {"$defs": {"U": {"type": t}}}}}
+                    for n, t in (("f", "string"), ("g", "integer"))], "tool_choice": "required"}, "tools", "$defs.U"),
     ],
 )
 def test_bad_tool_requests_are_400(client, body, param, words):
@@ -265,7 +373,9 @@ def test_llm_chat_and_server_render_the_same_prompt(tiny_folder, server, client)
                                                            "chat_template_kwargs": kwargs}, timeout=30).json()
     assert tokenized["tokens"] == ids
     r = client.chat.completions.create(model="x", messages=CONVERSATION, tools=[WEATHER], tool_choice="none",
-                                       max_tokens=8, temperature=0, extra_body={"chat_template_kwargs": kwargs})
+                                       max_tokens=8, temperature=0,
+                                       extra_body={"chat_template_kwargs": kwargs, "return_token_ids": True})
+    assert r.model_extra["prompt_token_ids"] == ids and r.choices[0].model_extra["token_ids"] == out.outputs[0].token_ids
     assert r.usage.prompt_tokens == len(ids) and r.choices[0].message.content == out.outputs[0].text
     # continue_final_message: the last assistant message is continued, not closed.
     partial = [*ASK, {"role": "assistant", "content": "The weather is"}]
@@ -346,3 +456,62 @@ def test_messages_api_key_as_x_api_key_or_bearer(server):
     assert err.value.body == {"type": "error", "error": {"type": "authentication_error",
                                                          "message": err.value.body["error"]["message"]}}
     assert "x-api-key" in err.value.body["error"]["message"]
+
+
+def test_messages_tool_choice_forced_and_bad_bodies(server):
+    """Anthropic's tool_choice {"type": "tool"} / {"type": "any"} are forced by the grammar (whole and streamed
+    through the anthropic client); a malformed body is a 400 in Anthropic's error shape."""
+    import anthropic
+    import httpx
+
+    client = _anthropic(server)
+    schema = {"type": "object", "properties": {"city": {"enum": ["Paris", "Lima"]}}, "required": ["city"],
+              "additionalProperties": False}
+    tools = [{"name": "get_weather", "input_schema": schema}, {"name": "get_time", "input_schema": schema}]
+    ask = [{"role": "user", "content": "Weather?"}]
+    msg = client.messages.create(model="x", max_tokens=40, messages=ask, tools=tools,
+                                 tool_choice={"type": "tool", "name": "get_time"}, extra_body={"temperature": 0})
+    assert msg.stop_reason == "tool_use" and [b.type for b in msg.content] == ["tool_use"]
+    assert msg.content[0].name == "get_time" and msg.content[0].input["city"] in ("Paris", "Lima")
+    one_of_any = {"type": "any", "disable_parallel_tool_use": True}
+    with client.messages.stream(model="x", max_tokens=60, messages=ask, tools=tools, tool_choice=one_of_any,
+                                extra_body={"temperature": 0}) as stream:
+        final = stream.get_final_message()
+    assert final.stop_reason == "tool_use" and final.content[0].type == "tool_use"
+    assert final.content[0].name in ("get_weather", "get_time") and final.content[0].input["city"] in ("Paris", "Lima")
+    with pytest.raises(anthropic.BadRequestError) as err:
+        client.messages.create(model="x", max_tokens=5, messages=ask, tools=tools, tool_choice={"type": "sometimes"})
+    error = err.value.body["error"]
+    assert error["type"] == "invalid_request_error" and "tool_choice" in error["message"]
+    bad = httpx.post(server.url + "/v1/messages", headers={"x-api-key": KEY}, json={"model": "x", "messages": ask},
+                     timeout=30)
+    assert bad.status_code == 400 and bad.json()["type"] == "error"
+    assert bad.json()["error"]["type"] == "invalid_request_error" and "max_tokens" in bad.json()["error"]["message"]
+
+
+# The id check of Mistral's published templates (tool calls and tool results), trimmed to what matters here.
+MISTRAL_IDS = """{%- for message in messages %}
+{%- if message.tool_calls %}{% for tool_call in message.tool_calls %}
+{%- if not tool_call.id is defined or tool_call.id|length != 9 %}
+{{- raise_exception("Tool call IDs should be alphanumeric strings with length 9!") }}{% endif %}
+{{- "[TOOL_CALLS]" + tool_call.id }}{% endfor %}
+{%- elif message.role == "tool" %}
+{%- if message.tool_call_id is not defined or message.tool_call_id|length != 9 %}
+{{- raise_exception("Tool call IDs should be alphanumeric strings with length 9!") }}{% endif %}
+{{- "[TOOL_RESULTS]" + message.tool_call_id }}
+{%- else %}{{ message.content }}{% endif %}{% endfor %}"""
+
+
+def test_mistral_template_gets_nine_character_tool_call_ids(server):
+    """OpenAI-style ids ("call_...", as wslm and OpenAI hand out) reach a Mistral template as 9 alphanumeric
+    characters, the same for a call and its result, so a tool round-trip does not fail inside the template."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {KEY}"}
+    body = {"model": "x", "messages": _history(), "chat_template": MISTRAL_IDS, "add_generation_prompt": False}
+    r = httpx.post(server.url + "/tokenize", json=body, headers=headers, timeout=30)
+    assert r.status_code == 200, r.text
+    text = httpx.post(server.url + "/detokenize", json={"tokens": r.json()["tokens"]}, headers=headers,
+                      timeout=30).json()["prompt"]
+    call_id = text.split("[TOOL_CALLS]")[1][:9]
+    assert call_id.isalnum() and f"[TOOL_RESULTS]{call_id}" in text

@@ -72,6 +72,28 @@ def test_text_that_is_not_a_call_stays_content(fmt, text):
         assert content == text and calls == [] and not reply.called_tools
 
 
+@pytest.mark.parametrize(("fmt", "text", "content", "calls"), [
+    # Cut inside the arguments: the call stays with what was written (OpenAI's shape for finish "length").
+    ("hermes", 'Hi<tool_call>\n{"name": "get_weather", "arguments": {"city": "Pa', "Hi",
+     [("get_weather", '{"city": "Pa')]),
+    ("mistral", '[TOOL_CALLS][{"name": "f", "arguments": {"x": [1, ', None, [("f", '{"x": [1, ')]),
+    ("llama3_json", '{"name": "f", "parameters": {"q": "a', None, [("f", '{"q": "a')]),
+    # Cut before any call's name was whole: nothing is lost, the text is content.
+    ("hermes", 'Hi<tool_call>\n{"name": "get_wea', 'Hi<tool_call>\n{"name": "get_wea', []),
+    ("llama3_json", '{"na', '{"na', []),
+])
+def test_a_reply_cut_short_loses_nothing(fmt, text, content, calls):
+    whole = ChatReply(None, get_tool_parser(fmt))
+    whole.feed(text, final=True)
+    msg = whole.message()
+    assert msg["content"] == content
+    assert [(c["function"]["name"], c["function"]["arguments"]) for c in msg.get("tool_calls", [])] == calls
+    assert whole.finish_reason("length") == "length"
+    for step in (1, 5, len(text)):
+        got_content, _, got_calls = _streamed(ChatReply(None, get_tool_parser(fmt)), text, step)
+        assert ((got_content or None), got_calls) == (content, calls)
+
+
 def test_required_named_and_parallel_off():
     reply = ChatReply(None, ArrayToolParser())
     reply.feed('[{"name":"a","parameters":{"x":1}},{"name":"b","parameters":{}}]', final=True)

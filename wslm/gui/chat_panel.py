@@ -39,6 +39,7 @@ from wslm.gui.chat_export import export_conversation
 from wslm.gui.chat_model import IdRole
 from wslm.gui.chat_session import ChatSession
 from wslm.gui.chat_view import ChatView
+from wslm.gui.elided_label import ElidedLabel
 from wslm.gui.model_lister import ModelLister
 from wslm.gui.models_model import display_name
 from wslm.gui.settings import Settings
@@ -84,6 +85,7 @@ class ChatPanel(QWidget):
         self.settings = settings
         self.server_url = ""  # set by the main window while our server is ready
         self.server_model = ""
+        self.server_context: int | None = None  # its max_model_len: replies are kept within it
         self.server_key = ""
         self.installed: list[dict] = []  # `models list`, for the picker in wslm-server mode
         self.serve_choice = ""  # the server panel's model (what a start would load)
@@ -159,7 +161,7 @@ class ChatPanel(QWidget):
         lay = QVBoxLayout(box)
         lay.setContentsMargins(8, 10, 8, 10)
         head = QHBoxLayout()
-        self.title = QLabel("New chat", objectName="Title")
+        self.title = ElidedLabel("New chat", objectName="Title")  # a long title gives way to the picker
         self.connection_label = QLabel(objectName="Muted")
         self.settings_button = QPushButton("⚙")
         self.settings_button.setCheckable(True)
@@ -170,7 +172,7 @@ class ChatPanel(QWidget):
         # models an OpenAI-compatible URL serves (free text allowed there).
         self.model_combo = QComboBox()
         self.model_combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
-        self.model_combo.setMinimumContentsLength(16)
+        self.model_combo.setMinimumContentsLength(22)  # "SmolLM2-135M-Instruct.Q4_1…" readable
         self.model_combo.setToolTip("The model this chat talks to")
         self.model_combo.currentTextChanged.connect(self._model_changed)
         self.model_combo.activated.connect(self._model_chosen)
@@ -186,6 +188,12 @@ class ChatPanel(QWidget):
         self.error_label.setWordWrap(True)
         self.error_label.hide()
         lay.addWidget(self.error_label)
+        # Per-chat model: a chat that talked to another installed model offers to switch back to it.
+        self.model_hint = QLabel(objectName="Muted")
+        self.model_hint.setWordWrap(True)
+        self.model_hint.linkActivated.connect(lambda model_id: self.choose_model(model_id))
+        self.model_hint.hide()
+        lay.insertWidget(1, self.model_hint)
         composer = QFrame(objectName="Card")
         row = QHBoxLayout(composer)
         row.setContentsMargins(8, 8, 8, 8)
@@ -307,6 +315,19 @@ class ChatPanel(QWidget):
         if row >= 0:
             self.list.setCurrentIndex(self.session.conversations.index(row))
         self.error_label.hide()
+        self._show_model_hint()
+
+    def _show_model_hint(self) -> None:
+        conv = self.session.current()
+        served = self.switching_to or (self.server_model if self.server_url else self.serve_choice)
+        chat_model = next((m for m in self.installed if conv and m["id"] == conv.model), None)
+        if not self.settings.chat_use_server or chat_model is None or conv.model == served:
+            self.model_hint.hide()
+            return
+        name = html.escape(display_name(chat_model))
+        self.model_hint.setText(f"This chat was with {name}. <a href='{html.escape(conv.model)}'>Switch to it</a> "
+                                "(the server reloads), or just write: the model above answers.")
+        self.model_hint.show()
 
     def _params_changed(self, *_args) -> None:
         if self._loading_params:
@@ -410,9 +431,10 @@ class ChatPanel(QWidget):
         self.error_label.show()
 
     # Connection
-    def set_server(self, url: str, model: str, api_key: str) -> None:
-        """Called when our server becomes ready (url "") when it stops."""
+    def set_server(self, url: str, model: str, api_key: str, context_len: int | None = None) -> None:
+        """Called when our server becomes ready (url "") when it stops. context_len: its max_model_len."""
         self.server_url, self.server_model, self.server_key = url, model, api_key
+        self.server_context = context_len
         self._apply_connection()
 
     def refresh_connection(self) -> None:
@@ -441,6 +463,9 @@ class ChatPanel(QWidget):
         if not self.settings.chat_use_server:
             return
         model_id = str(self.model_combo.itemData(index) or "")
+        conv = self.session.current()
+        if model_id and conv is not None and conv.model != model_id:
+            self.session.store.update_conversation(conv.id, model=model_id)  # this chat's model from now on
         if model_id and model_id != (self.server_model if self.server_url else "") and model_id != self.switching_to:
             self.model_switch_requested.emit(model_id)
 
@@ -457,6 +482,7 @@ class ChatPanel(QWidget):
             self.serve_choice = serve_choice
         if self.settings.chat_use_server:
             self._fill_server_models()
+        self._show_model_hint()
 
     def _fill_server_models(self) -> None:
         selected = self.switching_to or (self.server_model if self.server_url else "") or self.serve_choice
@@ -487,6 +513,7 @@ class ChatPanel(QWidget):
                                       f"{step}…")
         self.view.set_empty_hint(f"Loading {name}… the chat can continue once it is ready.")
         self._fill_server_models()
+        self._show_model_hint()
 
     def _apply_connection(self) -> None:
         use_server = self.settings.chat_use_server
@@ -495,7 +522,8 @@ class ChatPanel(QWidget):
         if use_server:
             # The field shows where the chat goes: our server's URL, on whatever port it runs.
             self.url.setText(self.server_url or f"http://127.0.0.1:{self.settings.port}/v1")
-            self.session.set_endpoint(self.server_url, self.server_key, self.server_model or None)
+            self.session.set_endpoint(self.server_url, self.server_key, self.server_model or None,
+                                      self.server_context)
             self._fill_server_models()
             if self.switching_to:
                 pass  # show_switch() keeps the label up to date
@@ -518,6 +546,7 @@ class ChatPanel(QWidget):
             self.session.set_endpoint(url, self.settings.chat_api_key, self.model_combo.currentText().strip())
             self.connection_label.setText(f"<span style='color:#4f9dff;'>●</span> {url}")
             self.view.set_empty_hint(f"Talking to {url}.")
+        self._show_model_hint()
 
     def refresh_models(self) -> None:
         if self.session.base_url:

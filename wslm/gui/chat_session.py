@@ -89,15 +89,29 @@ class ChatSession(QObject):
         self.base_url = ""
         self.api_key = ""
         self.model = ""
+        self.context_len: int | None = None  # the served model's max_model_len, when our server says it
         self._replies: dict[int, _Reply] = {}  # conversation id -> its streaming reply
         self._retired: list[StreamWorker] = []  # stopped workers still closing their connection
 
     # Endpoint
-    def set_endpoint(self, base_url: str, api_key: str = "", model: str | None = None) -> None:
+    def set_endpoint(self, base_url: str, api_key: str = "", model: str | None = None,
+                     context_len: int | None = None) -> None:
+        """context_len: the served model's max_model_len (our server's ready event), None when unknown."""
         self.base_url = normalize_base_url(base_url)
         self.api_key = api_key
+        self.context_len = context_len
         if model is not None:
             self.model = model
+
+    def fitting_max_tokens(self, max_tokens: int, messages: list[dict]) -> int | None:
+        """The chat's max tokens, or None (up to the context's end, counted by the server) when it might not
+        fit beside the prompt: after a switch to a model with a shorter context a reply must still come,
+        not a "conversation is too long" error. Bytes bound the prompt's tokens from above (a BPE token is
+        one byte or more), plus room for the chat template's markers."""
+        if not self.context_len:
+            return max_tokens
+        prompt_bound = sum(len(str(m.get("content") or "").encode()) + 8 for m in messages) + 32
+        return max_tokens if max_tokens + prompt_bound <= self.context_len else None
 
     # Conversations
     @property
@@ -243,14 +257,15 @@ class ChatSession(QObject):
         conv = self.current()
         row = self.messages.append("assistant", "")
         self.messages.streaming_row = row
+        messages = self.request_messages()
         request = ChatRequest(
             base_url=self.base_url,
             api_key=self.api_key,
             model=self.model or (conv.model if conv else "") or "default",
-            messages=self.request_messages(),
+            messages=messages,
             temperature=conv.temperature if conv else 0.7,
             top_p=conv.top_p if conv else 0.95,
-            max_tokens=conv.max_tokens if conv else 1024,
+            max_tokens=self.fitting_max_tokens(conv.max_tokens if conv else 1024, messages),
         )
         worker = StreamWorker(request, self)
         reply = _Reply(self.messages.conversation_id, self.messages.message(row), worker, versions=versions or [])

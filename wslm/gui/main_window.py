@@ -211,7 +211,7 @@ class MainWindow(QMainWindow):
     def _on_server_ready(self, event: dict) -> None:
         self.share_panel.remove_note(SERVER_NOT_RUNNING)
         self.chat_panel.set_server(self.server.base_url, str(event.get("model") or self.server.config.model),
-                                   self.server.config.api_key)
+                                   self.server.config.api_key, event.get("max_model_len"))
 
     def _on_metrics(self, m: dict) -> None:
         self.status.set_kv(m.get("kv_cache_usage"))

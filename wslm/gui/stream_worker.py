@@ -26,7 +26,7 @@ class ChatRequest:
     api_key: str = ""
     temperature: float = 0.7
     top_p: float = 0.95
-    max_tokens: int = 1024
+    max_tokens: int | None = 1024  # None: up to the end of the model's context (the server works it out)
     extra: dict = field(default_factory=dict)
 
     def body(self) -> dict:
@@ -35,7 +35,7 @@ class ChatRequest:
             "messages": self.messages,
             "temperature": self.temperature,
             "top_p": self.top_p,
-            "max_tokens": self.max_tokens,
+            **({"max_tokens": self.max_tokens} if self.max_tokens is not None else {}),
             "stream": True,
             # vLLM and OpenAI send a final usage chunk with this; servers that ignore it still work.
             "stream_options": {"include_usage": True},

@@ -117,13 +117,21 @@ def divide(total: int, parts: int, what: str) -> int:
 
 def check_divisible(mc, size: int) -> None:
     """Fail before any worker starts when the model cannot be split size ways, naming the sizes that can."""
+    import math
+
     from wslm.tp_sizes import fits, tensor_parallel_sizes
 
-    if fits(size, mc.num_heads, mc.num_kv_heads, mc.intermediate_size):
+    # Every MLP width splits: the dense MLP's, and a MoE's experts' and shared expert's (a size divides
+    # them all exactly when it divides their gcd).
+    extra = getattr(mc, "extra", None) or {}
+    widths = [w for w in (mc.intermediate_size, extra.get("moe_intermediate_size"),
+                          extra.get("shared_expert_intermediate_size")) if w]  # fmt: skip
+    width = math.gcd(*widths) if widths else None
+    if fits(size, mc.num_heads, mc.num_kv_heads, width):
         return
-    ok = tensor_parallel_sizes(max(8, size), mc.num_heads, mc.num_kv_heads, mc.intermediate_size)
+    ok = tensor_parallel_sizes(max(8, size), mc.num_heads, mc.num_kv_heads, width)
     raise ValueError(
         f"tensor_parallel_size={size} does not divide this model evenly ({mc.num_heads} attention heads, "
-        f"{mc.num_kv_heads} KV heads, MLP width {mc.intermediate_size}). Use --tensor-parallel-size "
-        f"{' or '.join(str(n) for n in ok)}."
+        f"{mc.num_kv_heads} KV heads, MLP width{'s' if len(widths) > 1 else ''} "
+        f"{', '.join(str(w) for w in widths)}). Use --tensor-parallel-size {' or '.join(str(n) for n in ok)}."
     )

@@ -69,7 +69,7 @@ async def prepare_chat(state: ServerState, req: ChatCompletionRequest, top_n: in
     plan.prompt_rendered(state.tokenizer, prompt_ids)
     if plan.grammar is not None:
         params.structured_outputs = plan.grammar
-        await compile_structured(state, plan.grammar, "tool_choice")
+        await compile_structured(state, plan.grammar, "tools")  # a tool's parameters schema is at fault
     else:
         await compile_structured(state, params.structured_outputs, req.structured_source)
     state.check_request(prompt_ids, params, "messages")

@@ -82,14 +82,25 @@ def plan_chat(state: Any, req: Any) -> ChatPlan:
 
 
 def required_schema(tools: list[dict], parallel: bool) -> dict:
-    """vLLM's schema for tool_choice "required": a non-empty array of calls to the given tools."""
-    options = [{
-        "type": "object",
-        "properties": {"name": {"type": "string", "enum": [t["function"]["name"]]},
-                       "parameters": t["function"].get("parameters") or _ANY_OBJECT},
-        "required": ["name", "parameters"],
-    } for t in tools]
-    schema: dict = {"type": "array", "minItems": 1, "items": {"anyOf": options} if len(options) > 1 else options[0]}
+    """vLLM's schema for tool_choice "required": a non-empty array of calls to the given tools. Each tool's
+    `$defs` / `definitions` move to the root, where its `#/$defs/...` references now point (pydantic-made tool
+    schemas, as LangChain and the OpenAI SDK send them, use them)."""
+    defs: dict[str, dict] = {}
+    options = []
+    for t in tools:
+        params = dict(t["function"].get("parameters") or _ANY_OBJECT)
+        for key in ("$defs", "definitions"):
+            for name, sub in (params.pop(key, None) or {}).items():
+                if defs.setdefault(key, {}).setdefault(name, sub) != sub:
+                    raise bad_request(f"Two tools define {key}.{name} differently; with tool_choice \"required\" "
+                                      "their definitions share one namespace: rename one.", param="tools")
+        options.append({
+            "type": "object",
+            "properties": {"name": {"type": "string", "enum": [t["function"]["name"]]}, "parameters": params},
+            "required": ["name", "parameters"],
+        })
+    schema: dict = {"type": "array", "minItems": 1, "items": {"anyOf": options} if len(options) > 1 else options[0],
+                    **defs}
     if not parallel:
         schema["maxItems"] = 1
     return schema

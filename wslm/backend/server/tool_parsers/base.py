@@ -18,8 +18,7 @@ def make_tool_call_id() -> str:
 @dataclass
 class ParsedCall:
     name: str | None  # None until the whole name has arrived
-    arguments: str  # the arguments' JSON text so far (whole once complete)
-    complete: bool = False
+    arguments: str  # the arguments' JSON text so far (whole once the call is)
 
 
 @dataclass
@@ -67,7 +66,7 @@ def call_from_object(text: str, start: int, argument_keys: tuple[str, ...] = ("a
             args = "{}"
     if scan.end is not None and name is None:
         raise NotJSON("a tool call needs a name")
-    return ParsedCall(name, args, scan.end is not None), scan
+    return ParsedCall(name, args), scan
 
 
 class ToolCallStream:
@@ -93,16 +92,17 @@ class ToolCallStream:
             parse = self.parser.parse(text, final)
         except NotJSON:
             parse = Parse(len(text), invalid=True)
-        if parse.invalid or (final and not parse.calls and not self.ids):
-            parse = Parse(len(text) if not self.ids else self.content_sent)
+        calls = [c for c in parse.calls if c.name is not None]
+        # Not a call after all, or the reply ended before any call's name was whole: all of it is content.
+        if parse.invalid or (final and not calls and not self.ids):
+            parse, calls = Parse(len(text) if not self.ids else self.content_sent), []
         content = ""
         if parse.content_end > self.content_sent and not self.ids:
             content = text[self.content_sent:parse.content_end]
             self.content_sent = parse.content_end
         deltas: list[dict] = []
-        calls = [c for c in parse.calls if c.name is not None]
-        if final:
-            calls = [c for c in calls if c.complete]
+        # A call cut short (max_tokens) stays, with the arguments written so far, as OpenAI returns it (its
+        # finish_reason says "length"); a stream has sent those pieces already, so both shapes agree.
         if not self.parallel:
             calls = calls[:1]
         for i, call in enumerate(calls):

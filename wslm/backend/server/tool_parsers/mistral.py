@@ -67,4 +67,4 @@ class NamedFunctionParser(ToolParser):
         start = skip_ws(text, 0)
         end = value_end(text, start) if start < len(text) else None
         args = text[start:end] if end is not None else text[start:].rstrip()
-        return Parse(0, [ParsedCall(self.function_name, args, complete=end is not None or final)])
+        return Parse(0, [ParsedCall(self.function_name, args)])

@@ -54,7 +54,7 @@ def _call(source: str) -> ParsedCall:
         args = {kw.arg: ast.literal_eval(kw.value) for kw in node.keywords if kw.arg}
     except ValueError as exc:
         raise NotJSON(f"arguments must be literals: {exc}") from None
-    return ParsedCall(ast.unparse(node.func), json.dumps(args, ensure_ascii=False), complete=True)
+    return ParsedCall(ast.unparse(node.func), json.dumps(args, ensure_ascii=False))
 
 
 class PythonicToolParser(ToolParser):

@@ -1,0 +1,31 @@
+"""A one-line label that ends in "…" when narrower than its text, instead of widening the window."""
+
+from __future__ import annotations
+
+from PySide6.QtCore import QSize, Qt
+from PySide6.QtGui import QPainter
+from PySide6.QtWidgets import QLabel, QSizePolicy
+
+
+class ElidedLabel(QLabel):
+    """Plain text only. The full text stays in text() and shows as the tooltip when cut."""
+
+    def __init__(self, text: str = "", parent=None, objectName: str = "") -> None:
+        super().__init__(text, parent, objectName=objectName)
+        self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+
+    def minimumSizeHint(self) -> QSize:
+        return QSize(self.fontMetrics().horizontalAdvance("…") * 4, super().minimumSizeHint().height())
+
+    def paintEvent(self, _event) -> None:
+        rect = self.contentsRect()
+        shown = self.fontMetrics().elidedText(self.text(), Qt.TextElideMode.ElideRight, rect.width())
+        self.setToolTip(self.text() if shown != self.text() else "")
+        p = QPainter(self)
+        p.setPen(self.palette().color(self.foregroundRole()))
+        p.drawText(rect, int(self.alignment() | Qt.AlignmentFlag.AlignVCenter), shown)
+        p.end()
+
+    def shown_text(self) -> str:
+        """What is drawn at the current width (tests)."""
+        return self.fontMetrics().elidedText(self.text(), Qt.TextElideMode.ElideRight, self.contentsRect().width())
