@@ -118,30 +118,38 @@ def test_family_matches_hf_alone_batched_cached_and_preempted(family, tok, tmp_p
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
 
 
-def _write_qwen3_gguf(path, model, tok_source) -> None:
-    """model's float32 weights as a GGUF with gguf's writer, the demo file's tokenizer copied in."""
+def _write_gguf(path, model, arch: str, tok_source) -> None:
+    """model's float32 weights as a GGUF of `arch` with gguf's writer (llama.cpp's tensor names and, for
+    Gemma, its 1 + w norms), the demo file's tokenizer copied in."""
     import gguf
 
     cfg = model.config
     n = cfg.num_hidden_layers
-    w = gguf.GGUFWriter(str(path), "qwen3")
+    w = gguf.GGUFWriter(str(path), arch)
     w.add_context_length(cfg.max_position_embeddings)
     w.add_block_count(n)
     w.add_embedding_length(cfg.hidden_size)
     w.add_feed_forward_length(cfg.intermediate_size)
     w.add_head_count(cfg.num_attention_heads)
     w.add_head_count_kv(cfg.num_key_value_heads)
-    w.add_key_length(cfg.head_dim)
-    w.add_value_length(cfg.head_dim)
-    w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_rope_freq_base(cfg.rope_parameters.get("rope_theta") or cfg.rope_parameters["full_attention"]["rope_theta"])
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    if getattr(cfg, "sliding_window", None):
+        w.add_sliding_window(cfg.sliding_window)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
     for key, field in gguf.GGUFReader(str(tok_source)).fields.items():
         if key.startswith("tokenizer."):
             sub = field.types[1] if len(field.types) > 1 else None
             w.add_key_value(key, field.contents(), field.types[0], sub_type=sub)
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN3, n)
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], n)
     for name, t in model.state_dict().items():
+        if arch.startswith("gemma") and name.endswith("norm.weight"):
+            t = t + 1
+        if name == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue
         w.add_tensor(names.get_name(name, try_suffixes=(".weight", ".bias")), t.float().numpy())
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -165,13 +173,47 @@ def test_qwen3_gguf_written_here_loads_to_the_same_tokens(tok, tmp_path, monkeyp
     model = tf.Qwen3ForCausalLM(config).eval()
     _randomize_norms(model, 0.3)
     path = tmp_path / "tiny-qwen3-F32.gguf"
-    _write_qwen3_gguf(path, model, demo_model_path())
+    _write_gguf(path, model, "qwen3", demo_model_path())
     prompts = [tok.encode(t) for t in TEXTS]
     expected = [hf_greedy(model, tok, p, MAX_TOKENS) for p in prompts]
     # The file carries the demo tokenizer too; the saved copy spares converting it from GGUF again (slow).
     tok.save_pretrained(tmp_path / "tok")
     llm = LLM(str(path), tokenizer=str(tmp_path / "tok"), kv_cache_memory=16 << 20, dtype="float32")
     assert llm.llm_engine.model_config.architecture == "Qwen3ForCausalLM"
+    assert _tokens(llm, prompts) == expected
+
+
+@pytest.mark.parametrize("family", ["phi3", "gemma3"])
+def test_phi3_and_gemma3_ggufs_written_here_load_to_the_same_tokens(family, tok, tmp_path, monkeypatch):
+    """Only what a GGUF's metadata carries (transformers' GGUF config reader fills in the rest with its
+    defaults): plain rope, Gemma 3's default query_pre_attn_scalar and 5:1 local:global layer pattern."""
+    import transformers as tf
+
+    from wslm.demo import demo_model_path
+
+    monkeypatch.setenv("WSLM_GGUF_CACHE", "0")
+    torch.manual_seed(2)
+    common = dict(
+        vocab_size=len(tok), intermediate_size=96, max_position_embeddings=512, initializer_range=0.2,
+        eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id,
+    )  # fmt: skip
+    if family == "phi3":
+        config = tf.Phi3Config(hidden_size=80, num_hidden_layers=2, num_attention_heads=5, num_key_value_heads=1,
+                               tie_word_embeddings=False, **common)  # fmt: skip
+        model = tf.Phi3ForCausalLM(config)
+    else:
+        config = tf.Gemma3TextConfig(hidden_size=48, num_hidden_layers=6, num_attention_heads=3,
+                                     num_key_value_heads=1, head_dim=16, sliding_window=16, **common)  # fmt: skip
+        model = tf.Gemma3ForCausalLM(config)
+    _randomize_norms(model, 0.3)
+    model.eval()
+    path = tmp_path / f"tiny-{family}-F32.gguf"
+    _write_gguf(path, model, family, demo_model_path())
+    prompts = [tok.encode(t) for t in TEXTS]
+    expected = [hf_greedy(model, tok, p, MAX_TOKENS) for p in prompts]
+    tok.save_pretrained(tmp_path / "tok")
+    llm = LLM(str(path), tokenizer=str(tmp_path / "tok"), kv_cache_memory=16 << 20, dtype="float32")
+    assert llm.llm_engine.model_config.architecture == type(model).__name__
     assert _tokens(llm, prompts) == expected
 
 

@@ -60,8 +60,12 @@ SCRIPTS = {
     "llama3_json": '{"name": "get_weather", "parameters": {"city": "Paris", "days": 3}}; '
                    '{"name": "get_time", "parameters": {}}',
     "pythonic": '[get_weather(city="Paris", days=3), get_time()]',
+    "qwen3_coder": 'Let me look.<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n'
+                   '<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=get_time>\n'
+                   '</function>\n</tool_call>',
 }
-PREAMBLE = {"hermes": "Let me look.", "mistral": "Let me look.", "llama3_json": None, "pythonic": None}
+PREAMBLE = {"hermes": "Let me look.", "mistral": "Let me look.", "llama3_json": None, "pythonic": None,
+            "qwen3_coder": "Let me look."}
 
 
 @pytest.fixture(scope="module")
@@ -148,9 +152,12 @@ def test_hermes_calls_stream_and_whole(client):
 
 
 @pytest.mark.slow  # a server each (vLLM picks the parser per server): ~8 s apiece on an idle 2-core machine
-@pytest.mark.parametrize("fmt", ["mistral", "llama3_json", "pythonic"])
-def test_other_formats(tiny_folder, fmt):
-    srv = _server(tiny_folder, "--enable-auto-tool-choice", "--tool-call-parser", fmt)
+@pytest.mark.parametrize(("fmt", "flag"), [("mistral", "mistral"), ("llama3_json", "llama3_json"),
+                                           ("pythonic", "pythonic"), ("qwen3_coder", "qwen3_xml")])
+def test_other_formats(tiny_folder, fmt, flag):
+    """qwen3_coder's values are raw text: "3" comes back as the integer the tool's schema asks for. Its flag
+    is vLLM's other name for the format (qwen3_xml), as launch scripts spell it."""
+    srv = _server(tiny_folder, "--enable-auto-tool-choice", "--tool-call-parser", flag)
     try:
         _check_format(openai.OpenAI(base_url=srv.base_url, api_key="unused", max_retries=0, timeout=120), fmt)
     finally:
@@ -487,3 +494,31 @@ def test_messages_tool_choice_forced_and_bad_bodies(server):
                      timeout=30)
     assert bad.status_code == 400 and bad.json()["type"] == "error"
     assert bad.json()["error"]["type"] == "invalid_request_error" and "max_tokens" in bad.json()["error"]["message"]
+
+
+# The id check of Mistral's published templates (tool calls and tool results), trimmed to what matters here.
+MISTRAL_IDS = """{%- for message in messages %}
+{%- if message.tool_calls %}{% for tool_call in message.tool_calls %}
+{%- if not tool_call.id is defined or tool_call.id|length != 9 %}
+{{- raise_exception("Tool call IDs should be alphanumeric strings with length 9!") }}{% endif %}
+{{- "[TOOL_CALLS]" + tool_call.id }}{% endfor %}
+{%- elif message.role == "tool" %}
+{%- if message.tool_call_id is not defined or message.tool_call_id|length != 9 %}
+{{- raise_exception("Tool call IDs should be alphanumeric strings with length 9!") }}{% endif %}
+{{- "[TOOL_RESULTS]" + message.tool_call_id }}
+{%- else %}{{ message.content }}{% endif %}{% endfor %}"""
+
+
+def test_mistral_template_gets_nine_character_tool_call_ids(server):
+    """OpenAI-style ids ("call_...", as wslm and OpenAI hand out) reach a Mistral template as 9 alphanumeric
+    characters, the same for a call and its result, so a tool round-trip does not fail inside the template."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {KEY}"}
+    body = {"model": "x", "messages": _history(), "chat_template": MISTRAL_IDS, "add_generation_prompt": False}
+    r = httpx.post(server.url + "/tokenize", json=body, headers=headers, timeout=30)
+    assert r.status_code == 200, r.text
+    text = httpx.post(server.url + "/detokenize", json={"tokens": r.json()["tokens"]}, headers=headers,
+                      timeout=30).json()["prompt"]
+    call_id = text.split("[TOOL_CALLS]")[1][:9]
+    assert call_id.isalnum() and f"[TOOL_RESULTS]{call_id}" in text

@@ -201,7 +201,8 @@ def load_model_config(
     hf_config = _read_hf_config(source, trust_remote_code)
     archs = list(getattr(hf_config, "architectures", None) or [])
     if not archs:
-        model_type = getattr(hf_config, "model_type", "")
+        # transformers' GGUF reader names a gemma3 file's config gemma3_text.
+        model_type = getattr(hf_config, "model_type", "").removesuffix("_text")
         archs = [GGUF_ARCHITECTURES.get(model_type, model_type or "unknown")]
     arch = archs[0]
     # A bare decoder body (Qwen3Model, as embedding checkpoints ship) runs on its causal-LM family's code.
