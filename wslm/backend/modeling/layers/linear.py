@@ -74,7 +74,10 @@ class QuantizedLinearMethod(LinearMethod):
     16-bit checkpoints quantized on load (int8 / int4). Biases stay dense."""
 
     def __init__(self, quantization: str) -> None:
+        from wslm.backend.quant.linear import apply_linear
+
         self.quantization = quantization
+        self._apply = apply_linear  # bound once: an import statement per call costs on a CPU decode step
 
     def prepare_part(self, layer: Linear, param: str, tensor):
         from wslm.backend.quant.linear import quantize_on_load
@@ -94,9 +97,7 @@ class QuantizedLinearMethod(LinearMethod):
         return finalize(parts[0] if len(parts) == 1 else fuse_rows(parts), layer.device, layer.params_dtype)
 
     def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        from wslm.backend.quant.linear import apply_linear
-
-        return apply_linear(x, layer.weight, bias)
+        return self._apply(x, layer.weight, bias)
 
 
 def get_linear_method(quantization: str | None = None) -> LinearMethod:
