@@ -11,7 +11,9 @@ Per size it reports output tok/s at batch 1 and at --requests (and the ratio to 
 weight bytes each rank holds, the round trip of one call to every worker (the per-step floor the executor
 adds), the time rank 0 spends in all-reduce/all-gather per decode step inside the engine, the bare
 all-reduce of one decode step's activations outside it (2 per layer, what the interconnect costs at
-best), and whether the greedy tokens match TP=1. The demo model has 9 heads and 3 KV heads: its sizes
+best), and whether the greedy tokens match TP=1 (dense float32 weights: they must; quantized ones, such as
+the demo GGUF's, hold the same codes and scales on the ranks, but their kernels round each rank's partial
+sum to bf16, so a near-tie can go the other way). The demo model has 9 heads and 3 KV heads: its sizes
 are 1 and 3. Appends a table to docs/benchmarks.md."""
 
 from __future__ import annotations

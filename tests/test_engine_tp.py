@@ -244,6 +244,14 @@ def test_awq_tp2_keeps_int4_shards_with_their_groups(awq_model):
     assert not _children()
 
 
+def test_a_size_that_splits_4bit_groups_fails_before_any_worker_starts(awq_model):
+    # 4 ranks would leave each 16 of o_proj's 64 input columns: half a group of 32.
+    with pytest.raises(ValueError, match=r"split this checkpoint's 4-bit groups of 32 columns .* Use "
+                                         r"--tensor-parallel-size 1 or 2, or a checkpoint with smaller groups"):
+        LLM(awq_model, tensor_parallel_size=4, **_engine_kwargs())
+    assert not _children()
+
+
 def _load_as_rank(monkeypatch, path: str, quantization: str | None, rank: int, size: int):
     """The model one rank would load (no process group needed to load)."""
     import torch

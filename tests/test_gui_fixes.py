@@ -223,6 +223,19 @@ def test_crash_box_names_the_cause_and_the_field(window, qtbot):
     assert panel.log.minimumHeight() >= 150 and text.count("<br>") <= 12
 
 
+def test_crash_causes_from_the_engines_own_messages():
+    from wslm.gui.crash_hints import crash_cause
+
+    def cause(line: str):
+        return crash_cause(1, ["Traceback (most recent call last):", f"ValueError: {line}"])
+
+    gpu = cause("No GPU memory left for the KV cache: the card has 8.0 GiB, 7.9 GiB are in use after loading")
+    assert gpu.field == "gpu" and "GPU memory share" in gpu.advice
+    assert cause("The KV cache budget (1 MiB) holds fewer than 2 blocks of 16 tokens").field == "extra"
+    assert cause("OSError: [Errno 98] Address already in use").field == "port"
+    assert crash_cause(3, ["something else"]).title == "The server stopped unexpectedly"  # only when unknown
+
+
 def test_share_on_linux_speaks_the_apps_language(window, qtbot, monkeypatch):
     monkeypatch.delenv("WSLM_WINDOWS_BIN", raising=False)
     panel = window.share_panel

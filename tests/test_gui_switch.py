@@ -85,14 +85,15 @@ def test_switch_model_from_chat(qtbot, tmp_path, monkeypatch):
     states = []
     server.state_changed.connect(lambda s, _d: states.append(s))
     chat.choose_model("tiny-llama")
-    assert "Switching to tiny-llama" in chat.connection_label.text()
+    assert "Switching to tiny-llama" in chat.switch_note.text() and not chat.switch_note.isHidden()
     chat.input.setPlainText("too early")
     chat.send()
     assert chat.error_label.isVisible() and chat.input.toPlainText() == "too early"  # kept, not sent
     qtbot.waitUntil(lambda: server.state == READY and server.config.model == "tiny-llama", timeout=180_000)
     assert states[:2] == ["stopping", "stopped"] and "loading" in states and states[-1] == READY
     assert not psutil.pid_exists(demo_pid) or psutil.Process(demo_pid).status() == psutil.STATUS_ZOMBIE
-    assert window.server_panel.model_id() == "tiny-llama" and "tiny-llama" in chat.connection_label.text()
+    assert window.server_panel.model_id() == "tiny-llama" and chat.switch_note.isHidden()
+    assert chat.model_combo.currentData() == "tiny-llama" and "tiny-llama" in chat.connection_label.toolTip()
     second = reply(window, qtbot, "Hello again")
     assert second["model"] == "tiny-llama"
     assert [m.role for m in window.session.messages.messages()] == ["user", "assistant"] * 2

@@ -85,8 +85,9 @@ class LLMEngine:
         if config.tensor_parallel_size > 1:
             from wslm.backend.distributed.executor import make_executor
             from wslm.backend.distributed.parallel_state import check_divisible
+            from wslm.backend.quant.shard import checkpoint_group_size
 
-            check_divisible(mc, config.tensor_parallel_size)
+            check_divisible(mc, config.tensor_parallel_size, checkpoint_group_size(source, mc.quantization))
             self.runner = make_executor(config, source, mc)
             num_blocks = self.runner.num_blocks
         else:

@@ -172,13 +172,12 @@ class ChatPanel(QWidget):
         # models an OpenAI-compatible URL serves (free text allowed there).
         self.model_combo = QComboBox()
         self.model_combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
-        self.model_combo.setMinimumContentsLength(22)  # "SmolLM2-135M-Instruct.Q4_1…" readable
+        self.model_combo.setMinimumContentsLength(10)  # grows with the window (stretch below)
         self.model_combo.setToolTip("The model this chat talks to")
         self.model_combo.currentTextChanged.connect(self._model_changed)
         self.model_combo.activated.connect(self._model_chosen)
-        self.connection_label.setMinimumWidth(1)
         head.addWidget(self.title, 1)
-        head.addWidget(self.model_combo)
+        head.addWidget(self.model_combo, 2)
         head.addWidget(self.connection_label)
         head.addWidget(self.settings_button)
         lay.addLayout(head)
@@ -194,6 +193,11 @@ class ChatPanel(QWidget):
         self.model_hint.linkActivated.connect(lambda model_id: self.choose_model(model_id))
         self.model_hint.hide()
         lay.insertWidget(1, self.model_hint)
+        # A model switch's progress, on a line of its own (the header has no room for a sentence).
+        self.switch_note = QLabel(objectName="Muted")
+        self.switch_note.setWordWrap(True)
+        self.switch_note.hide()
+        lay.insertWidget(1, self.switch_note)
         composer = QFrame(objectName="Card")
         row = QHBoxLayout(composer)
         row.setContentsMargins(8, 8, 8, 8)
@@ -222,7 +226,7 @@ class ChatPanel(QWidget):
 
     def _build_params(self) -> QWidget:
         box = QWidget()
-        box.setMinimumWidth(200)
+        box.setMinimumWidth(180)
         lay = QVBoxLayout(box)
         lay.setContentsMargins(6, 10, 10, 10)
         lay.addWidget(QLabel("System prompt", objectName="Muted"))
@@ -501,6 +505,8 @@ class ChatPanel(QWidget):
         """Progress of a model switch, where the user chose it."""
         name = next((display_name(m) for m in self.installed if m.get("id") == model_id), model_id)
         self.switching_to = "" if state in ("ready", "crashed") else model_id
+        if state in ("ready", "crashed"):
+            self.switch_note.hide()
         if state == "crashed":
             self._show_error(f"Could not load {name}: {detail}")
             return
@@ -509,11 +515,20 @@ class ChatPanel(QWidget):
             return
         step = {"stopping": "stopping the current model", "stopped": "stopped", "starting": "starting the server",
                 "loading": "loading the model"}.get(state, state)
-        self.connection_label.setText(f"<span style='color:#d29922;'>●</span> Switching to {html.escape(name)}: "
-                                      f"{step}…")
+        self._set_connection("#d29922", "switching…")
+        self.switch_note.setText(f"<span style='color:#d29922;'>●</span> Switching to {html.escape(name)}: {step}…")
+        self.switch_note.show()
         self.view.set_empty_hint(f"Loading {name}… the chat can continue once it is ready.")
         self._fill_server_models()
         self._show_model_hint()
+
+    def _set_connection(self, color: str, text: str) -> None:
+        """The dot and a few words beside the picker: shown whole when short ("wslm server"), cut when long
+        (a custom URL, whole in the tooltip) so it never sets the window's minimum width."""
+        self.connection_label.setText(f"<span style='color:{color};'>●</span> {html.escape(text)}")
+        width = self.connection_label.fontMetrics().horizontalAdvance(f"● {text}") + 4
+        self.connection_label.setMinimumWidth(min(width, 100))
+        self.connection_label.setToolTip(text)
 
     def _apply_connection(self) -> None:
         use_server = self.settings.chat_use_server
@@ -528,10 +543,12 @@ class ChatPanel(QWidget):
             if self.switching_to:
                 pass  # show_switch() keeps the label up to date
             elif self.server_url:
-                self.connection_label.setText(f"<span style='color:#3fb950;'>●</span> wslm server · {self.server_model}")
+                # The model's name is in the picker beside it; the label says where the chat goes.
+                self._set_connection("#3fb950", "wslm server")
+                self.connection_label.setToolTip(f"{self.server_model} at {self.server_url}")
                 self.view.set_empty_hint(f"Talking to {self.server_model} on the wslm server.")
             else:
-                self.connection_label.setText("<span style='color:#8d96a8;'>●</span> server not running")
+                self._set_connection("#8d96a8", "server not running")
                 self.view.set_empty_hint("Start the server in the Server panel, or connect to any "
                                          "OpenAI-compatible URL under Connection.")
         else:
@@ -544,7 +561,7 @@ class ChatPanel(QWidget):
             self.url.setText(self.settings.chat_base_url)
             url = normalize_base_url(self.settings.chat_base_url)
             self.session.set_endpoint(url, self.settings.chat_api_key, self.model_combo.currentText().strip())
-            self.connection_label.setText(f"<span style='color:#4f9dff;'>●</span> {url}")
+            self._set_connection("#4f9dff", url)
             self.view.set_empty_hint(f"Talking to {url}.")
         self._show_model_hint()
 

@@ -12,10 +12,18 @@ class ElidedLabel(QLabel):
 
     def __init__(self, text: str = "", parent=None, objectName: str = "") -> None:
         super().__init__(text, parent, objectName=objectName)
-        self.setSizePolicy(QSizePolicy.Policy.Ignored, QSizePolicy.Policy.Preferred)
+        self.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Preferred)
+
+    def _width(self, cap: int) -> int:
+        return min(self.fontMetrics().horizontalAdvance(self.text()) + 2, cap)
+
+    # Small hints, so the layout gives it what the widgets beside it leave (a stretch factor takes the rest),
+    # but never less than a few characters: the title stays recognisable.
+    def sizeHint(self) -> QSize:
+        return QSize(self._width(160), super().sizeHint().height())
 
     def minimumSizeHint(self) -> QSize:
-        return QSize(self.fontMetrics().horizontalAdvance("…") * 4, super().minimumSizeHint().height())
+        return QSize(self._width(self.fontMetrics().horizontalAdvance("M") * 2), super().minimumSizeHint().height())
 
     def paintEvent(self, _event) -> None:
         rect = self.contentsRect()

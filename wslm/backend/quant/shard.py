@@ -67,3 +67,17 @@ def pad_rows(weight, rows: int):
         return Int8Weight(torch.cat([weight.qweight, weight.qweight.new_zeros(missing, weight.shape[1])]),
                           torch.cat([weight.scales, weight.scales.new_zeros(missing)]))  # fmt: skip
     raise TypeError(f"cannot pad a {type(weight).__name__} weight")
+
+
+def checkpoint_group_size(source, quantization: str | None) -> int | None:
+    """The 4-bit group width a checkpoint's weights keep under tensor parallelism (checked before any
+    worker starts): AWQ/GPTQ's group_size, GGUF's 32 (its int4 types; the int8 ones have no groups).
+    int8/int4 on the fly: none, their groups are sized to each rank's share."""
+    if quantization == "gguf":
+        return 32
+    if quantization in ("awq", "gptq"):
+        from wslm.backend.quant.packed_checkpoint import read_quant_config
+
+        qcfg = read_quant_config(source.folder)
+        return int(qcfg.get("group_size", qcfg.get("q_group_size", 128)))
+    return None
