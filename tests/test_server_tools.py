@@ -11,7 +11,6 @@ import json
 
 import openai
 import pytest
-from engine_helpers import demo_tokenizer, make_tiny_model
 from test_server_helpers import ServerProcess
 
 KEY = "sekret"
@@ -60,20 +59,17 @@ SCRIPTS = {
     "llama3_json": '{"name": "get_weather", "parameters": {"city": "Paris", "days": 3}}; '
                    '{"name": "get_time", "parameters": {}}',
     "pythonic": '[get_weather(city="Paris", days=3), get_time()]',
-    "qwen3_coder": 'Let me look.<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n'
-                   '<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=get_time>\n'
-                   '</function>\n</tool_call>',
 }
-PREAMBLE = {"hermes": "Let me look.", "mistral": "Let me look.", "llama3_json": None, "pythonic": None,
-            "qwen3_coder": "Let me look."}
+PREAMBLE = {"hermes": "Let me look.", "mistral": "Let me look.", "llama3_json": None, "pythonic": None}
 
 
 @pytest.fixture(scope="module")
-def tiny_folder(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tools")
-    folder = make_tiny_model(root / "tiny", "llama", demo_tokenizer(), seed=3)
-    (root / "template.jinja").write_text(TEMPLATE)
-    return folder, root / "template.jinja"
+def tiny_folder(tiny_models, tmp_path_factory):
+    """The session's tiny llama (its tokenizer is read from the demo GGUF once per session) and the test
+    template."""
+    template = tmp_path_factory.mktemp("tools") / "template.jinja"
+    template.write_text(TEMPLATE)
+    return tiny_models["llama"], template
 
 
 def _server(tiny_folder, *flags: str) -> ServerProcess:
@@ -152,11 +148,10 @@ def test_hermes_calls_stream_and_whole(client):
 
 
 @pytest.mark.slow  # a server each (vLLM picks the parser per server): ~8 s apiece on an idle 2-core machine
-@pytest.mark.parametrize(("fmt", "flag"), [("mistral", "mistral"), ("llama3_json", "llama3_json"),
-                                           ("pythonic", "pythonic"), ("qwen3_coder", "qwen3_xml")])
+@pytest.mark.parametrize(("fmt", "flag"), [("mistral", "mistral"), ("llama3_json", "llama4_json"),
+                                           ("pythonic", "pythonic")])
 def test_other_formats(tiny_folder, fmt, flag):
-    """qwen3_coder's values are raw text: "3" comes back as the integer the tool's schema asks for. Its flag
-    is vLLM's other name for the format (qwen3_xml), as launch scripts spell it."""
+    """llama3_json through vLLM's other name for it (llama4_json), as launch scripts may spell it."""
     srv = _server(tiny_folder, "--enable-auto-tool-choice", "--tool-call-parser", flag)
     try:
         _check_format(openai.OpenAI(base_url=srv.base_url, api_key="unused", max_retries=0, timeout=120), fmt)
