@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import os
+import re
 import signal
 import threading
 
@@ -78,11 +80,15 @@ def test_tp2_matches_tp1_with_chunking_prefix_cache_and_preemption(tiny_models, 
     assert not _children()
 
 
-def test_demo_model_tp3_matches_tp1(demo_llm):
+def test_demo_model_tp3_matches_tp1(demo_llm, caplog):
     # The demo model has 9 attention heads and 3 KV heads: 3 ranks divide it, 2 do not (see below).
     expected = _tokens(demo_llm)
-    llm = LLM("demo", tensor_parallel_size=3, **_engine_kwargs())
+    with caplog.at_level(logging.INFO, logger="wslm"):
+        llm = LLM("demo", tensor_parallel_size=3, **_engine_kwargs())
     try:
+        # The start log gives the pool's token capacity and what each rank holds.
+        assert re.search(r"KV cache: (\d+) blocks of 16 tokens = \d+ tokens \([\d.]+ GiB per rank; each of 3 ranks "
+                         r"holds these \1 blocks for its 1 of 3 KV heads\)", caplog.text), caplog.text[-2000:]
         assert _tokens(llm) == expected
     finally:
         llm.llm_engine.shutdown()
@@ -156,3 +162,152 @@ def test_serve_tp2_answers_the_openai_client_and_stops_every_worker(tiny_models)
         assert srv.stop() == 0, srv.stderr()[-3000:]
     _, alive = psutil.wait_procs(workers, timeout=10)
     assert not alive
+
+
+# ---- MoE and quantized weights split across ranks ---------------------------------------------------
+
+
+def _make_moe(folder, family: str, tok):
+    """8 experts, top-2, 2 layers; 4 heads and 2 KV heads so 2 ranks divide it (Qwen2-MoE: a shared expert)."""
+    import torch
+    import transformers as tf
+
+    torch.manual_seed(3)
+    common = dict(
+        vocab_size=len(tok), hidden_size=64, intermediate_size=64, moe_intermediate_size=32, num_experts=8,
+        num_experts_per_tok=2, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+        max_position_embeddings=512, initializer_range=0.2, tie_word_embeddings=False,
+        eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id,
+    )  # fmt: skip
+    if family == "qwen3_moe":
+        model = tf.Qwen3MoeForCausalLM(tf.Qwen3MoeConfig(head_dim=16, norm_topk_prob=True, **common))
+    else:
+        model = tf.Qwen2MoeForCausalLM(tf.Qwen2MoeConfig(shared_expert_intermediate_size=40, **common))
+    model.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    return folder
+
+
+def _assert_half_per_rank(tp1: dict, ranks: list[dict]) -> None:
+    """Each of 2 ranks holds half of the decoder layers' and of the vocabulary's weight bytes (norms and
+    routers, replicated, are a few percent)."""
+    for part in ("layers", "vocab"):
+        for r in ranks:
+            assert 0.48 <= r[part] / tp1[part] <= 0.53, (part, r[part], tp1[part])
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "qwen2_moe"])
+def test_moe_tp2_splits_every_expert_and_matches_tp1(tmp_path, demo_tok, family):
+    from wslm.backend.modeling.weight_bytes import weight_bytes
+
+    folder = str(_make_moe(tmp_path / family, family, demo_tok))
+    one = LLM(folder, **_engine_kwargs())
+    expected, tp1_bytes = _tokens(one), weight_bytes(one.llm_engine.runner.model)
+    llm = LLM(folder, tensor_parallel_size=2, **_engine_kwargs())
+    try:
+        assert _tokens(llm) == expected
+        _assert_half_per_rank(tp1_bytes, llm.llm_engine.runner._call_all("weight_bytes"))
+    finally:
+        llm.llm_engine.shutdown()
+    assert not _children()
+
+
+@pytest.fixture(scope="module")
+def awq_model(tiny_models, tmp_path_factory):
+    from test_quant_awq_gptq import _make_checkpoint
+
+    folder = tmp_path_factory.mktemp("awq") / "awq"
+    _make_checkpoint(tiny_models["llama"], folder, "awq")
+    return str(folder)
+
+
+def test_awq_tp2_keeps_int4_shards_with_their_groups(awq_model):
+    # The ranks hold the same int4 codes and scales as one device (test below): the only difference is
+    # where the kernel rounds to bf16 (each rank's partial sum of o/down, then the sum), which can flip a
+    # near-tie among 49k random logits. So the check is teacher-forced: given TP=1's tokens so far, TP=2
+    # picks TP=1's next token.
+    from wslm.backend.modeling.weight_bytes import weight_bytes
+
+    one = LLM(awq_model, **_engine_kwargs())
+    expected, tp1_bytes = _tokens(one, PROMPTS[:3]), weight_bytes(one.llm_engine.runner.model)
+    tok = one.get_tokenizer()
+    llm = LLM(awq_model, tensor_parallel_size=2, **_engine_kwargs())
+    try:
+        _assert_half_per_rank(tp1_bytes, llm.llm_engine.runner._call_all("weight_bytes"))  # int4, not dense
+        prefixes = [tok.encode(p) + list(ref[:i]) for p, ref in zip(PROMPTS, expected) for i in range(len(ref))]
+        outs = llm.generate([{"prompt_token_ids": p} for p in prefixes], SamplingParams(temperature=0, max_tokens=1))
+        wanted = [t for ref in expected for t in ref]
+        agree = sum(o.outputs[0].token_ids[0] == t for o, t in zip(outs, wanted))
+        assert agree / len(wanted) >= 0.85, (agree, len(wanted))
+    finally:
+        llm.llm_engine.shutdown()
+    assert not _children()
+
+
+def test_a_size_that_splits_4bit_groups_fails_before_any_worker_starts(awq_model):
+    # 4 ranks would leave each 16 of o_proj's 64 input columns: half a group of 32.
+    with pytest.raises(ValueError, match=r"split this checkpoint's 4-bit groups of 32 columns .* Use "
+                                         r"--tensor-parallel-size 1 or 2, or a checkpoint with smaller groups"):
+        LLM(awq_model, tensor_parallel_size=4, **_engine_kwargs())
+    assert not _children()
+
+
+def _load_as_rank(monkeypatch, path: str, quantization: str | None, rank: int, size: int):
+    """The model one rank would load (no process group needed to load)."""
+    import torch
+
+    from wslm.backend.distributed import parallel_state
+    from wslm.backend.model_loader import load_model_config, load_tokenizer, resolve_model
+    from wslm.backend.model_runner import load_model
+
+    source = resolve_model(path, None, None)
+    _, mc = load_model_config(source, load_tokenizer(source, None, False), "float32", torch.device("cpu"),
+                              False, quantization)  # fmt: skip
+    monkeypatch.setattr(parallel_state._TP, "rank", rank)
+    monkeypatch.setattr(parallel_state._TP, "size", size)
+    try:
+        return load_model(source, mc, torch.device("cpu"))
+    finally:
+        monkeypatch.undo()
+
+
+@pytest.mark.parametrize("quant", ["awq", "int8"])
+def test_quantized_shards_are_the_single_device_weights_sliced(monkeypatch, tiny_models, awq_model, quant):
+    """Column-parallel rows and row-parallel input columns of each rank, dequantized, are exactly the
+    single-device weight's slices: scales, zeros and groups went with them. (int4 on the fly sizes its
+    groups to a rank's input width, so on these 64-wide layers TP=2 uses groups of 32 where TP=1 uses 64.)"""
+    import torch
+
+    path, q = (awq_model, None) if quant == "awq" else (str(tiny_models["llama"]), quant)
+    full, *ranks = (_load_as_rank(monkeypatch, path, q, r, n) for r, n in ((0, 1), (0, 2), (1, 2)))
+
+    def dense(w):
+        assert not isinstance(w, torch.Tensor)  # kept quantized on every rank
+        return w.dequantize(torch.float32)
+
+    for i, layer in enumerate(full.layers):
+        o, down = dense(layer.self_attn.o_proj.weight), dense(layer.mlp.down_proj.weight)
+        gate, up = dense(layer.mlp.gate_up_proj.weight).chunk(2)
+        for r, model in enumerate(ranks):
+            shard = model.layers[i]
+            assert torch.equal(dense(shard.self_attn.o_proj.weight), o.chunk(2, dim=1)[r])
+            assert torch.equal(dense(shard.mlp.down_proj.weight), down.chunk(2, dim=1)[r])
+            assert torch.equal(dense(shard.mlp.gate_up_proj.weight), torch.cat([gate.chunk(2)[r], up.chunk(2)[r]]))
+
+
+def test_a_group_split_across_ranks_is_refused_and_act_order_goes_int8():
+    import torch
+
+    from wslm.backend.quant.int4 import quantize_int4_codes
+    from wslm.backend.quant.int8 import Int8Weight
+    from wslm.backend.quant.shard import narrow
+
+    codes = quantize_int4_codes(torch.randn(16, 192), 64)
+    with pytest.raises(ValueError, match=r"shards of 96, which its quantization groups of 64 columns do not"):
+        narrow(codes, 1, 96, 96)
+    torch.testing.assert_close(narrow(codes, 1, 64, 64).dequantize(), codes.dequantize()[:, 64:128], rtol=0, atol=0)
+    codes.perm = torch.randperm(192)  # act-order GPTQ: the shard's columns are spread over every group
+    part = narrow(codes, 1, 64, 64)
+    assert isinstance(part, Int8Weight)
+    ref = codes.dequantize()[:, 64:128]
+    torch.testing.assert_close(part.dequantize(), ref, rtol=0, atol=ref.abs().max().item() / 127)

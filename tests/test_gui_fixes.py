@@ -118,6 +118,32 @@ def test_a_reply_fits_a_shorter_context_after_a_switch(window, fake_server, qtbo
     assert sent == [session.current().max_tokens, None] and session.current().max_tokens > 512
 
 
+def test_a_chat_offers_its_own_model_back(window, fake_server, qtbot):
+    chat, session = window.chat_panel, window.session
+    chat.model_switch_requested.disconnect(window.switch_model)  # no real server restart here
+    asked = []
+    chat.model_switch_requested.connect(asked.append)
+    chat.use_server.setChecked(True)
+    chat.set_installed_models([{"id": "demo", "path": "/m/SmolLM2-135M-Instruct.Q4_1.gguf", "format": "gguf"},
+                               {"id": "tiny", "repo_id": "org/Tiny-Chat"}])
+    chat.set_server(fake_server, "demo", "sk-test", 4096)
+    chat.new_chat()
+    chat.input.setPlainText("hi")
+    with qtbot.waitSignal(session.reply_finished, timeout=10_000):
+        chat.send()
+    assert session.current().model == "demo" and chat.model_hint.isHidden()  # the chat remembers its model
+    first = session.current().id
+    window.store.update_conversation(first, model="tiny")  # as if it had talked to tiny
+    chat.new_chat()
+    assert chat.model_hint.isHidden()  # a new chat has no model of its own yet
+    session.open(first)
+    assert not chat.model_hint.isHidden() and "org/Tiny-Chat" in chat.model_hint.text()
+    chat.model_hint.linkActivated.emit("tiny")
+    assert asked == ["tiny"]
+    chat.set_server(fake_server, "tiny", "sk-test", 4096)
+    assert chat.model_hint.isHidden()
+
+
 def test_rename_box_is_not_clipped(window, qtbot):
     chat = window.chat_panel
     chat.new_chat()
@@ -195,6 +221,19 @@ def test_crash_box_names_the_cause_and_the_field(window, qtbot):
     assert "no-such-model-anywhere" not in "\n".join(window.server.last_lines)
     assert panel.port.styleSheet() and not panel.model.styleSheet()
     assert panel.log.minimumHeight() >= 150 and text.count("<br>") <= 12
+
+
+def test_crash_causes_from_the_engines_own_messages():
+    from wslm.gui.crash_hints import crash_cause
+
+    def cause(line: str):
+        return crash_cause(1, ["Traceback (most recent call last):", f"ValueError: {line}"])
+
+    gpu = cause("No GPU memory left for the KV cache: the card has 8.0 GiB, 7.9 GiB are in use after loading")
+    assert gpu.field == "gpu" and "GPU memory share" in gpu.advice
+    assert cause("The KV cache budget (1 MiB) holds fewer than 2 blocks of 16 tokens").field == "extra"
+    assert cause("OSError: [Errno 98] Address already in use").field == "port"
+    assert crash_cause(3, ["something else"]).title == "The server stopped unexpectedly"  # only when unknown
 
 
 def test_share_on_linux_speaks_the_apps_language(window, qtbot, monkeypatch):

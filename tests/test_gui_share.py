@@ -49,6 +49,7 @@ def test_share_switch_on_refresh_off(qtbot, tmp_path, monkeypatch):
     assert key and window.settings.host == "0.0.0.0" and window.settings.api_key == key
     assert window.server_panel.api_key.text() == key
     assert "not running" in panel.notes.text()  # where to go next
+    assert "generated an API key" in panel.notes.text() and "wslm share key" not in panel.notes.text()
     url_copy = panel.url_rows[0].findChildren(type(panel.refresh_button))[0]
     url_copy.click()
     assert QGuiApplication.clipboard().text().startswith("http://")

@@ -52,6 +52,9 @@ def reply(window, qtbot, text: str) -> dict:
 def test_switch_model_from_chat(qtbot, tmp_path, monkeypatch):
     monkeypatch.setenv("WSLM_CONFIG_DIR", str(tmp_path / "config"))
     monkeypatch.setenv("WSLM_MODELS_DIR", str(tmp_path / "models"))
+    # The demo served as the app serves it: GGUF weights kept quantized, dtype=auto (bf16 on CPUs with
+    # avx512_bf16/AMX), not the dequantized form the parity tests load.
+    monkeypatch.setenv("WSLM_GGUF_DEQUANTIZE", "0")
     make_tiny_model(tmp_path / "models" / "tiny-llama", "llama", demo_tokenizer())
     settings = Settings(first_run_done=True, port=free_port(), model="demo", max_model_len=512,
                         serve_extra_args="--max-num-seqs 4", max_tokens=6, system_prompt="")
@@ -82,14 +85,15 @@ def test_switch_model_from_chat(qtbot, tmp_path, monkeypatch):
     states = []
     server.state_changed.connect(lambda s, _d: states.append(s))
     chat.choose_model("tiny-llama")
-    assert "Switching to tiny-llama" in chat.connection_label.text()
+    assert "Switching to tiny-llama" in chat.switch_note.text() and not chat.switch_note.isHidden()
     chat.input.setPlainText("too early")
     chat.send()
     assert chat.error_label.isVisible() and chat.input.toPlainText() == "too early"  # kept, not sent
     qtbot.waitUntil(lambda: server.state == READY and server.config.model == "tiny-llama", timeout=180_000)
     assert states[:2] == ["stopping", "stopped"] and "loading" in states and states[-1] == READY
     assert not psutil.pid_exists(demo_pid) or psutil.Process(demo_pid).status() == psutil.STATUS_ZOMBIE
-    assert window.server_panel.model_id() == "tiny-llama" and "tiny-llama" in chat.connection_label.text()
+    assert window.server_panel.model_id() == "tiny-llama" and chat.switch_note.isHidden()
+    assert chat.model_combo.currentData() == "tiny-llama" and "tiny-llama" in chat.connection_label.toolTip()
     second = reply(window, qtbot, "Hello again")
     assert second["model"] == "tiny-llama"
     assert [m.role for m in window.session.messages.messages()] == ["user", "assistant"] * 2

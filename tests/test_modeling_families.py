@@ -118,30 +118,65 @@ def test_family_matches_hf_alone_batched_cached_and_preempted(family, tok, tmp_p
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
 
 
-def _write_qwen3_gguf(path, model, tok_source) -> None:
-    """model's float32 weights as a GGUF with gguf's writer, the demo file's tokenizer copied in."""
+def _add_family_keys(w, arch: str, cfg, head_dim: int) -> None:
+    """The keys (and rope factor tensors) llama.cpp's converter writes beyond the common ones."""
+    import math
+
+    import numpy as np
+    from gguf import RopeScalingType
+
+    rope = cfg.rope_parameters
+    if arch == "phi3":
+        w.add_rope_dimension_count(int(head_dim * rope.get("partial_rotary_factor", 1.0)))
+        w.add_sliding_window(cfg.sliding_window or 0)
+        if rope.get("rope_type") == "longrope":
+            original = rope["original_max_position_embeddings"]
+            w.add_rope_scaling_orig_ctx_len(original)
+            scale = cfg.max_position_embeddings / original
+            w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)))
+            w.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], dtype=np.float32))
+            w.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], dtype=np.float32))
+    elif arch == "gemma2":
+        w.add_attn_logit_softcapping(cfg.attn_logit_softcapping)
+        w.add_final_logit_softcapping(cfg.final_logit_softcapping)
+    elif arch == "gemma3" and rope["full_attention"].get("rope_type") == "linear":
+        w.add_rope_scaling_type(RopeScalingType.LINEAR)
+        w.add_rope_scaling_factor(rope["full_attention"]["factor"])
+
+
+def _write_gguf(path, model, arch: str, tok_source) -> None:
+    """model's float32 weights as a GGUF of `arch` with gguf's writer (llama.cpp's tensor names and, for
+    Gemma, its 1 + w norms), the demo file's tokenizer copied in."""
     import gguf
 
     cfg = model.config
     n = cfg.num_hidden_layers
-    w = gguf.GGUFWriter(str(path), "qwen3")
+    w = gguf.GGUFWriter(str(path), arch)
     w.add_context_length(cfg.max_position_embeddings)
     w.add_block_count(n)
     w.add_embedding_length(cfg.hidden_size)
     w.add_feed_forward_length(cfg.intermediate_size)
     w.add_head_count(cfg.num_attention_heads)
     w.add_head_count_kv(cfg.num_key_value_heads)
-    w.add_key_length(cfg.head_dim)
-    w.add_value_length(cfg.head_dim)
-    w.add_rope_freq_base(cfg.rope_parameters["rope_theta"])
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_rope_freq_base(cfg.rope_parameters.get("rope_theta") or cfg.rope_parameters["full_attention"]["rope_theta"])
     w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
+    if getattr(cfg, "sliding_window", None):
+        w.add_sliding_window(cfg.sliding_window)
+    _add_family_keys(w, arch, cfg, head_dim)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
     for key, field in gguf.GGUFReader(str(tok_source)).fields.items():
         if key.startswith("tokenizer."):
             sub = field.types[1] if len(field.types) > 1 else None
             w.add_key_value(key, field.contents(), field.types[0], sub_type=sub)
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.QWEN3, n)
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], n)
     for name, t in model.state_dict().items():
+        if arch.startswith("gemma") and name.endswith("norm.weight"):
+            t = t + 1
+        if name == "lm_head.weight" and cfg.tie_word_embeddings:
+            continue
         w.add_tensor(names.get_name(name, try_suffixes=(".weight", ".bias")), t.float().numpy())
     w.write_header_to_file()
     w.write_kv_data_to_file()
@@ -165,13 +200,65 @@ def test_qwen3_gguf_written_here_loads_to_the_same_tokens(tok, tmp_path, monkeyp
     model = tf.Qwen3ForCausalLM(config).eval()
     _randomize_norms(model, 0.3)
     path = tmp_path / "tiny-qwen3-F32.gguf"
-    _write_qwen3_gguf(path, model, demo_model_path())
+    _write_gguf(path, model, "qwen3", demo_model_path())
     prompts = [tok.encode(t) for t in TEXTS]
     expected = [hf_greedy(model, tok, p, MAX_TOKENS) for p in prompts]
     # The file carries the demo tokenizer too; the saved copy spares converting it from GGUF again (slow).
     tok.save_pretrained(tmp_path / "tok")
     llm = LLM(str(path), tokenizer=str(tmp_path / "tok"), kv_cache_memory=16 << 20, dtype="float32")
     assert llm.llm_engine.model_config.architecture == "Qwen3ForCausalLM"
+    assert _tokens(llm, prompts) == expected
+
+
+@pytest.mark.parametrize("family", ["phi3", "gemma2", "gemma3"])
+def test_phi3_and_gemma_ggufs_written_here_load_to_the_same_tokens(family, tok, tmp_path, monkeypatch):
+    """Shaped like the real models where transformers' GGUF config reader would fall back to defaults
+    (wslm reads these from the file: gguf_config.py): Phi-4-mini's partial rotary with longrope and a
+    window, Gemma's query_pre_attn_scalar = head_dim and Gemma 2's own softcaps, Gemma 3's linear rope
+    scaling on its global layers (every 6th)."""
+    import transformers as tf
+
+    from wslm.demo import demo_model_path
+
+    monkeypatch.setenv("WSLM_GGUF_CACHE", "0")
+    torch.manual_seed(2)
+    common = dict(
+        vocab_size=len(tok), intermediate_size=96, max_position_embeddings=512, initializer_range=0.2,
+        eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id,
+    )  # fmt: skip
+    gemma = dict(hidden_size=48, num_attention_heads=3, num_key_value_heads=1, head_dim=16, query_pre_attn_scalar=16,
+                 sliding_window=16)  # fmt: skip
+    if family == "phi3":
+        config = tf.Phi3Config(
+            hidden_size=80, num_hidden_layers=2, num_attention_heads=5, num_key_value_heads=1, sliding_window=24,
+            original_max_position_embeddings=64, partial_rotary_factor=0.5, tie_word_embeddings=False,
+            rope_scaling={"type": "longrope", "short_factor": [1.0, 1.3, 2.0, 3.5],
+                          "long_factor": [2.0, 3.0, 5.0, 7.0]},
+            **common,
+        )  # fmt: skip
+        model = tf.Phi3ForCausalLM(config)
+    elif family == "gemma2":
+        config = tf.Gemma2Config(num_hidden_layers=2, attn_logit_softcapping=8.0, final_logit_softcapping=12.0,
+                                 **gemma, **common)  # fmt: skip
+        model = tf.Gemma2ForCausalLM(config)
+    else:
+        config = tf.Gemma3TextConfig(
+            num_hidden_layers=6, **gemma, **common,
+            rope_parameters={
+                "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000000.0},
+            },
+        )  # fmt: skip
+        model = tf.Gemma3ForCausalLM(config)
+    _randomize_norms(model, 0.3)
+    model.eval()
+    path = tmp_path / f"tiny-{family}-F32.gguf"
+    _write_gguf(path, model, family, demo_model_path())
+    prompts = [tok.encode(t) for t in TEXTS]
+    expected = [hf_greedy(model, tok, p, MAX_TOKENS) for p in prompts]
+    tok.save_pretrained(tmp_path / "tok")
+    llm = LLM(str(path), tokenizer=str(tmp_path / "tok"), kv_cache_memory=16 << 20, dtype="float32")
+    assert llm.llm_engine.model_config.architecture == type(model).__name__
     assert _tokens(llm, prompts) == expected
 
 

@@ -26,7 +26,14 @@ REPLIES = {
     "llama3_json": '<|python_tag|>{"name": "get_weather", "parameters": {"city": "Pa\\"ris", "days": [1, 2]}}; '
                    '{"name": "get_time", "parameters": {}}',
     "pythonic": '[get_weather(city=\'Pa"ris\', days=[1, 2]), get_time()]',
+    "qwen3_coder": 'Sure.<tool_call>\n<function=get_weather>\n<parameter=city>\nPa"ris\n</parameter>\n'
+                   '<parameter=days>\n[1, 2]\n</parameter>\n</function>\n</tool_call>\n'
+                   '<tool_call>\n<function=get_time>\n</function>\n</tool_call>',
 }
+# The request's tools (qwen3_coder types its raw text values by them; the JSON formats ignore them).
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {
+    "city": {"type": "string"}, "days": {"type": "array", "items": {"type": "integer"}}}}}},
+    {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}]
 
 
 def _streamed(reply: ChatReply, text: str, step: int) -> tuple[str, str, list[tuple[str, str]]]:
@@ -49,13 +56,13 @@ def _streamed(reply: ChatReply, text: str, step: int) -> tuple[str, str, list[tu
 @pytest.mark.parametrize("fmt", list(REPLIES))
 @pytest.mark.parametrize("step", [1, 2, 7, 10_000])
 def test_streamed_pieces_join_into_the_whole_reply(fmt, step):
-    whole = ChatReply(None, get_tool_parser(fmt))
+    whole = ChatReply(None, get_tool_parser(fmt, TOOLS))
     whole.feed(REPLIES[fmt], final=True)
     msg = whole.message()
     assert [(c["function"]["name"], json.loads(c["function"]["arguments"])) for c in msg["tool_calls"]] == CALLS
-    assert msg["content"] == ("Sure." if fmt in ("hermes", "mistral") else None)
+    assert msg["content"] == ("Sure." if fmt in ("hermes", "mistral", "qwen3_coder") else None)
     assert whole.finish_reason("stop") == "tool_calls" and whole.finish_reason("length") == "length"
-    content, _, calls = _streamed(ChatReply(None, get_tool_parser(fmt)), REPLIES[fmt], step)
+    content, _, calls = _streamed(ChatReply(None, get_tool_parser(fmt, TOOLS)), REPLIES[fmt], step)
     assert (content or None) == msg["content"]
     assert calls == [(c["function"]["name"], c["function"]["arguments"]) for c in msg["tool_calls"]]
 
@@ -64,6 +71,7 @@ def test_streamed_pieces_join_into_the_whole_reply(fmt, step):
     ("hermes", "Plain text, then a half marker <tool_"), ("hermes", "<tool_call>not json</tool_call>"),
     ("mistral", "[1] first point"), ("mistral", "Text [TOOL_CALLS"), ("llama3_json", "Hello {there}"),
     ("llama3_json", "<|python"), ("pythonic", "[1] a list"), ("pythonic", "[unclosed(x=1)"),
+    ("qwen3_coder", "<tool_call>\nnot a function</tool_call>"), ("qwen3_coder", "Half a marker <tool_c"),
 ])
 def test_text_that_is_not_a_call_stays_content(fmt, text):
     for step in (1, 3, len(text)):
@@ -78,6 +86,8 @@ def test_text_that_is_not_a_call_stays_content(fmt, text):
      [("get_weather", '{"city": "Pa')]),
     ("mistral", '[TOOL_CALLS][{"name": "f", "arguments": {"x": [1, ', None, [("f", '{"x": [1, ')]),
     ("llama3_json", '{"name": "f", "parameters": {"q": "a', None, [("f", '{"q": "a')]),
+    ("qwen3_coder", 'Hi<tool_call>\n<function=f>\n<parameter=a>\nx\n</parameter>\n<parameter=b>\nhal', "Hi",
+     [("f", '{"a": "x"')]),
     # Cut before any call's name was whole: nothing is lost, the text is content.
     ("hermes", 'Hi<tool_call>\n{"name": "get_wea', 'Hi<tool_call>\n{"name": "get_wea', []),
     ("llama3_json", '{"na', '{"na', []),
@@ -92,6 +102,26 @@ def test_a_reply_cut_short_loses_nothing(fmt, text, content, calls):
     for step in (1, 5, len(text)):
         got_content, _, got_calls = _streamed(ChatReply(None, get_tool_parser(fmt)), text, step)
         assert ((got_content or None), got_calls) == (content, calls)
+
+
+def test_qwen3_coder_values_typed_by_the_tool_schema():
+    props = {"n": {"type": "integer"}, "x": {"type": "number"}, "ok": {"type": "boolean"}, "o": {"type": "object"},
+             "s": {"type": "string"}, "maybe": {"type": ["integer", "null"]}, "bad": {"type": "integer"}}
+    tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": props}}}]
+    values = {"n": "42", "x": "2.5", "ok": "True", "o": '{"k": [1]}', "s": "007\n  indented code", "maybe": "null",
+              "bad": "many", "unknown": "7"}
+    # The last value leaves out its </parameter>, as models sometimes do; </function> still ends it.
+    text = "<tool_call>\n<function=f>\n" + "".join(f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in values.items())
+    text = text.removesuffix("</parameter>\n") + "</function>\n</tool_call>"
+    whole = ChatReply(None, get_tool_parser("qwen3_coder", tools))
+    whole.feed(text, final=True)
+    call = whole.message()["tool_calls"][0]["function"]
+    assert json.loads(call["arguments"]) == {"n": 42, "x": 2.5, "ok": True, "o": {"k": [1]},
+                                             "s": "007\n  indented code", "maybe": None, "bad": "many",
+                                             "unknown": "7"}
+    for step in (1, 6):
+        assert _streamed(ChatReply(None, get_tool_parser("qwen3_xml", tools)), text, step)[2] == \
+            [("f", call["arguments"])]
 
 
 def test_required_named_and_parallel_off():
@@ -125,6 +155,7 @@ def test_reasoning_split(name, opened, text, reasoning, content):
 
 def test_parsers_picked_from_templates():
     assert pick_tool_parser("{% if tools %}<tool_call>{% endif %}") == "hermes"
+    assert pick_tool_parser("<tool_call>\n<function=example_function_name>") == "qwen3_coder"
     assert pick_tool_parser("[TOOL_CALLS] {{ tools }}") == "mistral"
     assert pick_tool_parser("<|start_header_id|>{% if tools %}{% endif %}") == "llama3_json"
     assert pick_tool_parser("[func_name1(params_name1=params_value1)]") == "pythonic"
@@ -152,3 +183,25 @@ def test_plan_tool_choice_none_and_exclude_flag():
     assert plan.template_tools == [tool] and plan.tool_parser is None and plan.grammar is None
     state.exclude_tools_when_tool_choice_none = True
     assert plan_chat(state, req).template_tools is None
+    # "auto" hands the request's tools to the parser: qwen3_coder types the raw "3" by the schema.
+    typed = {"type": "function", "function": {"name": "f", "parameters": {"type": "object",
+                                                                          "properties": {"n": {"type": "integer"}}}}}
+    req = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "hi"}], "tools": [typed]})
+    req.sampling_params(5, None)
+    plan = plan_chat(SimpleNamespace(enable_auto_tool_choice=True, tool_call_parser="qwen3_xml", reasoning_parser=None),
+                     req)
+    reply = plan.new_reply()
+    reply.feed("<tool_call>\n<function=f>\n<parameter=n>\n3\n</parameter>\n</function>\n</tool_call>", final=True)
+    assert reply.message()["tool_calls"][0]["function"]["arguments"] == '{"n": 3}'
+
+
+def test_serve_accepts_vllm_parser_names():
+    import argparse
+
+    from wslm.backend import serve_cli
+
+    parser = argparse.ArgumentParser()
+    serve_cli.register(parser.add_subparsers())
+    for name in ("hermes", "llama3_json", "llama4_json", "mistral", "pythonic", "llama4_pythonic", "qwen3_coder",
+                 "qwen3_xml"):
+        assert parser.parse_args(["serve", "--tool-call-parser", name]).tool_call_parser == name

@@ -132,6 +132,7 @@ def switch_sequence(w, cfg: Path, out: Path) -> list[Path]:
     process_events_for(60, until=lambda: "tiny-llama" in w.models.table.ids())
     w.sidebar.select("chat")
     w.chat_panel.new_chat()
+    w.chat_panel.max_tokens.setValue(40)  # short replies: the random model's gibberish would fill the picture
     w.chat_panel.input.setPlainText("Say hi.")
     w.chat_panel.send()
     process_events_for(90, until=lambda: not w.session.busy)

@@ -6,6 +6,7 @@
 #   bash install.sh --source PATH_OR_SPEC  where wslm comes from (default: this checkout, else PyPI "wslm")
 #   bash install.sh --uninstall           remove what this script installed (venv, launcher links), nothing else
 #   bash install.sh --system-link         (as root) link /usr/local/bin/wslm to the venv's wslm
+#   bash install.sh --gui                 also the desktop app (wslm gui; doctor then checks Qt's xcb libraries)
 #
 # Environment: WSLM_HOME (prefix), WSLM_PYTHON (interpreter), WSLM_TORCH_SPEC (torch requirement and pip
 # options, replaces the automatic CPU/CUDA choice), WSLM_PIP_ARGS (extra pip options), WSLM_BIN_DIR
@@ -41,7 +42,7 @@ on_error() {
 }
 
 usage() {
-    sed -n '2,15p' "$0" 2>/dev/null | sed 's/^# \{0,1\}//'
+    sed -n '2,17p' "$0" 2>/dev/null | sed 's/^# \{0,1\}//'
 }
 
 # --- arguments --------------------------------------------------------------------------------------
@@ -50,6 +51,7 @@ SOURCE=""
 MODE="install"
 SYSTEM_ONLY=0
 FORCE=0
+EXTRAS="backend"  # --gui adds the desktop app's extra (PySide6)
 while [ $# -gt 0 ]; do
     case "$1" in
         --prefix) [ $# -ge 2 ] || die "--prefix needs a folder" "bash install.sh --prefix ~/.wslm"
@@ -61,6 +63,7 @@ while [ $# -gt 0 ]; do
         --uninstall) MODE="uninstall"; shift ;;
         --system-link) SYSTEM_ONLY=1; shift ;;
         --force) FORCE=1; shift ;;
+        --gui) EXTRAS="backend,gui"; shift ;;
         -h|--help) usage; exit 0 ;;
         *) die "unknown option: $1" "bash install.sh --help lists the options" ;;
     esac
@@ -261,24 +264,25 @@ if [ -d "$SOURCE" ]; then
     SOURCE="$(cd "$SOURCE" && pwd)"
     [ -f "$SOURCE/pyproject.toml" ] || die "$SOURCE is not a wslm checkout (no pyproject.toml)" \
         "pass a checkout folder, a wheel or a requirement: --source wslm==0.1.0"
-    REQ="${SOURCE}[backend]"
+    REQ="${SOURCE}[$EXTRAS]"
     # A checkout changes under us: fingerprint its sources so a re-run reinstalls only after a change.
     FINGERPRINT="$(cd "$SOURCE" && find pyproject.toml wslm -type f \( -name '*.py' -o -name '*.toml' \
         -o -name '*.json' -o -name '*.png' -o -name '*.qss' -o -name '*.sh' -o -name '*.ps1' \) \
         -not -path '*/__pycache__/*' | LC_ALL=C sort | xargs sha256sum | sha256sum | cut -d' ' -f1)"
 elif [ -f "$SOURCE" ]; then
-    REQ="${SOURCE}[backend]"
+    REQ="${SOURCE}[$EXTRAS]"
     FINGERPRINT="$(sha256sum "$SOURCE" | cut -d' ' -f1)"
 elif [[ "$SOURCE" =~ ^wslm(\[[^]]*\])?(.*)$ ]]; then
-    REQ="wslm[backend]${BASH_REMATCH[2]}"
+    REQ="wslm[$EXTRAS]${BASH_REMATCH[2]}"
     FINGERPRINT="$REQ"
 elif [[ "$SOURCE" == *://* ]]; then
-    REQ="wslm[backend] @ $SOURCE"
+    REQ="wslm[$EXTRAS] @ $SOURCE"
     FINGERPRINT="$REQ"
 else
     die "--source $SOURCE: no such file or folder, and not a wslm requirement" \
         "pass a checkout folder, a wheel/sdist file, a URL, or a requirement like wslm==0.1.0"
 fi
+[ "$EXTRAS" = backend ] || FINGERPRINT="$FINGERPRINT+$EXTRAS"  # adding --gui later installs the extra
 if [ "$FORCE" = 0 ] && [ "$(state_get wslm)" = "$FINGERPRINT" ] && [ -x "$VENV/bin/wslm" ] \
     && "$VPY" -c 'import wslm, fastapi, transformers' 2>/dev/null; then
     say "already installed from $SOURCE"
@@ -291,7 +295,7 @@ else
         (cd "$SOURCE" && tar --exclude=.venv --exclude=.git --exclude=build --exclude=dist \
             --exclude='*.egg-info' --exclude=__pycache__ -cf - pyproject.toml README.md wslm) \
             | tar -C "$BUILD_DIR" -xf -
-        REQ="${BUILD_DIR}[backend]"
+        REQ="${BUILD_DIR}[$EXTRAS]"
     fi
     pip_install -c "$CONSTRAINTS" "$REQ" || die "installing wslm failed ($REQ)" \
         "check the network (pip must reach PyPI) and free disk space, then re-run this installer"
@@ -342,7 +346,7 @@ if system_link_wanted && ! our_link "$SYSTEM_BIN_DIR/wslm"; then
 fi
 
 # --- 7. doctor ---------------------------------------------------------------------------------------
-# Only checks, never installs: with the GUI extra in the venv, doctor also names the Qt xcb libraries
+# Only checks, never installs: with the GUI extra in the venv (--gui), doctor also names the Qt xcb libraries
 # (libxcb-cursor0, libxcb-icccm4, libxcb-keysyms1, ...) the window needs, with the apt-get line.
 step 7 "wslm doctor"
 trap - ERR

@@ -256,7 +256,7 @@ def test_unknown_option_says_what_to_do(tmp_path):
     bad = subprocess.run(["bash", script, "--frobnicate"], env=env, capture_output=True, text=True)
     assert bad.returncode == 1 and "unknown option: --frobnicate" in bad.stderr and "--help" in bad.stderr
     help_text = subprocess.run(["bash", script, "--help"], env=env, capture_output=True, text=True)
-    assert help_text.returncode == 0 and "--uninstall" in help_text.stdout
+    assert help_text.returncode == 0 and "--uninstall" in help_text.stdout and "--gui" in help_text.stdout
 
 
 @pytest.mark.skipif(not shutil.which("shellcheck"), reason="shellcheck is not installed (apt install shellcheck)")

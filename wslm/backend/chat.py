@@ -5,6 +5,7 @@ all call render_chat(), so the same messages give the same prompt token ids ever
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -85,6 +86,30 @@ def _template_tool_call(i: int, j: int, call: Any) -> dict:
     return {**call, "type": call.get("type", "function"), "function": {**fn, "arguments": args}}
 
 
+# Mistral's templates refuse any tool call id that is not 9 alphanumeric characters (raise_exception in the
+# Jinja); OpenAI-style ids ("call_...", and ours) are longer, so every tool round-trip would fail.
+_NINE_CHAR_IDS = "id|length!=9"
+
+
+def _nine_char_tool_call_ids(messages: list[dict]) -> list[dict]:
+    """Each tool call id, and the tool_call_id answering it, as 9 alphanumeric characters (a stable hash, so a
+    call and its result still match), as vLLM shortens them for Mistral models."""
+    def short(value: Any) -> Any:
+        if not isinstance(value, str) or (len(value) == 9 and value.isalnum()):
+            return value
+        return hashlib.sha256(value.encode()).hexdigest()[:9]
+
+    out = []
+    for msg in messages:
+        msg = dict(msg)
+        if msg.get("tool_calls"):
+            msg["tool_calls"] = [{**c, "id": short(c.get("id"))} for c in msg["tool_calls"]]
+        if "tool_call_id" in msg:
+            msg["tool_call_id"] = short(msg["tool_call_id"])
+        out.append(msg)
+    return out
+
+
 def render_chat_text(tokenizer: Any, messages: Any, template: str | None, model_name: str, *,
                      add_generation_prompt: bool = True, continue_final_message: bool = False,
                      tools: list[dict] | None = None, chat_template_kwargs: dict | None = None) -> str:
@@ -102,6 +127,8 @@ def render_chat_text(tokenizer: Any, messages: Any, template: str | None, model_
                            "add_generation_prompt=false to continue the last assistant message.",
                            param="continue_final_message")
     normalized = normalize_messages(messages)
+    if _NINE_CHAR_IDS in str(template).replace(" ", ""):
+        normalized = _nine_char_tool_call_ids(normalized)
     if continue_final_message and normalized[-1]["role"] != "assistant":
         raise RequestError("continue_final_message needs the last message to be an assistant message.",
                            param="continue_final_message")

@@ -15,7 +15,7 @@ from wslm.backend.block_manager import BlockManager, window_blocks
 from wslm.backend.chat import read_template, render_chat
 from wslm.backend.config import EngineConfig
 from wslm.backend.cpu_tuning import tune_allocator
-from wslm.backend.distributed.executor import EngineDeadError
+from wslm.backend.distributed.executor import EngineDeadError, kv_cache_note
 from wslm.backend.fault_injection import Faults
 from wslm.backend.kv_cache import determine_num_blocks
 from wslm.backend.model_loader import load_model_config, load_tokenizer, resolve_model
@@ -85,8 +85,9 @@ class LLMEngine:
         if config.tensor_parallel_size > 1:
             from wslm.backend.distributed.executor import make_executor
             from wslm.backend.distributed.parallel_state import check_divisible
+            from wslm.backend.quant.shard import checkpoint_group_size
 
-            check_divisible(mc, config.tensor_parallel_size)
+            check_divisible(mc, config.tensor_parallel_size, checkpoint_group_size(source, mc.quantization))
             self.runner = make_executor(config, source, mc)
             num_blocks = self.runner.num_blocks
         else:
@@ -127,7 +128,7 @@ class LLMEngine:
             "KV cache: %d blocks of %d tokens = %d tokens (%.2f GiB%s); max_model_len %d; "
             "max concurrent full-length sequences %.1f; prefix caching %s; ready in %.1fs",
             num_blocks, config.block_size, num_blocks * config.block_size, kv_gib,
-            f" per rank, {config.tensor_parallel_size} ranks" if config.tensor_parallel_size > 1 else "",
+            kv_cache_note(config.tensor_parallel_size, num_blocks, mc.num_kv_heads),
             mc.max_model_len,
             num_blocks * config.block_size / mc.max_model_len, "on" if config.enable_prefix_caching else "off",
             time.monotonic() - start,

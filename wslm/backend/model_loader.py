@@ -82,8 +82,13 @@ def _read_hf_config(source: ModelSource, trust_remote_code: bool):
     converted = source.converted()
     if converted is not None:
         return AutoConfig.from_pretrained(str(converted))
-    kwargs = {"gguf_file": source.gguf_file} if source.gguf_file else {}
-    return AutoConfig.from_pretrained(str(source.folder), trust_remote_code=trust_remote_code, **kwargs)
+    if not source.gguf_file:
+        return AutoConfig.from_pretrained(str(source.folder), trust_remote_code=trust_remote_code)
+    from wslm.backend.gguf_config import complete_config
+
+    hf_config = AutoConfig.from_pretrained(str(source.folder), gguf_file=source.gguf_file)
+    complete_config(hf_config, source.gguf_path)  # the keys transformers' reader skips (Phi-3, Gemma)
+    return hf_config
 
 
 def load_tokenizer(source: ModelSource, tokenizer: str | None = None, trust_remote_code: bool = False):
@@ -201,7 +206,8 @@ def load_model_config(
     hf_config = _read_hf_config(source, trust_remote_code)
     archs = list(getattr(hf_config, "architectures", None) or [])
     if not archs:
-        model_type = getattr(hf_config, "model_type", "")
+        # transformers' GGUF reader names a gemma3 file's config gemma3_text.
+        model_type = getattr(hf_config, "model_type", "").removesuffix("_text")
         archs = [GGUF_ARCHITECTURES.get(model_type, model_type or "unknown")]
     arch = archs[0]
     # A bare decoder body (Qwen3Model, as embedding checkpoints ship) runs on its causal-LM family's code.

@@ -6,6 +6,12 @@ from __future__ import annotations
 import argparse
 
 
+def tool_parser_names() -> list[str]:
+    from wslm.backend.server.tool_parsers import TOOL_PARSERS  # light: the parsers need no torch or fastapi
+
+    return list(TOOL_PARSERS)
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "serve",
@@ -113,7 +119,7 @@ def _add_vllm_flags(p: argparse.ArgumentParser) -> None:
     g.add_argument("--enable-auto-tool-choice", action="store_true",
                    help='let the model call tools on its own (tool_choice "auto"); on by default when the chat '
                         "template shows a tool format wslm recognises")
-    g.add_argument("--tool-call-parser", default=None, choices=["hermes", "llama3_json", "mistral", "pythonic"],
+    g.add_argument("--tool-call-parser", default=None, choices=tool_parser_names(),
                    help="how the model writes tool calls (default: picked from the chat template)")
     g.add_argument("--exclude-tools-when-tool-choice-none", action="store_true",
                    help='with tool_choice "none", do not show the tools to the chat template')

@@ -39,6 +39,7 @@ from wslm.gui.chat_export import export_conversation
 from wslm.gui.chat_model import IdRole
 from wslm.gui.chat_session import ChatSession
 from wslm.gui.chat_view import ChatView
+from wslm.gui.elided_label import ElidedLabel
 from wslm.gui.model_lister import ModelLister
 from wslm.gui.models_model import display_name
 from wslm.gui.settings import Settings
@@ -160,7 +161,7 @@ class ChatPanel(QWidget):
         lay = QVBoxLayout(box)
         lay.setContentsMargins(8, 10, 8, 10)
         head = QHBoxLayout()
-        self.title = QLabel("New chat", objectName="Title")
+        self.title = ElidedLabel("New chat", objectName="Title")  # a long title gives way to the picker
         self.connection_label = QLabel(objectName="Muted")
         self.settings_button = QPushButton("⚙")
         self.settings_button.setCheckable(True)
@@ -171,13 +172,12 @@ class ChatPanel(QWidget):
         # models an OpenAI-compatible URL serves (free text allowed there).
         self.model_combo = QComboBox()
         self.model_combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
-        self.model_combo.setMinimumContentsLength(16)
+        self.model_combo.setMinimumContentsLength(10)  # grows with the window (stretch below)
         self.model_combo.setToolTip("The model this chat talks to")
         self.model_combo.currentTextChanged.connect(self._model_changed)
         self.model_combo.activated.connect(self._model_chosen)
-        self.connection_label.setMinimumWidth(1)
         head.addWidget(self.title, 1)
-        head.addWidget(self.model_combo)
+        head.addWidget(self.model_combo, 2)
         head.addWidget(self.connection_label)
         head.addWidget(self.settings_button)
         lay.addLayout(head)
@@ -187,6 +187,17 @@ class ChatPanel(QWidget):
         self.error_label.setWordWrap(True)
         self.error_label.hide()
         lay.addWidget(self.error_label)
+        # Per-chat model: a chat that talked to another installed model offers to switch back to it.
+        self.model_hint = QLabel(objectName="Muted")
+        self.model_hint.setWordWrap(True)
+        self.model_hint.linkActivated.connect(lambda model_id: self.choose_model(model_id))
+        self.model_hint.hide()
+        lay.insertWidget(1, self.model_hint)
+        # A model switch's progress, on a line of its own (the header has no room for a sentence).
+        self.switch_note = QLabel(objectName="Muted")
+        self.switch_note.setWordWrap(True)
+        self.switch_note.hide()
+        lay.insertWidget(1, self.switch_note)
         composer = QFrame(objectName="Card")
         row = QHBoxLayout(composer)
         row.setContentsMargins(8, 8, 8, 8)
@@ -215,7 +226,7 @@ class ChatPanel(QWidget):
 
     def _build_params(self) -> QWidget:
         box = QWidget()
-        box.setMinimumWidth(200)
+        box.setMinimumWidth(180)
         lay = QVBoxLayout(box)
         lay.setContentsMargins(6, 10, 10, 10)
         lay.addWidget(QLabel("System prompt", objectName="Muted"))
@@ -308,6 +319,19 @@ class ChatPanel(QWidget):
         if row >= 0:
             self.list.setCurrentIndex(self.session.conversations.index(row))
         self.error_label.hide()
+        self._show_model_hint()
+
+    def _show_model_hint(self) -> None:
+        conv = self.session.current()
+        served = self.switching_to or (self.server_model if self.server_url else self.serve_choice)
+        chat_model = next((m for m in self.installed if conv and m["id"] == conv.model), None)
+        if not self.settings.chat_use_server or chat_model is None or conv.model == served:
+            self.model_hint.hide()
+            return
+        name = html.escape(display_name(chat_model))
+        self.model_hint.setText(f"This chat was with {name}. <a href='{html.escape(conv.model)}'>Switch to it</a> "
+                                "(the server reloads), or just write: the model above answers.")
+        self.model_hint.show()
 
     def _params_changed(self, *_args) -> None:
         if self._loading_params:
@@ -443,6 +467,9 @@ class ChatPanel(QWidget):
         if not self.settings.chat_use_server:
             return
         model_id = str(self.model_combo.itemData(index) or "")
+        conv = self.session.current()
+        if model_id and conv is not None and conv.model != model_id:
+            self.session.store.update_conversation(conv.id, model=model_id)  # this chat's model from now on
         if model_id and model_id != (self.server_model if self.server_url else "") and model_id != self.switching_to:
             self.model_switch_requested.emit(model_id)
 
@@ -459,6 +486,7 @@ class ChatPanel(QWidget):
             self.serve_choice = serve_choice
         if self.settings.chat_use_server:
             self._fill_server_models()
+        self._show_model_hint()
 
     def _fill_server_models(self) -> None:
         selected = self.switching_to or (self.server_model if self.server_url else "") or self.serve_choice
@@ -477,6 +505,8 @@ class ChatPanel(QWidget):
         """Progress of a model switch, where the user chose it."""
         name = next((display_name(m) for m in self.installed if m.get("id") == model_id), model_id)
         self.switching_to = "" if state in ("ready", "crashed") else model_id
+        if state in ("ready", "crashed"):
+            self.switch_note.hide()
         if state == "crashed":
             self._show_error(f"Could not load {name}: {detail}")
             return
@@ -485,10 +515,20 @@ class ChatPanel(QWidget):
             return
         step = {"stopping": "stopping the current model", "stopped": "stopped", "starting": "starting the server",
                 "loading": "loading the model"}.get(state, state)
-        self.connection_label.setText(f"<span style='color:#d29922;'>●</span> Switching to {html.escape(name)}: "
-                                      f"{step}…")
+        self._set_connection("#d29922", "switching…")
+        self.switch_note.setText(f"<span style='color:#d29922;'>●</span> Switching to {html.escape(name)}: {step}…")
+        self.switch_note.show()
         self.view.set_empty_hint(f"Loading {name}… the chat can continue once it is ready.")
         self._fill_server_models()
+        self._show_model_hint()
+
+    def _set_connection(self, color: str, text: str) -> None:
+        """The dot and a few words beside the picker: shown whole when short ("wslm server"), cut when long
+        (a custom URL, whole in the tooltip) so it never sets the window's minimum width."""
+        self.connection_label.setText(f"<span style='color:{color};'>●</span> {html.escape(text)}")
+        width = self.connection_label.fontMetrics().horizontalAdvance(f"● {text}") + 4
+        self.connection_label.setMinimumWidth(min(width, 100))
+        self.connection_label.setToolTip(text)
 
     def _apply_connection(self) -> None:
         use_server = self.settings.chat_use_server
@@ -503,10 +543,12 @@ class ChatPanel(QWidget):
             if self.switching_to:
                 pass  # show_switch() keeps the label up to date
             elif self.server_url:
-                self.connection_label.setText(f"<span style='color:#3fb950;'>●</span> wslm server · {self.server_model}")
+                # The model's name is in the picker beside it; the label says where the chat goes.
+                self._set_connection("#3fb950", "wslm server")
+                self.connection_label.setToolTip(f"{self.server_model} at {self.server_url}")
                 self.view.set_empty_hint(f"Talking to {self.server_model} on the wslm server.")
             else:
-                self.connection_label.setText("<span style='color:#8d96a8;'>●</span> server not running")
+                self._set_connection("#8d96a8", "server not running")
                 self.view.set_empty_hint("Start the server in the Server panel, or connect to any "
                                          "OpenAI-compatible URL under Connection.")
         else:
@@ -519,8 +561,9 @@ class ChatPanel(QWidget):
             self.url.setText(self.settings.chat_base_url)
             url = normalize_base_url(self.settings.chat_base_url)
             self.session.set_endpoint(url, self.settings.chat_api_key, self.model_combo.currentText().strip())
-            self.connection_label.setText(f"<span style='color:#4f9dff;'>●</span> {url}")
+            self._set_connection("#4f9dff", url)
             self.view.set_empty_hint(f"Talking to {url}.")
+        self._show_model_hint()
 
     def refresh_models(self) -> None:
         if self.session.base_url:

@@ -15,7 +15,7 @@ class CrashCause:
 
 # (needles in the error or log, cause); first match wins, so the specific ones come first.
 CAUSES: list[tuple[tuple[str, ...], CrashCause]] = [
-    (("out of memory", "cuda oom", "outofmemoryerror"),
+    (("out of memory", "cuda oom", "outofmemoryerror", "no gpu memory left"),
      CrashCause("The GPU ran out of memory", "Lower “GPU memory share” or “Context length” above, or pick a "
                 "smaller model in the Model box.", "gpu")),
     (("address already in use", "errno 98", "port is already in use", "is already in use",
@@ -32,6 +32,9 @@ CAUSES: list[tuple[tuple[str, ...], CrashCause]] = [
       "is not a model"),
      CrashCause("Model not found", "Pick an installed model in the Model box above, or download this one in "
                 "the Models panel.", "model")),
+    (("the kv cache budget",),  # CPU: the pool (sized from free RAM, or a --kv-cache-memory flag) is too small
+     CrashCause("No room for the KV cache", "Free some RAM, remove a small --kv-cache-memory from “Extra flags”, "
+                "or pick a smaller model.", "extra")),
     (("maximum context", "max_model_len", "max-model-len"),
      CrashCause("The context length does not fit", "Lower “Context length” above, or set it to “model "
                 "default”.", "context")),

@@ -43,7 +43,7 @@ class ModelsPanel(QWidget):
         self.summary.setMinimumWidth(1)  # long text must not set the window's minimum width
         self.download_button = QPushButton("⬇  Download…", objectName="Primary")
         self.download_button.clicked.connect(self.open_download)
-        self.discover_button = QPushButton("🔍  Discover…")
+        self.discover_button = QPushButton("Discover…")  # no emoji: Linux desktops often lack a colour emoji font
         self.discover_button.setToolTip("Search the hub for models, see which files fit this machine")
         self.discover_button.clicked.connect(self.open_discover)
         self.serve_button = QPushButton("Serve selected")

@@ -181,7 +181,9 @@ class SharePanel(QWidget):
 
     def _on_result(self, data: dict) -> None:
         self._on_result_key()
-        notes = [(m, theme.MUTED) for m in data.get("messages", [])]
+        # The CLI's pointer to its own command becomes the panel's Show button.
+        notes = [(m.replace("(`wslm share key --show`)", "(Show, under API key)"), theme.MUTED)
+                 for m in data.get("messages", [])]
         notes += [(w, theme.WARN) for w in data.get("warnings", [])]
         self._set_notes(notes)
         if data.get("action") == "on" and data.get("server"):

@@ -21,6 +21,15 @@ class WorkerStepError(RuntimeError):
     """Every rank raised the same way inside one step: that step's requests fail, the engine goes on."""
 
 
+def kv_cache_note(size: int, num_blocks: int, num_kv_heads: int) -> str:
+    """The start log's KV line under tensor parallelism: every rank holds every block, for its own KV
+    heads, so the pool's token capacity is the block count's and the memory logged is per rank."""
+    if size == 1:
+        return ""
+    per = max(1, num_kv_heads // size)
+    return f" per rank; each of {size} ranks holds these {num_blocks} blocks for its {per} of {num_kv_heads} KV heads"
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))

@@ -9,7 +9,6 @@ query heads read)."""
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from wslm.backend.distributed.parallel_state import (
     get_tp_rank,
@@ -18,6 +17,7 @@ from wslm.backend.distributed.parallel_state import (
     tensor_model_parallel_all_reduce,
 )
 from wslm.backend.quant.linear import apply_linear, embedding
+from wslm.backend.quant.shard import narrow, pad_rows
 
 
 def local_num_heads(num_heads: int) -> int:
@@ -28,24 +28,26 @@ def local_num_kv_heads(num_kv_heads: int) -> int:
     return max(1, num_kv_heads // get_tp_size())
 
 
-def shard_dim(t: torch.Tensor, dim: int) -> torch.Tensor:
-    """This rank's equal slice along dim (column-parallel: dim 0 of a weight; row-parallel: dim 1)."""
+def shard_dim(t, dim: int):
+    """This rank's equal slice along dim (column-parallel: dim 0 of a weight; row-parallel: dim 1). t is a
+    tensor or a quantized weight, which keeps its format (wslm.backend.quant.shard)."""
     size = get_tp_size()
     if size == 1:
         return t
-    return t.chunk(size, dim=dim)[get_tp_rank()].contiguous()
+    per = t.shape[dim] // size
+    return narrow(t, dim, get_tp_rank() * per, per)
 
 
-def shard_heads(t: torch.Tensor, num_heads: int, head_dim: int) -> torch.Tensor:
+def shard_heads(t, num_heads: int, head_dim: int):
     """Rows of a q projection (weight or bias): this rank's query heads."""
     size, rank = get_tp_size(), get_tp_rank()
     if size == 1:
         return t
     per = num_heads // size
-    return t[rank * per * head_dim : (rank + 1) * per * head_dim].contiguous()
+    return narrow(t, 0, rank * per * head_dim, per * head_dim)
 
 
-def shard_kv_heads(t: torch.Tensor, num_kv_heads: int, head_dim: int) -> torch.Tensor:
+def shard_kv_heads(t, num_kv_heads: int, head_dim: int):
     """Rows of a k or v projection: this rank's KV heads, or the one replicated KV head its queries use."""
     size, rank = get_tp_size(), get_tp_rank()
     if size == 1:
@@ -55,32 +57,31 @@ def shard_kv_heads(t: torch.Tensor, num_kv_heads: int, head_dim: int) -> torch.T
         first = rank * per
     else:
         per, first = 1, rank * num_kv_heads // size
-    return t[first * head_dim : (first + per) * head_dim].contiguous()
+    return narrow(t, 0, first * head_dim, per * head_dim)
 
 
 def vocab_shard_size(vocab_size: int) -> int:
     return -(-vocab_size // get_tp_size())
 
 
-def shard_vocab(t: torch.Tensor, vocab_size: int) -> torch.Tensor:
+def shard_vocab(t, vocab_size: int):
     """Rows [rank * per, (rank + 1) * per) of an embedding or lm_head, zero-padded past the vocabulary."""
     size, rank = get_tp_size(), get_tp_rank()
     if size == 1:
         return t
     per = vocab_shard_size(vocab_size)
-    part = t[rank * per : min((rank + 1) * per, vocab_size)]
-    if part.shape[0] < per:
-        part = torch.cat([part, part.new_zeros(per - part.shape[0], *part.shape[1:])])
-    return part.contiguous()
+    start = min(rank * per, vocab_size)
+    return pad_rows(narrow(t, 0, start, min(per, vocab_size - start)), per)
 
 
-def vocab_parallel_embedding(ids: torch.Tensor, weight: torch.Tensor, dtype: torch.dtype | None = None) -> torch.Tensor:
+def vocab_parallel_embedding(ids: torch.Tensor, weight, dtype: torch.dtype | None = None) -> torch.Tensor:
+    """Rows of a dense or int8 table (GGUF files, int8/int4 on the fly)."""
     if get_tp_size() == 1:
         return embedding(ids, weight, dtype)  # an int8 table (GGUF) reads out in the model's dtype
     per = weight.shape[0]
     local = ids - get_tp_rank() * per
     outside = (local < 0) | (local >= per)
-    out = F.embedding(local.masked_fill(outside, 0), weight)
+    out = embedding(local.masked_fill(outside, 0), weight, dtype)
     out.masked_fill_(outside.unsqueeze(-1), 0.0)
     return tensor_model_parallel_all_reduce(out)
 

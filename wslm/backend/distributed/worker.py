@@ -98,6 +98,12 @@ class Worker:
 
         return comm_profile(enable)
 
+    def weight_bytes(self) -> dict[str, int]:
+        """This rank's share of the weights (tests check it is 1/N; bench/tp.py reports it)."""
+        from wslm.backend.modeling.weight_bytes import weight_bytes
+
+        return weight_bytes(self.model)
+
     def ping(self) -> int:
         return self.rank
 

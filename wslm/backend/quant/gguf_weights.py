@@ -28,6 +28,18 @@ _LAYER_NAMES = {
     "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
     "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
 }  # fmt: skip
+# Families whose llama.cpp names differ from Llama's: Phi-3 keeps its fused projections under the plain
+# names; Gemma's four norms per layer reuse ffn_norm for the norm before the MLP.
+_ARCH_LAYER_NAMES = {
+    "phi3": {"attn_qkv": "self_attn.qkv_proj", "ffn_up": "mlp.gate_up_proj"},
+    "gemma2": {
+        "post_attention_norm": "post_attention_layernorm", "ffn_norm": "pre_feedforward_layernorm",
+        "post_ffw_norm": "post_feedforward_layernorm",
+    },
+}  # fmt: skip
+_ARCH_LAYER_NAMES["gemma3"] = _ARCH_LAYER_NAMES["gemma2"]
+# llama.cpp's converter stores Gemma's (1 + w) norm weights as 1 + w; transformers subtracts the 1 again.
+_SHIFTED_NORM_ARCHS = ("gemma2", "gemma3")
 _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "output": "lm_head"}
 # Architectures whose q/k rows llama.cpp's converter permuted (transformers undoes the same set).
 _PERMUTED_ARCHS = ("llama", "mistral")
@@ -38,10 +50,10 @@ def dequantize_requested() -> bool:
     return os.environ.get("WSLM_GGUF_DEQUANTIZE", "0") not in ("0", "", "false", "no")
 
 
-def hf_name(gguf_name: str) -> str | None:
+def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
     m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", gguf_name)
     if m:
-        part = _LAYER_NAMES.get(m.group(2))
+        part = _ARCH_LAYER_NAMES.get(arch, {}).get(m.group(2)) or _LAYER_NAMES.get(m.group(2))
         return f"model.layers.{m.group(1)}.{part}.{m.group(3)}" if part else None
     base, _, kind = gguf_name.rpartition(".")
     top = _TOP_NAMES.get(base)
@@ -74,11 +86,13 @@ def iter_gguf_weights(path: str | Path) -> Iterator[tuple[str, object]]:
     # is not needed for the weights: free it before they load.
     reader.fields.clear()
     for t in reader.tensors:
-        name = hf_name(t.name)
+        name = hf_name(t.name, arch)
         if name is None:  # rope_freqs and the like: the engine computes them from the config
             continue
         kind = t.tensor_type.name
         weight = _read_tensor(t, kind, dequant, is_table=name.startswith(("model.embed_tokens", "lm_head")))
+        if arch in _SHIFTED_NORM_ARCHS and name.endswith("norm.weight"):
+            weight = weight - 1
         if arch in _PERMUTED_ARCHS and (".q_proj." in name or ".k_proj." in name):
             heads = n_head if ".q_proj." in name else n_kv
             weight = _permute(weight, _unpermute_rows(weight.shape[0], heads))

@@ -111,10 +111,11 @@ def prepare_weight(weight, method: str | None, name: str, device: torch.device, 
     return finalize(weight, device, dtype)
 
 
-def quantize_on_load(w: torch.Tensor, method: str, is_table: bool = False):
-    """int8: per output channel; int4: groups of 128 (or the largest of 64/32 that divides the input
-    width). Embedding / lm_head tables go to int8 in both (their rows are read one by one, and 4-bit
-    logits cost the most quality)."""
-    if method == "int8" or is_table or w.shape[1] % 32:
+def quantize_on_load(w: torch.Tensor, method: str, is_table: bool = False, group_width: int | None = None):
+    """int8: per output channel; int4: groups of 128 (or the largest of 64/32 that divides group_width:
+    the input width, or one tensor-parallel rank's share of it). Embedding / lm_head tables go to int8 in
+    both (their rows are read one by one, and 4-bit logits cost the most quality)."""
+    width = group_width or w.shape[1]
+    if method == "int8" or is_table or width % 32:
         return quantize_int8(w)
-    return quantize_int4_codes(w, pick_group_size(w.shape[1], 128))
+    return quantize_int4_codes(w, pick_group_size(width, 128))

@@ -66,10 +66,10 @@ def plan_chat(state: Any, req: Any) -> ChatPlan:
                 raise bad_request(
                     'This request sends `tools` with tool_choice "auto", which needs a tool-call parser: start the '
                     "server with --enable-auto-tool-choice "
-                    "--tool-call-parser hermes|llama3_json|mistral|pythonic (this model's chat template shows no "
+                    "--tool-call-parser hermes|llama3_json|mistral|pythonic|qwen3_coder (this model's chat template shows no "
                     'tool format wslm recognises), or send tool_choice "required" or a named function.',
                     param="tool_choice")
-            parser = get_tool_parser(state.tool_call_parser)
+            parser = get_tool_parser(state.tool_call_parser, tools)
     elif choice != "none":
         raise bad_request(f'tool_choice must be "none", "auto", "required" or {{"type": "function", "function": '
                           f'{{"name": ...}}}}, got {choice!r}.', param="tool_choice")

@@ -20,10 +20,9 @@ class VocabParallelEmbedding:
         self.weight = None  # a tensor, or an int8 table (GGUF files, int8/int4 on the fly)
 
     def load(self, tensor) -> None:
-        from wslm.backend.modeling.layers.linear import dense_for_sharding
         from wslm.backend.quant.linear import prepare_weight
 
-        tensor = shard_vocab(dense_for_sharding(tensor), self.vocab_size)
+        tensor = shard_vocab(tensor, self.vocab_size)  # an int8 table is sliced with its row scales
         # The name only tells prepare_weight that this is a table (tables quantize to int8, never int4).
         self.weight = prepare_weight(
             tensor, self.quantization, "embed_tokens.weight", self.device, self.dtype

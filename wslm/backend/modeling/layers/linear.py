@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from wslm.backend.distributed.parallel_state import get_tp_size, tensor_model_parallel_all_reduce
+from wslm.backend.distributed.parallel_state import get_tp_rank, get_tp_size, tensor_model_parallel_all_reduce
 from wslm.backend.distributed.sharding import (
     local_num_heads,
     local_num_kv_heads,
@@ -25,6 +25,7 @@ from wslm.backend.distributed.sharding import (
     shard_heads,
     shard_kv_heads,
 )
+from wslm.backend.quant.shard import narrow
 
 
 class LinearMethod:
@@ -44,6 +45,10 @@ class LinearMethod:
     def load_weight(self, layer: Linear, param: str, index: int, tensor) -> None:
         """Keep part `index` of parameter `param` ('weight' or 'bias'): this rank's slice, as read."""
         layer.pending.setdefault(param, {})[index] = self.prepare_part(layer, param, tensor)
+
+    def quantize_whole(self, layer: Linear, param: str, tensor):
+        """A checkpoint tensor as it arrives, before any split (formats that quantize on load do it here)."""
+        return tensor
 
     def prepare_part(self, layer: Linear, param: str, tensor):
         return tensor.to(device=layer.device, dtype=layer.params_dtype)
@@ -79,14 +84,20 @@ class QuantizedLinearMethod(LinearMethod):
         self.quantization = quantization
         self._apply = apply_linear  # bound once: an import statement per call costs on a CPU decode step
 
-    def prepare_part(self, layer: Linear, param: str, tensor):
+    def quantize_whole(self, layer: Linear, param: str, tensor):
+        """int8 / int4 on the fly quantize the checkpoint's whole tensor, before the tensor-parallel
+        split: each rank then holds exactly its slice of what one device would (int8 keeps each row's
+        scale over all its columns). int4 groups are sized to this rank's input width, so they never
+        straddle two ranks."""
         from wslm.backend.quant.linear import quantize_on_load
 
-        if param == "weight":
-            if isinstance(tensor, torch.Tensor) and self.quantization in ("int8", "int4"):
-                tensor = quantize_on_load(tensor, self.quantization)
-            if not isinstance(tensor, torch.Tensor):
-                return tensor  # packed for the device once the fused weight is whole
+        if param == "weight" and isinstance(tensor, torch.Tensor) and self.quantization in ("int8", "int4"):
+            return quantize_on_load(tensor, self.quantization, group_width=layer.input_size)
+        return tensor
+
+    def prepare_part(self, layer: Linear, param: str, tensor):
+        if param == "weight" and not isinstance(tensor, torch.Tensor):
+            return tensor  # packed for the device once the fused weight is whole
         return tensor.to(device=layer.device, dtype=layer.params_dtype)
 
     def fuse(self, layer: Linear, param: str, parts: list):
@@ -105,14 +116,6 @@ def get_linear_method(quantization: str | None = None) -> LinearMethod:
     if quantization in (None, "", "none"):
         return DenseLinearMethod()
     return QuantizedLinearMethod(quantization)
-
-
-def dense_for_sharding(tensor):
-    """Under tensor parallelism quantized weights are sliced in full precision (their scales would have to
-    split with their rows/groups); int8/int4 on the fly still apply after the slice."""
-    if get_tp_size() == 1 or isinstance(tensor, torch.Tensor):
-        return tensor
-    return tensor.dequantize(torch.float32)
 
 
 class Linear:
@@ -154,14 +157,16 @@ class Linear:
 
     def load(self, param: str, tensor: torch.Tensor, shard: object = None) -> None:
         """Load `param` ('weight' or 'bias') of part `shard`, or of every part when shard is None."""
-        if shard is None and len(self.shard_names) > 1:
-            if not isinstance(tensor, torch.Tensor):  # a fused quantized tensor: split in full precision
-                tensor = tensor.dequantize(torch.float32)
-            for part, piece in zip(self.shard_names, tensor.split(self.checkpoint_sizes(), dim=0)):
-                self.load(param, piece, part)
+        tensor = self.method.quantize_whole(self, param, tensor)
+        if shard is None and len(self.shard_names) > 1:  # a fused checkpoint tensor: split it into its parts
+            start = 0
+            for part, rows in zip(self.shard_names, self.checkpoint_sizes()):
+                self.load(param, narrow(tensor, 0, start, rows), part)
+                start += rows
             return
         part = self.shard_names[0] if shard is None else shard
-        piece = self.shard(part, dense_for_sharding(tensor), param)
+        # Quantized weights are sliced in their own format, scales and groups with them (quant/shard.py).
+        piece = self.shard(part, tensor, param)
         self.method.load_weight(self, param, self.shard_names.index(part), piece)
         self._loaded.add((param, part))
         if self.is_loaded():
@@ -231,14 +236,21 @@ class QKVParallelLinear(Linear):
 
 
 class RowParallelLinear(Linear):
-    """Input columns split across ranks; the partial outputs are summed by one all-reduce (o, down)."""
+    """Input columns split across ranks; the partial outputs are summed by one all-reduce (o, down).
+    reduce_results=False leaves the sum to the caller, which adds more partial outputs first (Qwen2-MoE's
+    shared expert beside the routed experts: one all-reduce for both, as vLLM does)."""
 
-    def __init__(self, input_size: int, output_size: int, **kw) -> None:
+    def __init__(self, input_size: int, output_size: int, *, reduce_results: bool = True, **kw) -> None:
+        self.reduce_results = reduce_results
         super().__init__(input_size // get_tp_size(), [output_size], **kw)
 
     def shard(self, part: object, tensor: torch.Tensor, param: str) -> torch.Tensor:
         return shard_dim(tensor, 1) if param == "weight" else tensor
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        out = tensor_model_parallel_all_reduce(self.method.apply(self, x))
+        out = self.method.apply(self, x)
+        if self.reduce_results:
+            out = tensor_model_parallel_all_reduce(out)
+        elif get_tp_rank() > 0:
+            return out  # the bias is added once to the sum: rank 0's share carries it
         return out if self.bias is None else out + self.bias  # bias added once, after the sum

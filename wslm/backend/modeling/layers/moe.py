@@ -5,8 +5,13 @@ active expert; CUDA: the Triton grouped GEMM).
 Routing follows HF: softmax over the router logits in float32, top-k, renormalised when the config's
 norm_topk_prob says so, then cast to the model dtype. Experts are stored stacked, w13 [E, 2 * I, H]
 (gate rows then up rows, HF's gate_up_proj) and w2 [E, H, I], filled as the checkpoint's per-expert
-tensors arrive. Under tensor parallelism every rank keeps all experts and computes the whole MoE output
-(no all-reduce needed); quantized checkpoints keep their experts dense."""
+tensors arrive; quantized checkpoints keep their experts dense.
+
+Tensor parallelism follows vLLM's default: every rank holds every expert, cut along the expert's inner
+width I (w13 column-parallel, w2 row-parallel), and the ranks' partial outputs are summed by one
+all-reduce after the top-k combine. Each rank thus does 1/N of every token's expert work whatever the
+routing, with the same collective as a dense MLP; expert parallelism (whole experts per rank) would leave
+ranks idle when the router favours a few experts and needs a token exchange on top."""
 
 from __future__ import annotations
 
@@ -15,6 +20,8 @@ from functools import partial
 import torch
 
 from wslm import kernels
+from wslm.backend.distributed.parallel_state import divide, get_tp_size, tensor_model_parallel_all_reduce
+from wslm.backend.distributed.sharding import shard_dim
 from wslm.backend.modeling.layers.activation import get_act_and_mul
 from wslm.backend.modeling.layers.linear import ReplicatedLinear
 
@@ -32,10 +39,15 @@ class FusedMoE:
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
         backend: str | None = None,
+        reduce_results: bool = True,
     ) -> None:
         self.num_experts = num_experts
         self.top_k = top_k
-        self.intermediate_size = intermediate_size
+        # This rank's slice of each expert's inner width (all of it at TP=1).
+        self.intermediate_size = divide(intermediate_size, get_tp_size(), "MoE expert width")
+        intermediate_size = self.intermediate_size
+        # False: the caller adds more partial sums (Qwen2-MoE's shared expert) and all-reduces once.
+        self.reduce_results = reduce_results
         self.norm_topk_prob = norm_topk_prob
         self.backend = backend
         self.act_and_mul = get_act_and_mul(hidden_act)
@@ -54,6 +66,7 @@ class FusedMoE:
     def _load_expert(self, expert: int, name: str, tensor) -> None:
         if not isinstance(tensor, torch.Tensor):  # a quantized GGUF tensor: experts are kept dense
             tensor = tensor.dequantize(torch.float32)
+        tensor = shard_dim(tensor, 1 if name == "down_proj" else 0)  # this rank's inner-width slice
         inter = self.intermediate_size
         dst = {
             "gate_proj": self.w13[expert, :inter],
@@ -75,4 +88,5 @@ class FusedMoE:
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         weights, ids = self.route(x)
-        return kernels.fused_moe(x, self.w13, self.w2, weights, ids, self.act_and_mul, backend=self.backend)
+        out = kernels.fused_moe(x, self.w13, self.w2, weights, ids, self.act_and_mul, backend=self.backend)
+        return tensor_model_parallel_all_reduce(out) if self.reduce_results else out

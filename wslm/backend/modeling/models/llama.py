@@ -83,12 +83,12 @@ class LlamaAttention:
 
 
 class LlamaMLP:
-    def __init__(self, model, intermediate_size: int | None = None) -> None:
+    def __init__(self, model, intermediate_size: int | None = None, reduce_results: bool = True) -> None:
         cfg = model.cfg
         inner = intermediate_size or cfg.intermediate_size
         kw = dict(method=model.linear_method, dtype=model.dtype, device=model.device)
         self.gate_up_proj = MergedColumnParallelLinear(cfg.hidden_size, [inner, inner], **kw)
-        self.down_proj = RowParallelLinear(inner, cfg.hidden_size, **kw)
+        self.down_proj = RowParallelLinear(inner, cfg.hidden_size, reduce_results=reduce_results, **kw)
         self.act_and_mul = get_act_and_mul(cfg.hidden_act)
 
     def loaders(self, prefix: str, fused: bool = False) -> Loaders:

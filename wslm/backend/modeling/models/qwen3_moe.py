@@ -9,23 +9,27 @@ from functools import partial
 
 import torch
 
+from wslm.backend.distributed.parallel_state import tensor_model_parallel_all_reduce
 from wslm.backend.modeling.layers.linear import ReplicatedLinear
 from wslm.backend.modeling.layers.moe import FusedMoE
 from wslm.backend.modeling.models.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP, Loaders
 
 
 class SparseMoeBlock:
+    """Under tensor parallelism the routed experts and the shared expert each leave a partial sum on every
+    rank (both split along their inner width); the block adds them and all-reduces once."""
+
     def __init__(self, model) -> None:
         cfg, extra = model.cfg, model.cfg.extra
+        shared = extra.get("shared_expert_intermediate_size")
         self.experts = FusedMoE(
             extra["num_experts"], extra["num_experts_per_tok"], cfg.hidden_size, extra["moe_intermediate_size"],
             norm_topk_prob=bool(extra["norm_topk_prob"]), hidden_act=cfg.hidden_act, dtype=model.dtype,
-            device=model.device, backend=model.backend,
+            device=model.device, backend=model.backend, reduce_results=not shared,
         )  # fmt: skip
         self.shared_expert = self.shared_expert_gate = None
-        shared = extra.get("shared_expert_intermediate_size")
         if shared:
-            self.shared_expert = LlamaMLP(model, shared)
+            self.shared_expert = LlamaMLP(model, shared, reduce_results=False)
             self.shared_expert_gate = ReplicatedLinear(cfg.hidden_size, [1], dtype=model.dtype, device=model.device)
 
     def loaders(self, prefix: str, fused: bool = False) -> Loaders:
@@ -38,7 +42,10 @@ class SparseMoeBlock:
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         out = self.experts(x)
         if self.shared_expert is not None:
+            # The gate is replicated (x is whole on every rank), so scaling each rank's partial sum by it
+            # and summing equals scaling the sum.
             out = out + torch.sigmoid(self.shared_expert_gate(x)) * self.shared_expert(x)
+            out = tensor_model_parallel_all_reduce(out)
         return out
 
 

@@ -1,5 +1,5 @@
-"""Tool-call parsers (vLLM's names: hermes, llama3_json, mistral, pythonic), one file each, and the registry
-that picks one by name or from the chat template."""
+"""Tool-call parsers (vLLM's names: hermes, llama3_json, mistral, pythonic, qwen3_coder, and vLLM's aliases
+for the same formats), one file each, and the registry that picks one by name or from the chat template."""
 
 from __future__ import annotations
 
@@ -8,18 +8,24 @@ from wslm.backend.server.tool_parsers.hermes import HermesToolParser
 from wslm.backend.server.tool_parsers.llama3_json import Llama3JsonToolParser
 from wslm.backend.server.tool_parsers.mistral import ArrayToolParser, MistralToolParser, NamedFunctionParser
 from wslm.backend.server.tool_parsers.pythonic import PythonicToolParser
+from wslm.backend.server.tool_parsers.qwen3_coder import Qwen3CoderToolParser
 
 TOOL_PARSERS: dict[str, type[ToolParser]] = {
     "hermes": HermesToolParser,
     "llama3_json": Llama3JsonToolParser,
     "mistral": MistralToolParser,
     "pythonic": PythonicToolParser,
+    "qwen3_coder": Qwen3CoderToolParser,
+    # vLLM's other names for these formats, so that launch scripts run unchanged.
+    "llama4_json": Llama3JsonToolParser,
+    "llama4_pythonic": PythonicToolParser,
+    "qwen3_xml": Qwen3CoderToolParser,
 }
 
 
-def get_tool_parser(name: str) -> ToolParser:
+def get_tool_parser(name: str, tools: list[dict] | None = None) -> ToolParser:
     try:
-        return TOOL_PARSERS[name]()
+        return TOOL_PARSERS[name](tools)
     except KeyError:
         raise ValueError(f"Unknown tool-call parser {name!r}; choose one of {', '.join(TOOL_PARSERS)}.") from None
 
@@ -27,6 +33,8 @@ def get_tool_parser(name: str) -> ToolParser:
 def pick_tool_parser(chat_template: str | None) -> str | None:
     """The parser a chat template's own tool format calls for, or None when it shows no tool format."""
     t = chat_template or ""
+    if "<tool_call>" in t and "<function=" in t:
+        return "qwen3_coder"
     if "<tool_call>" in t:
         return "hermes"
     if "[TOOL_CALLS]" in t:
@@ -38,5 +46,5 @@ def pick_tool_parser(chat_template: str | None) -> str | None:
     return None
 
 
-__all__ = ["TOOL_PARSERS", "ArrayToolParser", "NamedFunctionParser", "ParsedCall", "ToolCallStream", "ToolParser",
+__all__ = ["TOOL_PARSERS", "Qwen3CoderToolParser", "ArrayToolParser", "NamedFunctionParser", "ParsedCall", "ToolCallStream", "ToolParser",
            "get_tool_parser", "make_tool_call_id", "pick_tool_parser"]

@@ -6,9 +6,16 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from wslm.backend.server.tool_parsers.json_scan import NotJSON, ObjectScan, scan_object
+from wslm.backend.server.tool_parsers.json_scan import (
+    NotJSON,
+    ObjectScan,
+    partial_suffix,
+    scan_object,
+    skip_ws,
+)
 
 
 def make_tool_call_id() -> str:
@@ -35,6 +42,9 @@ class ToolParser:
     name = ""
     # Text that, when the chat template contains it, picks this parser (see registry.pick_tool_parser).
     markers: tuple[str, ...] = ()
+
+    def __init__(self, tools: list[dict] | None = None) -> None:
+        """tools: the request's tools (a format whose values are untyped text reads their schemas)."""
 
     def parse(self, text: str, final: bool) -> Parse:
         raise NotImplementedError
@@ -67,6 +77,29 @@ def call_from_object(text: str, start: int, argument_keys: tuple[str, ...] = ("a
     if scan.end is not None and name is None:
         raise NotJSON("a tool call needs a name")
     return ParsedCall(name, args), scan
+
+
+def parse_tagged_calls(text: str, final: bool, start_tag: str,
+                       read_call: Callable[[str, int], tuple[ParsedCall | None, int | None]]) -> Parse:
+    """Plain content, then calls each opened by start_tag (Hermes, Qwen3-Coder). read_call(text, i) reads the
+    call whose body starts at text[i]: (the call, or None while its name is still arriving; the index after
+    it, or None while unfinished); it raises NotJSON when what follows the tag is not a call."""
+    first = text.find(start_tag)
+    if first < 0:
+        return Parse(len(text) if final else len(text) - partial_suffix(text, start_tag))
+    result = Parse(first)
+    pos = first
+    while (pos := text.find(start_tag, pos)) >= 0:
+        body = skip_ws(text, pos + len(start_tag))
+        if body >= len(text):
+            break
+        call, end = read_call(text, body)
+        if call is not None:
+            result.calls.append(call)
+        if end is None:
+            break
+        pos = end
+    return result
 
 
 class ToolCallStream:

@@ -3,8 +3,14 @@ per call, after any plain text."""
 
 from __future__ import annotations
 
-from wslm.backend.server.tool_parsers.base import Parse, ToolParser, call_from_object
-from wslm.backend.server.tool_parsers.json_scan import partial_suffix, skip_ws
+from wslm.backend.server.tool_parsers.base import (
+    Parse,
+    ParsedCall,
+    ToolParser,
+    call_from_object,
+    parse_tagged_calls,
+)
+from wslm.backend.server.tool_parsers.json_scan import NotJSON
 
 START = "<tool_call>"
 
@@ -14,20 +20,11 @@ class HermesToolParser(ToolParser):
     markers = (START,)
 
     def parse(self, text: str, final: bool) -> Parse:
-        first = text.find(START)
-        if first < 0:
-            return Parse(len(text) if final else len(text) - partial_suffix(text, START))
-        result = Parse(first)
-        pos = first
-        while (pos := text.find(START, pos)) >= 0:
-            body = skip_ws(text, pos + len(START))
-            if body >= len(text):
-                break
-            if text[body] != "{":
-                return Parse(len(text), invalid=True)
-            call, scan = call_from_object(text, body)
-            result.calls.append(call)
-            if scan.end is None:
-                break
-            pos = scan.end
-        return result
+        return parse_tagged_calls(text, final, START, _read_call)
+
+
+def _read_call(text: str, body: int) -> tuple[ParsedCall, int | None]:
+    if text[body] != "{":
+        raise NotJSON("a Hermes tool call is a JSON object")
+    call, scan = call_from_object(text, body)
+    return call, scan.end
