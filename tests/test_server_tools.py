@@ -11,7 +11,6 @@ import json
 
 import openai
 import pytest
-from engine_helpers import demo_tokenizer, make_tiny_model
 from test_server_helpers import ServerProcess
 
 KEY = "sekret"
@@ -60,20 +59,17 @@ SCRIPTS = {
     "llama3_json": '{"name": "get_weather", "parameters": {"city": "Paris", "days": 3}}; '
                    '{"name": "get_time", "parameters": {}}',
     "pythonic": '[get_weather(city="Paris", days=3), get_time()]',
-    "qwen3_coder": 'Let me look.<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n'
-                   '<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n<function=get_time>\n'
-                   '</function>\n</tool_call>',
 }
-PREAMBLE = {"hermes": "Let me look.", "mistral": "Let me look.", "llama3_json": None, "pythonic": None,
-            "qwen3_coder": "Let me look."}
+PREAMBLE = {"hermes": "Let me look.", "mistral": "Let me look.", "llama3_json": None, "pythonic": None}
 
 
 @pytest.fixture(scope="module")
-def tiny_folder(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tools")
-    folder = make_tiny_model(root / "tiny", "llama", demo_tokenizer(), seed=3)
-    (root / "template.jinja").write_text(TEMPLATE)
-    return folder, root / "template.jinja"
+def tiny_folder(tiny_models, tmp_path_factory):
+    """The session's tiny llama (its tokenizer is read from the demo GGUF once per session) and the test
+    template."""
+    template = tmp_path_factory.mktemp("tools") / "template.jinja"
+    template.write_text(TEMPLATE)
+    return tiny_models["llama"], template
 
 
 def _server(tiny_folder, *flags: str) -> ServerProcess:
@@ -152,11 +148,10 @@ def test_hermes_calls_stream_and_whole(client):
 
 
 @pytest.mark.slow  # a server each (vLLM picks the parser per server): ~8 s apiece on an idle 2-core machine
-@pytest.mark.parametrize(("fmt", "flag"), [("mistral", "mistral"), ("llama3_json", "llama3_json"),
-                                           ("pythonic", "pythonic"), ("qwen3_coder", "qwen3_xml")])
+@pytest.mark.parametrize(("fmt", "flag"), [("mistral", "mistral"), ("llama3_json", "llama4_json"),
+                                           ("pythonic", "pythonic")])
 def test_other_formats(tiny_folder, fmt, flag):
-    """qwen3_coder's values are raw text: "3" comes back as the integer the tool's schema asks for. Its flag
-    is vLLM's other name for the format (qwen3_xml), as launch scripts spell it."""
+    """llama3_json through vLLM's other name for it (llama4_json), as launch scripts may spell it."""
     srv = _server(tiny_folder, "--enable-auto-tool-choice", "--tool-call-parser", flag)
     try:
         _check_format(openai.OpenAI(base_url=srv.base_url, api_key="unused", max_retries=0, timeout=120), fmt)
@@ -522,3 +517,33 @@ def test_mistral_template_gets_nine_character_tool_call_ids(server):
                       timeout=30).json()["prompt"]
     call_id = text.split("[TOOL_CALLS]")[1][:9]
     assert call_id.isalnum() and f"[TOOL_RESULTS]{call_id}" in text
+
+
+SHOWS_REASONING = ("{% for m in messages %}[{{ m.role }}]{% if m.reasoning_content %}<think>{{ m.reasoning_content }}"
+                   "</think>{% endif %}{{ m.content }}{% endfor %}")
+
+
+def test_reasoning_in_history_reaches_the_template_and_null_fields(server, client):
+    """Earlier reasoning a client sends back (reasoning_content, or Anthropic thinking blocks) reaches the
+    template, which decides whether to show it (Qwen3's does inside a tool loop); "n": null and "echo": null,
+    which OpenAI's spec allows, mean their defaults."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {KEY}"}
+    turn = [*ASK, {"role": "assistant", "content": "Sunny.", "reasoning_content": "Look it up."}]
+    ids = httpx.post(server.url + "/tokenize", headers=headers, timeout=30,
+                     json={"messages": turn, "chat_template": SHOWS_REASONING,
+                           "add_generation_prompt": False}).json()["tokens"]
+    text = httpx.post(server.url + "/detokenize", headers=headers, json={"tokens": ids}, timeout=30).json()["prompt"]
+    assert text.endswith("[assistant]<think>Look it up.</think>Sunny.")
+    anthropic_client = _anthropic(server)
+    counts = [anthropic_client.messages.count_tokens(
+        model="x", extra_body={"chat_template": SHOWS_REASONING},
+        messages=[{"role": "user", "content": "Hi"}, {"role": "assistant", "content": [
+            *thought, {"type": "text", "text": "Sunny."}]}]).input_tokens
+        for thought in ([], [{"type": "thinking", "thinking": "Look it up.", "signature": ""}])]
+    assert counts[1] > counts[0]
+    r = client.chat.completions.create(model="x", messages=ASK, n=None, max_tokens=2)
+    assert len(r.choices) == 1
+    r = client.completions.create(model="x", prompt="Hello", echo=None, max_tokens=2)
+    assert not r.choices[0].text.startswith("Hello")

@@ -183,3 +183,25 @@ def test_plan_tool_choice_none_and_exclude_flag():
     assert plan.template_tools == [tool] and plan.tool_parser is None and plan.grammar is None
     state.exclude_tools_when_tool_choice_none = True
     assert plan_chat(state, req).template_tools is None
+    # "auto" hands the request's tools to the parser: qwen3_coder types the raw "3" by the schema.
+    typed = {"type": "function", "function": {"name": "f", "parameters": {"type": "object",
+                                                                          "properties": {"n": {"type": "integer"}}}}}
+    req = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "hi"}], "tools": [typed]})
+    req.sampling_params(5, None)
+    plan = plan_chat(SimpleNamespace(enable_auto_tool_choice=True, tool_call_parser="qwen3_xml", reasoning_parser=None),
+                     req)
+    reply = plan.new_reply()
+    reply.feed("<tool_call>\n<function=f>\n<parameter=n>\n3\n</parameter>\n</function>\n</tool_call>", final=True)
+    assert reply.message()["tool_calls"][0]["function"]["arguments"] == '{"n": 3}'
+
+
+def test_serve_accepts_vllm_parser_names():
+    import argparse
+
+    from wslm.backend import serve_cli
+
+    parser = argparse.ArgumentParser()
+    serve_cli.register(parser.add_subparsers())
+    for name in ("hermes", "llama3_json", "llama4_json", "mistral", "pythonic", "llama4_pythonic", "qwen3_coder",
+                 "qwen3_xml"):
+        assert parser.parse_args(["serve", "--tool-call-parser", name]).tool_call_parser == name

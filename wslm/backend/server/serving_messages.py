@@ -166,6 +166,7 @@ def _chat_messages(i: int, m: AnthropicMessage) -> list[dict]:
         return [{"role": m.role, "content": m.content}]
     out: list[dict] = []
     texts: list[str] = []
+    thinking: list[str] = []
     calls: list[dict] = []
     for j, block in enumerate(m.content):
         kind = block.get("type")
@@ -179,8 +180,10 @@ def _chat_messages(i: int, m: AnthropicMessage) -> list[dict]:
         elif kind == "tool_result" and m.role == "user":
             out.append({"role": "tool", "tool_call_id": str(block.get("tool_use_id", "")),
                         "content": _text(block.get("content") or "", where)})
-        elif kind in ("thinking", "redacted_thinking") and m.role == "assistant":
-            continue  # earlier reasoning is not sent back to the model, as Anthropic and the chat templates do
+        elif kind == "thinking" and m.role == "assistant" and isinstance(block.get("thinking"), str):
+            thinking.append(block["thinking"])  # the template decides whether to show it (Qwen3: in tool loops)
+        elif kind == "redacted_thinking" and m.role == "assistant":
+            continue
         else:
             raise bad_request(f"{where}: content blocks of type {kind!r} are not supported in a {m.role} message "
                               "(wslm serves text models: text, tool_use and tool_result blocks).", param=where)
@@ -188,6 +191,8 @@ def _chat_messages(i: int, m: AnthropicMessage) -> list[dict]:
         message: dict[str, Any] = {"role": m.role, "content": "\n".join(texts)}
         if calls:
             message["tool_calls"] = calls
+        if thinking:
+            message["reasoning_content"] = "\n".join(thinking)
         out.append(message)
     return out
 
