@@ -144,9 +144,10 @@ def _add_family_keys(w, arch: str, cfg, head_dim: int) -> None:
         w.add_rope_scaling_factor(rope["full_attention"]["factor"])
 
 
-def _write_gguf(path, model, arch: str, tok_source) -> None:
+def _write_gguf(path, model, arch: str, tok_source=None) -> None:
     """model's float32 weights as a GGUF of `arch` with gguf's writer (llama.cpp's tensor names and, for
-    Gemma, its 1 + w norms), the demo file's tokenizer copied in."""
+    Gemma, its 1 + w norms), with tok_source's tokenizer copied in (None: the vocabulary size only; the
+    engine then takes the tokenizer from a folder, and nothing parses 49k tokens three times)."""
     import gguf
 
     cfg = model.config
@@ -167,7 +168,9 @@ def _write_gguf(path, model, arch: str, tok_source) -> None:
         w.add_sliding_window(cfg.sliding_window)
     _add_family_keys(w, arch, cfg, head_dim)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    for key, field in gguf.GGUFReader(str(tok_source)).fields.items():
+    if tok_source is None:
+        w.add_vocab_size(cfg.vocab_size)
+    for key, field in gguf.GGUFReader(str(tok_source)).fields.items() if tok_source else ():
         if key.startswith("tokenizer."):
             sub = field.types[1] if len(field.types) > 1 else None
             w.add_key_value(key, field.contents(), field.types[0], sub_type=sub)
@@ -187,8 +190,6 @@ def _write_gguf(path, model, arch: str, tok_source) -> None:
 def test_qwen3_gguf_written_here_loads_to_the_same_tokens(tok, tmp_path, monkeypatch):
     import transformers as tf
 
-    from wslm.demo import demo_model_path
-
     monkeypatch.setenv("WSLM_GGUF_CACHE", "0")  # read this file itself, not a converted copy
     torch.manual_seed(1)
     # head_dim 128: transformers' GGUF config reader has no key for it and takes Qwen3's default.
@@ -200,10 +201,10 @@ def test_qwen3_gguf_written_here_loads_to_the_same_tokens(tok, tmp_path, monkeyp
     model = tf.Qwen3ForCausalLM(config).eval()
     _randomize_norms(model, 0.3)
     path = tmp_path / "tiny-qwen3-F32.gguf"
-    _write_gguf(path, model, "qwen3", demo_model_path())
+    _write_gguf(path, model, "qwen3")
     prompts = [tok.encode(t) for t in TEXTS]
     expected = [hf_greedy(model, tok, p, MAX_TOKENS) for p in prompts]
-    # The file carries the demo tokenizer too; the saved copy spares converting it from GGUF again (slow).
+    # The tokenizer comes from a folder (reading one from a GGUF: tests/test_models_gguf.py).
     tok.save_pretrained(tmp_path / "tok")
     llm = LLM(str(path), tokenizer=str(tmp_path / "tok"), kv_cache_memory=16 << 20, dtype="float32")
     assert llm.llm_engine.model_config.architecture == "Qwen3ForCausalLM"
@@ -217,8 +218,6 @@ def test_phi3_and_gemma_ggufs_written_here_load_to_the_same_tokens(family, tok, 
     window, Gemma's query_pre_attn_scalar = head_dim and Gemma 2's own softcaps, Gemma 3's linear rope
     scaling on its global layers (every 6th)."""
     import transformers as tf
-
-    from wslm.demo import demo_model_path
 
     monkeypatch.setenv("WSLM_GGUF_CACHE", "0")
     torch.manual_seed(2)
@@ -253,7 +252,7 @@ def test_phi3_and_gemma_ggufs_written_here_load_to_the_same_tokens(family, tok, 
     _randomize_norms(model, 0.3)
     model.eval()
     path = tmp_path / f"tiny-{family}-F32.gguf"
-    _write_gguf(path, model, family, demo_model_path())
+    _write_gguf(path, model, family)
     prompts = [tok.encode(t) for t in TEXTS]
     expected = [hf_greedy(model, tok, p, MAX_TOKENS) for p in prompts]
     tok.save_pretrained(tmp_path / "tok")

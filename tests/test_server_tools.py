@@ -543,6 +543,12 @@ def test_reasoning_in_history_reaches_the_template_and_null_fields(server, clien
             *thought, {"type": "text", "text": "Sunny."}]}]).input_tokens
         for thought in ([], [{"type": "thinking", "thinking": "Look it up.", "signature": ""}])]
     assert counts[1] > counts[0]
+    # Anthropic's prefill: a final assistant message is continued, not closed.
+    prefill = [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": "The weather is"}]
+    continued = httpx.post(server.url + "/tokenize", headers=headers, timeout=30,
+                           json={"messages": prefill, "add_generation_prompt": False,
+                                 "continue_final_message": True}).json()["count"]
+    assert anthropic_client.messages.count_tokens(model="x", messages=prefill).input_tokens == continued
     r = client.chat.completions.create(model="x", messages=ASK, n=None, max_tokens=2)
     assert len(r.choices) == 1
     r = client.completions.create(model="x", prompt="Hello", echo=None, max_tokens=2)

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from wslm.kernels.step_memo import step_memo
+
 
 def reshape_and_cache(
     key: torch.Tensor,
@@ -15,8 +17,9 @@ def reshape_and_cache(
     """See wslm.kernels.reshape_and_cache."""
     num_blocks, block_size = k_cache.shape[0], k_cache.shape[1]
     slots = slot_mapping.reshape(-1).long()
-    keep = slots >= 0
-    if not bool(keep.all()):
+    # Whether any token is padding: the same for every layer of a step (step_memo.py).
+    if not step_memo(("slots_valid",), (slot_mapping,), lambda: bool((slots >= 0).all())):
+        keep = slots >= 0
         slots, key, value = slots[keep], key[keep], value[keep]
     if slots.numel() == 0:
         return
