@@ -147,3 +147,22 @@ def test_quantized_stacked_experts_are_split_and_dequantized_per_expert(qtype, t
     assert len(experts) == 3 and all(tuple(e.shape) == (4, 256) for e in experts)
     assert all(np.array_equal(e.numpy(), whole[i]) for i, e in enumerate(experts))
     assert np.abs(whole - stacked).max() <= np.abs(stacked).max() / 8  # the weight written, within a 4-bit step
+
+
+def test_gpt_oss_mxfp4_experts_dequantize_to_hf_layout():
+    """The released gpt-oss checkpoints hold experts as MXFP4 `_blocks` (two e2m1 codes per byte, low nibble
+    first) and `_scales` (one power-of-two exponent, bias 127, per 32 values); they load as HF's dense
+    [experts, in, out] tensors."""
+    from wslm.backend.modeling.models.gpt_oss import _dequantize_mxfp4
+
+    lut = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
+    g = torch.Generator().manual_seed(0)
+    blocks = torch.randint(0, 256, (2, 3, 2, 16), dtype=torch.uint8, generator=g)  # [E, out rows, groups, 16 B]
+    scales = torch.randint(124, 130, (2, 3, 2), dtype=torch.uint8, generator=g)
+    codes = torch.stack([blocks & 0x0F, blocks >> 4], dim=-1).reshape(2, 3, 2, 32).long()
+    want = (lut[codes] * torch.exp2(scales.float() - 127)[..., None]).reshape(2, 3, 64).transpose(1, 2)
+    stream = [("m.layers.0.mlp.experts.down_proj_blocks", blocks), ("m.layers.0.mlp.router.bias", torch.ones(2)),
+              ("m.layers.0.mlp.experts.down_proj_scales", scales)]  # fmt: skip
+    out = dict(_dequantize_mxfp4(stream, torch.float32))
+    assert set(out) == {"m.layers.0.mlp.router.bias", "m.layers.0.mlp.experts.down_proj"}
+    torch.testing.assert_close(out["m.layers.0.mlp.experts.down_proj"], want)
