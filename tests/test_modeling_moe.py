@@ -112,7 +112,12 @@ def test_moe_gguf_written_here_loads_to_the_same_tokens(family, tok, tmp_path, m
     monkeypatch.setenv("WSLM_GGUF_CACHE", "0")
     folder, hf = make_moe_model(tmp_path / family, family, tok)
     path = tmp_path / f"tiny-{family}-F32.gguf"
-    write_gguf(path, hf, family.replace("_", ""), tensors=_stacked_experts(folder))
+    tensors = _stacked_experts(folder)
+    write_gguf(path, hf, family.replace("_", ""), tensors=tensors)
+    # `wslm models list` counts the experts at their runtime size (dequantized, 16-bit), whatever the file holds.
+    from wslm.backend.hub.metadata import _read_gguf_uncached
+
+    assert _read_gguf_uncached(path).elements_by_type["BF16"] == sum(t.numel() for n, t in tensors if ".experts." in n)
     prompts = [tok.encode(t) for t in TEXTS]
     expected = [hf_greedy(hf, tok, p, MAX_TOKENS) for p in prompts]
     llm = LLM(str(path), tokenizer=str(folder), kv_cache_memory=16 << 20, dtype="float32")
