@@ -6,6 +6,8 @@ safetensors original does (and as llama.cpp runs it):
   `rope.scaling.attn_factor`: Phi-3.5 and Phi-4-mini) and the sliding window (0 means none: Phi-4).
 - Gemma 2 / 3: query_pre_attn_scalar, which no key carries: llama.cpp's rule (hidden / heads for the 27B
   models, else head_dim); Gemma 2's logit softcaps; Gemma 3's linear rope scaling of its global layers.
+- Qwen3-MoE / Qwen2-MoE: the experts' width (`expert_feed_forward_length`), the shared expert's, and
+  whether top-k weights are renormalised (llama.cpp: Qwen3-MoE yes, Qwen2-MoE no).
 
 Without these, transformers' reader falls back to its config defaults, which differ from the real models."""
 
@@ -13,6 +15,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+# Whether the top-k routing weights are renormalised, as llama.cpp runs each family (Qwen3-MoE configs say
+# norm_topk_prob: true, Qwen1.5/Qwen2-MoE false; transformers' default is false for both).
+_MOE_NORM = {"qwen3moe": True, "qwen2moe": False}
 # Layer counts of the 27B models, whose query scale is 1/sqrt(hidden / heads) (llama.cpp decides the same way).
 _GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
 
@@ -92,7 +97,9 @@ class _Header:
 
 def complete_config(hf_config, gguf_path: str | Path) -> None:
     """Fill in hf_config (read by transformers from gguf_path) with what only the file's own keys say."""
-    if getattr(hf_config, "model_type", "").removesuffix("_text") not in ("phi3", *_GEMMA_27B_LAYERS):
+    from wslm.backend.modeling import gguf_architecture
+
+    if gguf_architecture(getattr(hf_config, "model_type", "")) not in ("phi3", *_GEMMA_27B_LAYERS, *_MOE_NORM):
         return  # nothing to add
     header = _Header(gguf_path)
     try:
@@ -101,6 +108,8 @@ def complete_config(hf_config, gguf_path: str | Path) -> None:
             _phi3(hf_config, header)
         elif arch in _GEMMA_27B_LAYERS:
             _gemma(hf_config, header, arch)
+        elif arch in _MOE_NORM:
+            _moe(hf_config, header, arch)
     finally:
         header.buf.close()
 
@@ -152,3 +161,15 @@ def _gemma(cfg, header: _Header, arch: str) -> None:
         rope["full_attention"] = full
         rope.setdefault("sliding_attention", {"rope_type": "default", "rope_theta": 10000.0})
         cfg.rope_parameters = rope
+
+
+def _moe(cfg, header: _Header, arch: str) -> None:
+    get = header.values.get
+    inner = get(f"{arch}.expert_feed_forward_length")
+    if inner:
+        cfg.moe_intermediate_size = int(inner)
+    shared = get(f"{arch}.expert_shared_feed_forward_length")
+    if shared:
+        cfg.shared_expert_intermediate_size = int(shared)
+    norm = get(f"{arch}.expert_weights_norm")
+    cfg.norm_topk_prob = bool(norm) if norm is not None else _MOE_NORM[arch]
