@@ -82,3 +82,68 @@ def test_moe_matches_hf_alone_batched_cached_and_preempted(family, tok, tmp_path
     engine = tight.llm_engine
     assert engine.scheduler.num_preemptions > 0
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
+
+
+def _stacked_experts(folder) -> list[tuple[str, torch.Tensor]]:
+    """The checkpoint's tensors with each layer's experts stacked per projection, as llama.cpp stores them."""
+    import re
+    from collections import defaultdict
+
+    from safetensors.torch import load_file
+
+    out: list[tuple[str, torch.Tensor]] = []
+    experts: dict[str, dict[int, torch.Tensor]] = defaultdict(dict)
+    for name, t in load_file(str(folder / "model.safetensors")).items():
+        m = re.fullmatch(r"(.+\.mlp\.experts)\.(\d+)\.(\w+)\.weight", name)
+        if m:
+            experts[f"{m.group(1)}.{m.group(3)}.weight"][int(m.group(2))] = t
+        else:
+            out.append((name, t))
+    out += [(name, torch.stack([by_e[e] for e in sorted(by_e)])) for name, by_e in experts.items()]
+    return out
+
+
+@pytest.mark.parametrize("family", ["qwen3_moe", "qwen2_moe"])
+def test_moe_gguf_written_here_loads_to_the_same_tokens(family, tok, tmp_path, monkeypatch):
+    """Experts stacked in one tensor per projection (llama.cpp's layout), the router, Qwen2-MoE's shared expert
+    and its gate; the expert width and top-k renormalisation come from the file's keys (gguf_config.py)."""
+    from gguf_writer import write_gguf
+
+    monkeypatch.setenv("WSLM_GGUF_CACHE", "0")
+    folder, hf = make_moe_model(tmp_path / family, family, tok)
+    path = tmp_path / f"tiny-{family}-F32.gguf"
+    tensors = _stacked_experts(folder)
+    write_gguf(path, hf, family.replace("_", ""), tensors=tensors)
+    # `wslm models list` counts the experts at their runtime size (dequantized, 16-bit), whatever the file holds.
+    from wslm.backend.hub.metadata import _read_gguf_uncached
+
+    assert _read_gguf_uncached(path).elements_by_type["BF16"] == sum(t.numel() for n, t in tensors if ".experts." in n)
+    prompts = [tok.encode(t) for t in TEXTS]
+    expected = [hf_greedy(hf, tok, p, MAX_TOKENS) for p in prompts]
+    llm = LLM(str(path), tokenizer=str(folder), kv_cache_memory=16 << 20, dtype="float32")
+    assert llm.llm_engine.model_config.architecture == type(hf).__name__
+    assert _tokens(llm, prompts) == expected
+
+
+@pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0"])
+def test_quantized_stacked_experts_are_split_and_dequantized_per_expert(qtype, tmp_path):
+    import gguf
+    import numpy as np
+
+    from wslm.backend.quant.gguf_weights import _expert_slices
+
+    rng = np.random.default_rng(0)
+    stacked = rng.standard_normal((3, 4, 256), dtype=np.float32)  # [experts, rows, cols]
+    kind = gguf.GGMLQuantizationType[qtype]
+    w = gguf.GGUFWriter(str(tmp_path / "e.gguf"), "qwen3moe")
+    w.add_tensor("blk.0.ffn_up_exps.weight", gguf.quants.quantize(stacked, kind), raw_dtype=kind)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    t = gguf.GGUFReader(str(tmp_path / "e.gguf")).tensors[0]
+    whole = gguf.quants.dequantize(t.data, kind).reshape(3, 4, 256)
+    experts = list(_expert_slices(t))
+    assert len(experts) == 3 and all(tuple(e.shape) == (4, 256) for e in experts)
+    assert all(np.array_equal(e.numpy(), whole[i]) for i, e in enumerate(experts))
+    assert np.abs(whole - stacked).max() <= np.abs(stacked).max() / 8  # the weight written, within a 4-bit step

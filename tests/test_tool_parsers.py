@@ -205,3 +205,21 @@ def test_serve_accepts_vllm_parser_names():
     for name in ("hermes", "llama3_json", "llama4_json", "mistral", "pythonic", "llama4_pythonic", "qwen3_coder",
                  "qwen3_xml"):
         assert parser.parse_args(["serve", "--tool-call-parser", name]).tool_call_parser == name
+
+
+def test_named_chat_templates_pick_tool_use_with_tools():
+    """A tokenizer with several named templates (Hermes 3's "default" and "tool_use") renders with "tool_use"
+    when tools are sent and "default" otherwise; the tool format is read from all of them."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    from wslm.backend.chat import render_chat_text, template_text
+
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({"[UNK]": 0}, unk_token="[UNK]")))
+    tok.chat_template = {"default": "PLAIN {{ messages[0].content }}",
+                         "tool_use": "TOOLS {{ tools | length }}: <tool_call>{{ messages[0].content }}"}
+    ask = [{"role": "user", "content": "hi"}]
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    assert render_chat_text(tok, ask, None, "m") == "PLAIN hi"
+    assert render_chat_text(tok, ask, None, "m", tools=tools) == "TOOLS 1: <tool_call>hi"
+    assert pick_tool_parser(template_text(tok.chat_template)) == "hermes"

@@ -10,7 +10,12 @@ from dataclasses import dataclass, field
 import torch
 
 from wslm.backend.model_source import ModelSource, resolve_model  # noqa: F401  (resolve_model re-exported)
-from wslm.backend.modeling import GGUF_ARCHITECTURES, SUPPORTED_ARCHITECTURES, get_model_class
+from wslm.backend.modeling import (
+    GGUF_ARCHITECTURES,
+    SUPPORTED_ARCHITECTURES,
+    get_model_class,
+    gguf_architecture,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -207,8 +212,7 @@ def load_model_config(
     hf_config = _read_hf_config(source, trust_remote_code)
     archs = list(getattr(hf_config, "architectures", None) or [])
     if not archs:
-        # transformers' GGUF reader names a gemma3 file's config gemma3_text.
-        model_type = getattr(hf_config, "model_type", "").removesuffix("_text")
+        model_type = gguf_architecture(getattr(hf_config, "model_type", ""))
         archs = [GGUF_ARCHITECTURES.get(model_type, model_type or "unknown")]
     arch = archs[0]
     # A bare decoder body (Qwen3Model, as embedding checkpoints ship) runs on its causal-LM family's code.

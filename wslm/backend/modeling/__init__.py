@@ -35,7 +35,15 @@ GGUF_ARCHITECTURES: dict[str, str] = {
     "phi3": "Phi3ForCausalLM",
     "gemma2": "Gemma2ForCausalLM",
     "gemma3": "Gemma3ForCausalLM",
+    "qwen3moe": "Qwen3MoeForCausalLM",
+    "qwen2moe": "Qwen2MoeForCausalLM",
 }
+
+
+def gguf_architecture(model_type: str) -> str:
+    """The GGUF architecture name of a config that transformers read from a GGUF (qwen3_moe -> qwen3moe,
+    gemma3_text -> gemma3)."""
+    return model_type.removesuffix("_text").replace("_", "")
 
 
 def unsupported_message(arch: str) -> str:

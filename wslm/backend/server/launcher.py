@@ -274,6 +274,7 @@ def check_limit_flags(args: Namespace) -> None:
 def _serve(args: Namespace, engine: Any, sock: socket.socket) -> int:
     import uvicorn
 
+    from wslm.backend.chat import template_text
     from wslm.backend.server import security
     from wslm.backend.server.app import build_app
     from wslm.backend.server.async_engine import AsyncEngine
@@ -291,7 +292,7 @@ def _serve(args: Namespace, engine: Any, sock: socket.socket) -> int:
         log.info("Default sampling parameters from the model's generation config (--generation-config %s; "
                  "a request's own values win): %s", getattr(args, "generation_config", "auto"), defaults)
     template = getattr(engine, "chat_template", None) or getattr(engine.tokenizer, "chat_template", None)
-    parsers = choose_parsers(args, template)
+    parsers = choose_parsers(args, template_text(template))  # a dict of named templates: all of them
     state = ServerState(
         engine=AsyncEngine(engine, metrics, log_requests=bool(getattr(args, "log_requests", False))),
         tokenizer=engine.tokenizer,

@@ -70,7 +70,9 @@ async def prepare_chat(state: ServerState, req: ChatCompletionRequest, top_n: in
     if plan.grammar is not None:
         params.structured_outputs = plan.grammar
         await compile_structured(state, plan.grammar, "tools")  # a tool's parameters schema is at fault
-    else:
+    elif params.structured_outputs is not None:
+        await compile_structured(state, params.structured_outputs, req.structured_source)  # its own errors
+        params.structured_outputs = plan.after_reasoning(params.structured_outputs)
         await compile_structured(state, params.structured_outputs, req.structured_source)
     state.check_request(prompt_ids, params, "messages")
     return prompt_ids, params, plan

@@ -142,6 +142,9 @@ def chat_request(req: MessagesRequest) -> ChatCompletionRequest:
     extras = {k: v for k, v in (req.model_extra or {}).items()
               if k in ChatCompletionRequest.model_fields and k not in ("messages", "tools", "tool_choice", "stream")}
     body: dict[str, Any] = {**extras, "messages": messages, "max_tokens": req.max_tokens}
+    if messages[-1]["role"] == "assistant" and not messages[-1].get("tool_calls"):
+        # Anthropic's prefill: a final assistant message is the start of the reply, which continues it.
+        body.update(add_generation_prompt=False, continue_final_message=True)
     for name in ("temperature", "top_p", "top_k"):
         if getattr(req, name) is not None:
             body[name] = getattr(req, name)
