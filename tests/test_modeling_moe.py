@@ -166,3 +166,44 @@ def test_gpt_oss_mxfp4_experts_dequantize_to_hf_layout():
     out = dict(_dequantize_mxfp4(stream, torch.float32))
     assert set(out) == {"m.layers.0.mlp.router.bias", "m.layers.0.mlp.experts.down_proj"}
     torch.testing.assert_close(out["m.layers.0.mlp.experts.down_proj"], want)
+
+
+def test_gpt_oss_mxfp4_checkpoint_runs_like_hf_on_its_dequantized_experts(tok, tmp_path):
+    """A gpt-oss folder as released: quantization_config mxfp4, experts as `_blocks` / `_scales`. It loads
+    (dequantized) and decodes as HF does with the same dequantized experts."""
+    import json
+
+    import transformers as tf
+    from safetensors.torch import load_file, save_file
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    torch.manual_seed(0)
+    config = tf.GptOssConfig(
+        vocab_size=len(tok), hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=1, head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=16,
+        max_position_embeddings=512, initializer_range=0.2, eos_token_id=tok.eos_token_id,
+        bos_token_id=tok.bos_token_id,
+    )  # fmt: skip
+    hf = tf.GptOssForCausalLM(config).eval()
+    folder = tmp_path / "gpt-oss"
+    hf.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    state = load_file(str(folder / "model.safetensors"))
+    g = torch.Generator().manual_seed(1)
+    for name in [n for n in state if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+        experts, rows_in, cols_out = state.pop(name).shape  # HF's dense layout [E, in, out]
+        blocks = torch.randint(0, 256, (experts, cols_out, rows_in // 32, 16), dtype=torch.uint8, generator=g)
+        scales = torch.randint(120, 124, (experts, cols_out, rows_in // 32), dtype=torch.uint8, generator=g)
+        state[name + "_blocks"], state[name + "_scales"] = blocks, scales
+        with torch.no_grad():
+            hf.get_parameter(name).copy_(convert_moe_packed_tensors(blocks, scales, dtype=torch.float32))
+    (folder / "model.safetensors").unlink()
+    save_file(state, str(folder / "model.safetensors"))
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": ["router", "lm_head"]}
+    (folder / "config.json").write_text(json.dumps(cfg))
+
+    prompts = [tok.encode(t) for t in TEXTS]
+    expected = [hf_greedy(hf, tok, p, MAX_TOKENS) for p in prompts]
+    llm = LLM(str(folder), kv_cache_memory=16 << 20, dtype="float32")
+    assert _tokens(llm, prompts) == expected
