@@ -52,6 +52,7 @@ class ModelConfig:
     # None (dense), "gguf", "awq", "gptq", "int8" or "int4": how the linear weights are held
     # (wslm.backend.quant), i.e. which LinearMethod the layers use (modeling/layers/linear.py).
     quantization: str | None = None
+    kv_cache_dtype: torch.dtype | None = None  # None: the model dtype; float8_e4m3fn for --kv-cache-dtype fp8
     # Family-specific settings (Gemma's softcaps, second rope base, ...), filled by the family class's
     # config_overrides() and read only by that family's code.
     extra: dict = field(default_factory=dict)
@@ -77,7 +78,7 @@ class ModelConfig:
         return self.sliding_window
 
     def kv_bytes_per_token(self, dtype: torch.dtype | None = None) -> int:
-        elem = torch.empty(0, dtype=dtype or self.dtype).element_size()
+        elem = torch.empty(0, dtype=dtype or self.kv_cache_dtype or self.dtype).element_size()
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * elem
 
 
@@ -198,6 +199,8 @@ def resolve_quantization(requested: str | None, source: ModelSource, hf_config) 
         if requested not in (None, found):
             raise ValueError(f"This checkpoint is {found}-quantized; quantization={requested!r} cannot apply to it.")
         return found
+    if found == "mxfp4":  # gpt-oss: its MXFP4 experts are dequantized on load (models/gpt_oss.py)
+        return requested if requested in ("int8", "int4") else None
     if found:
         raise ValueError(f"Checkpoints quantized with {found!r} are not supported (supported: awq, gptq, gguf).")
     if requested in ("awq", "gptq", "gguf"):

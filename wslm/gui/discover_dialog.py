@@ -104,6 +104,8 @@ class DiscoverDialog(QDialog):
         self.files.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.files.verticalHeader().hide()
         self.files.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        for col in (1, 2, 3):  # the verdict ("too big for GPU · fits RAM") is read whole, the file name gives way
+            self.files.horizontalHeader().setSectionResizeMode(col, QHeaderView.ResizeMode.ResizeToContents)
         self.files.doubleClicked.connect(lambda _i: self.download())
         split = QSplitter(Qt.Orientation.Horizontal)
         split.addWidget(self.list)

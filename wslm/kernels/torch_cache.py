@@ -6,6 +6,8 @@ import torch
 
 from wslm.kernels.step_memo import step_memo
 
+_BYTE_TYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+
 
 def reshape_and_cache(
     key: torch.Tensor,
@@ -24,7 +26,9 @@ def reshape_and_cache(
     if slots.numel() == 0:
         return
     for src, cache in ((key, k_cache), (value, v_cache)):
-        src = src.to(cache.dtype)
+        src = src.to(cache.dtype)  # to fp8 (--kv-cache-dtype fp8): torch saturates at +-448
+        if cache.dtype in _BYTE_TYPES:  # CPU index_copy_ has no fp8 kernel: copy the bytes
+            cache, src = cache.view(torch.uint8), src.view(torch.uint8)
         if cache.is_contiguous():
             # [blocks * block_size, Hkv, D] is a view of the cache: one index_copy_ writes in place.
             cache.view(num_blocks * block_size, *cache.shape[2:]).index_copy_(0, slots, src)

@@ -15,9 +15,10 @@ import torch.nn.functional as F
 from wslm.kernels.step_memo import step_memo
 
 
-def _gather_kv(cache: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
-    """cache[blocks] as [num_blocks * block_size, num_kv_heads, head_dim]."""
-    return cache.index_select(0, blocks).flatten(0, 1)
+def _gather_kv(cache: torch.Tensor, blocks: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """cache[blocks] as [num_blocks * block_size, num_kv_heads, head_dim] in `dtype` (an fp8 cache, from
+    --kv-cache-dtype fp8, widens to the queries' dtype here, after the gather: only the rows read)."""
+    return cache.index_select(0, blocks).flatten(0, 1).to(dtype)
 
 
 def _attend_math(
@@ -90,8 +91,8 @@ def _decode(
         lambda: _decode_blocks(block_tables, seq_lens, max_len, block_size, sliding_window),
     )
     # One index_select per cache; [B, Hkv, S, D] stays a strided view (SDPA reads it as is).
-    k = k_cache.index_select(0, blocks).view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
-    v = v_cache.index_select(0, blocks).view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
+    k = _gather_kv(k_cache, blocks, q.dtype).view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
+    v = _gather_kv(v_cache, blocks, q.dtype).view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
     # GQA without expanding K/V: the G query heads of a KV head become G query rows of that head.
     qg = q.view(num_seqs, num_kv_heads, groups, head_dim)
     if soft_cap or sinks is not None:
@@ -123,8 +124,8 @@ def _prefill_one(
     n_blocks = -(-kv_len // block_size)
     blocks = blocks_row[first_block:n_blocks].long()
     # 4-D inputs: CPU SDPA takes its flash kernel (GQA included) for them, the slow math path for 3-D.
-    k = _gather_kv(k_cache, blocks)[: kv_len - start].transpose(0, 1)[None]  # [1, Hkv, S, D]
-    v = _gather_kv(v_cache, blocks)[: kv_len - start].transpose(0, 1)[None]
+    k = _gather_kv(k_cache, blocks, q.dtype)[: kv_len - start].transpose(0, 1)[None]  # [1, Hkv, S, D]
+    v = _gather_kv(v_cache, blocks, q.dtype)[: kv_len - start].transpose(0, 1)[None]
     qh = q.transpose(0, 1)[None]  # [1, H, L, D]
     plain = not (soft_cap or sinks is not None)
     if q_len == kv_len and not sliding_window and plain:

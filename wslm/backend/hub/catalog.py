@@ -244,7 +244,8 @@ def _support(entry: _Entry, meta: ModelMetadata) -> str | None:
     else:
         if not _runnable(meta.architecture, SUPPORTED_ARCHITECTURES):
             return f"architecture {meta.architecture!r} is not supported (supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
-        if meta.quantization:
+        mxfp4 = meta.architecture == "GptOssForCausalLM" and str(meta.quantization).startswith("mxfp4")
+        if meta.quantization and not mxfp4:  # gpt-oss's MXFP4 experts are dequantized on load
             return f"pre-quantized HF weights ({meta.quantization}) are not supported; use the unquantized repo or a GGUF"
         if not meta.weight_files:
             return "no weight files (*.safetensors or *.bin)"

@@ -100,6 +100,7 @@ def engine_config(args: Namespace):
         gpu_memory_utilization=args.gpu_memory_utilization,
         dtype=args.dtype,
         quantization=getattr(args, "quantization", None),
+        kv_cache_dtype=getattr(args, "kv_cache_dtype", "auto"),
         chat_template=args.chat_template,
         tensor_parallel_size=args.tensor_parallel_size,
         distributed_executor_backend=getattr(args, "distributed_executor_backend", None),
