@@ -61,6 +61,8 @@ async def prepare_chat(state: ServerState, req: ChatCompletionRequest, top_n: in
     check_max_tokens(max_tokens, "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens")
     params = req.sampling_params(max_tokens, top_n)
     plan = plan_chat(state, req)
+    if plan.keep_special_tokens:
+        params.skip_special_tokens = False  # the tool-call markers are special tokens (vLLM does the same)
     prompt_ids = await render_prompt(state, template_messages(req.messages), chat_template=req.chat_template,
                                      add_generation_prompt=req.add_generation_prompt,
                                      continue_final_message=req.continue_final_message,

@@ -14,7 +14,13 @@ from typing import Any
 from wslm.backend.server.chat_reply import ChatReply
 from wslm.backend.server.errors import bad_request
 from wslm.backend.server.reasoning import THINK_END, get_reasoning_parser, prompt_opens_think
-from wslm.backend.server.tool_parsers import ArrayToolParser, NamedFunctionParser, ToolParser, get_tool_parser
+from wslm.backend.server.tool_parsers import (
+    ArrayToolParser,
+    NamedFunctionParser,
+    ToolParser,
+    get_tool_parser,
+    is_special_token,
+)
 from wslm.backend.structured.params import StructuredOutputsParams
 from wslm.backend.structured.reasoning import after_reasoning
 
@@ -28,6 +34,7 @@ class ChatPlan:
     tool_parser: ToolParser | None
     parallel_tool_calls: bool
     reasoning_parser: str | None
+    keep_special_tokens: bool = False  # the parser's markers are special tokens: keep them in the text
     think_opened: bool = False  # the rendered prompt ends inside an open think block
     think_closed: bool = False  # the prompt closed an empty think block (enable_thinking false): no reasoning
 
@@ -89,7 +96,9 @@ def plan_chat(state: Any, req: Any) -> ChatPlan:
                           f"constrains the reply; remove `{req.structured_source}`.", param=req.structured_source)
     if choice == "none" and getattr(state, "exclude_tools_when_tool_choice_none", False):
         tools = None  # --exclude-tools-when-tool-choice-none: the template never sees them
-    return ChatPlan(tools, grammar, parser, parallel, getattr(state, "reasoning_parser", None))
+    tokenizer = getattr(state, "tokenizer", None)
+    keep = parser is not None and any(is_special_token(tokenizer, m) for m in parser.output_markers)
+    return ChatPlan(tools, grammar, parser, parallel, getattr(state, "reasoning_parser", None), keep)
 
 
 def required_schema(tools: list[dict], parallel: bool) -> dict:
