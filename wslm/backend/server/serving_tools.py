@@ -13,7 +13,12 @@ from typing import Any
 
 from wslm.backend.server.chat_reply import ChatReply
 from wslm.backend.server.errors import bad_request
-from wslm.backend.server.reasoning import THINK_END, get_reasoning_parser, prompt_opens_think
+from wslm.backend.server.reasoning import (
+    REASONING_PARSERS,
+    THINK_END,
+    get_reasoning_parser,
+    prompt_opens_think,
+)
 from wslm.backend.server.tool_parsers import (
     ArrayToolParser,
     NamedFunctionParser,
@@ -98,7 +103,10 @@ def plan_chat(state: Any, req: Any) -> ChatPlan:
         tools = None  # --exclude-tools-when-tool-choice-none: the template never sees them
     tokenizer = getattr(state, "tokenizer", None)
     keep = parser is not None and any(is_special_token(tokenizer, m) for m in parser.output_markers)
-    return ChatPlan(tools, grammar, parser, parallel, getattr(state, "reasoning_parser", None), keep)
+    reasoning = getattr(state, "reasoning_parser", None)
+    if reasoning and any(is_special_token(tokenizer, m) for m in REASONING_PARSERS[reasoning].markers):
+        keep = True  # harmony's channel markers are special tokens
+    return ChatPlan(tools, grammar, parser, parallel, reasoning, keep)
 
 
 def required_schema(tools: list[dict], parallel: bool) -> dict:

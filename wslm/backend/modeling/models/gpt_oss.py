@@ -4,10 +4,11 @@ YaRN rope; a MoE MLP whose router has a bias and softmaxes over the top-k logits
 have biases and a clamped SwiGLU, (up + 1) * gate * sigmoid(alpha * gate) with gate <= limit and
 |up| <= limit, gate and up interleaved in one [hidden, 2 * inner] matrix per expert (HF's layout, kept).
 
-Not yet: MXFP4 experts stay quantized (the `*_blocks` / `*_scales` pairs of the released checkpoints are
-dequantized to the model dtype on load, so gpt-oss-20b takes ~40 GB), tensor parallelism, a Triton path
-for the experts (they run grouped in PyTorch on every device), and the harmony format's channels (the
-analysis channel is not split into reasoning_content)."""
+The harmony chat format's analysis channel goes to reasoning_content through the openai_gptoss reasoning
+parser (server/reasoning/gpt_oss.py). Not yet: MXFP4 experts kept quantized (the `*_blocks` / `*_scales`
+pairs of the released checkpoints are dequantized to the model dtype on load, so gpt-oss-20b takes ~40 GB),
+tensor parallelism, a Triton path for the experts (they run grouped in PyTorch on every device), and tool
+calls in harmony's commentary channel."""
 
 from __future__ import annotations
 
