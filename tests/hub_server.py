@@ -450,9 +450,11 @@ def make_tiny_llama(folder: Path, seed: int = 0, max_shard_size: str | None = No
     return folder
 
 
-def make_tiny_gguf(path: Path, file_type: str = "Q4_K_M", arch: str = "llama", context: int = 512) -> Path:
+def make_tiny_gguf(path: Path, file_type: str = "Q4_K_M", arch: str = "llama", context: int = 512,
+                   ffn: int | None = None, expert_ffn: int | None = None) -> Path:  # fmt: skip
     """A small GGUF with real header metadata (architecture, context, file type, a vocabulary, tensors).
-    Its tensors are F32/F16 whatever `file_type` says: enough for metadata, not for generating."""
+    Its tensors are F32/F16 whatever `file_type` says: enough for metadata, not for generating.
+    ffn / expert_ffn: the MLP and MoE expert widths, when a test needs them."""
     import numpy as np
     from gguf import GGUFWriter, LlamaFileType
 
@@ -465,6 +467,10 @@ def make_tiny_gguf(path: Path, file_type: str = "Q4_K_M", arch: str = "llama", c
     w.add_embedding_length(64)
     w.add_head_count(4)
     w.add_head_count_kv(2)
+    if ffn:
+        w.add_feed_forward_length(ffn)
+    if expert_ffn:
+        w.add_expert_feed_forward_length(expert_ffn)
     w.add_file_type(LlamaFileType[f"MOSTLY_{file_type}" if file_type != "F32" else "ALL_F32"])
     w.add_tokenizer_model("gpt2")
     w.add_token_list(["<s>", "</s>", "hi"])

@@ -127,3 +127,40 @@ def test_logit_bias_allowed_tokens_bad_words_truncation(demo_llm):
         demo_llm.generate(prompt, SamplingParams(logit_bias={10**7: 1}))
     out = demo_llm.generate(prompt, SamplingParams(max_tokens=2, truncate_prompt_tokens=3, **GREEDY))[0]
     assert out.prompt_token_ids == tok.encode(prompt)[-3:]
+
+
+def test_constraint_after_the_think_block():
+    """With a reasoning model the constraint starts after `</think>` (vLLM's behaviour): a reply that opens
+    its own think block (Qwen3) may think first or answer at once; one that starts inside it (the prompt
+    opened it, DeepSeek-R1) must close it before answering."""
+    import xgrammar as xgr
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    from wslm.backend.structured.compiler import StructuredOutputCompiler
+    from wslm.backend.structured.reasoning import after_reasoning
+
+    chars = [chr(i) for i in range(32, 127)] + ["\n", "</s>"]
+    raw = Tokenizer(models.WordLevel({c: i for i, c in enumerate(chars)}, unk_token="</s>"))
+    raw.pre_tokenizer = pre_tokenizers.Split("", "isolated")
+    compiler = StructuredOutputCompiler(PreTrainedTokenizerFast(tokenizer_object=raw), len(chars), [len(chars) - 1])
+
+    def accepts(spec, text: str) -> bool:
+        matcher = xgr.GrammarMatcher(compiler.compile(spec).xgr)
+        return matcher.accept_string(text) and matcher.accept_token(len(chars) - 1) and matcher.is_terminated()
+
+    schema = {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]}
+    for spec in (StructuredOutputsParams(json=schema), StructuredOutputsParams(json_object=True)):
+        opens = after_reasoning(spec, starts_inside=False)
+        assert accepts(opens, '<think>Hm, {a} is 1.</think>\n\n{"a": 1}') and accepts(opens, '{"a": 1}')
+        assert not accepts(opens, '<think>Hm.</think>a = 1') and not accepts(opens, "Hm.</think>{\"a\": 1}")
+        inside = after_reasoning(spec, starts_inside=True)
+        assert accepts(inside, 'Hm.</think>{"a": 1}') and not accepts(inside, '{"a": 1}')
+    assert accepts(StructuredOutputsParams(json_object=True), '{"b": [1]}')
+    assert accepts(after_reasoning(StructuredOutputsParams(json_object=True), False), '{"b": [1]}')
+    choice = after_reasoning(StructuredOutputsParams(choice=["yes", "no"]), starts_inside=True)
+    assert accepts(choice, "Sure.</think> no") and not accepts(choice, "Sure.</think>maybe")
+    whole = StructuredOutputsParams(choice=["<think>Hm.</think>Yes."])  # spells out the think block itself
+    assert after_reasoning(whole, starts_inside=False) is whole
+    regex = after_reasoning(StructuredOutputsParams(regex=r"\d{3}"), starts_inside=False)
+    assert accepts(regex, "<think>x</think>123") and not accepts(regex, "<think>x</think>12")

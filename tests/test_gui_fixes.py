@@ -311,9 +311,9 @@ def test_display_name_models_dir_and_combo_arrow(tmp_path, monkeypatch):
     monkeypatch.delenv("WSLM_MODELS_DIR", raising=False)
     monkeypatch.setenv("WSLM_CONFIG_DIR", str(tmp_path / "cfg"))
     assert models_dir() == tmp_path / "cfg" / "models"
-    assert "QComboBox::down-arrow" in QApplication.instance().styleSheet() or True  # set by apply_theme
-    from wslm.gui.theme import arrow_image
+    from wslm.gui.theme import arrow_image, style_sheet
 
+    assert f"QComboBox::down-arrow {{ image: url({arrow_image()})" in style_sheet()  # what apply_theme sets
     assert arrow_image().endswith(".png") and open(arrow_image(), "rb").read(4) == b"\x89PNG"
 
 

@@ -3,6 +3,8 @@ progress, cancel and resume, then delete. Real `wslm` processes, real HTTP, a pr
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 
 pytest.importorskip("PySide6")
@@ -120,8 +122,7 @@ def test_discover_searches_the_hub_and_downloads_a_file(qtbot, env):
     with FakeHub() as hub:
         hub.add_repo(REPO, {"tiny-Q4_K_M.gguf": q4, "tiny-Q8_0.gguf": q8, "README.md": b"# tiny\n"})
         hub.add_repo("org/notes-only", {"README.md": b"# no weights\n"})
-        window = MainWindow(Settings(first_run_done=True, hub_endpoint=hub.url), ChatStore(env / "c.sqlite3"),
-                            watch=False)
+        window = MainWindow(Settings(first_run_done=True), ChatStore(env / "c.sqlite3"), watch=False)
         qtbot.addWidget(window)
         window.show()
         panel = window.models_panel
@@ -130,7 +131,20 @@ def test_discover_searches_the_hub_and_downloads_a_file(qtbot, env):
         dialog = panel.open_discover()
         assert "Recommended for this machine" in dialog.picks.text()
         dialog.query.setText("org/")
+        # The dialog's own Mirror endpoint field: checked, named in a failure, remembered once used.
+        dialog.mirror.setText("hf-mirror.com")
         dialog.search()
+        assert "http://" in dialog.status.text() and "Mirror endpoint" in dialog.status.text()
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            dead = f"http://127.0.0.1:{s.getsockname()[1]}"
+        dialog.mirror.setText(dead)
+        dialog.search()
+        qtbot.waitUntil(lambda: "⚠" in dialog.status.text(), timeout=60_000)
+        assert dead in dialog.status.text() and "“Mirror endpoint” above" in dialog.status.text()
+        dialog.mirror.setText(hub.url)
+        dialog.search()
+        assert window.settings.hub_endpoint == hub.url
         qtbot.waitUntil(lambda: dialog.list.count() > 0 or "⚠" in dialog.status.text(), timeout=60_000)
         # Through the mirror; only repos with weights the engine loads; each GGUF file with quant, size, fit.
         assert any("/api/models" in r.path and "search=org" in r.path for r in hub.requests), dialog.status.text()

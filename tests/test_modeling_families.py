@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 from engine_helpers import hf_greedy
+from gguf_writer import write_gguf
 
 from wslm.backend import LLM, SamplingParams
 
@@ -77,6 +78,15 @@ def make_family_model(folder, family: str, tok, seed: int = 0):
             **common,
         )  # fmt: skip
         model = tf.Gemma3ForCausalLM(config)
+    elif family == "gpt_oss":
+        # Sinks, a 16-token window on every other layer, YaRN, 8 experts top-2 with biases.
+        config = tf.GptOssConfig(
+            **{**common, "intermediate_size": 32}, hidden_size=48, num_hidden_layers=2, num_attention_heads=3,
+            num_key_value_heads=1, head_dim=16, num_local_experts=8, num_experts_per_tok=2, sliding_window=16,
+            rope_parameters={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                             "truncate": False, "original_max_position_embeddings": 64, "rope_theta": 150000.0},
+        )  # fmt: skip
+        model = tf.GptOssForCausalLM(config)
     else:
         raise ValueError(family)
     _randomize_norms(model, 0.3)
@@ -93,7 +103,7 @@ def _tokens(llm, prompts: list[list[int]]) -> list[list[int]]:
     return [o.outputs[0].token_ids for o in outs]
 
 
-@pytest.mark.parametrize("family", ["qwen3", "phi3", "gemma2", "gemma3"])
+@pytest.mark.parametrize("family", ["qwen3", "phi3", "gemma2", "gemma3", "gpt_oss"])
 def test_family_matches_hf_alone_batched_cached_and_preempted(family, tok, tmp_path):
     folder, hf = make_family_model(tmp_path / family, family, tok)
     prompts = [tok.encode(t) for t in TEXTS]
@@ -118,76 +128,8 @@ def test_family_matches_hf_alone_batched_cached_and_preempted(family, tok, tmp_p
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
 
 
-def _add_family_keys(w, arch: str, cfg, head_dim: int) -> None:
-    """The keys (and rope factor tensors) llama.cpp's converter writes beyond the common ones."""
-    import math
-
-    import numpy as np
-    from gguf import RopeScalingType
-
-    rope = cfg.rope_parameters
-    if arch == "phi3":
-        w.add_rope_dimension_count(int(head_dim * rope.get("partial_rotary_factor", 1.0)))
-        w.add_sliding_window(cfg.sliding_window or 0)
-        if rope.get("rope_type") == "longrope":
-            original = rope["original_max_position_embeddings"]
-            w.add_rope_scaling_orig_ctx_len(original)
-            scale = cfg.max_position_embeddings / original
-            w.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)))
-            w.add_tensor("rope_factors_long.weight", np.array(rope["long_factor"], dtype=np.float32))
-            w.add_tensor("rope_factors_short.weight", np.array(rope["short_factor"], dtype=np.float32))
-    elif arch == "gemma2":
-        w.add_attn_logit_softcapping(cfg.attn_logit_softcapping)
-        w.add_final_logit_softcapping(cfg.final_logit_softcapping)
-    elif arch == "gemma3" and rope["full_attention"].get("rope_type") == "linear":
-        w.add_rope_scaling_type(RopeScalingType.LINEAR)
-        w.add_rope_scaling_factor(rope["full_attention"]["factor"])
-
-
-def _write_gguf(path, model, arch: str, tok_source) -> None:
-    """model's float32 weights as a GGUF of `arch` with gguf's writer (llama.cpp's tensor names and, for
-    Gemma, its 1 + w norms), the demo file's tokenizer copied in."""
-    import gguf
-
-    cfg = model.config
-    n = cfg.num_hidden_layers
-    w = gguf.GGUFWriter(str(path), arch)
-    w.add_context_length(cfg.max_position_embeddings)
-    w.add_block_count(n)
-    w.add_embedding_length(cfg.hidden_size)
-    w.add_feed_forward_length(cfg.intermediate_size)
-    w.add_head_count(cfg.num_attention_heads)
-    w.add_head_count_kv(cfg.num_key_value_heads)
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    w.add_key_length(head_dim)
-    w.add_value_length(head_dim)
-    w.add_rope_freq_base(cfg.rope_parameters.get("rope_theta") or cfg.rope_parameters["full_attention"]["rope_theta"])
-    w.add_layer_norm_rms_eps(cfg.rms_norm_eps)
-    if getattr(cfg, "sliding_window", None):
-        w.add_sliding_window(cfg.sliding_window)
-    _add_family_keys(w, arch, cfg, head_dim)
-    w.add_file_type(gguf.LlamaFileType.ALL_F32)
-    for key, field in gguf.GGUFReader(str(tok_source)).fields.items():
-        if key.startswith("tokenizer."):
-            sub = field.types[1] if len(field.types) > 1 else None
-            w.add_key_value(key, field.contents(), field.types[0], sub_type=sub)
-    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[arch.upper()], n)
-    for name, t in model.state_dict().items():
-        if arch.startswith("gemma") and name.endswith("norm.weight"):
-            t = t + 1
-        if name == "lm_head.weight" and cfg.tie_word_embeddings:
-            continue
-        w.add_tensor(names.get_name(name, try_suffixes=(".weight", ".bias")), t.float().numpy())
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-
-
 def test_qwen3_gguf_written_here_loads_to_the_same_tokens(tok, tmp_path, monkeypatch):
     import transformers as tf
-
-    from wslm.demo import demo_model_path
 
     monkeypatch.setenv("WSLM_GGUF_CACHE", "0")  # read this file itself, not a converted copy
     torch.manual_seed(1)
@@ -200,10 +142,10 @@ def test_qwen3_gguf_written_here_loads_to_the_same_tokens(tok, tmp_path, monkeyp
     model = tf.Qwen3ForCausalLM(config).eval()
     _randomize_norms(model, 0.3)
     path = tmp_path / "tiny-qwen3-F32.gguf"
-    _write_gguf(path, model, "qwen3", demo_model_path())
+    write_gguf(path, model, "qwen3")
     prompts = [tok.encode(t) for t in TEXTS]
     expected = [hf_greedy(model, tok, p, MAX_TOKENS) for p in prompts]
-    # The file carries the demo tokenizer too; the saved copy spares converting it from GGUF again (slow).
+    # The tokenizer comes from a folder (reading one from a GGUF: tests/test_models_gguf.py).
     tok.save_pretrained(tmp_path / "tok")
     llm = LLM(str(path), tokenizer=str(tmp_path / "tok"), kv_cache_memory=16 << 20, dtype="float32")
     assert llm.llm_engine.model_config.architecture == "Qwen3ForCausalLM"
@@ -217,8 +159,6 @@ def test_phi3_and_gemma_ggufs_written_here_load_to_the_same_tokens(family, tok, 
     window, Gemma's query_pre_attn_scalar = head_dim and Gemma 2's own softcaps, Gemma 3's linear rope
     scaling on its global layers (every 6th)."""
     import transformers as tf
-
-    from wslm.demo import demo_model_path
 
     monkeypatch.setenv("WSLM_GGUF_CACHE", "0")
     torch.manual_seed(2)
@@ -253,7 +193,7 @@ def test_phi3_and_gemma_ggufs_written_here_load_to_the_same_tokens(family, tok, 
     _randomize_norms(model, 0.3)
     model.eval()
     path = tmp_path / f"tiny-{family}-F32.gguf"
-    _write_gguf(path, model, family, demo_model_path())
+    write_gguf(path, model, family)
     prompts = [tok.encode(t) for t in TEXTS]
     expected = [hf_greedy(model, tok, p, MAX_TOKENS) for p in prompts]
     tok.save_pretrained(tmp_path / "tok")
@@ -297,7 +237,7 @@ def test_models_list_marks_the_families_supported_and_names_them_for_others(tok,
     from wslm.backend.hub.catalog import list_models
 
     archs = ["Qwen3ForCausalLM", "Phi3ForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM",
-             "Gemma3ForConditionalGeneration", "MistralForCausalLM", "GPTNeoXForCausalLM"]  # fmt: skip
+             "Gemma3ForConditionalGeneration", "MistralForCausalLM", "GptOssForCausalLM", "GPTNeoXForCausalLM"]  # fmt: skip
     root = tmp_path / "models"
     tok.save_pretrained(tmp_path / "tok")
     for arch in archs:
@@ -309,6 +249,8 @@ def test_models_list_marks_the_families_supported_and_names_them_for_others(tok,
             "hidden_size": 64,
             "num_attention_heads": 4,
         }
+        if arch == "GptOssForCausalLM":  # as released: MXFP4 experts, which load dequantized
+            config["quantization_config"] = {"quant_method": "mxfp4"}
         (folder / "config.json").write_text(json.dumps(config))
         save_file({"w": torch.zeros(2)}, str(folder / "model.safetensors"))
         for f in (tmp_path / "tok").iterdir():

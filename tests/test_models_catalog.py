@@ -27,7 +27,7 @@ def models_dir(env, tiny_llama) -> Path:  # noqa: F811
     root = Path(env["WSLM_MODELS_DIR"])
     shutil.copytree(tiny_llama, root / "my-llama")
     make_tiny_gguf(root / "lmstudio" / "tiny" / "tiny-Q8_0.gguf", file_type="Q8_0")
-    make_tiny_gguf(root / "phi.gguf", arch="phi3", file_type="Q4_0")
+    make_tiny_gguf(root / "phi.gguf", arch="phi2", file_type="Q4_0")  # Phi-2: no GGUF support
     (root / "broken.gguf").write_bytes(b"not a gguf at all")
     (root / "notes.txt").write_text("ignored")
     return root
@@ -65,7 +65,7 @@ def test_list_json_contract_and_sources(models_dir, capsys):
     q8 = models["lmstudio/tiny/tiny-Q8_0.gguf"]
     assert q8["quantization"] == "Q8_0" and q8["supported"] and q8["context_length"] == 512
     phi = models["phi.gguf"]
-    assert not phi["supported"] and "phi3" in phi["unsupported_reason"]
+    assert not phi["supported"] and "phi2" in phi["unsupported_reason"]
     broken = models["broken.gguf"]
     assert not broken["supported"] and "not a readable GGUF" in broken["unsupported_reason"]
     assert "notes.txt" not in models

@@ -126,16 +126,3 @@ def test_loading_the_demo_gguf_stays_near_its_file_size():
     # weights load), pages of the mapped file, allocator slack. Dequantized to float32 the weights alone
     # would be 5.5x.
     assert grown < 3.5 * size, (grown / size, rss)
-
-
-def test_int8_embedding_table_reads_out_in_the_models_dtype():
-    # A GGUF's token table stays int8; with dtype=auto -> bfloat16 (CPUs with avx512_bf16/AMX) its rows must
-    # come out in bf16 too, or q meets a bf16 KV cache in attention and every request fails.
-    from wslm.backend.modeling.layers.embedding import VocabParallelEmbedding
-    from wslm.backend.quant.int8 import quantize_int8
-
-    emb = VocabParallelEmbedding(16, torch.bfloat16, torch.device("cpu"))
-    table = torch.randn(16, 8)
-    emb.weight = quantize_int8(table)
-    out = emb(torch.tensor([1, 5]))
-    assert out.dtype == torch.bfloat16 and torch.allclose(out.float(), table[[1, 5]], atol=0.05, rtol=0.05)

@@ -517,3 +517,54 @@ def test_mistral_template_gets_nine_character_tool_call_ids(server):
                       timeout=30).json()["prompt"]
     call_id = text.split("[TOOL_CALLS]")[1][:9]
     assert call_id.isalnum() and f"[TOOL_RESULTS]{call_id}" in text
+
+
+SHOWS_REASONING = ("{% for m in messages %}[{{ m.role }}]{% if m.reasoning_content %}<think>{{ m.reasoning_content }}"
+                   "</think>{% endif %}{{ m.content }}{% endfor %}")
+
+
+def test_reasoning_in_history_reaches_the_template_and_null_fields(server, client):
+    """Earlier reasoning a client sends back (reasoning_content, or Anthropic thinking blocks) reaches the
+    template, which decides whether to show it (Qwen3's does inside a tool loop); "n": null and "echo": null,
+    which OpenAI's spec allows, mean their defaults."""
+    import httpx
+
+    headers = {"Authorization": f"Bearer {KEY}"}
+    turn = [*ASK, {"role": "assistant", "content": "Sunny.", "reasoning_content": "Look it up."}]
+    ids = httpx.post(server.url + "/tokenize", headers=headers, timeout=30,
+                     json={"messages": turn, "chat_template": SHOWS_REASONING,
+                           "add_generation_prompt": False}).json()["tokens"]
+    text = httpx.post(server.url + "/detokenize", headers=headers, json={"tokens": ids}, timeout=30).json()["prompt"]
+    assert text.endswith("[assistant]<think>Look it up.</think>Sunny.")
+    anthropic_client = _anthropic(server)
+    counts = [anthropic_client.messages.count_tokens(
+        model="x", extra_body={"chat_template": SHOWS_REASONING},
+        messages=[{"role": "user", "content": "Hi"}, {"role": "assistant", "content": [
+            *thought, {"type": "text", "text": "Sunny."}]}]).input_tokens
+        for thought in ([], [{"type": "thinking", "thinking": "Look it up.", "signature": ""}])]
+    assert counts[1] > counts[0]
+    # Anthropic's prefill: a final assistant message is continued, not closed.
+    prefill = [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": "The weather is"}]
+    continued = httpx.post(server.url + "/tokenize", headers=headers, timeout=30,
+                           json={"messages": prefill, "add_generation_prompt": False,
+                                 "continue_final_message": True}).json()["count"]
+    assert anthropic_client.messages.count_tokens(model="x", messages=prefill).input_tokens == continued
+    r = client.chat.completions.create(model="x", messages=ASK, n=None, max_tokens=2)
+    assert len(r.choices) == 1
+    r = client.completions.create(model="x", prompt="Hello", echo=None, max_tokens=2)
+    assert not r.choices[0].text.startswith("Hello")
+
+
+def test_json_output_from_a_reasoning_server(client):
+    """The qwen3 parser is on: the JSON constraint applies after any think block (engine-level test:
+    test_engine_structured.py), and with enable_thinking false straight away; the reply's JSON is content."""
+    schema = {"type": "object", "properties": {"city": {"enum": ["Paris", "Lima"]}}, "required": ["city"],
+              "additionalProperties": False}
+    fmt = {"type": "json_schema", "json_schema": {"name": "c", "schema": schema}}
+    r = client.chat.completions.create(model="x", messages=ASK, response_format=fmt, max_tokens=30, temperature=0,
+                                       extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    assert r.choices[0].finish_reason == "stop" and r.choices[0].message.reasoning_content is None
+    assert json.loads(r.choices[0].message.content)["city"] in ("Paris", "Lima")
+    r = client.chat.completions.create(model="x", messages=ASK, response_format=fmt, max_tokens=30, temperature=0)
+    if r.choices[0].finish_reason == "stop":  # a random model may also think until max_tokens
+        assert json.loads(r.choices[0].message.content)["city"] in ("Paris", "Lima")

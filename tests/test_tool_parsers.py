@@ -205,3 +205,45 @@ def test_serve_accepts_vllm_parser_names():
     for name in ("hermes", "llama3_json", "llama4_json", "mistral", "pythonic", "llama4_pythonic", "qwen3_coder",
                  "qwen3_xml"):
         assert parser.parse_args(["serve", "--tool-call-parser", name]).tool_call_parser == name
+
+
+def test_named_chat_templates_pick_tool_use_with_tools():
+    """A tokenizer with several named templates (Hermes 3's "default" and "tool_use") renders with "tool_use"
+    when tools are sent and "default" otherwise; the tool format is read from all of them."""
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    from wslm.backend.chat import render_chat_text, template_text
+
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({"[UNK]": 0}, unk_token="[UNK]")))
+    tok.chat_template = {"default": "PLAIN {{ messages[0].content }}",
+                         "tool_use": "TOOLS {{ tools | length }}: <tool_call>{{ messages[0].content }}"}
+    ask = [{"role": "user", "content": "hi"}]
+    tools = [{"type": "function", "function": {"name": "f"}}]
+    assert render_chat_text(tok, ask, None, "m") == "PLAIN hi"
+    assert render_chat_text(tok, ask, None, "m", tools=tools) == "TOOLS 1: <tool_call>hi"
+    assert pick_tool_parser(template_text(tok.chat_template)) == "hermes"
+
+
+def test_special_marker_tokens_are_kept_in_the_text():
+    """A tokenizer that marks <tool_call> special (some Hermes checkpoints) would drop it when detokenizing:
+    a request the hermes parser reads then keeps special tokens (vLLM's parsers ask the same); Qwen's, where
+    <tool_call> is an ordinary added token, do not need it."""
+    from types import SimpleNamespace
+
+    from tokenizers import AddedToken, Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    from wslm.backend.server.protocol import ChatCompletionRequest
+    from wslm.backend.server.serving_tools import plan_chat
+
+    req = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "hi"}], "tools": TOOLS})
+    req.sampling_params(5, None)
+    for special in (True, False):
+        tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({"[UNK]": 0}, unk_token="[UNK]")))
+        tok.add_tokens([AddedToken("<tool_call>", special=special), AddedToken("</tool_call>", special=special)])
+        state = SimpleNamespace(enable_auto_tool_choice=True, tool_call_parser="hermes", reasoning_parser=None,
+                                tokenizer=tok)
+        assert plan_chat(state, req).keep_special_tokens is special
+        state.tool_call_parser = "pythonic"
+        assert plan_chat(state, req).keep_special_tokens is False

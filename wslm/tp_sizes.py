@@ -1,22 +1,77 @@
-"""Which --tensor-parallel-size values fit: pure arithmetic, no torch, so `wslm doctor` and the GUI (whose
-Windows bundle carries no backend) can ask."""
+"""Which --tensor-parallel-size values fit a model: pure arithmetic, no torch, so the engine's start-up check
+(parallel_state.check_divisible), `wslm doctor` and the GUI (whose Windows bundle carries no backend) apply
+one rule and offer exactly the sizes the engine accepts.
+
+How the engine splits (modeling/layers/): attention heads and every MLP width (dense, MoE experts', shared
+expert's) are cut into equal parts; KV heads are cut too, or replicated when fewer than the ranks; the
+row-parallel layers (o, down) take their input columns in shards, and a 4-bit checkpoint (AWQ/GPTQ, GGUF)
+must leave whole quantization groups on each rank. Routed experts are kept dense (layers/moe.py), so their
+width needs no whole groups."""
 
 from __future__ import annotations
 
+GGUF_GROUP_SIZE = 32  # GGUF's 4-bit types are held as int4 codes with groups of 32 columns
+DEFAULT_PACKED_GROUP_SIZE = 128  # AWQ/GPTQ configs that do not say their group_size
 
-def fits(size: int, num_heads: int | None = None, num_kv_heads: int | None = None,
-         intermediate_size: int | None = None) -> bool:  # fmt: skip
-    """The same rule the engine enforces at start (parallel_state.check_divisible)."""
+# The `wslm models list --json` / `models info --json` fields the rule reads, and its keyword for each.
+MODEL_FIELDS = {
+    "num_attention_heads": "num_heads",
+    "num_kv_heads": "num_kv_heads",
+    "head_dim": "head_dim",
+    "intermediate_size": "intermediate_size",
+    "moe_intermediate_size": "moe_intermediate_size",
+    "shared_expert_intermediate_size": "shared_expert_intermediate_size",
+    "quant_group_size": "quant_group_size",
+}
+
+
+def checkpoint_group(method: str | None, quant_config: dict | None = None) -> int | None:
+    """The 4-bit group width a checkpoint keeps under tensor parallelism: GGUF's 32, AWQ/GPTQ's group_size
+    (quantization_config); none for dense weights or int8/int4 made on load (their groups fit each rank)."""
+    if method == "gguf":
+        return GGUF_GROUP_SIZE
+    if method in ("awq", "gptq"):
+        qcfg = quant_config or {}
+        return int(qcfg.get("group_size", qcfg.get("q_group_size", DEFAULT_PACKED_GROUP_SIZE)))
+    return None
+
+
+def model_facts(info: dict | None) -> dict:
+    """The rule's keywords from a `wslm models list/info` JSON entry (missing facts are not checked)."""
+    info = info or {}
+    return {kw: info.get(key) for key, kw in MODEL_FIELDS.items() if info.get(key)}
+
+
+def refusal(size: int, num_heads: int | None = None, num_kv_heads: int | None = None,
+            intermediate_size: int | None = None, *, head_dim: int | None = None,
+            moe_intermediate_size: int | None = None, shared_expert_intermediate_size: int | None = None,
+            quant_group_size: int | None = None) -> str:  # fmt: skip
+    """"" when the model splits `size` ways, else why not (a phrase for an error message)."""
     if size < 1:
-        return False
-    if num_heads is not None and num_heads % size:
-        return False
-    if num_kv_heads is not None and (num_kv_heads % size if num_kv_heads >= size else size % num_kv_heads):
-        return False
-    return intermediate_size is None or intermediate_size % size == 0
+        return "a size must be 1 or more"
+    if num_heads and num_heads % size:
+        return f"{num_heads} attention heads"
+    if num_kv_heads and (num_kv_heads % size if num_kv_heads >= size else size % num_kv_heads):
+        return f"{num_kv_heads} KV heads"
+    widths = [w for w in (intermediate_size, moe_intermediate_size, shared_expert_intermediate_size) if w]
+    if any(w % size for w in widths):
+        return f"MLP width{'s' if len(widths) > 1 else ''} {', '.join(map(str, widths))}"
+    if quant_group_size and size > 1:  # one rank holds every group whole
+        # Row-parallel input widths held in 4 bits: attention output, dense MLP, shared expert.
+        attention = num_heads * head_dim if num_heads and head_dim else None
+        quantized = [w for w in (attention, intermediate_size, shared_expert_intermediate_size) if w]
+        if any(w % size or (w // size) % quant_group_size for w in quantized):
+            return (f"4-bit groups of {quant_group_size} columns (row-parallel input widths "
+                    f"{', '.join(map(str, quantized))} into {size} shards)")  # fmt: skip
+    return ""
 
 
-def tensor_parallel_sizes(gpu_count: int, num_heads: int | None = None, num_kv_heads: int | None = None,
-                          intermediate_size: int | None = None) -> list[int]:  # fmt: skip
-    """Sizes from 1 to the GPU count that split the model evenly (all of them when the model is unknown)."""
-    return [n for n in range(1, max(1, gpu_count) + 1) if fits(n, num_heads, num_kv_heads, intermediate_size)]
+def fits(size: int, *args: int | None, **facts: int | None) -> bool:
+    """The rule the engine enforces at start (parallel_state.check_divisible); arguments as refusal's."""
+    return not refusal(size, *args, **facts)
+
+
+def tensor_parallel_sizes(gpu_count: int, *args: int | None, **facts: int | None) -> list[int]:
+    """Sizes from 1 to the GPU count that split the model evenly (all of them when the model is unknown);
+    model facts as refusal's arguments."""
+    return [n for n in range(1, max(1, gpu_count) + 1) if fits(n, *args, **facts)]

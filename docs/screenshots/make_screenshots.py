@@ -110,6 +110,16 @@ def main(out: Path) -> None:
     dialog.hide()
     w.models_panel.table.selectRow(1)
     process_events_for(4)
+    discover = w.models_panel.open_discover()  # Discover: search the (loopback) hub, files with fit verdicts
+    discover.query.setText("Instruct-GGUF")
+    discover.mirror.setText(hub.url)  # the loopback hub, as a mirror
+    discover.search()
+    process_events_for(30, until=lambda: discover.files.rowCount() > 0 or "⚠" in discover.status.text())
+    process_events_for(0.5)
+    out.mkdir(parents=True, exist_ok=True)
+    discover.grab().save(str(out / "discover.png"))
+    print(out / "discover.png")
+    discover.hide()
     w.sidebar.select("chat")
     for path in screenshot(w, out):
         print(path)

@@ -110,12 +110,30 @@ def _nine_char_tool_call_ids(messages: list[dict]) -> list[dict]:
     return out
 
 
+def pick_template(template: str | dict | None, tools: list[dict] | None = None) -> str | None:
+    """The template to use. A tokenizer may carry several named ones (a dict, e.g. Hermes 3's "default" and
+    "tool_use"): "tool_use" when tools are sent, else "default", as transformers picks."""
+    if not isinstance(template, dict):
+        return template
+    if tools and "tool_use" in template:
+        return template["tool_use"]
+    if "default" in template:
+        return template["default"]
+    raise RequestError(f"The model has several chat templates ({', '.join(template)}) and none is named "
+                       "'default': pass one with --chat-template FILE.", param="messages")
+
+
+def template_text(template: str | dict | None) -> str:
+    """All of a model's template text (every named template), for telling which tool format it uses."""
+    return "\n".join(template.values()) if isinstance(template, dict) else (template or "")
+
+
 def render_chat_text(tokenizer: Any, messages: Any, template: str | None, model_name: str, *,
                      add_generation_prompt: bool = True, continue_final_message: bool = False,
                      tools: list[dict] | None = None, chat_template_kwargs: dict | None = None) -> str:
     """The prompt text for a chat. chat_template_kwargs (e.g. {"enable_thinking": False}) reach the template as
     variables; tools (OpenAI's [{"type": "function", "function": {...}}]) too, as the template's `tools`."""
-    template = template or getattr(tokenizer, "chat_template", None)
+    template = pick_template(template or getattr(tokenizer, "chat_template", None), tools)
     if not template:
         raise RequestError(
             f"The model {model_name!r} has no chat template, so chat messages cannot be turned into a prompt. "

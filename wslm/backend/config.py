@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# vLLM's --kv-cache-dtype values that wslm runs.
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
 
 @dataclass(slots=True)
 class EngineConfig:
@@ -32,6 +34,9 @@ class EngineConfig:
     # None: as the checkpoint is (a GGUF file and AWQ/GPTQ checkpoints stay quantized); "int8" / "int4":
     # quantize a 16-bit checkpoint's linear weights while loading. vLLM's name and values.
     quantization: str | None = None
+    # "auto": the KV cache in the model dtype; "fp8" / "fp8_e4m3": one byte per value (e4m3, per-tensor
+    # scale 1.0 as vLLM's default without calibrated scales), twice the tokens in the same memory.
+    kv_cache_dtype: str = "auto"
     revision: str | None = None  # a repo id's snapshot in the HF cache: branch, tag or commit (vLLM's --revision)
     download_dir: str | None = None  # the HF cache folder to find repo ids in (vLLM's --download-dir)
     task: str = "auto"  # "generate", "embed", "score" or "auto" (from the checkpoint), as vLLM's --task
@@ -65,5 +70,10 @@ class EngineConfig:
         from wslm.backend.quant import check_quantization
 
         self.quantization = check_quantization(self.quantization)
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            hint = " (e5m2 is not supported: use fp8, which is e4m3)" if self.kv_cache_dtype == "fp8_e5m2" else ""
+            raise ValueError(
+                f"kv_cache_dtype must be one of {', '.join(KV_CACHE_DTYPES)}, got {self.kv_cache_dtype!r}{hint}."
+            )
         if self.dtype not in ("auto", "float32", "float16", "bfloat16", "half", "float", "fp32", "fp16", "bf16"):
             raise ValueError(f"dtype must be auto, float32, float16 or bfloat16, got {self.dtype!r}.")

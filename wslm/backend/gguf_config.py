@@ -6,6 +6,8 @@ safetensors original does (and as llama.cpp runs it):
   `rope.scaling.attn_factor`: Phi-3.5 and Phi-4-mini) and the sliding window (0 means none: Phi-4).
 - Gemma 2 / 3: query_pre_attn_scalar, which no key carries: llama.cpp's rule (hidden / heads for the 27B
   models, else head_dim); Gemma 2's logit softcaps; Gemma 3's linear rope scaling of its global layers.
+- Qwen3-MoE / Qwen2-MoE: the experts' width (`expert_feed_forward_length`), the shared expert's, and
+  whether top-k weights are renormalised (llama.cpp: Qwen3-MoE yes, Qwen2-MoE no).
 
 Without these, transformers' reader falls back to its config defaults, which differ from the real models."""
 
@@ -13,37 +15,103 @@ from __future__ import annotations
 
 from pathlib import Path
 
+# Whether the top-k routing weights are renormalised, as llama.cpp runs each family (Qwen3-MoE configs say
+# norm_topk_prob: true, Qwen1.5/Qwen2-MoE false; transformers' default is false for both).
+_MOE_NORM = {"qwen3moe": True, "qwen2moe": False}
 # Layer counts of the 27B models, whose query scale is 1/sqrt(hidden / heads) (llama.cpp decides the same way).
 _GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
 
 
-def _value(reader, key: str):
-    field = reader.fields.get(key)
-    if field is None or not field.data:
-        return None
-    try:
-        return field.contents()
-    except Exception:  # a malformed optional key: keep transformers' reading
-        return None
+_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
+_STRING, _ARRAY = 8, 9
+_F32 = 0  # ggml type id of float32 tensors
 
 
-def _tensor(reader, name: str) -> list[float] | None:
-    for t in reader.tensors:
-        if t.name == name:
-            return [float(x) for x in t.data.reshape(-1)]
-    return None
+class _Header:
+    """A GGUF's metadata and tensor index, read in one pass that skips over long arrays (a 262k-token
+    vocabulary): gguf.GGUFReader parses every entry, which takes seconds, and the loader reads the file
+    several times already. Keeps scalars, strings and short arrays."""
+
+    def __init__(self, path: str | Path) -> None:
+        import mmap
+
+        with open(path, "rb") as f:
+            self.buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        self.pos = 0
+        if self.buf[:4] != b"GGUF":
+            raise ValueError(f"{path} is not a GGUF file")
+        self.pos = 8  # magic, version
+        n_tensors, n_kv = self._unpack("<Q"), self._unpack("<Q")
+        self.values: dict[str, object] = {}
+        for _ in range(n_kv):
+            key = self._string()
+            self.values[key] = self._value(self._unpack("<I"))
+        self.tensors: dict[str, tuple[tuple[int, ...], int, int]] = {}
+        for _ in range(n_tensors):
+            name = self._string()
+            dims = tuple(self._unpack("<Q") for _ in range(self._unpack("<I")))
+            self.tensors[name] = (dims, self._unpack("<I"), self._unpack("<Q"))
+        align = int(self.values.get("general.alignment") or 32)
+        self.data_start = -(-self.pos // align) * align
+
+    def _unpack(self, fmt: str):
+        import struct
+
+        (value,) = struct.unpack_from(fmt, self.buf, self.pos)
+        self.pos += struct.calcsize(fmt)
+        return value
+
+    def _string(self) -> str:
+        n = self._unpack("<Q")
+        self.pos += n
+        return self.buf[self.pos - n : self.pos].decode("utf-8", errors="replace")
+
+    def _value(self, kind: int):
+        import struct
+
+        if kind == _STRING:
+            return self._string()
+        if kind != _ARRAY:
+            return self._unpack(_SCALARS[kind])
+        item, n = self._unpack("<I"), self._unpack("<Q")
+        if item in _SCALARS:  # fixed size: kept when short, else stepped over at once
+            size = struct.calcsize(_SCALARS[item])
+            if n > 1024:
+                self.pos += n * size
+                return None
+            return [self._value(item) for _ in range(n)]
+        values = [self._value(item) for _ in range(n)]  # strings (or nested arrays): walked one by one
+        return values if n <= 1024 else None
+
+    def f32_tensor(self, name: str) -> list[float] | None:
+        import numpy as np
+
+        entry = self.tensors.get(name)
+        if entry is None or entry[1] != _F32:
+            return None
+        dims, _, offset = entry
+        count = int(np.prod(dims))
+        start = self.data_start + offset
+        return np.frombuffer(self.buf, dtype="<f4", count=count, offset=start).astype(float).tolist()
 
 
 def complete_config(hf_config, gguf_path: str | Path) -> None:
     """Fill in hf_config (read by transformers from gguf_path) with what only the file's own keys say."""
-    import gguf
+    from wslm.backend.modeling import gguf_architecture
 
-    reader = gguf.GGUFReader(str(gguf_path), "r")
-    arch = _value(reader, "general.architecture")
-    if arch == "phi3":
-        _phi3(hf_config, reader)
-    elif arch in _GEMMA_27B_LAYERS:
-        _gemma(hf_config, reader, arch)
+    if gguf_architecture(getattr(hf_config, "model_type", "")) not in ("phi3", *_GEMMA_27B_LAYERS, *_MOE_NORM):
+        return  # nothing to add
+    header = _Header(gguf_path)
+    try:
+        arch = header.values.get("general.architecture")
+        if arch == "phi3":
+            _phi3(hf_config, header)
+        elif arch in _GEMMA_27B_LAYERS:
+            _gemma(hf_config, header, arch)
+        elif arch in _MOE_NORM:
+            _moe(hf_config, header, arch)
+    finally:
+        header.buf.close()
 
 
 def _rope_dict(hf_config) -> dict:
@@ -51,39 +119,41 @@ def _rope_dict(hf_config) -> dict:
     return dict(params) if isinstance(params, dict) else {}
 
 
-def _phi3(cfg, reader) -> None:
+def _phi3(cfg, header: _Header) -> None:
+    get = header.values.get
     head_dim = cfg.hidden_size // cfg.num_attention_heads
     rope = _rope_dict(cfg)
     rope.setdefault("rope_theta", getattr(cfg, "rope_theta", None) or 10000.0)
-    dims = _value(reader, "phi3.rope.dimension_count")
+    dims = get("phi3.rope.dimension_count")
     if dims and int(dims) < head_dim:
         rope["partial_rotary_factor"] = int(dims) / head_dim
         cfg.partial_rotary_factor = int(dims) / head_dim
-    window = _value(reader, "phi3.attention.sliding_window")
+    window = get("phi3.attention.sliding_window")
     if window is not None:
         cfg.sliding_window = int(window) or None
-    long, short = _tensor(reader, "rope_factors_long.weight"), _tensor(reader, "rope_factors_short.weight")
-    original = _value(reader, "phi3.rope.scaling.original_context_length")
+    long, short = header.f32_tensor("rope_factors_long.weight"), header.f32_tensor("rope_factors_short.weight")
+    original = get("phi3.rope.scaling.original_context_length")
     if long and short and original:
         rope.update(rope_type="longrope", long_factor=long, short_factor=short,
                     original_max_position_embeddings=int(original))  # fmt: skip
-        attn = _value(reader, "phi3.rope.scaling.attn_factor")
+        attn = get("phi3.rope.scaling.attn_factor")
         if attn is not None:
             rope["attention_factor"] = float(attn)
         cfg.original_max_position_embeddings = int(original)
     cfg.rope_parameters = rope
 
 
-def _gemma(cfg, reader, arch: str) -> None:
+def _gemma(cfg, header: _Header, arch: str) -> None:
+    get = header.values.get
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     big = cfg.num_hidden_layers == _GEMMA_27B_LAYERS[arch]
     cfg.query_pre_attn_scalar = cfg.hidden_size // cfg.num_attention_heads if big else head_dim
     for key in ("attn_logit_softcapping", "final_logit_softcapping"):
-        value = _value(reader, f"{arch}.{key}")
+        value = get(f"{arch}.{key}")
         if value is not None:
             setattr(cfg, key, float(value))
-    if arch == "gemma3" and str(_value(reader, "gemma3.rope.scaling.type") or "").lower() == "linear":
-        factor = float(_value(reader, "gemma3.rope.scaling.factor") or 1.0)
+    if arch == "gemma3" and str(get("gemma3.rope.scaling.type") or "").lower() == "linear":
+        factor = float(get("gemma3.rope.scaling.factor") or 1.0)
         rope = _rope_dict(cfg)
         full = dict(rope.get("full_attention") or {})
         full.setdefault("rope_theta", getattr(cfg, "rope_theta", None) or 1000000.0)
@@ -91,3 +161,15 @@ def _gemma(cfg, reader, arch: str) -> None:
         rope["full_attention"] = full
         rope.setdefault("sliding_attention", {"rope_type": "default", "rope_theta": 10000.0})
         cfg.rope_parameters = rope
+
+
+def _moe(cfg, header: _Header, arch: str) -> None:
+    get = header.values.get
+    inner = get(f"{arch}.expert_feed_forward_length")
+    if inner:
+        cfg.moe_intermediate_size = int(inner)
+    shared = get(f"{arch}.expert_shared_feed_forward_length")
+    if shared:
+        cfg.shared_expert_intermediate_size = int(shared)
+    norm = get(f"{arch}.expert_weights_norm")
+    cfg.norm_topk_prob = bool(norm) if norm is not None else _MOE_NORM[arch]

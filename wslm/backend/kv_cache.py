@@ -58,6 +58,21 @@ def _cuda_budget(config: EngineConfig, mc: ModelConfig, device: torch.device) ->
     return budget
 
 
+def kv_cache_torch_dtype(name: str, device: torch.device) -> torch.dtype | None:
+    """--kv-cache-dtype as a torch dtype; None keeps the model dtype. fp8 is e4m3 (vLLM's "fp8"): on CUDA
+    the Triton kernels convert it in registers, which needs an Ada/Hopper GPU (compute capability 8.9)."""
+    if name in ("auto", None):
+        return None
+    if device.type == "cuda" and torch.cuda.get_device_capability(device) < (8, 9):
+        major, minor = torch.cuda.get_device_capability(device)
+        raise ValueError(
+            f"--kv-cache-dtype {name} needs an NVIDIA GPU of compute capability 8.9 or newer (Ada, Hopper); this one "
+            f"is {major}.{minor}. Leave --kv-cache-dtype at auto, or give the pool more room with "
+            "--gpu-memory-utilization / a shorter --max-model-len."
+        )
+    return torch.float8_e4m3fn
+
+
 def determine_num_blocks(config: EngineConfig, mc: ModelConfig, device: torch.device) -> int:
     if config.num_gpu_blocks_override is not None:
         return int(config.num_gpu_blocks_override)

@@ -17,7 +17,7 @@ from wslm.backend.config import EngineConfig
 from wslm.backend.cpu_tuning import tune_allocator
 from wslm.backend.distributed.executor import EngineDeadError, kv_cache_note
 from wslm.backend.fault_injection import Faults
-from wslm.backend.kv_cache import determine_num_blocks
+from wslm.backend.kv_cache import determine_num_blocks, kv_cache_torch_dtype
 from wslm.backend.model_loader import load_model_config, load_tokenizer, resolve_model
 from wslm.backend.model_runner import ModelRunner, load_model
 from wslm.backend.output_processor import OutputProcessor
@@ -71,6 +71,7 @@ class LLMEngine:
         _, mc = load_model_config(
             source, self.tokenizer, config.dtype, self.device, config.trust_remote_code, config.quantization
         )
+        mc.kv_cache_dtype = kv_cache_torch_dtype(config.kv_cache_dtype, self.device)
         self.model_config = mc
         self.pooling = None  # DecoderPooling when this engine serves an embedding model (--task embed)
         if self.task == "embed":

@@ -10,7 +10,12 @@ from dataclasses import dataclass, field
 import torch
 
 from wslm.backend.model_source import ModelSource, resolve_model  # noqa: F401  (resolve_model re-exported)
-from wslm.backend.modeling import GGUF_ARCHITECTURES, SUPPORTED_ARCHITECTURES, get_model_class
+from wslm.backend.modeling import (
+    GGUF_ARCHITECTURES,
+    SUPPORTED_ARCHITECTURES,
+    get_model_class,
+    gguf_architecture,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -47,6 +52,7 @@ class ModelConfig:
     # None (dense), "gguf", "awq", "gptq", "int8" or "int4": how the linear weights are held
     # (wslm.backend.quant), i.e. which LinearMethod the layers use (modeling/layers/linear.py).
     quantization: str | None = None
+    kv_cache_dtype: torch.dtype | None = None  # None: the model dtype; float8_e4m3fn for --kv-cache-dtype fp8
     # Family-specific settings (Gemma's softcaps, second rope base, ...), filled by the family class's
     # config_overrides() and read only by that family's code.
     extra: dict = field(default_factory=dict)
@@ -72,7 +78,7 @@ class ModelConfig:
         return self.sliding_window
 
     def kv_bytes_per_token(self, dtype: torch.dtype | None = None) -> int:
-        elem = torch.empty(0, dtype=dtype or self.dtype).element_size()
+        elem = torch.empty(0, dtype=dtype or self.kv_cache_dtype or self.dtype).element_size()
         return 2 * self.num_layers * self.num_kv_heads * self.head_dim * elem
 
 
@@ -193,6 +199,8 @@ def resolve_quantization(requested: str | None, source: ModelSource, hf_config) 
         if requested not in (None, found):
             raise ValueError(f"This checkpoint is {found}-quantized; quantization={requested!r} cannot apply to it.")
         return found
+    if found == "mxfp4":  # gpt-oss: its MXFP4 experts are dequantized on load (models/gpt_oss.py)
+        return requested if requested in ("int8", "int4") else None
     if found:
         raise ValueError(f"Checkpoints quantized with {found!r} are not supported (supported: awq, gptq, gguf).")
     if requested in ("awq", "gptq", "gguf"):
@@ -206,8 +214,7 @@ def load_model_config(
     hf_config = _read_hf_config(source, trust_remote_code)
     archs = list(getattr(hf_config, "architectures", None) or [])
     if not archs:
-        # transformers' GGUF reader names a gemma3 file's config gemma3_text.
-        model_type = getattr(hf_config, "model_type", "").removesuffix("_text")
+        model_type = gguf_architecture(getattr(hf_config, "model_type", ""))
         archs = [GGUF_ARCHITECTURES.get(model_type, model_type or "unknown")]
     arch = archs[0]
     # A bare decoder body (Qwen3Model, as embedding checkpoints ship) runs on its causal-LM family's code.

@@ -39,7 +39,8 @@ class ModelRunner:
         kv_heads = getattr(model, "num_kv_heads", self.cfg.num_kv_heads)  # this rank's, under tensor parallelism
         shape = (num_blocks, block_size, kv_heads, self.cfg.head_dim)
         # One allocation for the whole pool: [layers, k|v, blocks, block_size, kv_heads, head_dim].
-        self.kv_pool = torch.zeros((self.cfg.num_layers, 2, *shape), dtype=self.cfg.dtype, device=self.device)
+        kv_dtype = getattr(self.cfg, "kv_cache_dtype", None) or self.cfg.dtype
+        self.kv_pool = torch.zeros((self.cfg.num_layers, 2, *shape), dtype=kv_dtype, device=self.device)
         self.kv_caches = [(self.kv_pool[i, 0], self.kv_pool[i, 1]) for i in range(self.cfg.num_layers)]
         self.graphs = None  # DecodeGraphs, when CUDA graphs are on
         self.kv_cache_bytes = self.kv_pool.numel() * self.kv_pool.element_size()

@@ -42,6 +42,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--quantization", "-q", default=None, choices=["gguf", "awq", "gptq", "int8", "int4"],
                    help="weights format; a GGUF file or an AWQ/GPTQ checkpoint needs no flag; int8/int4 quantize "
                    "a 16-bit checkpoint while loading")
+    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8", "fp8_e4m3", "fp8_e5m2"],
+                   help="auto: the model dtype; fp8 (e4m3): one byte per cached value, twice the tokens in the same "
+                        "memory (vLLM's flag; e5m2 is not supported)")
     p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
     p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
                    help="split the model over N GPUs (or N CPU processes) with torch.distributed")

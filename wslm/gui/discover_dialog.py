@@ -27,6 +27,7 @@ from PySide6.QtWidgets import (
 import wslm.gui.qt_fix  # noqa: F401  (PySide6 6.12 emit() refcount bug)
 from wslm.gui import theme
 from wslm.gui.cli_process import JsonProcess
+from wslm.gui.download_dialog import MIRROR_PLACEHOLDER, endpoint_problem
 from wslm.gui.format import human_bytes
 from wslm.wsl_bridge.launcher import Target
 
@@ -62,6 +63,7 @@ def recommended(vram_bytes: int | None, ram_bytes: int | None) -> list[str]:
 
 class DiscoverDialog(QDialog):
     download_requested = Signal(str, str)  # repo, file pattern ("" = the whole checkpoint)
+    endpoint_changed = Signal(str)  # the Mirror endpoint field, once used: the app remembers it
 
     def __init__(self, target: Target, endpoint: str = "", vram_bytes: int | None = None, gpu_share: float = 0.9,
                  ram_bytes: int | None = None, parent=None) -> None:
@@ -80,8 +82,14 @@ class DiscoverDialog(QDialog):
         top = QHBoxLayout()
         top.addWidget(self.query, 1)
         top.addWidget(self.search_button)
-        where = endpoint or "huggingface.co (set a mirror in Download… → Mirror endpoint)"
-        self.status = QLabel(f"Searching {html.escape(where)}", objectName="Muted")
+        # The same Mirror endpoint as the Download dialog's (remembered by the app): search and download
+        # go through it, e.g. where huggingface.co cannot be reached.
+        self.mirror = QLineEdit(endpoint, placeholderText=MIRROR_PLACEHOLDER)
+        self.mirror.setToolTip("Searches and downloads go through this endpoint; empty: huggingface.co")
+        mirror_row = QHBoxLayout()
+        mirror_row.addWidget(QLabel("Mirror endpoint", objectName="Muted"))
+        mirror_row.addWidget(self.mirror, 1)
+        self.status = QLabel("Search huggingface.co or the mirror set above.", objectName="Muted")
         self.status.setWordWrap(True)
         picks = recommended(vram_bytes, ram_bytes)
         self.picks = QLabel("Recommended for this machine: " + " · ".join(
@@ -96,6 +104,8 @@ class DiscoverDialog(QDialog):
         self.files.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
         self.files.verticalHeader().hide()
         self.files.horizontalHeader().setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
+        for col in (1, 2, 3):  # the verdict ("too big for GPU · fits RAM") is read whole, the file name gives way
+            self.files.horizontalHeader().setSectionResizeMode(col, QHeaderView.ResizeMode.ResizeToContents)
         self.files.doubleClicked.connect(lambda _i: self.download())
         split = QSplitter(Qt.Orientation.Horizontal)
         split.addWidget(self.list)
@@ -111,6 +121,7 @@ class DiscoverDialog(QDialog):
         bottom.addWidget(self.download_button)
         lay = QVBoxLayout(self)
         lay.addLayout(top)
+        lay.addLayout(mirror_row)
         lay.addWidget(self.picks)
         lay.addWidget(self.status)
         lay.addWidget(split, 1)
@@ -120,7 +131,14 @@ class DiscoverDialog(QDialog):
         text = self.query.text().strip()
         if not text or (self._proc and self._proc.running):
             return
-        args = ["models", "search", text, "--json"] + (["--endpoint", self.endpoint] if self.endpoint else [])
+        endpoint = self.mirror.text().strip()
+        if problem := endpoint_problem(endpoint):
+            self.status.setText(f"<span style='color:{theme.ERROR};'>⚠ {problem} (“Mirror endpoint” above)</span>")
+            return
+        if endpoint != self.endpoint:
+            self.endpoint = endpoint
+            self.endpoint_changed.emit(endpoint)
+        args = ["models", "search", text, "--json"] + (["--endpoint", endpoint] if endpoint else [])
         proc = JsonProcess(self)
         got: list[dict] = []
         proc.event.connect(got.append)
@@ -133,7 +151,10 @@ class DiscoverDialog(QDialog):
         payload = next((e for e in events if isinstance(e.get("models"), list)), None)
         if code != 0 or payload is None:
             err = next((e.get("message") for e in events if e.get("event") == "error"), "") or tail.strip()[-300:]
-            self.status.setText(f"<span style='color:{theme.ERROR};'>⚠ {html.escape(err or 'search failed')}</span>")
+            where = f"{self.endpoint} (“Mirror endpoint” above)" if self.endpoint else \
+                "huggingface.co: if it cannot be reached from here, set a “Mirror endpoint” above"
+            self.status.setText(f"<span style='color:{theme.ERROR};'>⚠ {html.escape(err or 'search failed')}</span>"
+                                f"<br>Searched {html.escape(where)}.")
             return
         self.results = payload["models"]
         self.list.clear()

@@ -12,10 +12,19 @@ from wslm.gui.download_job import PullJob
 from wslm.gui.download_view import DownloadProgressView
 
 REPO_RE = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+MIRROR_PLACEHOLDER = "optional mirror, e.g. https://hf-mirror.com"
+
+
+def endpoint_problem(endpoint: str) -> str:
+    """What is wrong with a Mirror endpoint field's text ("" when it is usable; empty means the hub)."""
+    if endpoint and not endpoint.startswith(("http://", "https://")):
+        return "The mirror endpoint must start with http:// or https://"
+    return ""
 
 
 class DownloadDialog(QDialog):
     job_started = Signal(object)  # PullJob
+    endpoint_used = Signal(str)  # the Mirror endpoint a download started with: the app remembers it
 
     def __init__(self, make_job, endpoint: str = "", parent=None) -> None:
         """`make_job(repo, pattern, endpoint) -> PullJob` comes from the models panel (it knows the target)."""
@@ -26,7 +35,7 @@ class DownloadDialog(QDialog):
         self.job: PullJob | None = None
         self.repo = QLineEdit(placeholderText="e.g. HuggingFaceTB/SmolLM2-360M-Instruct")
         self.pattern = QLineEdit(placeholderText="optional, e.g. *Q4_K_M.gguf")
-        self.endpoint = QLineEdit(endpoint, placeholderText="optional mirror, e.g. https://hf-mirror.com")
+        self.endpoint = QLineEdit(endpoint, placeholderText=MIRROR_PLACEHOLDER)
         form = QFormLayout()
         form.addRow("Repository", self.repo)
         form.addRow("File pattern", self.pattern)
@@ -51,10 +60,11 @@ class DownloadDialog(QDialog):
             self.error.setText("<span style='color:#f85149;'>Enter a repository id like owner/name.</span>")
             return None
         endpoint = self.endpoint.text().strip()
-        if endpoint and not endpoint.startswith(("http://", "https://")):
-            self.error.setText("<span style='color:#f85149;'>The mirror endpoint must start with http:// or https://</span>")
+        if problem := endpoint_problem(endpoint):
+            self.error.setText(f"<span style='color:#f85149;'>{problem}</span>")
             return None
         self.error.setText("")
+        self.endpoint_used.emit(endpoint)
         self.job = self.make_job(repo, self.pattern.text(), endpoint)
         self.lay.insertWidget(1, DownloadProgressView(self.job, self))
         self.start_button.setEnabled(False)

@@ -3,7 +3,7 @@ model and the target, checked before a start so a wrong choice is a message, not
 
 from __future__ import annotations
 
-from wslm.tp_sizes import tensor_parallel_sizes
+from wslm.tp_sizes import model_facts, tensor_parallel_sizes
 
 # (label, --quantization value; "" = not passed: the checkpoint's own format)
 QUANTIZATIONS = [
@@ -50,9 +50,9 @@ def check_kv_cache_dtype(choice: str, has_gpu: bool | None) -> str:
 
 
 def fitting_tp_sizes(gpu_count: int, model: dict | None) -> list[int]:
-    m = model or {}
-    return tensor_parallel_sizes(gpu_count, m.get("num_attention_heads"), m.get("num_kv_heads"),
-                                 m.get("intermediate_size"))
+    """The sizes up to the GPU count that the engine accepts for this `models list` entry (one rule:
+    wslm.tp_sizes, which the engine's start-up check applies too)."""
+    return tensor_parallel_sizes(gpu_count, **model_facts(model))
 
 
 def check_tensor_parallel(size: int, gpu_count: int, model: dict | None) -> str:

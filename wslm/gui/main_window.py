@@ -116,6 +116,7 @@ class MainWindow(QMainWindow):
         self.models.listed.connect(self._on_models_listed)
         self.chat_panel.model_switch_requested.connect(self.switch_model)
         self.models_panel.use_model.connect(self._serve_model)
+        self.models_panel.endpoint_changed.connect(self._remember_endpoint)
         self.monitor.sample.connect(self.server_panel.show_resources)
         self.monitor.gpu_sample.connect(self.server_panel.show_gpu)
         self.monitor.gpu_sample.connect(self._on_gpu)
@@ -218,6 +219,10 @@ class MainWindow(QMainWindow):
 
     def _on_gpu(self, g: dict) -> None:
         self.models.table.set_vram(int(g["vram_total_mib"] * 2**20), self.settings.gpu_memory_utilization)
+
+    def _remember_endpoint(self, endpoint: str) -> None:
+        self.settings.hub_endpoint = endpoint
+        self.save()
 
     def _serve_model(self, model_id: str) -> None:
         self.server_panel.set_model(model_id)

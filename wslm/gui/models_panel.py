@@ -30,6 +30,7 @@ from wslm.gui.models_service import ModelsService
 
 class ModelsPanel(QWidget):
     use_model = Signal(str)  # "Serve this model" → server panel
+    endpoint_changed = Signal(str)  # the Mirror endpoint last used (Download or Discover): saved in settings
 
     def __init__(self, service: ModelsService, hub_endpoint: str = "", parent=None) -> None:
         super().__init__(parent)
@@ -172,8 +173,14 @@ class ModelsPanel(QWidget):
         self.downloads.addWidget(DownloadProgressView(job, self))
         return job
 
+    def set_endpoint(self, endpoint: str) -> None:
+        if endpoint != self.hub_endpoint:
+            self.hub_endpoint = endpoint
+            self.endpoint_changed.emit(endpoint)
+
     def open_download(self) -> DownloadDialog:
         self.dialog = DownloadDialog(self.make_job, self.hub_endpoint, self)
+        self.dialog.endpoint_used.connect(self.set_endpoint)
         self.dialog.show()
         return self.dialog
 
@@ -183,7 +190,8 @@ class ModelsPanel(QWidget):
         t = self.service.table
         self.discover = DiscoverDialog(self.service.target, self.hub_endpoint, t.vram_total_bytes, t.gpu_share,
                                        psutil.virtual_memory().total, self)
+        self.discover.endpoint_changed.connect(self.set_endpoint)
         self.discover.download_requested.connect(lambda repo, pattern: self.make_job(repo, pattern,
-                                                                                     self.hub_endpoint).start())
+                                                                                     self.discover.endpoint).start())
         self.discover.show()
         return self.discover

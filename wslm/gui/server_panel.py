@@ -149,6 +149,8 @@ class ServerPanel(QWidget):
         grid.setColumnStretch(3, 1)
         for w in (self.port, self.context, self.gpu):
             w.valueChanged.connect(self._save)
+        # Another model splits differently: offer its tensor-parallel sizes (before _save stores the choice).
+        self.model.currentIndexChanged.connect(lambda _i: self._fill_tp())
         self.model.currentIndexChanged.connect(self._save)
         self.api_key.editingFinished.connect(self._save)
 

@@ -129,6 +129,11 @@ def arrow_image() -> str:
     return path.as_posix()
 
 
+def style_sheet() -> str:
+    """The app's style sheet, with the drawn arrow every combo box (the first-run target box too) needs."""
+    return QSS + f"QComboBox::down-arrow {{ image: url({arrow_image()}); width: 12px; height: 12px; }}\n"
+
+
 def apply_theme(app: QApplication) -> None:
     app.setStyle("Fusion")
     app.setWindowIcon(app_icon())
@@ -144,7 +149,7 @@ def apply_theme(app: QApplication) -> None:
                         (QPalette.ColorRole.Link, ACCENT), (QPalette.ColorRole.PlaceholderText, "#687086")):
         pal.setColor(role, QColor(color))
     app.setPalette(pal)
-    app.setStyleSheet(QSS + f"QComboBox::down-arrow {{ image: url({arrow_image()}); width: 12px; height: 12px; }}\n")
+    app.setStyleSheet(style_sheet())
 
 
 def _rgba(color: str, alpha: float) -> str:

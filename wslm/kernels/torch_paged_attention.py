@@ -12,10 +12,13 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from wslm.kernels.step_memo import step_memo
 
-def _gather_kv(cache: torch.Tensor, blocks: torch.Tensor) -> torch.Tensor:
-    """cache[blocks] as [num_blocks * block_size, num_kv_heads, head_dim]."""
-    return cache.index_select(0, blocks).flatten(0, 1)
+
+def _gather_kv(cache: torch.Tensor, blocks: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """cache[blocks] as [num_blocks * block_size, num_kv_heads, head_dim] in `dtype` (an fp8 cache, from
+    --kv-cache-dtype fp8, widens to the queries' dtype here, after the gather: only the rows read)."""
+    return cache.index_select(0, blocks).flatten(0, 1).to(dtype)
 
 
 def _attend_math(
@@ -42,6 +45,29 @@ def _attend_math(
     return torch.einsum("bhgls,bhsd->bhgld", probs, v.float()).to(q.dtype)
 
 
+def _decode_blocks(
+    block_tables: torch.Tensor, seq_lens: torch.Tensor, max_len: int, block_size: int, sliding_window: int | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The cache blocks decode rows read (flat, row-major) and the [B, 1, 1, S] mask of the keys each sees."""
+    device = block_tables.device
+    n_blocks = -(-max_len // block_size)
+    lens = seq_lens[:, None].long()
+    if sliding_window and sliding_window < max_len - block_size:
+        # Only the blocks that hold the window: each row starts at its own window's first block.
+        n_blocks = -(-sliding_window // block_size) + 1
+        first = ((lens - sliding_window).clamp(min=0) // block_size).clamp(max=block_tables.shape[1] - n_blocks)
+        cols = first + torch.arange(n_blocks, device=device)[None, :]
+        blocks = block_tables.gather(1, cols.to(torch.int64)).reshape(-1).long()
+        pos = first * block_size + torch.arange(n_blocks * block_size, device=device)[None, :]
+    else:
+        blocks = block_tables[:, :n_blocks].reshape(-1).long()
+        pos = torch.arange(n_blocks * block_size, device=device)[None, :]
+    mask = pos < lens
+    if sliding_window:
+        mask &= pos >= lens - sliding_window  # the query sits at len - 1
+    return blocks, mask[:, None, None, :]
+
+
 def _decode(
     q: torch.Tensor,
     k_cache: torch.Tensor,
@@ -58,25 +84,15 @@ def _decode(
     num_seqs, num_heads, head_dim = q.shape
     block_size, num_kv_heads = k_cache.shape[1], k_cache.shape[2]
     groups = num_heads // num_kv_heads
-    n_blocks = -(-max_len // block_size)
-    lens = seq_lens[:, None].long()
-    if sliding_window and sliding_window < max_len - block_size:
-        # Only the blocks that hold the window: each row starts at its own window's first block.
-        n_blocks = -(-sliding_window // block_size) + 1
-        first = ((lens - sliding_window).clamp(min=0) // block_size).clamp(max=block_tables.shape[1] - n_blocks)
-        cols = first + torch.arange(n_blocks, device=q.device)[None, :]
-        blocks = block_tables.gather(1, cols.to(torch.int64)).reshape(-1).long()
-        pos = first * block_size + torch.arange(n_blocks * block_size, device=q.device)[None, :]
-    else:
-        blocks = block_tables[:, :n_blocks].reshape(-1).long()
-        pos = torch.arange(n_blocks * block_size, device=q.device)[None, :]
+    # The same for every layer of a step: computed once (step_memo.py).
+    blocks, mask = step_memo(
+        ("decode", max_len, block_size, sliding_window),
+        (block_tables, seq_lens),
+        lambda: _decode_blocks(block_tables, seq_lens, max_len, block_size, sliding_window),
+    )
     # One index_select per cache; [B, Hkv, S, D] stays a strided view (SDPA reads it as is).
-    k = k_cache.index_select(0, blocks).view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
-    v = v_cache.index_select(0, blocks).view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
-    mask = pos < lens
-    if sliding_window:
-        mask &= pos >= lens - sliding_window  # the query sits at len - 1
-    mask = mask[:, None, None, :]  # [B, 1, 1, S]
+    k = _gather_kv(k_cache, blocks, q.dtype).view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
+    v = _gather_kv(v_cache, blocks, q.dtype).view(num_seqs, -1, num_kv_heads, head_dim).transpose(1, 2)
     # GQA without expanding K/V: the G query heads of a KV head become G query rows of that head.
     qg = q.view(num_seqs, num_kv_heads, groups, head_dim)
     if soft_cap or sinks is not None:
@@ -108,8 +124,8 @@ def _prefill_one(
     n_blocks = -(-kv_len // block_size)
     blocks = blocks_row[first_block:n_blocks].long()
     # 4-D inputs: CPU SDPA takes its flash kernel (GQA included) for them, the slow math path for 3-D.
-    k = _gather_kv(k_cache, blocks)[: kv_len - start].transpose(0, 1)[None]  # [1, Hkv, S, D]
-    v = _gather_kv(v_cache, blocks)[: kv_len - start].transpose(0, 1)[None]
+    k = _gather_kv(k_cache, blocks, q.dtype)[: kv_len - start].transpose(0, 1)[None]  # [1, Hkv, S, D]
+    v = _gather_kv(v_cache, blocks, q.dtype)[: kv_len - start].transpose(0, 1)[None]
     qh = q.transpose(0, 1)[None]  # [1, H, L, D]
     plain = not (soft_cap or sinks is not None)
     if q_len == kv_len and not sliding_window and plain:
@@ -148,14 +164,14 @@ def paged_attention(
 ) -> torch.Tensor:
     """See wslm.kernels.paged_attention."""
     num_seqs = seq_lens.shape[0]
+    opts = dict(sliding_window=sliding_window, soft_cap=logits_soft_cap, sinks=sinks)
+    if q.shape[0] == num_seqs and num_seqs:  # every sequence has exactly one query token: pure decode
+        max_len = step_memo(("max_len",), (seq_lens,), lambda: int(seq_lens.max()))
+        res = _decode(q, k_cache, v_cache, block_tables, seq_lens, max_len, scale, **opts)
+        return res if out is None else out.copy_(res)
     if out is None:
         out = torch.empty_like(q)
     if q.shape[0] == 0 or num_seqs == 0:
-        return out
-    opts = dict(sliding_window=sliding_window, soft_cap=logits_soft_cap, sinks=sinks)
-    if q.shape[0] == num_seqs:  # every sequence has exactly one query token: pure decode
-        max_len = int(seq_lens.max())
-        out.copy_(_decode(q, k_cache, v_cache, block_tables, seq_lens, max_len, scale, **opts))
         return out
     cu = cu_seqlens_q.tolist()
     lens = seq_lens.tolist()

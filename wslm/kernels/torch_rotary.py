@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import torch
 
+from wslm.kernels.step_memo import step_memo
+
 
 def as_heads(x: torch.Tensor, head_dim: int) -> torch.Tensor:
     """[T, H * D] or [T, H, D] -> a [T, H, D] view of the same memory."""
@@ -38,12 +40,32 @@ def rotary_embedding(
     """See wslm.kernels.rotary_embedding."""
     rot_dim = cos_sin_cache.shape[-1]
     head_dim = head_dim or (q.shape[-1] if q.dim() == 3 else rot_dim)
-    # HF casts cos/sin to the activations' dtype and rotates in that dtype; so does this.
-    cs = cos_sin_cache.index_select(0, positions.reshape(-1).long()).to(q.dtype)
-    cos = cs[:, None, : rot_dim // 2]
-    sin = cs[:, None, rot_dim // 2 :]
-    for x in (q, k):
+    # HF casts cos/sin to the activations' dtype and rotates in that dtype; so does this. The same rows
+    # serve every layer of a step (step_memo.py).
+    cos, sin = step_memo(
+        ("rotary", id(cos_sin_cache), q.dtype),
+        (positions, cos_sin_cache),
+        lambda: _cos_sin(positions, cos_sin_cache, q.dtype),
+    )
+    qk = _side_by_side(q, k)
+    for x in (q, k) if qk is None else (qk,):
         if x is None:
             continue
         _rotate(as_heads(x, head_dim), cos, sin, rot_dim, is_neox_style)
     return q, k
+
+
+def _cos_sin(positions: torch.Tensor, cos_sin_cache: torch.Tensor, dtype: torch.dtype):
+    rot_dim = cos_sin_cache.shape[-1]
+    cs = cos_sin_cache.index_select(0, positions.reshape(-1).long()).to(dtype)
+    return cs[:, None, : rot_dim // 2], cs[:, None, rot_dim // 2 :]
+
+
+def _side_by_side(q: torch.Tensor, k: torch.Tensor | None) -> torch.Tensor | None:
+    """q and k as one [T, (Hq + Hkv) * D] view when they are neighbouring column slices of one buffer
+    (the q|k|v output of a fused projection): one rotation instead of two."""
+    if k is None or q.dim() != 2 or k.dim() != 2 or q.stride() != k.stride() or q.stride(1) != 1:
+        return None
+    if q.dtype != k.dtype or k.data_ptr() != q.data_ptr() + q.shape[1] * q.element_size():
+        return None
+    return q.as_strided((q.shape[0], q.shape[1] + k.shape[1]), q.stride())

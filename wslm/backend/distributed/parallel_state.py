@@ -118,44 +118,26 @@ def divide(total: int, parts: int, what: str) -> int:
 def check_divisible(mc, size: int, quant_group: int | None = None) -> None:
     """Fail before any worker starts when the model cannot be split size ways, naming the sizes that can.
     quant_group: the checkpoint's 4-bit group width (AWQ/GPTQ, GGUF), which each rank's input columns of a
-    row-parallel layer (o, down) must hold whole."""
-    import math
+    row-parallel layer (o, down) must hold whole. The rule is wslm.tp_sizes', which the GUI and `wslm
+    doctor` offer sizes by."""
+    from wslm.tp_sizes import refusal, tensor_parallel_sizes
 
-    from wslm.tp_sizes import fits, tensor_parallel_sizes
-
-    # Every MLP width splits: the dense MLP's, and a MoE's experts' and shared expert's (a size divides
-    # them all exactly when it divides their gcd).
     extra = getattr(mc, "extra", None) or {}
-    widths = [w for w in (mc.intermediate_size, extra.get("moe_intermediate_size"),
-                          extra.get("shared_expert_intermediate_size")) if w]  # fmt: skip
-    width = math.gcd(*widths) if widths else None
-    if fits(size, mc.num_heads, mc.num_kv_heads, width):
-        _check_groups(mc, size, quant_group, widths)
+    facts = dict(head_dim=mc.head_dim, moe_intermediate_size=extra.get("moe_intermediate_size"),
+                 shared_expert_intermediate_size=extra.get("shared_expert_intermediate_size"),
+                 quant_group_size=quant_group)  # fmt: skip
+    why = refusal(size, mc.num_heads, mc.num_kv_heads, mc.intermediate_size, **facts)
+    if not why:
         return
-    ok = tensor_parallel_sizes(max(8, size), mc.num_heads, mc.num_kv_heads, width)
+    ok = tensor_parallel_sizes(max(8, size), mc.num_heads, mc.num_kv_heads, mc.intermediate_size, **facts)
+    fix = f"Use --tensor-parallel-size {' or '.join(map(str, ok))}"
+    if why.startswith("4-bit groups"):
+        raise ValueError(f"tensor_parallel_size={size} would split this checkpoint's {why}. {fix}, or a "
+                         f"checkpoint with smaller groups.")  # fmt: skip
+    widths = [w for w in (mc.intermediate_size, facts["moe_intermediate_size"],
+                          facts["shared_expert_intermediate_size"]) if w]  # fmt: skip
     raise ValueError(
         f"tensor_parallel_size={size} does not divide this model evenly ({mc.num_heads} attention heads, "
-        f"{mc.num_kv_heads} KV heads, MLP width{'s' if len(widths) > 1 else ''} "
-        f"{', '.join(str(w) for w in widths)}). Use --tensor-parallel-size {' or '.join(str(n) for n in ok)}."
-    )
-
-
-def _check_groups(mc, size: int, group: int | None, mlp_widths: list[int]) -> None:
-    import math
-
-    if not group:
-        return
-    extra = getattr(mc, "extra", None) or {}
-    # Routed experts are kept dense (layers/moe.py): their width needs no whole groups.
-    quantized = [mc.num_heads * mc.head_dim] + [w for w in mlp_widths if w != extra.get("moe_intermediate_size")]
-    if all((w // size) % group == 0 for w in quantized):
-        return
-    from wslm.tp_sizes import fits
-
-    ok = [n for n in range(1, max(8, size) + 1) if fits(n, mc.num_heads, mc.num_kv_heads, math.gcd(*mlp_widths))
-          and all(w % n == 0 and (w // n) % group == 0 for w in quantized)]  # fmt: skip
-    raise ValueError(
-        f"tensor_parallel_size={size} would split this checkpoint's 4-bit groups of {group} columns across "
-        f"ranks (row-parallel input widths {', '.join(str(w) for w in quantized)} into {size} shards). Use "
-        f"--tensor-parallel-size {' or '.join(str(n) for n in ok) or '1'}, or a checkpoint with smaller groups."
+        f"{mc.num_kv_heads} KV heads, MLP width{'s' if len(widths) > 1 else ''} {', '.join(map(str, widths))})."
+        f" {fix}."
     )

@@ -52,8 +52,14 @@ class ModelInfo:
     kv_cache_bytes: int | None = None
     kv_bytes_per_token: int | None = None
     num_layers: int | None = None
+    num_attention_heads: int | None = None
     num_kv_heads: int | None = None
     head_dim: int | None = None
+    # Facts wslm.tp_sizes reads (the GUI's tensor-parallel field offers the sizes the engine accepts).
+    intermediate_size: int | None = None
+    moe_intermediate_size: int | None = None
+    shared_expert_intermediate_size: int | None = None
+    quant_group_size: int | None = None
     has_chat_template: bool = False
     files: list[str] = field(default_factory=list)
     modified: float | None = None
@@ -238,7 +244,8 @@ def _support(entry: _Entry, meta: ModelMetadata) -> str | None:
     else:
         if not _runnable(meta.architecture, SUPPORTED_ARCHITECTURES):
             return f"architecture {meta.architecture!r} is not supported (supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
-        if meta.quantization:
+        mxfp4 = meta.architecture == "GptOssForCausalLM" and str(meta.quantization).startswith("mxfp4")
+        if meta.quantization and not mxfp4:  # gpt-oss's MXFP4 experts are dequantized on load
             return f"pre-quantized HF weights ({meta.quantization}) are not supported; use the unquantized repo or a GGUF"
         if not meta.weight_files:
             return "no weight files (*.safetensors or *.bin)"
@@ -285,8 +292,13 @@ def _describe(entry: _Entry, context: int | None = None) -> ModelInfo:
         revision=entry.revision,
         name=meta.name,
         num_layers=meta.num_layers,
+        num_attention_heads=meta.num_attention_heads,
         num_kv_heads=meta.num_kv_heads,
         head_dim=meta.head_dim,
+        intermediate_size=meta.intermediate_size,
+        moe_intermediate_size=meta.moe_intermediate_size,
+        shared_expert_intermediate_size=meta.shared_expert_intermediate_size,
+        quant_group_size=meta.quant_group_size,
         has_chat_template=meta.has_chat_template,
         files=[
             p.name if entry.format == "gguf" else p.relative_to(entry.path).as_posix() for p in entry.files

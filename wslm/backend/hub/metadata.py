@@ -15,13 +15,15 @@ import struct
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from wslm.tp_sizes import checkpoint_group
+
 log = logging.getLogger(__name__)
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tiktoken.model", "tokenizer.tiktoken")
 _SHARD_RE = re.compile(r"-(\d{5})-of-(\d{5})(\.safetensors|\.bin)$")
 SPLIT_RE = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
-_CACHE_VERSION = 2  # 2: elements_by_type
+_CACHE_VERSION = 4  # 2: elements_by_type, 3: MLP widths and quant_group_size, 4: MoE experts at 16 bits
 
 
 @dataclass
@@ -37,6 +39,11 @@ class ModelMetadata:
     num_attention_heads: int | None = None
     num_kv_heads: int | None = None
     head_dim: int | None = None
+    # What wslm.tp_sizes needs to offer the tensor-parallel sizes the engine accepts.
+    intermediate_size: int | None = None
+    moe_intermediate_size: int | None = None  # each routed expert's width (MoE)
+    shared_expert_intermediate_size: int | None = None
+    quant_group_size: int | None = None  # 4-bit groups kept under tensor parallelism (AWQ/GPTQ, GGUF)
     vocab_size: int | None = None
     has_tokenizer: bool = False
     has_chat_template: bool = False
@@ -129,6 +136,11 @@ def weight_files(folder: Path) -> tuple[list[str], list[str]]:
     return [], []
 
 
+def _int(value) -> int | None:
+    """A width from a config: an int, or None (absent, or per-layer lists some configs carry)."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
 def read_hf_folder(folder: Path) -> ModelMetadata:
     meta = ModelMetadata()
     try:
@@ -153,6 +165,12 @@ def read_hf_folder(folder: Path) -> ModelMetadata:
     elif meta.hidden_size and meta.num_attention_heads:
         meta.head_dim = meta.hidden_size // meta.num_attention_heads
     meta.vocab_size = text.get("vocab_size")
+    meta.intermediate_size = _int(text.get("intermediate_size"))
+    meta.moe_intermediate_size = _int(text.get("moe_intermediate_size"))
+    meta.shared_expert_intermediate_size = _int(text.get("shared_expert_intermediate_size"))
+    q = config.get("quantization_config")
+    if isinstance(q, dict):
+        meta.quant_group_size = checkpoint_group(str(q.get("quant_method") or "").lower(), q)
     meta.has_tokenizer = any((folder / name).exists() for name in TOKENIZER_FILES)
     meta.has_chat_template = (folder / "chat_template.jinja").exists() or (
         folder / "chat_template.json"
@@ -242,6 +260,10 @@ def _read_gguf_uncached(path: Path) -> ModelMetadata:
     if not meta.head_dim and meta.hidden_size and meta.num_attention_heads:
         meta.head_dim = meta.hidden_size // meta.num_attention_heads
     meta.vocab_size = _field(reader, f"{arch}.vocab_size")
+    meta.intermediate_size = _int(_field(reader, f"{arch}.feed_forward_length"))
+    meta.moe_intermediate_size = _int(_field(reader, f"{arch}.expert_feed_forward_length"))
+    meta.shared_expert_intermediate_size = _int(_field(reader, f"{arch}.expert_shared_feed_forward_length"))
+    meta.quant_group_size = checkpoint_group("gguf")  # the engine runs every GGUF file as quantization=gguf
     tokens = reader.fields.get("tokenizer.ggml.tokens")
     if tokens is not None:
         meta.has_tokenizer = True
@@ -256,7 +278,8 @@ def _read_gguf_uncached(path: Path) -> ModelMetadata:
         for t in r.tensors:
             params += int(t.n_elements)
             all_types.add(t.tensor_type.name)
-            by_type[t.tensor_type.name] += int(t.n_elements)
+            # MoE experts (blk.N.ffn_*_exps) run dequantized to 16 bits (gguf_weights.py): count them so.
+            by_type["BF16" if "_exps." in t.name else t.tensor_type.name] += int(t.n_elements)
             if len(t.shape) >= 2:
                 types[t.tensor_type.name] += int(t.n_elements)
     meta.tensor_types = sorted(all_types)

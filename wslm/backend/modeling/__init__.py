@@ -21,6 +21,7 @@ _MODELS: dict[str, tuple[str, str]] = {
     "Gemma2ForCausalLM": ("gemma3", "Gemma2ForCausalLM"),
     "Gemma3ForCausalLM": ("gemma3", "Gemma3ForCausalLM"),
     "Gemma3ForConditionalGeneration": ("gemma3", "Gemma3ForConditionalGeneration"),
+    "GptOssForCausalLM": ("gpt_oss", "GptOssForCausalLM"),
 }
 
 # Kept under its old name: the model catalog and the loader test membership and list the keys.
@@ -35,7 +36,15 @@ GGUF_ARCHITECTURES: dict[str, str] = {
     "phi3": "Phi3ForCausalLM",
     "gemma2": "Gemma2ForCausalLM",
     "gemma3": "Gemma3ForCausalLM",
+    "qwen3moe": "Qwen3MoeForCausalLM",
+    "qwen2moe": "Qwen2MoeForCausalLM",
 }
+
+
+def gguf_architecture(model_type: str) -> str:
+    """The GGUF architecture name of a config that transformers read from a GGUF (qwen3_moe -> qwen3moe,
+    gemma3_text -> gemma3)."""
+    return model_type.removesuffix("_text").replace("_", "")
 
 
 def unsupported_message(arch: str) -> str:

@@ -9,6 +9,7 @@ exact comparisons with HF, which the tests make."""
 
 from __future__ import annotations
 
+import logging
 import mmap
 import os
 import re
@@ -27,7 +28,13 @@ _LAYER_NAMES = {
     "attn_q": "self_attn.q_proj", "attn_k": "self_attn.k_proj", "attn_v": "self_attn.v_proj",
     "attn_output": "self_attn.o_proj", "attn_q_norm": "self_attn.q_norm", "attn_k_norm": "self_attn.k_norm",
     "ffn_gate": "mlp.gate_proj", "ffn_up": "mlp.up_proj", "ffn_down": "mlp.down_proj",
+    # Qwen2/3-MoE: the router and Qwen2-MoE's shared expert with its gate.
+    "ffn_gate_inp": "mlp.gate", "ffn_gate_inp_shexp": "mlp.shared_expert_gate",
+    "ffn_gate_shexp": "mlp.shared_expert.gate_proj", "ffn_up_shexp": "mlp.shared_expert.up_proj",
+    "ffn_down_shexp": "mlp.shared_expert.down_proj",
 }  # fmt: skip
+# MoE experts come stacked, one [experts, rows, cols] tensor per projection; HF names them one by one.
+_EXPERT_NAMES = {"ffn_gate_exps": "gate_proj", "ffn_up_exps": "up_proj", "ffn_down_exps": "down_proj"}
 # Families whose llama.cpp names differ from Llama's: Phi-3 keeps its fused projections under the plain
 # names; Gemma's four norms per layer reuse ffn_norm for the norm before the MLP.
 _ARCH_LAYER_NAMES = {
@@ -44,6 +51,8 @@ _TOP_NAMES = {"token_embd": "model.embed_tokens", "output_norm": "model.norm", "
 # Architectures whose q/k rows llama.cpp's converter permuted (transformers undoes the same set).
 _PERMUTED_ARCHS = ("llama", "mistral")
 _ROWS_PER_CHUNK = 1024
+
+logger = logging.getLogger(__name__)
 
 
 def dequantize_requested() -> bool:
@@ -85,7 +94,22 @@ def iter_gguf_weights(path: str | Path) -> Iterator[tuple[str, object]]:
     # The parsed metadata (the vocabulary as thousands of small arrays, ~1.6x the file for a 49k vocab)
     # is not needed for the weights: free it before they load.
     reader.fields.clear()
+    warned = False
     for t in reader.tensors:
+        m = re.fullmatch(r"blk\.(\d+)\.(ffn_\w+_exps)\.weight", t.name)
+        if m and m.group(2) in _EXPERT_NAMES:
+            if t.tensor_type.name not in DENSE_TYPES and not warned:
+                warned = True
+                logger.warning(
+                    "This MoE GGUF's experts are %s: wslm dequantizes them to the model dtype (no quantized MoE "
+                    "kernel yet), so the model takes the memory of its 16-bit version, not of this file.",
+                    t.tensor_type.name,
+                )
+            prefix = f"model.layers.{m.group(1)}.mlp.experts"
+            for e, weight in enumerate(_expert_slices(t)):
+                yield f"{prefix}.{e}.{_EXPERT_NAMES[m.group(2)]}.weight", weight
+            _drop_pages(reader, t)
+            continue
         name = hf_name(t.name, arch)
         if name is None:  # rope_freqs and the like: the engine computes them from the config
             continue
@@ -96,8 +120,30 @@ def iter_gguf_weights(path: str | Path) -> Iterator[tuple[str, object]]:
         if arch in _PERMUTED_ARCHS and (".q_proj." in name or ".k_proj." in name):
             heads = n_head if ".q_proj." in name else n_kv
             weight = _permute(weight, _unpermute_rows(weight.shape[0], heads))
+        if name.endswith(("mlp.gate.weight", "shared_expert_gate.weight")):  # small routers: plain layers
+            weight = weight if isinstance(weight, torch.Tensor) else weight.dequantize(torch.float32)
+            weight = weight.reshape(-1, weight.shape[-1])  # the shared gate may come as one row, [hidden]
         _drop_pages(reader, t)
         yield name, weight
+
+
+def _expert_slices(t) -> Iterator[torch.Tensor]:
+    """Each expert's [rows, cols] float32 weight of a stacked MoE tensor, one at a time. The MoE layer keeps
+    its experts dense in the model dtype (layers/moe.py: no quantized grouped kernel yet), so quantized
+    experts are dequantized here, one expert at a time to bound the peak."""
+    import gguf
+
+    experts, rows, cols = (int(d) for d in reversed(t.shape))
+    data = np.asarray(t.data)
+    if t.tensor_type.name in DENSE_TYPES:
+        dense = data.view(np.int16) if t.tensor_type.name == "BF16" else data
+        for e in range(experts):
+            w = torch.from_numpy(dense.reshape(experts, rows, cols)[e].copy())
+            yield (w.view(torch.bfloat16) if t.tensor_type.name == "BF16" else w).float()
+        return
+    per_expert = data.reshape(experts, -1)  # whole quantized rows of one expert after another
+    for e in range(experts):
+        yield torch.from_numpy(gguf.quants.dequantize(per_expert[e], t.tensor_type).reshape(rows, cols).copy())
 
 
 def _drop_pages(reader, t) -> None:

@@ -71,13 +71,11 @@ def pad_rows(weight, rows: int):
 
 def checkpoint_group_size(source, quantization: str | None) -> int | None:
     """The 4-bit group width a checkpoint's weights keep under tensor parallelism (checked before any
-    worker starts): AWQ/GPTQ's group_size, GGUF's 32 (its int4 types; the int8 ones have no groups).
-    int8/int4 on the fly: none, their groups are sized to each rank's share."""
-    if quantization == "gguf":
-        return 32
+    worker starts), by wslm.tp_sizes.checkpoint_group: the rule `wslm models list` reports for the GUI."""
+    from wslm.tp_sizes import checkpoint_group
+
     if quantization in ("awq", "gptq"):
         from wslm.backend.quant.packed_checkpoint import read_quant_config
 
-        qcfg = read_quant_config(source.folder)
-        return int(qcfg.get("group_size", qcfg.get("q_group_size", 128)))
-    return None
+        return checkpoint_group(quantization, read_quant_config(source.folder))
+    return checkpoint_group(quantization)

@@ -100,6 +100,7 @@ def engine_config(args: Namespace):
         gpu_memory_utilization=args.gpu_memory_utilization,
         dtype=args.dtype,
         quantization=getattr(args, "quantization", None),
+        kv_cache_dtype=getattr(args, "kv_cache_dtype", "auto"),
         chat_template=args.chat_template,
         tensor_parallel_size=args.tensor_parallel_size,
         distributed_executor_backend=getattr(args, "distributed_executor_backend", None),
@@ -273,6 +274,7 @@ def check_limit_flags(args: Namespace) -> None:
 def _serve(args: Namespace, engine: Any, sock: socket.socket) -> int:
     import uvicorn
 
+    from wslm.backend.chat import template_text
     from wslm.backend.server import security
     from wslm.backend.server.app import build_app
     from wslm.backend.server.async_engine import AsyncEngine
@@ -290,7 +292,7 @@ def _serve(args: Namespace, engine: Any, sock: socket.socket) -> int:
         log.info("Default sampling parameters from the model's generation config (--generation-config %s; "
                  "a request's own values win): %s", getattr(args, "generation_config", "auto"), defaults)
     template = getattr(engine, "chat_template", None) or getattr(engine.tokenizer, "chat_template", None)
-    parsers = choose_parsers(args, template)
+    parsers = choose_parsers(args, template_text(template))  # a dict of named templates: all of them
     state = ServerState(
         engine=AsyncEngine(engine, metrics, log_requests=bool(getattr(args, "log_requests", False))),
         tokenizer=engine.tokenizer,

@@ -10,7 +10,15 @@ from __future__ import annotations
 import json
 from typing import Any, Literal, Union
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from wslm.backend.sampling_params import SamplingParams
 from wslm.backend.server.errors import APIError, bad_request
@@ -45,6 +53,9 @@ class ChatMessage(_Request):
     name: str | None = None
     tool_calls: list[Any] | None = None
     tool_call_id: str | None = None
+    # Earlier reasoning sent back by the client: Qwen3's template keeps it for the turns of a tool loop.
+    reasoning_content: str | None = None
+    reasoning: str | None = None
 
 
 class FunctionDefinition(_Request):
@@ -105,6 +116,11 @@ class _SamplingFields(_Request):
     use_beam_search: bool = False
     length_penalty: float | None = None
     _structured_source: str | None = PrivateAttr(default=None)
+
+    @field_validator("n", mode="before")
+    @classmethod
+    def _null_n_is_one(cls, value: Any) -> Any:
+        return 1 if value is None else value  # OpenAI's spec lets clients send "n": null
 
     def sampling_params(self, max_tokens: int | None, logprobs: int | None) -> SamplingParams:
         """SamplingParams for this request; a bad value becomes a 400 naming the field."""
@@ -220,6 +236,11 @@ class CompletionRequest(_SamplingFields):
     logprobs: int | None = None
     echo: bool = False
     best_of: int | None = None
+
+    @field_validator("echo", mode="before")
+    @classmethod
+    def _null_echo_is_false(cls, value: Any) -> Any:
+        return False if value is None else value  # nullable in OpenAI's spec
     suffix: str | None = None
 
     def unsupported_fields(self) -> list[tuple[str, str]]:

@@ -61,6 +61,8 @@ async def prepare_chat(state: ServerState, req: ChatCompletionRequest, top_n: in
     check_max_tokens(max_tokens, "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens")
     params = req.sampling_params(max_tokens, top_n)
     plan = plan_chat(state, req)
+    if plan.keep_special_tokens:
+        params.skip_special_tokens = False  # the tool-call markers are special tokens (vLLM does the same)
     prompt_ids = await render_prompt(state, template_messages(req.messages), chat_template=req.chat_template,
                                      add_generation_prompt=req.add_generation_prompt,
                                      continue_final_message=req.continue_final_message,
@@ -70,7 +72,9 @@ async def prepare_chat(state: ServerState, req: ChatCompletionRequest, top_n: in
     if plan.grammar is not None:
         params.structured_outputs = plan.grammar
         await compile_structured(state, plan.grammar, "tools")  # a tool's parameters schema is at fault
-    else:
+    elif params.structured_outputs is not None:
+        await compile_structured(state, params.structured_outputs, req.structured_source)  # its own errors
+        params.structured_outputs = plan.after_reasoning(params.structured_outputs)
         await compile_structured(state, params.structured_outputs, req.structured_source)
     state.check_request(prompt_ids, params, "messages")
     return prompt_ids, params, plan

@@ -142,6 +142,9 @@ def chat_request(req: MessagesRequest) -> ChatCompletionRequest:
     extras = {k: v for k, v in (req.model_extra or {}).items()
               if k in ChatCompletionRequest.model_fields and k not in ("messages", "tools", "tool_choice", "stream")}
     body: dict[str, Any] = {**extras, "messages": messages, "max_tokens": req.max_tokens}
+    if messages[-1]["role"] == "assistant" and not messages[-1].get("tool_calls"):
+        # Anthropic's prefill: a final assistant message is the start of the reply, which continues it.
+        body.update(add_generation_prompt=False, continue_final_message=True)
     for name in ("temperature", "top_p", "top_k"):
         if getattr(req, name) is not None:
             body[name] = getattr(req, name)
@@ -166,6 +169,7 @@ def _chat_messages(i: int, m: AnthropicMessage) -> list[dict]:
         return [{"role": m.role, "content": m.content}]
     out: list[dict] = []
     texts: list[str] = []
+    thinking: list[str] = []
     calls: list[dict] = []
     for j, block in enumerate(m.content):
         kind = block.get("type")
@@ -179,8 +183,10 @@ def _chat_messages(i: int, m: AnthropicMessage) -> list[dict]:
         elif kind == "tool_result" and m.role == "user":
             out.append({"role": "tool", "tool_call_id": str(block.get("tool_use_id", "")),
                         "content": _text(block.get("content") or "", where)})
-        elif kind in ("thinking", "redacted_thinking") and m.role == "assistant":
-            continue  # earlier reasoning is not sent back to the model, as Anthropic and the chat templates do
+        elif kind == "thinking" and m.role == "assistant" and isinstance(block.get("thinking"), str):
+            thinking.append(block["thinking"])  # the template decides whether to show it (Qwen3: in tool loops)
+        elif kind == "redacted_thinking" and m.role == "assistant":
+            continue
         else:
             raise bad_request(f"{where}: content blocks of type {kind!r} are not supported in a {m.role} message "
                               "(wslm serves text models: text, tool_use and tool_result blocks).", param=where)
@@ -188,6 +194,8 @@ def _chat_messages(i: int, m: AnthropicMessage) -> list[dict]:
         message: dict[str, Any] = {"role": m.role, "content": "\n".join(texts)}
         if calls:
             message["tool_calls"] = calls
+        if thinking:
+            message["reasoning_content"] = "\n".join(thinking)
         out.append(message)
     return out
 

@@ -16,7 +16,7 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
-from wslm.backend.structured.params import StructuredOutputsParams
+from wslm.backend.structured.params import MAX_WHITESPACE, StructuredOutputsParams
 from wslm.backend.validation import RequestError
 
 logger = logging.getLogger("wslm.structured")
@@ -24,9 +24,6 @@ logger = logging.getLogger("wslm.structured")
 _CACHE_SIZE = 256
 # xgrammar's messages start with "[hh:mm:ss] /project/cpp/file.cc:123: "; users need only the rest.
 _NATIVE_PREFIX = re.compile(r"^\[[\d:]+\] \S+?:\d+: (Check failed: \(.*?\) is false: )?")
-# JSON whitespace allowed between tokens: enough for pretty-printing, but a small model cannot loop on
-# newlines until max_tokens (a known failure of unbounded whitespace in vLLM's JSON mode).
-_MAX_WHITESPACE = 12
 # A counted repetition such as a{100000} makes xgrammar compile for minutes (a request could tie up a thread
 # and a core): counts above this are refused with a 400.
 MAX_REPETITION = 1000
@@ -160,7 +157,7 @@ class StructuredOutputCompiler:
     def _compile(self, spec: StructuredOutputsParams) -> Any:
         compiler = self._xgr_compiler()
         kind = spec.kind
-        ws = {"any_whitespace": not spec.disable_any_whitespace, "max_whitespace_cnt": _MAX_WHITESPACE}
+        ws = {"any_whitespace": not spec.disable_any_whitespace, "max_whitespace_cnt": MAX_WHITESPACE}
         try:
             if kind == "json":
                 schema = spec.json if isinstance(spec.json, str) else json.dumps(spec.json)

@@ -7,6 +7,9 @@ from dataclasses import dataclass
 from typing import Any
 
 _KINDS = ("json", "regex", "choice", "grammar", "json_object", "structural_tag")
+# JSON whitespace allowed between tokens: enough for pretty-printing, but a small model cannot loop on
+# newlines until max_tokens (a known failure of unbounded whitespace in vLLM's JSON mode).
+MAX_WHITESPACE = 12
 
 
 @dataclass(slots=True)

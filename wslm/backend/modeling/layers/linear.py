@@ -79,7 +79,10 @@ class QuantizedLinearMethod(LinearMethod):
     16-bit checkpoints quantized on load (int8 / int4). Biases stay dense."""
 
     def __init__(self, quantization: str) -> None:
+        from wslm.backend.quant.linear import apply_linear
+
         self.quantization = quantization
+        self._apply = apply_linear  # bound once: an import statement per call costs on a CPU decode step
 
     def quantize_whole(self, layer: Linear, param: str, tensor):
         """int8 / int4 on the fly quantize the checkpoint's whole tensor, before the tensor-parallel
@@ -105,9 +108,7 @@ class QuantizedLinearMethod(LinearMethod):
         return finalize(parts[0] if len(parts) == 1 else fuse_rows(parts), layer.device, layer.params_dtype)
 
     def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-        from wslm.backend.quant.linear import apply_linear
-
-        return apply_linear(x, layer.weight, bias)
+        return self._apply(x, layer.weight, bias)
 
 
 def get_linear_method(quantization: str | None = None) -> LinearMethod:
