@@ -50,17 +50,20 @@ class ChatPlan:
             self.think_closed = tail.rstrip().endswith(THINK_END)
 
     def after_reasoning(self, spec: StructuredOutputsParams) -> StructuredOutputsParams:
-        """The client's structured-output constraint, applied after the reply's think block when the model
-        reasons (as vLLM applies it once reasoning ends)."""
+        """A structured-output constraint (the client's, or the one forcing a tool call), applied after the
+        reply's think block when the model reasons (as vLLM applies it once reasoning ends)."""
         if not self.reasoning_parser or self.think_closed:
             return spec
         return after_reasoning(spec, self.reasoning_parser == "deepseek_r1" or self.think_opened)
 
     def new_reply(self) -> ChatReply:
-        """A fresh parser for one choice's reply (reasoning is off while a grammar forces a tool call)."""
+        """A fresh parser for one choice's reply: reasoning, then tool calls."""
         reasoning = None
-        if self.reasoning_parser and self.grammar is None:
-            reasoning = get_reasoning_parser(self.reasoning_parser, self.think_opened)
+        if self.reasoning_parser:
+            # A prompt that closed the think block leaves only a block the reply itself opens (qwen3's reading),
+            # even for a parser whose replies otherwise start inside one.
+            name = "qwen3" if self.think_closed else self.reasoning_parser
+            reasoning = get_reasoning_parser(name, self.think_opened)
         return ChatReply(reasoning, self.tool_parser, self.parallel_tool_calls)
 
 
