@@ -249,15 +249,20 @@ def test_models_list_marks_the_families_supported_and_names_them_for_others(tok,
             "hidden_size": 64,
             "num_attention_heads": 4,
         }
+        weights = {"w": torch.zeros(2)}
         if arch == "GptOssForCausalLM":  # as released: MXFP4 experts, which load dequantized
             config["quantization_config"] = {"quant_method": "mxfp4"}
+            weights["e.down_proj_blocks"] = torch.zeros(2, 4, 1, 16, dtype=torch.uint8)  # 2 values a byte
+            weights["e.down_proj_scales"] = torch.zeros(2, 4, 1, dtype=torch.uint8)
         (folder / "config.json").write_text(json.dumps(config))
-        save_file({"w": torch.zeros(2)}, str(folder / "model.safetensors"))
+        save_file(weights, str(folder / "model.safetensors"))
         for f in (tmp_path / "tok").iterdir():
             shutil.copy(f, folder / f.name)
     listed = {m.id: m for m in list_models(cache_dir=tmp_path / "empty-cache", models_root=root)}
     for arch in archs[:-1]:
         assert listed[arch].supported, listed[arch].unsupported_reason
+    oss = listed["GptOssForCausalLM"]  # estimated as it runs: 258 parameters at 16 (or 32) bits, not the file
+    assert oss.num_params == 2 + 2 * 128 and oss.weights_memory_bytes >= 2 * oss.num_params
     other = listed["GPTNeoXForCausalLM"]
     assert not other.supported and "Qwen3ForCausalLM" in other.unsupported_reason
     assert "Gemma3ForCausalLM" in other.unsupported_reason
