@@ -227,6 +227,12 @@ def _dequantized_on_load(meta: ModelMetadata) -> bool:
     return meta.architecture == "GptOssForCausalLM" and str(meta.quantization).startswith("mxfp4")
 
 
+def _runs_prequantized(label: str) -> bool:
+    """4-bit AWQ/GPTQ checkpoints load kept quantized (wslm.backend.quant.awq/gptq); the loader names other widths."""
+    method, _, bits = label.partition("-")
+    return method in ("awq", "gptq") and bits in ("", "4bit")
+
+
 def _support(entry: _Entry, meta: ModelMetadata) -> str | None:
     """Why the engine cannot load this model, or None when it can."""
     from wslm.backend.modeling import GGUF_ARCHITECTURES, SUPPORTED_ARCHITECTURES
@@ -249,8 +255,9 @@ def _support(entry: _Entry, meta: ModelMetadata) -> str | None:
     else:
         if not _runnable(meta.architecture, SUPPORTED_ARCHITECTURES):
             return f"architecture {meta.architecture!r} is not supported (supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
-        if meta.quantization and not _dequantized_on_load(meta):
-            return f"pre-quantized HF weights ({meta.quantization}) are not supported; use the unquantized repo or a GGUF"
+        if meta.quantization and not _dequantized_on_load(meta) and not _runs_prequantized(meta.quantization):
+            return (f"pre-quantized HF weights ({meta.quantization}) are not supported (4-bit AWQ and GPTQ are); "
+                    "use the unquantized repo or a GGUF")
         if not meta.weight_files:
             return "no weight files (*.safetensors or *.bin)"
     if not meta.has_tokenizer:
