@@ -44,6 +44,16 @@ def test_max_tokens_min_tokens_and_stop_token_ids(demo_llm):
     stopped = demo_llm.chat(msgs, SamplingParams(temperature=0, max_tokens=64, stop_token_ids=[second]))[0]
     assert stopped.outputs[0].token_ids == short.token_ids[:2]
     assert stopped.outputs[0].stop_reason == second
+    # As vLLM renders it: the token that stopped the sequence is in token_ids, not in the text (also with
+    # special tokens shown), unless include_stop_str_in_output.
+    tok = demo_llm.get_tokenizer()
+    assert stopped.outputs[0].text == tok.decode(short.token_ids[:1])
+    kept = demo_llm.chat(msgs, SamplingParams(temperature=0, max_tokens=64, stop_token_ids=[second],
+                                              include_stop_str_in_output=True))[0].outputs[0]
+    assert kept.text == tok.decode(short.token_ids[:2])
+    shown = demo_llm.chat(msgs, SamplingParams(temperature=0, max_tokens=64, skip_special_tokens=False))[0]
+    assert shown.outputs[0].token_ids == short.token_ids and shown.outputs[0].text == short.text
+    assert tok.eos_token not in shown.outputs[0].text
 
 
 def test_stop_strings_cut_exactly(demo_llm):

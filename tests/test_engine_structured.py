@@ -160,6 +160,11 @@ def test_constraint_after_the_think_block():
     assert accepts(after_reasoning(StructuredOutputsParams(json_object=True), False), '{"b": [1]}')
     choice = after_reasoning(StructuredOutputsParams(choice=["yes", "no"]), starts_inside=True)
     assert accepts(choice, "Sure.</think> no") and not accepts(choice, "Sure.</think>maybe")
+    # tool_choice "required"'s JSON array keeps its whitespace rule (xgrammar's one-space form) behind the block.
+    calls = StructuredOutputsParams(json={"type": "array", "items": schema, "minItems": 1}, disable_any_whitespace=True)
+    for reply in ('[{"a": 1}]', '[{"a":1}]', '[ {"a": 1} ]'):
+        assert accepts(after_reasoning(calls, False), "<think>x</think>" + reply) == accepts(calls, reply)
+    assert accepts(calls, '[{"a": 1}]') and not accepts(calls, '[ {"a": 1} ]')
     whole = StructuredOutputsParams(choice=["<think>Hm.</think>Yes."])  # spells out the think block itself
     assert after_reasoning(whole, starts_inside=False) is whole
     regex = after_reasoning(StructuredOutputsParams(regex=r"\d{3}"), starts_inside=False)

@@ -78,6 +78,15 @@ def make_family_model(folder, family: str, tok, seed: int = 0):
             **common,
         )  # fmt: skip
         model = tf.Gemma3ForCausalLM(config)
+    elif family == "gpt_oss":
+        # Sinks, a 16-token window on every other layer, YaRN, 8 experts top-2 with biases.
+        config = tf.GptOssConfig(
+            **{**common, "intermediate_size": 32}, hidden_size=48, num_hidden_layers=2, num_attention_heads=3,
+            num_key_value_heads=1, head_dim=16, num_local_experts=8, num_experts_per_tok=2, sliding_window=16,
+            rope_parameters={"rope_type": "yarn", "factor": 4.0, "beta_fast": 32.0, "beta_slow": 1.0,
+                             "truncate": False, "original_max_position_embeddings": 64, "rope_theta": 150000.0},
+        )  # fmt: skip
+        model = tf.GptOssForCausalLM(config)
     else:
         raise ValueError(family)
     _randomize_norms(model, 0.3)
@@ -94,7 +103,7 @@ def _tokens(llm, prompts: list[list[int]]) -> list[list[int]]:
     return [o.outputs[0].token_ids for o in outs]
 
 
-@pytest.mark.parametrize("family", ["qwen3", "phi3", "gemma2", "gemma3"])
+@pytest.mark.parametrize("family", ["qwen3", "phi3", "gemma2", "gemma3", "gpt_oss"])
 def test_family_matches_hf_alone_batched_cached_and_preempted(family, tok, tmp_path):
     folder, hf = make_family_model(tmp_path / family, family, tok)
     prompts = [tok.encode(t) for t in TEXTS]
@@ -228,7 +237,7 @@ def test_models_list_marks_the_families_supported_and_names_them_for_others(tok,
     from wslm.backend.hub.catalog import list_models
 
     archs = ["Qwen3ForCausalLM", "Phi3ForCausalLM", "Gemma2ForCausalLM", "Gemma3ForCausalLM",
-             "Gemma3ForConditionalGeneration", "MistralForCausalLM", "GPTNeoXForCausalLM"]  # fmt: skip
+             "Gemma3ForConditionalGeneration", "MistralForCausalLM", "GptOssForCausalLM", "GPTNeoXForCausalLM"]  # fmt: skip
     root = tmp_path / "models"
     tok.save_pretrained(tmp_path / "tok")
     for arch in archs:
@@ -240,13 +249,20 @@ def test_models_list_marks_the_families_supported_and_names_them_for_others(tok,
             "hidden_size": 64,
             "num_attention_heads": 4,
         }
+        weights = {"w": torch.zeros(2)}
+        if arch == "GptOssForCausalLM":  # as released: MXFP4 experts, which load dequantized
+            config["quantization_config"] = {"quant_method": "mxfp4"}
+            weights["e.down_proj_blocks"] = torch.zeros(2, 4, 1, 16, dtype=torch.uint8)  # 2 values a byte
+            weights["e.down_proj_scales"] = torch.zeros(2, 4, 1, dtype=torch.uint8)
         (folder / "config.json").write_text(json.dumps(config))
-        save_file({"w": torch.zeros(2)}, str(folder / "model.safetensors"))
+        save_file(weights, str(folder / "model.safetensors"))
         for f in (tmp_path / "tok").iterdir():
             shutil.copy(f, folder / f.name)
     listed = {m.id: m for m in list_models(cache_dir=tmp_path / "empty-cache", models_root=root)}
     for arch in archs[:-1]:
         assert listed[arch].supported, listed[arch].unsupported_reason
+    oss = listed["GptOssForCausalLM"]  # estimated as it runs: 258 parameters at 16 (or 32) bits, not the file
+    assert oss.num_params == 2 + 2 * 128 and oss.weights_memory_bytes >= 2 * oss.num_params
     other = listed["GPTNeoXForCausalLM"]
     assert not other.supported and "Qwen3ForCausalLM" in other.unsupported_reason
     assert "Gemma3ForCausalLM" in other.unsupported_reason

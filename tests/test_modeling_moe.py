@@ -147,3 +147,63 @@ def test_quantized_stacked_experts_are_split_and_dequantized_per_expert(qtype, t
     assert len(experts) == 3 and all(tuple(e.shape) == (4, 256) for e in experts)
     assert all(np.array_equal(e.numpy(), whole[i]) for i, e in enumerate(experts))
     assert np.abs(whole - stacked).max() <= np.abs(stacked).max() / 8  # the weight written, within a 4-bit step
+
+
+def test_gpt_oss_mxfp4_experts_dequantize_to_hf_layout():
+    """The released gpt-oss checkpoints hold experts as MXFP4 `_blocks` (two e2m1 codes per byte, low nibble
+    first) and `_scales` (one power-of-two exponent, bias 127, per 32 values); they load as HF's dense
+    [experts, in, out] tensors."""
+    from wslm.backend.modeling.models.gpt_oss import _dequantize_mxfp4
+
+    lut = torch.tensor([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0, -0.0, -0.5, -1.0, -1.5, -2.0, -3.0, -4.0, -6.0])
+    g = torch.Generator().manual_seed(0)
+    blocks = torch.randint(0, 256, (2, 3, 2, 16), dtype=torch.uint8, generator=g)  # [E, out rows, groups, 16 B]
+    scales = torch.randint(124, 130, (2, 3, 2), dtype=torch.uint8, generator=g)
+    codes = torch.stack([blocks & 0x0F, blocks >> 4], dim=-1).reshape(2, 3, 2, 32).long()
+    want = (lut[codes] * torch.exp2(scales.float() - 127)[..., None]).reshape(2, 3, 64).transpose(1, 2)
+    stream = [("m.layers.0.mlp.experts.down_proj_blocks", blocks), ("m.layers.0.mlp.router.bias", torch.ones(2)),
+              ("m.layers.0.mlp.experts.down_proj_scales", scales)]  # fmt: skip
+    out = dict(_dequantize_mxfp4(stream, torch.float32))
+    assert set(out) == {"m.layers.0.mlp.router.bias", "m.layers.0.mlp.experts.down_proj"}
+    torch.testing.assert_close(out["m.layers.0.mlp.experts.down_proj"], want)
+
+
+def test_gpt_oss_mxfp4_checkpoint_runs_like_hf_on_its_dequantized_experts(tok, tmp_path):
+    """A gpt-oss folder as released: quantization_config mxfp4, experts as `_blocks` / `_scales`. It loads
+    (dequantized) and decodes as HF does with the same dequantized experts."""
+    import json
+
+    import transformers as tf
+    from safetensors.torch import load_file, save_file
+    from transformers.integrations.mxfp4 import convert_moe_packed_tensors
+
+    torch.manual_seed(0)
+    config = tf.GptOssConfig(
+        vocab_size=len(tok), hidden_size=64, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+        num_key_value_heads=1, head_dim=16, num_local_experts=4, num_experts_per_tok=2, sliding_window=16,
+        max_position_embeddings=512, initializer_range=0.2, eos_token_id=tok.eos_token_id,
+        bos_token_id=tok.bos_token_id,
+    )  # fmt: skip
+    hf = tf.GptOssForCausalLM(config).eval()
+    folder = tmp_path / "gpt-oss"
+    hf.save_pretrained(folder)
+    tok.save_pretrained(folder)
+    state = load_file(str(folder / "model.safetensors"))
+    g = torch.Generator().manual_seed(1)
+    for name in [n for n in state if n.endswith(("experts.gate_up_proj", "experts.down_proj"))]:
+        experts, rows_in, cols_out = state.pop(name).shape  # HF's dense layout [E, in, out]
+        blocks = torch.randint(0, 256, (experts, cols_out, rows_in // 32, 16), dtype=torch.uint8, generator=g)
+        scales = torch.randint(120, 124, (experts, cols_out, rows_in // 32), dtype=torch.uint8, generator=g)
+        state[name + "_blocks"], state[name + "_scales"] = blocks, scales
+        with torch.no_grad():
+            hf.get_parameter(name).copy_(convert_moe_packed_tensors(blocks, scales, dtype=torch.float32))
+    (folder / "model.safetensors").unlink()
+    save_file(state, str(folder / "model.safetensors"))
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["quantization_config"] = {"quant_method": "mxfp4", "modules_to_not_convert": ["router", "lm_head"]}
+    (folder / "config.json").write_text(json.dumps(cfg))
+
+    prompts = [tok.encode(t) for t in TEXTS]
+    expected = [hf_greedy(hf, tok, p, MAX_TOKENS) for p in prompts]
+    llm = LLM(str(folder), kv_cache_memory=16 << 20, dtype="float32")
+    assert _tokens(llm, prompts) == expected

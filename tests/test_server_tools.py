@@ -171,6 +171,9 @@ def test_plain_text_and_tool_choice_none(client):
     assert r.choices[0].message.content == SCRIPTS["hermes"] and not r.choices[0].message.tool_calls
 
 
+NO_THINKING = {"chat_template_kwargs": {"enable_thinking": False}}
+
+
 def test_required_and_named_choice_forced_by_grammar(client):
     for seed in range(3):
         r = client.chat.completions.create(model="x", messages=ASK, tools=[WEATHER, TIME], tool_choice="required",
@@ -183,8 +186,9 @@ def test_required_and_named_choice_forced_by_grammar(client):
         assert call.function.name in ("get_weather", "get_time")
         assert isinstance(json.loads(call.function.arguments), dict)
     named = {"type": "function", "function": {"name": "get_weather"}}
+    # (The reasoning parser is on: without thinking, the grammar applies from the first token.)
     stream = client.chat.completions.create(model="x", messages=ASK, tools=[WEATHER, TIME], tool_choice=named,
-                                            max_tokens=60, temperature=0, stream=True)
+                                            max_tokens=60, temperature=0, stream=True, extra_body=NO_THINKING)
     content, _, calls, finish = _assemble(stream)
     assert content == "" and list(calls) == [0] and calls[0]["name"] == "get_weather"
     if finish != "length":
@@ -472,12 +476,13 @@ def test_messages_tool_choice_forced_and_bad_bodies(server):
     tools = [{"name": "get_weather", "input_schema": schema}, {"name": "get_time", "input_schema": schema}]
     ask = [{"role": "user", "content": "Weather?"}]
     msg = client.messages.create(model="x", max_tokens=40, messages=ask, tools=tools,
-                                 tool_choice={"type": "tool", "name": "get_time"}, extra_body={"temperature": 0})
+                                 tool_choice={"type": "tool", "name": "get_time"},
+                                 extra_body={"temperature": 0, **NO_THINKING})
     assert msg.stop_reason == "tool_use" and [b.type for b in msg.content] == ["tool_use"]
     assert msg.content[0].name == "get_time" and msg.content[0].input["city"] in ("Paris", "Lima")
     one_of_any = {"type": "any", "disable_parallel_tool_use": True}
     with client.messages.stream(model="x", max_tokens=60, messages=ask, tools=tools, tool_choice=one_of_any,
-                                extra_body={"temperature": 0}) as stream:
+                                extra_body={"temperature": 0, **NO_THINKING}) as stream:
         final = stream.get_final_message()
     assert final.stop_reason == "tool_use" and final.content[0].type == "tool_use"
     assert final.content[0].name in ("get_weather", "get_time") and final.content[0].input["city"] in ("Paris", "Lima")

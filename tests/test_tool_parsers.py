@@ -142,6 +142,12 @@ def test_required_named_and_parallel_off():
     ("qwen3", False, "No thinking here", "", "No thinking here"),
     ("qwen3", True, "Opened by the prompt</think>Answer", "Opened by the prompt", "Answer"),
     ("qwen3", False, "<think>Cut inside", "Cut inside", ""),
+    # gpt-oss (harmony): the analysis channel is the reasoning, the final channel the answer; no markup survives.
+    ("openai_gptoss", False, "<|channel|>analysis<|message|>Two and 2 < 5.<|end|><|start|>assistant"
+     "<|channel|>final<|message|>It is 4.<|return|>", "Two and 2 < 5.", "It is 4."),
+    ("openai_gptoss", False, "<|channel|>final<|message|>Only an answer", "", "Only an answer"),
+    ("openai_gptoss", False, "<|channel|>analysis<|message|>Cut while thinking", "Cut while thinking", ""),
+    ("openai_gptoss", False, "No channels at all", "", "No channels at all"),
 ])
 def test_reasoning_split(name, opened, text, reasoning, content):
     for step in (1, 4, len(text)):
@@ -163,6 +169,7 @@ def test_parsers_picked_from_templates():
     assert pick_reasoning_parser("{% if enable_thinking %}<think>{% endif %}") == "qwen3"
     assert pick_reasoning_parser("<｜Assistant｜><think>\n") == "deepseek_r1"
     assert pick_reasoning_parser("<|im_start|>") is None
+    assert pick_reasoning_parser("<|start|>assistant<|channel|>final<|message|>") == "openai_gptoss"
     assert prompt_opens_think("<|im_start|>assistant\n<think>\n")
     assert not prompt_opens_think("<think>\n\n</think>\n\n")
 
@@ -223,3 +230,45 @@ def test_named_chat_templates_pick_tool_use_with_tools():
     assert render_chat_text(tok, ask, None, "m") == "PLAIN hi"
     assert render_chat_text(tok, ask, None, "m", tools=tools) == "TOOLS 1: <tool_call>hi"
     assert pick_tool_parser(template_text(tok.chat_template)) == "hermes"
+
+
+def test_special_marker_tokens_are_kept_in_the_text():
+    """A tokenizer that marks <tool_call> special (some Hermes checkpoints) would drop it when detokenizing:
+    a request the hermes parser reads then keeps special tokens (vLLM's parsers ask the same); Qwen's, where
+    <tool_call> is an ordinary added token, do not need it."""
+    from types import SimpleNamespace
+
+    from tokenizers import AddedToken, Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    from wslm.backend.server.protocol import ChatCompletionRequest
+    from wslm.backend.server.serving_tools import plan_chat
+
+    req = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "hi"}], "tools": TOOLS})
+    req.sampling_params(5, None)
+    for special in (True, False):
+        tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({"[UNK]": 0}, unk_token="[UNK]")))
+        tok.add_tokens([AddedToken("<tool_call>", special=special), AddedToken("</tool_call>", special=special)])
+        state = SimpleNamespace(enable_auto_tool_choice=True, tool_call_parser="hermes", reasoning_parser=None,
+                                tokenizer=tok)
+        assert plan_chat(state, req).keep_special_tokens is special
+        state.tool_call_parser = "pythonic"
+        assert plan_chat(state, req).keep_special_tokens is False
+
+
+def test_harmony_markers_that_are_special_tokens_are_kept_in_the_text(demo_tok):
+    import copy
+    from types import SimpleNamespace
+
+    from wslm.backend.server.protocol import ChatCompletionRequest
+    from wslm.backend.server.serving_tools import plan_chat
+
+    tok = copy.deepcopy(demo_tok)  # the session's tokenizer stays as it is
+    tok.add_special_tokens({"additional_special_tokens": ["<|channel|>", "<|message|>", "<|end|>"]})
+    req = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "hi"}]})
+    req.sampling_params(5, None)
+    state = SimpleNamespace(enable_auto_tool_choice=False, tool_call_parser=None, reasoning_parser="openai_gptoss",
+                            tokenizer=tok)  # fmt: skip
+    assert plan_chat(state, req).keep_special_tokens  # else skip_special_tokens would erase the channels
+    state.reasoning_parser = "qwen3"
+    assert not plan_chat(state, req).keep_special_tokens

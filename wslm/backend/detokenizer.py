@@ -26,9 +26,12 @@ class Detokenizer:
             clean_up_tokenization_spaces=False,
         )
 
-    def update(self, seq: Sequence, final: bool = False) -> None:
-        """Fold the newest output token(s) into seq.output_text."""
+    def update(self, seq: Sequence, final: bool = False, hide_last: bool = False) -> None:
+        """Fold the newest output token(s) into seq.output_text. hide_last: the newest token stopped the
+        sequence (EOS or a stop token id) and is not rendered into the text, as vLLM leaves it out."""
         all_ids = seq.token_ids()
+        if hide_last:
+            all_ids = all_ids[:-1]
         prefix_text = self._decode(seq, all_ids[seq.prefix_offset : seq.read_offset])
         new_text = self._decode(seq, all_ids[seq.prefix_offset :])
         if len(new_text) > len(prefix_text) and (final or not new_text.endswith("\ufffd")):
@@ -36,10 +39,10 @@ class Detokenizer:
             seq.prefix_offset = seq.read_offset
             seq.read_offset = len(all_ids)
 
-    def flush(self, seq: Sequence) -> None:
+    def flush(self, seq: Sequence, hide_last: bool = False) -> None:
         """At the end, release text held back for an unfinished character."""
-        if seq.read_offset < seq.num_tokens:
-            self.update(seq, final=True)
+        if seq.read_offset < seq.num_tokens - hide_last:
+            self.update(seq, final=True, hide_last=hide_last)
 
     @staticmethod
     def check_stop_strings(seq: Sequence, prev_len: int) -> str | None:

@@ -199,6 +199,8 @@ def resolve_quantization(requested: str | None, source: ModelSource, hf_config) 
         if requested not in (None, found):
             raise ValueError(f"This checkpoint is {found}-quantized; quantization={requested!r} cannot apply to it.")
         return found
+    if found == "mxfp4":  # gpt-oss: its MXFP4 experts are dequantized on load (models/gpt_oss.py)
+        return requested if requested in ("int8", "int4") else None
     if found:
         raise ValueError(f"Checkpoints quantized with {found!r} are not supported (supported: awq, gptq, gguf).")
     if requested in ("awq", "gptq", "gguf"):

@@ -26,12 +26,17 @@ class OutputProcessor:
         if logprob_info is not None:
             self._add_logprobs(seq, token, logprob_info)
         p = seq.params
-        prev_len = len(seq.output_text)
-        self.detokenizer.update(seq)
         can_stop = seq.num_output_tokens >= p.min_tokens
-        if can_stop and not p.ignore_eos and token in seq.eos_token_ids:
+        eos = can_stop and not p.ignore_eos and token in seq.eos_token_ids
+        stop_token = can_stop and not eos and token in p.stop_token_ids
+        # The token that stops the sequence stays in token_ids but not in the text (as vLLM renders it), unless
+        # include_stop_str_in_output: visible with skip_special_tokens=False or a plain-word stop token id.
+        hide = (eos or stop_token) and not p.include_stop_str_in_output
+        prev_len = len(seq.output_text)
+        self.detokenizer.update(seq, hide_last=hide)
+        if eos:
             seq.finish_reason = "stop"
-        elif can_stop and token in p.stop_token_ids:
+        elif stop_token:
             seq.finish_reason, seq.stop_reason = "stop", token
         elif can_stop and (stop := self.detokenizer.check_stop_strings(seq, prev_len)) is not None:
             seq.finish_reason, seq.stop_reason = "stop", stop
@@ -45,7 +50,7 @@ class OutputProcessor:
         if seq.finish_reason is None:
             return False
         prev_len = len(seq.output_text)
-        self.detokenizer.flush(seq)
+        self.detokenizer.flush(seq, hide_last=hide)
         if can_stop and (stop := self.detokenizer.check_stop_strings(seq, prev_len)) is not None:
             seq.finish_reason, seq.stop_reason = "stop", stop
         return True

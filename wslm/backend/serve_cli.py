@@ -126,8 +126,8 @@ def _add_vllm_flags(p: argparse.ArgumentParser) -> None:
                    help="how the model writes tool calls (default: picked from the chat template)")
     g.add_argument("--exclude-tools-when-tool-choice-none", action="store_true",
                    help='with tool_choice "none", do not show the tools to the chat template')
-    g.add_argument("--reasoning-parser", default=None, choices=["deepseek_r1", "qwen3"],
-                   help="split <think>...</think> into reasoning_content (default: picked from the chat template)")
+    g.add_argument("--reasoning-parser", default=None, choices=["deepseek_r1", "qwen3", "openai_gptoss"],
+                   help="split <think>...</think> (or harmony's analysis channel) into reasoning_content (default: picked from the chat template)")
     g.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1,
                    help="only 1: wslm splits a model over GPUs by tensor parallelism (--tensor-parallel-size)")
     g.add_argument("--data-parallel-size", "-dp", type=int, default=1,

@@ -222,6 +222,11 @@ def _all_entries(cache_dir: Path | None = None, models_root: Path | None = None)
 # --- describing them ---------------------------------------------------------------------------------
 
 
+def _dequantized_on_load(meta: ModelMetadata) -> bool:
+    """gpt-oss's MXFP4 experts: the engine dequantizes them, so the model runs (and weighs) as a 16-bit one."""
+    return meta.architecture == "GptOssForCausalLM" and str(meta.quantization).startswith("mxfp4")
+
+
 def _support(entry: _Entry, meta: ModelMetadata) -> str | None:
     """Why the engine cannot load this model, or None when it can."""
     from wslm.backend.modeling import GGUF_ARCHITECTURES, SUPPORTED_ARCHITECTURES
@@ -244,7 +249,7 @@ def _support(entry: _Entry, meta: ModelMetadata) -> str | None:
     else:
         if not _runnable(meta.architecture, SUPPORTED_ARCHITECTURES):
             return f"architecture {meta.architecture!r} is not supported (supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
-        if meta.quantization:
+        if meta.quantization and not _dequantized_on_load(meta):
             return f"pre-quantized HF weights ({meta.quantization}) are not supported; use the unquantized repo or a GGUF"
         if not meta.weight_files:
             return "no weight files (*.safetensors or *.bin)"
@@ -324,7 +329,7 @@ def _estimate_memory(info: ModelInfo, meta: ModelMetadata, context: int | None) 
         from wslm.backend.quant.sizes import gguf_runtime_bytes
 
         weights = gguf_runtime_bytes(meta.elements_by_type)
-    elif meta.num_params and not (info.format == "hf" and meta.quantization):
+    elif meta.num_params and not (info.format == "hf" and meta.quantization and not _dequantized_on_load(meta)):
         weights = meta.num_params * runtime_value_bytes()  # dtype=auto here: 16-bit, or fp32 on most CPUs
     else:
         weights = info.size_bytes

@@ -190,7 +190,7 @@ def read_hf_folder(folder: Path) -> ModelMetadata:
                 raise ValueError("not safetensors")
             for key, info in _safetensors_header(folder / name).items():
                 if key != "__metadata__":
-                    counted += math.prod(info["shape"])
+                    counted += _safetensors_params(key, info)
                     if meta.dtype is None:
                         meta.dtype = {"BF16": "bfloat16", "F16": "float16", "F32": "float32"}.get(
                             info["dtype"]
@@ -199,6 +199,15 @@ def read_hf_folder(folder: Path) -> ModelMetadata:
     except (OSError, ValueError, KeyError, struct.error):
         meta.num_params = _params_from_config(text)
     return meta
+
+
+def _safetensors_params(key: str, info: dict) -> int:
+    """Parameters a safetensors entry holds: MXFP4 (gpt-oss) packs two 4-bit values per byte in `_blocks`, and
+    its `_scales` are not parameters."""
+    n = math.prod(info["shape"])
+    if info.get("dtype") == "U8" and key.endswith("_blocks"):
+        return 2 * n
+    return 0 if info.get("dtype") == "U8" and key.endswith("_scales") else n
 
 
 # --- GGUF files -------------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ _MODELS: dict[str, tuple[str, str]] = {
     "Gemma2ForCausalLM": ("gemma3", "Gemma2ForCausalLM"),
     "Gemma3ForCausalLM": ("gemma3", "Gemma3ForCausalLM"),
     "Gemma3ForConditionalGeneration": ("gemma3", "Gemma3ForConditionalGeneration"),
+    "GptOssForCausalLM": ("gpt_oss", "GptOssForCausalLM"),
 }
 
 # Kept under its old name: the model catalog and the loader test membership and list the keys.

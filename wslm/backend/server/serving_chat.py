@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
@@ -61,19 +62,22 @@ async def prepare_chat(state: ServerState, req: ChatCompletionRequest, top_n: in
     check_max_tokens(max_tokens, "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens")
     params = req.sampling_params(max_tokens, top_n)
     plan = plan_chat(state, req)
+    if plan.keep_special_tokens:
+        params.skip_special_tokens = False  # the tool-call markers are special tokens (vLLM does the same)
     prompt_ids = await render_prompt(state, template_messages(req.messages), chat_template=req.chat_template,
                                      add_generation_prompt=req.add_generation_prompt,
                                      continue_final_message=req.continue_final_message,
                                      tools=plan.template_tools, chat_template_kwargs=req.chat_template_kwargs)
     prompt_ids = truncate_prompt(prompt_ids, req.truncate_prompt_tokens, state.max_model_len)
     plan.prompt_rendered(state.tokenizer, prompt_ids)
-    if plan.grammar is not None:
-        params.structured_outputs = plan.grammar
-        await compile_structured(state, plan.grammar, "tools")  # a tool's parameters schema is at fault
-    elif params.structured_outputs is not None:
-        await compile_structured(state, params.structured_outputs, req.structured_source)  # its own errors
-        params.structured_outputs = plan.after_reasoning(params.structured_outputs)
-        await compile_structured(state, params.structured_outputs, req.structured_source)
+    # tool_choice's grammar (a tool's parameters schema is then at fault when it fails), or the client's.
+    spec, source = (plan.grammar, "tools") if plan.grammar is not None else (params.structured_outputs,
+                                                                               req.structured_source)
+    if spec is not None:
+        await compile_structured(state, spec, source)  # errors name the constraint as it was given
+        params.structured_outputs = await asyncio.to_thread(plan.after_reasoning, spec)  # builds a grammar
+        if params.structured_outputs is not spec:
+            await compile_structured(state, params.structured_outputs, source)
     state.check_request(prompt_ids, params, "messages")
     return prompt_ids, params, plan
 

@@ -13,8 +13,19 @@ from typing import Any
 
 from wslm.backend.server.chat_reply import ChatReply
 from wslm.backend.server.errors import bad_request
-from wslm.backend.server.reasoning import THINK_END, get_reasoning_parser, prompt_opens_think
-from wslm.backend.server.tool_parsers import ArrayToolParser, NamedFunctionParser, ToolParser, get_tool_parser
+from wslm.backend.server.reasoning import (
+    REASONING_PARSERS,
+    THINK_END,
+    get_reasoning_parser,
+    prompt_opens_think,
+)
+from wslm.backend.server.tool_parsers import (
+    ArrayToolParser,
+    NamedFunctionParser,
+    ToolParser,
+    get_tool_parser,
+    is_special_token,
+)
 from wslm.backend.structured.params import StructuredOutputsParams
 from wslm.backend.structured.reasoning import after_reasoning
 
@@ -28,6 +39,7 @@ class ChatPlan:
     tool_parser: ToolParser | None
     parallel_tool_calls: bool
     reasoning_parser: str | None
+    keep_special_tokens: bool = False  # the parser's markers are special tokens: keep them in the text
     think_opened: bool = False  # the rendered prompt ends inside an open think block
     think_closed: bool = False  # the prompt closed an empty think block (enable_thinking false): no reasoning
 
@@ -38,17 +50,20 @@ class ChatPlan:
             self.think_closed = tail.rstrip().endswith(THINK_END)
 
     def after_reasoning(self, spec: StructuredOutputsParams) -> StructuredOutputsParams:
-        """The client's structured-output constraint, applied after the reply's think block when the model
-        reasons (as vLLM applies it once reasoning ends)."""
+        """A structured-output constraint (the client's, or the one forcing a tool call), applied after the
+        reply's think block when the model reasons (as vLLM applies it once reasoning ends)."""
         if not self.reasoning_parser or self.think_closed:
             return spec
         return after_reasoning(spec, self.reasoning_parser == "deepseek_r1" or self.think_opened)
 
     def new_reply(self) -> ChatReply:
-        """A fresh parser for one choice's reply (reasoning is off while a grammar forces a tool call)."""
+        """A fresh parser for one choice's reply: reasoning, then tool calls."""
         reasoning = None
-        if self.reasoning_parser and self.grammar is None:
-            reasoning = get_reasoning_parser(self.reasoning_parser, self.think_opened)
+        if self.reasoning_parser:
+            # A prompt that closed the think block leaves only a block the reply itself opens (qwen3's reading),
+            # even for a parser whose replies otherwise start inside one.
+            name = "qwen3" if self.think_closed else self.reasoning_parser
+            reasoning = get_reasoning_parser(name, self.think_opened)
         return ChatReply(reasoning, self.tool_parser, self.parallel_tool_calls)
 
 
@@ -89,7 +104,12 @@ def plan_chat(state: Any, req: Any) -> ChatPlan:
                           f"constrains the reply; remove `{req.structured_source}`.", param=req.structured_source)
     if choice == "none" and getattr(state, "exclude_tools_when_tool_choice_none", False):
         tools = None  # --exclude-tools-when-tool-choice-none: the template never sees them
-    return ChatPlan(tools, grammar, parser, parallel, getattr(state, "reasoning_parser", None))
+    tokenizer = getattr(state, "tokenizer", None)
+    keep = parser is not None and any(is_special_token(tokenizer, m) for m in parser.output_markers)
+    reasoning = getattr(state, "reasoning_parser", None)
+    if reasoning and any(is_special_token(tokenizer, m) for m in REASONING_PARSERS[reasoning].markers):
+        keep = True  # harmony's channel markers are special tokens
+    return ChatPlan(tools, grammar, parser, parallel, reasoning, keep)
 
 
 def required_schema(tools: list[dict], parallel: bool) -> dict:

@@ -34,11 +34,13 @@ def _format(spec: StructuredOutputsParams) -> dict | None:
     """The constraint as a structural-tag format (the same grammar the compiler builds for it alone)."""
     kind = spec.kind
     if kind in ("json", "json_object"):
-        schema = {"type": "object", "additionalProperties": True} if kind == "json_object" else spec.json
-        if isinstance(schema, str):
-            schema = json.loads(schema)
-        return {"type": "json_schema", "json_schema": schema,
-                "max_whitespace_cnt": 0 if spec.disable_any_whitespace else MAX_WHITESPACE}
+        import xgrammar as xgr  # the JSON grammar the compiler builds for the spec alone, written as EBNF
+
+        schema = '{"type": "object"}' if kind == "json_object" else (
+            spec.json if isinstance(spec.json, str) else json.dumps(spec.json))
+        grammar = xgr.Grammar.from_json_schema(schema, any_whitespace=not spec.disable_any_whitespace,
+                                               max_whitespace_cnt=MAX_WHITESPACE, strict_mode=kind == "json")
+        return {"type": "grammar", "grammar": str(grammar)}
     if kind == "regex":
         return {"type": "regex", "pattern": spec.regex}
     if kind == "choice":

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from wslm.backend.server.reasoning.base import THINK_END, THINK_START, ReasoningParser, ReasoningStream
 from wslm.backend.server.reasoning.deepseek_r1 import DeepSeekR1ReasoningParser
+from wslm.backend.server.reasoning.gpt_oss import GptOssReasoningParser
 from wslm.backend.server.reasoning.qwen3 import Qwen3ReasoningParser
 
 REASONING_PARSERS: dict[str, type[ReasoningParser]] = {
     "deepseek_r1": DeepSeekR1ReasoningParser,
     "qwen3": Qwen3ReasoningParser,
+    "openai_gptoss": GptOssReasoningParser,
 }
 
 
@@ -22,8 +24,10 @@ def get_reasoning_parser(name: str, opened: bool = False) -> ReasoningParser:
 
 def pick_reasoning_parser(chat_template: str | None) -> str | None:
     """qwen3 for templates that speak of `<think>` and let the model open it (Qwen3's enable_thinking),
-    deepseek_r1 for other `<think>` templates; None when the template has no think block."""
+    deepseek_r1 for other `<think>` templates, openai_gptoss for harmony's channels; None otherwise."""
     t = chat_template or ""
+    if "<|channel|>" in t:
+        return "openai_gptoss"  # harmony (gpt-oss)
     if THINK_START not in t and THINK_END not in t:
         return None
     return "qwen3" if ("enable_thinking" in t or "<tool_call>" in t) else "deepseek_r1"

@@ -16,6 +16,7 @@ class ReasoningParser:
     prompt with `<think>`), so the reply starts inside it."""
 
     name = ""
+    markers: tuple[str, ...] = ()  # tokens the parser must see in the text (kept when they are special tokens)
 
     def __init__(self, opened: bool = False) -> None:
         self.opened = opened

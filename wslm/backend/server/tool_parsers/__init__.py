@@ -3,7 +3,13 @@ for the same formats), one file each, and the registry that picks one by name or
 
 from __future__ import annotations
 
-from wslm.backend.server.tool_parsers.base import ParsedCall, ToolCallStream, ToolParser, make_tool_call_id
+from wslm.backend.server.tool_parsers.base import (
+    ParsedCall,
+    ToolCallStream,
+    ToolParser,
+    is_special_token,
+    make_tool_call_id,
+)
 from wslm.backend.server.tool_parsers.hermes import HermesToolParser
 from wslm.backend.server.tool_parsers.llama3_json import Llama3JsonToolParser
 from wslm.backend.server.tool_parsers.mistral import ArrayToolParser, MistralToolParser, NamedFunctionParser
@@ -47,4 +53,4 @@ def pick_tool_parser(chat_template: str | None) -> str | None:
 
 
 __all__ = ["TOOL_PARSERS", "Qwen3CoderToolParser", "ArrayToolParser", "NamedFunctionParser", "ParsedCall", "ToolCallStream", "ToolParser",
-           "get_tool_parser", "make_tool_call_id", "pick_tool_parser"]
+           "get_tool_parser", "is_special_token", "make_tool_call_id", "pick_tool_parser"]

@@ -8,6 +8,7 @@ import json
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from wslm.backend.server.tool_parsers.json_scan import (
     NotJSON,
@@ -42,6 +43,9 @@ class ToolParser:
     name = ""
     # Text that, when the chat template contains it, picks this parser (see registry.pick_tool_parser).
     markers: tuple[str, ...] = ()
+    # Marker tokens the parser must see in the reply. Some tokenizers mark them special (then skipped when
+    # the reply is detokenized): such a request keeps special tokens in its text, as vLLM's parsers ask.
+    output_markers: tuple[str, ...] = ()
 
     def __init__(self, tools: list[dict] | None = None) -> None:
         """tools: the request's tools (a format whose values are untyped text reads their schemas)."""
@@ -77,6 +81,14 @@ def call_from_object(text: str, start: int, argument_keys: tuple[str, ...] = ("a
     if scan.end is not None and name is None:
         raise NotJSON("a tool call needs a name")
     return ParsedCall(name, args), scan
+
+
+def is_special_token(tokenizer: Any, text: str) -> bool:
+    """Whether text is one special token of this tokenizer (dropped by skip_special_tokens)."""
+    if text in (getattr(tokenizer, "all_special_tokens", None) or ()):
+        return True
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}
+    return any(t.content == text and t.special for t in added.values())
 
 
 def parse_tagged_calls(text: str, final: bool, start_tag: str,

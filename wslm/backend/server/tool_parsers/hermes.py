@@ -18,6 +18,7 @@ START = "<tool_call>"
 class HermesToolParser(ToolParser):
     name = "hermes"
     markers = (START,)
+    output_markers = (START, "</tool_call>")
 
     def parse(self, text: str, final: bool) -> Parse:
         return parse_tagged_calls(text, final, START, _read_call)

@@ -33,6 +33,7 @@ def parse_call_array(text: str, i: int, result: Parse) -> Parse:
 class MistralToolParser(ToolParser):
     name = "mistral"
     markers = (START,)
+    output_markers = (START,)
 
     def parse(self, text: str, final: bool) -> Parse:
         first = text.find(START)

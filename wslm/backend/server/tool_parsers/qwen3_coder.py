@@ -30,6 +30,7 @@ PARAMETER_END = "</parameter>"
 class Qwen3CoderToolParser(ToolParser):
     name = "qwen3_coder"
     markers = (FUNCTION,)
+    output_markers = (START, "</tool_call>")
 
     def __init__(self, tools: list[dict] | None = None) -> None:
         super().__init__(tools)
