@@ -5,7 +5,7 @@
 Each configuration runs in a fresh process (so resident memory after load is its own): float32 and
 bfloat16 (the GGUF dequantized, as transformers loads it), int8 and int4 (dequantized, then quantized on
 load), GGUF-native (kept quantized: Q4_1 -> int4, Q8_0 -> int8). Single-stream greedy decode tok/s (best of
-2) and --concurrent chats at once (output tok/s). llama.cpp: llama-cpp-python with the same thread count,
+3) and --concurrent chats at once (output tok/s). llama.cpp: llama-cpp-python with the same thread count,
 single stream (install it in its own venv: `python -m venv /work/llama-venv && /work/llama-venv/bin/pip
 install llama-cpp-python`, ~10 min to compile); HF: its padded batch in float32. Appends the table to
 docs/benchmarks.md."""
@@ -26,12 +26,12 @@ import machine  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAT = [{"role": "user", "content": "Write a long story about a lighthouse keeper and a storm."}]
-CONFIGS = {  # name: (dtype, quantization, dequantize the GGUF)
+CONFIGS = {  # name: (dtype, quantization, dequantize the GGUF); "auto" is what a user gets by default
     "float32": ("float32", None, True),
     "bfloat16": ("bfloat16", None, True),
-    "int8": ("float32", "int8", True),
-    "int4": ("float32", "int4", True),
-    "gguf-native": ("float32", None, False),
+    "int8": ("auto", "int8", True),
+    "int4": ("auto", "int4", True),
+    "gguf-native": ("auto", None, False),
 }
 
 
@@ -55,7 +55,7 @@ def run_wslm(name: str, tokens: int, concurrent: int) -> dict:
     params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
     llm.chat(CHAT, SamplingParams(temperature=0, max_tokens=4))  # warm-up
     single = 0.0
-    for _ in range(2):
+    for _ in range(3):
         t = time.perf_counter()
         out = llm.chat(CHAT, params)[0].outputs[0]
         single = max(single, len(out.token_ids) / (time.perf_counter() - t))
@@ -65,25 +65,24 @@ def run_wslm(name: str, tokens: int, concurrent: int) -> dict:
     t = time.perf_counter()
     outs = llm.chat(chats, params)
     batch = sum(len(o.outputs[0].token_ids) for o in outs) / (time.perf_counter() - t)
-    return {"load_s": load_s, "rss": rss, "single": single, "batch": batch}
+    dtype = str(llm.llm_engine.model_config.dtype).removeprefix("torch.")
+    return {"load_s": load_s, "rss": rss, "single": single, "batch": batch, "dtype": dtype}
 
 
-def run_llama_cpp(tokens: int, threads: int) -> dict:
+def run_llama_cpp(tokens: int, threads: int, model_path: str) -> dict:
     from llama_cpp import Llama
 
-    from wslm.demo import demo_model_path
-
     start = time.perf_counter()
-    llm = Llama(model_path=str(demo_model_path()), n_threads=threads, n_ctx=1024, verbose=False)
+    llm = Llama(model_path=model_path, n_threads=threads, n_ctx=1024, verbose=False)
     load_s = time.perf_counter() - start
     rss = _rss()
     best = 0.0
-    for _ in range(2):
+    for _ in range(3):
         t = time.perf_counter()
         out = llm.create_chat_completion(CHAT, max_tokens=tokens, temperature=0.0)
         n = out["usage"]["completion_tokens"]
         best = max(best, n / (time.perf_counter() - t))
-    return {"load_s": load_s, "rss": rss, "single": best, "batch": None}
+    return {"load_s": load_s, "rss": rss, "single": best, "batch": None, "dtype": "Q4_1/Q8_0"}
 
 
 def run_hf(tokens: int, concurrent: int) -> dict:
@@ -116,7 +115,7 @@ def run_hf(tokens: int, concurrent: int) -> dict:
         t = time.perf_counter()
         model.generate(**enc, **gen)
         batch = concurrent * tokens / (time.perf_counter() - t)
-    return {"load_s": load_s, "rss": rss, "single": single, "batch": batch}
+    return {"load_s": load_s, "rss": rss, "single": single, "batch": batch, "dtype": "float32"}
 
 
 def child(args) -> int:
@@ -125,7 +124,7 @@ def child(args) -> int:
 
         torch.set_num_threads(args.threads)
     if args.child == "llama.cpp":
-        result = run_llama_cpp(args.tokens, args.threads)
+        result = run_llama_cpp(args.tokens, args.threads, args.model_path)
     elif args.child == "hf":
         result = run_hf(args.tokens, args.concurrent)
     else:
@@ -137,6 +136,11 @@ def child(args) -> int:
 def spawn(name: str, args, python: str = sys.executable) -> dict | None:
     cmd = [python, __file__, "--child", name, "--tokens", str(args.tokens), "--concurrent", str(args.concurrent),
            "--threads", str(args.threads)]  # fmt: skip
+    if name == "llama.cpp":  # its venv has no wslm dependencies: the parent finds the demo file
+        from wslm.demo import demo_model_path
+
+        cmd += ["--model-path", str(demo_model_path())]
+        cmd[cmd.index("--threads") + 1] = str(args.llama_threads or args.threads)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
     for line in proc.stdout.splitlines():
@@ -151,9 +155,12 @@ def main() -> int:
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--concurrent", type=int, default=32)
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    p.add_argument("--llama-threads", type=int, default=None,
+                   help="llama.cpp's thread count when it must differ (default: --threads)")
     p.add_argument("--llama-python", default="/work/llama-venv/bin/python")
     p.add_argument("--only", nargs="*", default=None, help="subset of configurations")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--model-path", default=None, help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         return child(args)
@@ -171,21 +178,23 @@ def main() -> int:
     size = __import__("wslm.demo", fromlist=["demo_model_path"]).demo_model_path().stat().st_size
     ref = (results.get("llama.cpp") or {}).get("single")
     hf_batch = (results.get("hf") or {}).get("batch")
-    rows = ["| weights | single stream tok/s | vs llama.cpp | " f"{args.concurrent} concurrent tok/s | vs HF batch | "
-            "RSS after load (MiB) | load s |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    rows = ["| weights | compute dtype | single stream tok/s | vs llama.cpp | " f"{args.concurrent} concurrent tok/s | "
+            "vs HF batch | RSS after load (MiB) | load s |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for name, r in results.items():
         if not r:
-            rows.append(f"| {name} | failed | | | | | |")
+            rows.append(f"| {name} | failed | | | | | | |")
             continue
         vs = f"{r['single'] / ref:.2f}x" if ref else "-"
         b = f"{r['batch']:.1f}" if r["batch"] else "-"
         vb = f"{r['batch'] / hf_batch:.2f}x" if r["batch"] and hf_batch else "-"
         rows.append(
-            f"| {name} | {r['single']:.1f} | {vs} | {b} | {vb} | {r['rss'] / 2**20:.0f} | {r['load_s']:.1f} |"
+            f"| {name} | {r.get('dtype', '-')} | {r['single']:.1f} | {vs} | {b} | {vb} | {r['rss'] / 2**20:.0f} | "
+            f"{r['load_s']:.1f} |"
         )
     body = (
         f"Demo GGUF ({size / 2**20:.0f} MiB, Q4_1 + Q8_0 embeddings), {args.tokens} greedy tokens, "
-        f"{args.threads} threads, each configuration in its own process. The machine was shared with other "
+        f"{args.threads} threads (llama.cpp {args.llama_threads or args.threads}), single stream best of 3, each configuration in its own process, "
+        f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'PASSIVE (wslm default)')}. The machine was shared with other "
         "jobs while this ran: compare rows of this run, not absolute numbers.\n\n" + "\n".join(rows)
     )
     print(body)

@@ -126,3 +126,26 @@ def test_loading_the_demo_gguf_stays_near_its_file_size():
     # weights load), pages of the mapped file, allocator slack. Dequantized to float32 the weights alone
     # would be 5.5x.
     assert grown < 3.5 * size, (grown / size, rss)
+
+
+@pytest.mark.parametrize(
+    "flags, want, why",
+    [
+        ({"avx2", "avx512f", "avx512_bf16"}, "bfloat16", "avx512_bf16"),
+        ({"avx2", "amx_bf16", "amx_tile"}, "bfloat16", "amx_bf16"),
+        ({"avx2", "fma"}, "float32", "neither avx512_bf16 nor amx_bf16"),
+        (set(), "float32", "could not be read"),
+    ],
+)
+def test_cpu_dtype_auto_follows_the_cpu_flags_and_says_why(monkeypatch, caplog, flags, want, why):
+    """dtype=auto on CPU: bfloat16 only where the CPU multiplies it natively, logged with the reason."""
+    import logging
+
+    from wslm.backend import cpu_tuning
+    from wslm.backend.model_loader import resolve_dtype
+
+    monkeypatch.setattr(cpu_tuning, "cpu_flags", lambda: frozenset(flags))
+    with caplog.at_level(logging.INFO, logger="wslm"):
+        got = resolve_dtype("auto", None, torch.device("cpu"))
+    assert got == getattr(torch, want)
+    assert any(want in r.getMessage() and why in r.getMessage() for r in caplog.records), caplog.text

@@ -24,8 +24,11 @@ def _close(out: torch.Tensor, ref: torch.Tensor, rel: float = 0.02) -> None:
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("m", [1, 5, 33])
-def test_int8_kernel_matches_dequantized(dtype, m):
+@pytest.mark.parametrize("m", [1, 5, 33, 80])  # from 32 rows: expanded slices and a bf16 GEMM
+def test_int8_kernel_matches_dequantized(dtype, m, monkeypatch):
+    from wslm.backend.quant import int8
+
+    monkeypatch.setattr(int8, "_EXPAND_ROWS", 64)  # several slices of the 96 rows
     torch.manual_seed(m)
     w, x = torch.randn(96, 128), torch.randn(m, 128, dtype=dtype)
     q = quantize_int8(w)
@@ -48,6 +51,28 @@ def test_int4_kernel_matches_dequantized(group, m):
     _close(packed.apply(x), x @ ref.t())
     bias = torch.randn(64)
     _close(packed.apply(x, bias), x @ ref.t() + bias)
+
+
+@pytest.mark.parametrize("act_order", [False, True])
+def test_int4_many_rows_expand_from_the_pack_and_match(act_order):
+    """From DENSE_ROWS rows on CPU the weight is expanded from torch's pack and multiplied in bf16 (the
+    per-row kernel grows linearly with the rows): same products as the kernel's, read-back exact."""
+    from wslm.backend.quant.int4_dense import DENSE_ROWS
+
+    torch.manual_seed(5)
+    w = torch.randn(128, 256)
+    perm = torch.randperm(256) if act_order else None
+    codes = quantize_int4_codes(w if perm is None else w[:, perm], 32)
+    codes.perm = perm
+    packed = codes.pack(CPU)
+    assert packed.unpackable
+    ref = codes.dequantize()
+    torch.testing.assert_close(packed.dequantize(), ref, atol=0.02 * ref.abs().max().item(), rtol=0)
+    x = torch.randn(DENSE_ROWS, 256)
+    _close(packed.apply(x), x @ ref.t())
+    _close(packed.apply(x[:5]), x[:5] @ ref.t())  # few rows: the kernel
+    odd = quantize_int4_codes(torch.randn(48, 256), 32).pack(CPU)  # not whole 64-row blocks: kernel only
+    assert not odd.unpackable and odd.apply(x).shape == (DENSE_ROWS, 48)
 
 
 def test_int4_act_order_permutation_is_undone():

@@ -272,3 +272,17 @@ def test_harmony_markers_that_are_special_tokens_are_kept_in_the_text(demo_tok):
     assert plan_chat(state, req).keep_special_tokens  # else skip_special_tokens would erase the channels
     state.reasoning_parser = "qwen3"
     assert not plan_chat(state, req).keep_special_tokens
+
+
+def test_constraint_waits_for_think_blocks_only():
+    """A constraint is moved behind `</think>` for the think-block parsers; harmony's channels (gpt-oss) are
+    special tokens a grammar cannot write, so there it applies from the first token."""
+    from wslm.backend.server.serving_tools import ChatPlan
+    from wslm.backend.structured.params import StructuredOutputsParams
+
+    spec = StructuredOutputsParams(regex="[0-9]+")
+    for name, wrapped in (("qwen3", True), ("deepseek_r1", True), ("openai_gptoss", False), (None, False)):
+        plan = ChatPlan(None, None, None, True, name)
+        assert (plan.after_reasoning(spec) is not spec) is wrapped, name
+    closed = ChatPlan(None, None, None, True, "qwen3", think_closed=True)
+    assert closed.after_reasoning(spec) is spec

@@ -9,6 +9,9 @@ their groups contiguous by permuting the input columns once at load and the acti
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
+
+from wslm.backend.quant.int4_dense import DENSE_ROWS, dequantize_packed, unpack_matches
 
 GROUP_SIZES = (32, 64, 128, 256)
 
@@ -54,7 +57,7 @@ def cat_codes(parts: list[Int4Codes]) -> Int4Codes:
 
 
 class Int4Weight:
-    __slots__ = ("packed", "scales_and_zeros", "group_size", "out_features", "in_features", "perm")
+    __slots__ = ("packed", "scales_and_zeros", "group_size", "out_features", "in_features", "perm", "unpackable")
     bits = 4
 
     def __init__(
@@ -66,6 +69,7 @@ class Int4Weight:
         self.out_features = out_features
         self.in_features = in_features
         self.perm = perm
+        self.unpackable = False  # CPU: the pack reads back exactly (int4_dense.py), so many rows take a GEMM
 
     @classmethod
     def from_codes(cls, c: Int4Codes, device: torch.device) -> Int4Weight:
@@ -81,7 +85,10 @@ class Int4Weight:
         else:
             packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(c.codes.to(torch.int32), 1)
         perm = None if c.perm is None else c.perm.to(device)
-        return cls(packed, sz, c.group_size, n, k, perm)
+        weight = cls(packed, sz, c.group_size, n, k, perm)
+        if device.type == "cpu":
+            weight.unpackable = unpack_matches(packed, c.codes)
+        return weight
 
     @property
     def shape(self) -> torch.Size:
@@ -103,6 +110,8 @@ class Int4Weight:
             out = torch.ops.aten._weight_int4pack_mm(
                 x2.contiguous(), self.packed, self.group_size, self.scales_and_zeros
             )
+        elif self.unpackable and x2.shape[0] >= DENSE_ROWS:  # prefill, big batches: one bf16 GEMM
+            out = F.linear(x2, self._dense_packed_order())
         else:
             out = torch.ops.aten._weight_int4pack_mm_for_cpu(
                 x2.contiguous(), self.packed, self.group_size, self.scales_and_zeros
@@ -110,8 +119,19 @@ class Int4Weight:
         out = out.to(x.dtype).reshape(*shape[:-1], self.out_features)
         return out if bias is None else out + bias
 
+    def _dense_packed_order(self) -> torch.Tensor:
+        """bf16 [N, K] in the pack's column order (act-order GPTQ: the sorted one)."""
+        return dequantize_packed(
+            self.packed, self.scales_and_zeros, self.out_features, self.in_features, self.group_size
+        )
+
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """The weight in the checkpoint's column order, read back through the kernel (x = identity)."""
+        """The weight in the checkpoint's column order, unpacked (CPU) or read back through the kernel."""
+        if self.unpackable:
+            w = self._dense_packed_order()
+            if self.perm is not None:
+                w = torch.empty_like(w).index_copy_(1, self.perm, w)
+            return w.to(dtype)
         eye = torch.eye(self.in_features, dtype=torch.bfloat16, device=self.packed.device)
         saved, self.perm = self.perm, None
         try:

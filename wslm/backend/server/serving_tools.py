@@ -52,7 +52,7 @@ class ChatPlan:
     def after_reasoning(self, spec: StructuredOutputsParams) -> StructuredOutputsParams:
         """A structured-output constraint (the client's, or the one forcing a tool call), applied after the
         reply's think block when the model reasons (as vLLM applies it once reasoning ends)."""
-        if not self.reasoning_parser or self.think_closed:
+        if not self.reasoning_parser or self.think_closed or not REASONING_PARSERS[self.reasoning_parser].think_tags:
             return spec
         return after_reasoning(spec, self.reasoning_parser == "deepseek_r1" or self.think_opened)
 

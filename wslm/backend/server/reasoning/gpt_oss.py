@@ -23,6 +23,7 @@ class GptOssReasoningParser(ReasoningParser):
     # Harmony's marker tokens: when the tokenizer has them as special tokens, the server keeps special tokens
     # in the text so that this parser sees them.
     markers = ("<|channel|>", "<|message|>", "<|end|>")
+    think_tags = False  # a constraint applies from the first token (a grammar cannot write channel tokens)
 
     def starts_inside(self, text: str) -> bool:
         return text.lstrip().startswith(ANALYSIS)

@@ -1,0 +1,55 @@
+"""Many-row int4 products on CPU: dequantize the weight from torch's CPU int4 pack, then one bf16 GEMM.
+
+aten._weight_int4pack_mm_for_cpu runs one matrix-vector product per activation row: its time grows
+linearly with the rows (3072x576, one thread: 0.13 ms at 1 row, 2.9 ms at 64, 11.4 ms at 256, 47 ms at
+1024) while a bf16 GEMM barely grows (0.37 / 0.55 / 1.1 / 3.3 ms). Expanding the weight to bf16 for the
+call costs ~4 ms for that shape, so from ~128 rows (prefill chunks) expand-then-GEMM wins: 6.1 ms at 256
+rows. The expanded weight is dropped right after the call: resident memory stays int4.
+
+The pack's layout is torch's, not a documented format: for each block of 64 output rows and each input
+column, 32 bytes whose low nibbles are rows 0..31 of the block and high nibbles rows 32..63. It is
+checked once per weight against the codes it was packed from (`unpack_matches`); a weight whose pack
+does not match (another torch, a row count not a multiple of 64) keeps the kernel for every row count."""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+_BLOCK_N = 64
+# Rows from which expand-then-GEMM wins: the crossover is the expansion's cost over the kernel's per-row
+# cost, both memory-bound passes, so it moves little between CPUs (measured ~100 rows on an AMX Xeon).
+# WSLM_INT4_DENSE_ROWS overrides (0: always the kernel).
+DENSE_ROWS = int(os.environ.get("WSLM_INT4_DENSE_ROWS", "128")) or 1 << 62
+
+
+def unpack_codes(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
+    """[n, k] uint8 codes 0..15 from the CPU pack of an [n, k] weight (n a multiple of 64)."""
+    b = packed.view(torch.uint8).reshape(n // _BLOCK_N, k, _BLOCK_N // 2)
+    codes = torch.stack((b & 0x0F, b >> 4), dim=2)  # [blocks, k, 2, 32]: rows 0..31 then 32..63
+    return codes.reshape(n // _BLOCK_N, k, _BLOCK_N).transpose(1, 2).reshape(n, k)
+
+
+def unpack_matches(packed: torch.Tensor, codes: torch.Tensor) -> bool:
+    n, k = codes.shape
+    if n % _BLOCK_N or packed.numel() * packed.element_size() != n * k // 2:
+        return False
+    return torch.equal(unpack_codes(packed, n, k), codes.to(torch.uint8))
+
+
+def dequantize_packed(packed: torch.Tensor, scales_and_zeros: torch.Tensor, n: int, k: int, group: int,
+                      dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """The [n, k] weight (q - 8) * scale + zero, computed in bf16 as the kernel does. Expanded in the
+    pack's own [blocks, k, 64] order (contiguous reads and writes), then transposed once."""
+    blocks, groups = n // _BLOCK_N, k // group
+    b = packed.view(torch.uint8).view(blocks, groups, group, _BLOCK_N // 2)
+    codes = torch.cat((b & 0x0F, b >> 4), dim=-1)  # [blocks, groups, group, 64]
+    sz = scales_and_zeros.float()  # [groups, n, 2]
+
+    def per_lane(t: torch.Tensor) -> torch.Tensor:  # [groups, n] -> [blocks, groups, 1, 64]
+        return t.t().reshape(blocks, _BLOCK_N, groups).permute(0, 2, 1).unsqueeze(2).to(dtype).contiguous()
+
+    scale, offset = per_lane(sz[..., 0]), per_lane(sz[..., 1] - 8.0 * sz[..., 0])
+    w = torch.addcmul(offset, codes.to(dtype), scale)  # [blocks, groups, group, 64]
+    return w.view(blocks, k, _BLOCK_N).transpose(1, 2).reshape(n, k)
