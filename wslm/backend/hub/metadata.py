@@ -23,7 +23,8 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tiktoken.model", "tokenizer.tiktoken")
 _SHARD_RE = re.compile(r"-(\d{5})-of-(\d{5})(\.safetensors|\.bin)$")
 SPLIT_RE = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
-_CACHE_VERSION = 4  # 2: elements_by_type, 3: MLP widths and quant_group_size, 4: MoE experts at 16 bits
+# 2: elements_by_type, 3: MLP widths and quant_group_size, 4: MoE experts at 16 bits, 5: experts kept quantized
+_CACHE_VERSION = 5
 
 
 @dataclass
@@ -305,8 +306,8 @@ def _read_gguf_uncached(path: Path) -> ModelMetadata:
         for t in r.tensors:
             params += int(t.n_elements)
             all_types.add(t.tensor_type.name)
-            # MoE experts (blk.N.ffn_*_exps) run dequantized to 16 bits (gguf_weights.py): count them so.
-            by_type["BF16" if "_exps." in t.name else t.tensor_type.name] += int(t.n_elements)
+            # MoE experts (blk.N.ffn_*_exps) stay quantized like any other weight (gguf_weights.py).
+            by_type[t.tensor_type.name] += int(t.n_elements)
             if len(t.shape) >= 2:
                 types[t.tensor_type.name] += int(t.n_elements)
     meta.tensor_types = sorted(all_types)
