@@ -153,6 +153,9 @@ def test_required_named_and_parallel_off():
     ("step3", False, "Cut while thinking", "Cut while thinking", ""),
     ("minimax_m2", False, "<think>Hm.</think>Yes", "Hm.", "Yes"),
     ("minimax_m2", False, "Cut while thinking", "Cut while thinking", ""),
+    ("ernie45", False, "abc\n</think>\n\n<response>\ndef\n</response>\n", "abc\n", "\ndef\n"),
+    ("ernie45", False, "abc\n</think>\ndef", "abc\n", "\ndef"),
+    ("ernie45", False, "abc</think>\n<response>cut", "abc", "cut"),
     # ... or the model opens it itself, or the prompt did (GLM-4.5, DeepSeek-V3.1's thinking switch).
     ("glm45", False, "<think>Hm.</think>Yes", "Hm.", "Yes"),
     ("glm45", False, "No thinking here", "", "No thinking here"),
@@ -222,7 +225,7 @@ def test_serve_accepts_vllm_parser_names():
     for name in ("hermes", "llama3_json", "llama4_json", "mistral", "openai", "pythonic", "llama4_pythonic", "qwen3_coder",
                  "qwen3_xml"):
         assert parser.parse_args(["serve", "--tool-call-parser", name]).tool_call_parser == name
-    for name in ("deepseek_r1", "qwen3", "openai_gptoss", "step3", "minimax_m2", "glm45", "deepseek_v3"):
+    for name in ("deepseek_r1", "qwen3", "openai_gptoss", "step3", "minimax_m2", "ernie45", "glm45", "deepseek_v3"):
         assert parser.parse_args(["serve", "--reasoning-parser", name]).reasoning_parser == name
 
 

@@ -39,7 +39,7 @@ def choose_parsers(args: Namespace, chat_template: str | None) -> dict[str, Any]
     else:
         reasoning = pick_reasoning_parser(chat_template)
         if reasoning:
-            log.info("Reasoning: parser %s picked from the chat template (<think> goes to reasoning_content; "
+            log.info("Reasoning: parser %s picked from the chat template (the reasoning goes to reasoning_content; "
                      "--reasoning-parser to choose another).", reasoning)
     return {"enable_auto_tool_choice": auto, "tool_call_parser": tool_parser, "reasoning_parser": reasoning,
             "exclude_tools_when_tool_choice_none": bool(getattr(args, "exclude_tools_when_tool_choice_none", False))}

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from wslm.backend.server.reasoning.base import THINK_END, THINK_START, ReasoningParser, ReasoningStream
 from wslm.backend.server.reasoning.deepseek_r1 import DeepSeekR1ReasoningParser
+from wslm.backend.server.reasoning.ernie45 import Ernie45ReasoningParser
 from wslm.backend.server.reasoning.gpt_oss import GptOssReasoningParser
 from wslm.backend.server.reasoning.qwen3 import Qwen3ReasoningParser
 
@@ -16,6 +17,7 @@ REASONING_PARSERS: dict[str, type[ReasoningParser]] = {
     # `...</think>` with the reply starting inside the block, `<think>` optional (vLLM's BaseThinking parsers),
     "step3": DeepSeekR1ReasoningParser,
     "minimax_m2": DeepSeekR1ReasoningParser,
+    "ernie45": Ernie45ReasoningParser,  # and its answer may sit in <response>...</response>
     # and a block the model opens itself, or the prompt opened (enable_thinking / thinking switches).
     "glm45": Qwen3ReasoningParser,
     "deepseek_v3": Qwen3ReasoningParser,
@@ -28,7 +30,6 @@ UNSUPPORTED_REASONING_PARSERS: dict[str, str] = {
     "hunyuan_a13b": "Hunyuan-A13B's <think>...</think><answer>...</answer>",
     "mistral": "Magistral's [THINK]...[/THINK]",
     "seed_oss": "Seed-OSS's <seed:think>...</seed:think>",
-    "ernie45": "ERNIE-4.5's </think> followed by <response>...</response>",
     "minimax_m2_append_think": "MiniMax-M2 with the reasoning left in the content",
 }
 
