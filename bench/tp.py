@@ -136,7 +136,9 @@ def main() -> None:
 
     import torch
 
-    from wslm.tp_sizes import fits
+    from wslm.backend.distributed.parallel_state import check_divisible
+    from wslm.backend.model_source import resolve_model
+    from wslm.backend.quant.shard import checkpoint_group_size
 
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")
     gpus = torch.cuda.device_count() if device == "cuda" else 0
@@ -149,8 +151,10 @@ def main() -> None:
     for s in sizes:
         if s == 1:
             continue
-        if not fits(s, mc.num_heads, mc.num_kv_heads, mc.intermediate_size):
-            print(f"skipping size {s}: it does not divide the model's heads / MLP width")
+        try:  # the engine's own start-up rule (heads, MLP and expert widths, 4-bit groups)
+            check_divisible(mc, s, checkpoint_group_size(resolve_model(args.model), mc.quantization))
+        except ValueError as exc:
+            print(f"skipping size {s}: {exc}")
             continue
         row = measure(args.model, s, args.requests, args.max_tokens, dtype, device)
         # Two all-reduces per layer (o and down), each of one decode step's [batch, hidden] activations.

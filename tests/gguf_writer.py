@@ -36,11 +36,12 @@ def _add_family_keys(w, arch: str, cfg, head_dim: int) -> None:
         w.add_rope_scaling_factor(rope["full_attention"]["factor"])
 
 
-def write_gguf(path, model, arch: str, tok_source=None, tensors=None) -> None:
+def write_gguf(path, model, arch: str, tok_source=None, tensors=None, expert_type: str | None = None) -> None:
     """model's float32 weights as a GGUF of `arch` with gguf's writer (llama.cpp's tensor names and, for
     Gemma, its 1 + w norms), with tok_source's tokenizer copied in (None: the vocabulary size only; the
     engine then takes the tokenizer from a folder, and nothing parses 49k tokens three times). tensors:
-    (HF name, tensor) pairs to write instead of model.state_dict() (MoE experts stacked per projection)."""
+    (HF name, tensor) pairs to write instead of model.state_dict() (MoE experts stacked per projection);
+    expert_type: a GGML type name (Q8_0, Q4_0, ...) the stacked experts are quantized to with gguf's quantizers."""
     import gguf
 
     cfg = model.config
@@ -73,7 +74,12 @@ def write_gguf(path, model, arch: str, tok_source=None, tensors=None) -> None:
             t = t + 1
         if name == "lm_head.weight" and cfg.tie_word_embeddings:
             continue
-        w.add_tensor(names.get_name(name, try_suffixes=(".weight", ".bias")), t.float().numpy())
+        gguf_name = names.get_name(name, try_suffixes=(".weight", ".bias"))
+        if expert_type and ".experts." in name:
+            kind = gguf.GGMLQuantizationType[expert_type]
+            w.add_tensor(gguf_name, gguf.quants.quantize(t.float().numpy(), kind), raw_dtype=kind)
+        else:
+            w.add_tensor(gguf_name, t.float().numpy())
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

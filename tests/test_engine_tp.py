@@ -252,7 +252,7 @@ def test_a_size_that_splits_4bit_groups_fails_before_any_worker_starts(awq_model
     assert not _children()
 
 
-def _load_as_rank(monkeypatch, path: str, quantization: str | None, rank: int, size: int):
+def _load_as_rank(monkeypatch, path: str, quantization: str | None, rank: int, size: int, tokenizer=None):
     """The model one rank would load (no process group needed to load)."""
     import torch
 
@@ -261,7 +261,7 @@ def _load_as_rank(monkeypatch, path: str, quantization: str | None, rank: int, s
     from wslm.backend.model_runner import load_model
 
     source = resolve_model(path, None, None)
-    _, mc = load_model_config(source, load_tokenizer(source, None, False), "float32", torch.device("cpu"),
+    _, mc = load_model_config(source, load_tokenizer(source, tokenizer, False), "float32", torch.device("cpu"),
                               False, quantization)  # fmt: skip
     monkeypatch.setattr(parallel_state._TP, "rank", rank)
     monkeypatch.setattr(parallel_state._TP, "size", size)

@@ -26,13 +26,14 @@ def tok():
     return demo_tokenizer()
 
 
-def make_moe_model(folder, family: str, tok, seed: int = 0):
-    """8 experts, top-2, 2 layers, GQA with 3 query heads per KV head; saved with the demo tokenizer."""
+def make_moe_model(folder, family: str, tok, seed: int = 0, hidden_size: int = 48, moe_intermediate_size: int = 32):
+    """8 experts, top-2, 2 layers, GQA with 3 query heads per KV head; saved with the demo tokenizer.
+    (hidden_size 64: every weight's width divides into 4-bit blocks of 32.)"""
     import transformers as tf
 
     torch.manual_seed(seed)
     common = dict(
-        vocab_size=len(tok), hidden_size=48, intermediate_size=64, moe_intermediate_size=32, num_experts=8,
+        vocab_size=len(tok), hidden_size=hidden_size, intermediate_size=64, moe_intermediate_size=moe_intermediate_size, num_experts=8,
         num_experts_per_tok=2, num_hidden_layers=2, num_attention_heads=3, num_key_value_heads=1,
         max_position_embeddings=512, initializer_range=0.2, tie_word_embeddings=False,
         eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id, pad_token_id=tok.eos_token_id,
@@ -114,10 +115,10 @@ def test_moe_gguf_written_here_loads_to_the_same_tokens(family, tok, tmp_path, m
     path = tmp_path / f"tiny-{family}-F32.gguf"
     tensors = _stacked_experts(folder)
     write_gguf(path, hf, family.replace("_", ""), tensors=tensors)
-    # `wslm models list` counts the experts at their runtime size (dequantized, 16-bit), whatever the file holds.
+    # `wslm models list` counts the experts at their stored type (kept as they are: F32 here).
     from wslm.backend.hub.metadata import _read_gguf_uncached
 
-    assert _read_gguf_uncached(path).elements_by_type["BF16"] == sum(t.numel() for n, t in tensors if ".experts." in n)
+    assert _read_gguf_uncached(path).elements_by_type == {"F32": sum(t.numel() for _, t in tensors)}
     prompts = [tok.encode(t) for t in TEXTS]
     expected = [hf_greedy(hf, tok, p, MAX_TOKENS) for p in prompts]
     llm = LLM(str(path), tokenizer=str(folder), kv_cache_memory=16 << 20, dtype="float32")
@@ -126,7 +127,7 @@ def test_moe_gguf_written_here_loads_to_the_same_tokens(family, tok, tmp_path, m
 
 
 @pytest.mark.parametrize("qtype", ["Q8_0", "Q4_0"])
-def test_quantized_stacked_experts_are_split_and_dequantized_per_expert(qtype, tmp_path):
+def test_quantized_stacked_experts_are_split_and_repacked_per_expert(qtype, tmp_path):
     import gguf
     import numpy as np
 
@@ -143,9 +144,12 @@ def test_quantized_stacked_experts_are_split_and_dequantized_per_expert(qtype, t
     w.close()
     t = gguf.GGUFReader(str(tmp_path / "e.gguf")).tensors[0]
     whole = gguf.quants.dequantize(t.data, kind).reshape(3, 4, 256)
-    experts = list(_expert_slices(t))
+    experts = list(_expert_slices(t))  # repacked one by one: Q4_0 to int4 codes (exact), Q8_0 to int8
     assert len(experts) == 3 and all(tuple(e.shape) == (4, 256) for e in experts)
-    assert all(np.array_equal(e.numpy(), whole[i]) for i, e in enumerate(experts))
+    assert all(type(e).__name__ == ("Int4Codes" if qtype == "Q4_0" else "Int8Weight") for e in experts)
+    for i, e in enumerate(experts):  # same values up to the bf16 scales (Q8_0 also requantized to int8)
+        np.testing.assert_allclose(e.dequantize(torch.float32).numpy(), whole[i], rtol=0.02, atol=0.02)
+    assert all(np.array_equal(e.numpy(), whole[i]) for i, e in enumerate(_expert_slices(t, dequant=True)))
     assert np.abs(whole - stacked).max() <= np.abs(stacked).max() / 8  # the weight written, within a 4-bit step
 
 

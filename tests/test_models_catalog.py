@@ -193,3 +193,25 @@ def test_models_folder_oddities(env):  # noqa: F811
     (root / "pub" / "loop").symlink_to(root / "pub")  # a link loop must not hang the scan
     ids = {m.id for m in list_models()}
     assert "pub/repo/repo-Q4_K_M.gguf" in ids and "pub/repo" not in ids
+
+
+def test_windowed_models_are_estimated_with_the_pool_the_engine_reserves(tmp_path):
+    """Mistral-style configs (every layer windowed) keep only window + one step per sequence; Gemma 2 and Qwen2
+    (full-attention layers, or the window switched off) keep their whole context: the same rule as kv_cache.py."""
+    from transformers import Gemma2Config, MistralConfig, Qwen2Config
+
+    from wslm.backend.config import DEFAULT_MAX_NUM_BATCHED_TOKENS
+    from wslm.backend.hub.metadata import read_hf_folder
+    from wslm.backend.kv_sizing import kv_context
+
+    small = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=128, max_position_embeddings=32768)
+    cases = {"mistral": (MistralConfig(sliding_window=4096, **small), 4096),
+             "gemma2": (Gemma2Config(sliding_window=4096, head_dim=16, **small), None),
+             "qwen2": (Qwen2Config(sliding_window=4096, use_sliding_window=False, **small), None)}
+    for name, (config, window) in cases.items():
+        config.save_pretrained(tmp_path / name)
+        meta = read_hf_folder(tmp_path / name)
+        assert meta.uniform_sliding_window == window, name
+    assert kv_context(32768, 4096, DEFAULT_MAX_NUM_BATCHED_TOKENS) == 4096 + DEFAULT_MAX_NUM_BATCHED_TOKENS
+    assert kv_context(32768, None, DEFAULT_MAX_NUM_BATCHED_TOKENS) == 32768

@@ -111,3 +111,25 @@ def test_awq_gptq_checkpoints_match_their_dequantized_forward(tiny_models, tmp_p
         for i in range(24)
     ]
     assert sum(a == b for a, b in zip(got, ref)) / len(ref) >= 0.9
+
+
+def test_catalog_offers_4bit_awq_gptq_and_the_loader_names_other_widths(tiny_models, tmp_path):
+    """`wslm models list` marks 4-bit AWQ/GPTQ runnable; an 8-bit GPTQ or a GEMV-packed AWQ is refused by name
+    (they would otherwise be repacked as 4-bit GEMM and load as noise)."""
+    from wslm.backend.hub.catalog import _runs_prequantized
+    from wslm.backend.model_loader import check_prequantized
+
+    assert _runs_prequantized("awq-4bit") and _runs_prequantized("gptq-4bit") and _runs_prequantized("gptq")
+    assert not _runs_prequantized("gptq-8bit") and not _runs_prequantized("bitsandbytes-4bit")
+    check_prequantized("awq", {"bits": 4, "version": "GEMM"})
+    with pytest.raises(ValueError, match="8-bit weights; wslm runs 4-bit AWQ/GPTQ only"):
+        check_prequantized("gptq", {"bits": 8})
+    with pytest.raises(ValueError, match="packed as 'gemv'"):
+        check_prequantized("awq", {"w_bit": 4, "version": "gemv"})
+    folder = tmp_path / "gptq8"
+    _make_checkpoint(tiny_models["llama"], folder, "gptq")
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg["quantization_config"]["bits"] = 8
+    (folder / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(ValueError, match="8-bit"):
+        LLM(str(folder), dtype="float32", kv_cache_memory=16 << 20, max_model_len=256)

@@ -24,8 +24,9 @@ def test_each_rank_must_hold_whole_4bit_groups():
     assert tensor_parallel_sizes(8, **shape) == [1, 2, 4, 8]
     assert tensor_parallel_sizes(8, **shape, quant_group_size=32) == [1, 2, 4]  # 8 ranks: 16 of o's columns
     assert "4-bit groups of 32 columns" in refusal(8, **shape, quant_group_size=32)
-    # Routed experts are kept dense (no groups); the shared expert is quantized like a dense MLP.
-    assert tensor_parallel_sizes(8, **shape, quant_group_size=32, moe_intermediate_size=16) == [1, 2, 4]
+    # Routed experts and the shared expert stay quantized: their down projections hold whole groups too.
+    assert tensor_parallel_sizes(8, **shape, quant_group_size=32, moe_intermediate_size=16) == [1]
+    assert tensor_parallel_sizes(8, **shape, quant_group_size=32, moe_intermediate_size=768) == [1, 2, 4]
     assert tensor_parallel_sizes(8, **shape, quant_group_size=32, shared_expert_intermediate_size=64) == [1, 2]
     assert tensor_parallel_sizes(4, num_heads=4, head_dim=20, quant_group_size=128) == [1]  # one rank: all whole
 

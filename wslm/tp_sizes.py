@@ -5,8 +5,8 @@ one rule and offer exactly the sizes the engine accepts.
 How the engine splits (modeling/layers/): attention heads and every MLP width (dense, MoE experts', shared
 expert's) are cut into equal parts; KV heads are cut too, or replicated when fewer than the ranks; the
 row-parallel layers (o, down) take their input columns in shards, and a 4-bit checkpoint (AWQ/GPTQ, GGUF)
-must leave whole quantization groups on each rank. Routed experts are kept dense (layers/moe.py), so their
-width needs no whole groups."""
+must leave whole quantization groups on each rank. Routed experts are kept quantized too (layers/moe.py):
+their down projections' input width (the experts' width) must leave whole groups as well."""
 
 from __future__ import annotations
 
@@ -57,9 +57,10 @@ def refusal(size: int, num_heads: int | None = None, num_kv_heads: int | None = 
     if any(w % size for w in widths):
         return f"MLP width{'s' if len(widths) > 1 else ''} {', '.join(map(str, widths))}"
     if quant_group_size and size > 1:  # one rank holds every group whole
-        # Row-parallel input widths held in 4 bits: attention output, dense MLP, shared expert.
+        # Row-parallel input widths held in 4 bits: attention output, dense MLP, routed and shared experts.
         attention = num_heads * head_dim if num_heads and head_dim else None
-        quantized = [w for w in (attention, intermediate_size, shared_expert_intermediate_size) if w]
+        quantized = [w for w in (attention, intermediate_size, moe_intermediate_size,
+                                 shared_expert_intermediate_size) if w]  # fmt: skip
         if any(w % size or (w // size) % quant_group_size for w in quantized):
             return (f"4-bit groups of {quant_group_size} columns (row-parallel input widths "
                     f"{', '.join(map(str, quantized))} into {size} shards)")  # fmt: skip

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 # vLLM's --kv-cache-dtype values that wslm runs.
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
+DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048  # also what `wslm models info` assumes when it sizes a windowed pool
 
 @dataclass(slots=True)
 class EngineConfig:
@@ -13,7 +14,7 @@ class EngineConfig:
     tokenizer: str | None = None
     max_model_len: int | None = None  # None: the model's own, capped by what the KV pool holds
     max_num_seqs: int = 128
-    max_num_batched_tokens: int = 2048  # the per-step token budget (chunked prefill)
+    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS  # the per-step token budget (chunked prefill)
     # Fairness (scheduler.py): while streams decode, prefill gets at most this many tokens per step
     # (None: max_num_batched_tokens // 8), and one request adds at most fanout_per_step sequences per step.
     long_prefill_token_threshold: int | None = None

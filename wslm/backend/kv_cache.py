@@ -9,7 +9,7 @@ import re
 import torch
 
 from wslm.backend.config import EngineConfig
-from wslm.backend.kv_sizing import available_ram, default_cpu_kv_cache_bytes
+from wslm.backend.kv_sizing import available_ram, default_cpu_kv_cache_bytes, kv_context
 from wslm.backend.model_loader import ModelConfig
 
 logger = logging.getLogger(__name__)
@@ -35,10 +35,8 @@ def _cpu_budget(config: EngineConfig, mc: ModelConfig) -> int:
         return int(float(env) * (1 << 30))
     # Sized for the context asked for (else the model's own), as `wslm models info` estimates it; when every
     # layer is windowed a sequence holds only its window's blocks (block_manager.py).
-    window = mc.uniform_sliding_window
-    context = config.max_model_len or mc.max_position_embeddings
-    if window:
-        context = min(context, window + config.max_num_batched_tokens)
+    context = kv_context(config.max_model_len or mc.max_position_embeddings, mc.uniform_sliding_window,
+                         config.max_num_batched_tokens)
     return default_cpu_kv_cache_bytes(mc.kv_bytes_per_token(), context, available_ram())
 
 

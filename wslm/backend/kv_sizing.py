@@ -20,6 +20,12 @@ def available_ram() -> int | None:
     return int(psutil.virtual_memory().available)
 
 
+def kv_context(context: int, uniform_window: int | None, max_step_tokens: int) -> int:
+    """The tokens one sequence keeps in the pool: its context, or, when every layer is windowed (the block
+    manager frees blocks behind the window), the window plus one step's new tokens."""
+    return min(context, uniform_window + max_step_tokens) if uniform_window else context
+
+
 def default_cpu_kv_cache_bytes(kv_bytes_per_token: int, context: int, free_ram: int | None = None) -> int:
     """Bytes of KV cache reserved when neither --kv-cache-memory nor WSLM_CPU_KVCACHE_SPACE says."""
     want = int(kv_bytes_per_token) * int(context) * DEFAULT_KV_SEQUENCES

@@ -183,6 +183,18 @@ def cpu_has_amx_bf16() -> bool:
     return cpu_auto_dtype()[0] == "bfloat16"
 
 
+def check_prequantized(method: str, qc: dict) -> None:
+    """The AWQ/GPTQ variants the repackers read: 4-bit weights, AWQ's GEMM packing. Others would load as noise."""
+    bits = qc.get("bits") or qc.get("w_bit")
+    if bits is not None and int(bits) != 4:
+        raise ValueError(f"This {method.upper()} checkpoint has {bits}-bit weights; wslm runs 4-bit AWQ/GPTQ only. "
+                         "Use the model's 4-bit AWQ/GPTQ build, a GGUF, or the unquantized repo with --quantization int8.")
+    version = str(qc.get("version") or "gemm").lower()
+    if method == "awq" and version != "gemm":
+        raise ValueError(f"This AWQ checkpoint is packed as {version!r}; wslm reads AWQ's GEMM packing only. "
+                         "Use a GEMM build of the model (the usual one on the hub) or a GGUF.")
+
+
 def resolve_quantization(requested: str | None, source: ModelSource, hf_config) -> str | None:
     """What the weights are: a GGUF file is "gguf" whatever was asked; a checkpoint with a
     quantization_config is its method (as vLLM reads it); int8/int4 quantize 16-bit weights on load."""
@@ -198,6 +210,7 @@ def resolve_quantization(requested: str | None, source: ModelSource, hf_config) 
     if found in ("awq", "gptq"):
         if requested not in (None, found):
             raise ValueError(f"This checkpoint is {found}-quantized; quantization={requested!r} cannot apply to it.")
+        check_prequantized(found, qc if isinstance(qc, dict) else vars(qc))
         return found
     if found == "mxfp4":  # gpt-oss: its MXFP4 experts are dequantized on load (models/gpt_oss.py)
         return requested if requested in ("int8", "int4") else None

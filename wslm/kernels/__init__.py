@@ -146,8 +146,8 @@ def rotary_embedding(
 
 def fused_moe(
     hidden: torch.Tensor,
-    w13: torch.Tensor,
-    w2: torch.Tensor,
+    w13: torch.Tensor | list,
+    w2: torch.Tensor | list,
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
     act_and_mul: Callable[[torch.Tensor], torch.Tensor],
@@ -158,9 +158,13 @@ def fused_moe(
     hidden [T, H]; w13 [E, 2 * I, H], each expert's gate and up projections stacked (HF's gate_up_proj);
     w2 [E, H, I]; topk_weights [T, k] (model dtype, already normalised as the model wants) and topk_ids
     [T, k] from the router; act_and_mul maps [.., 2 * I] -> [.., I] (e.g. silu(gate) * up). Returns [T, H]
-    in hidden's dtype. Each expert's output is rounded to that dtype before its weight multiplies it (HF)."""
+    in hidden's dtype. Each expert's output is rounded to that dtype before its weight multiplies it (HF).
+
+    Quantized experts come as lists of per-expert weights with an `apply` (see torch_moe): they take the
+    PyTorch grouped path on every device (no fused quantized Triton kernel yet). On CUDA that is torch's
+    int4 tinygemm per active expert, and for int8 a per-call dequantize of each active expert."""
     be = resolve(backend, hidden.device)
-    if be == "triton":
+    if be == "triton" and isinstance(w13, torch.Tensor):
         from wslm.kernels.triton_moe import fused_moe as impl
     else:
         from wslm.kernels.torch_moe import fused_moe as impl

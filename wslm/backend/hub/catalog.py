@@ -16,10 +16,11 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from wslm.backend.config import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from wslm.backend.hub import hf_cache, pull_state
 from wslm.backend.hub.metadata import ModelMetadata, gguf_shards, read_gguf, read_hf_folder, weight_files
 from wslm.backend.hub.quant import gguf_variants, is_model_gguf, pick_variant, quant_label
-from wslm.backend.kv_sizing import available_ram, default_cpu_kv_cache_bytes, runtime_value_bytes
+from wslm.backend.kv_sizing import available_ram, default_cpu_kv_cache_bytes, kv_context, runtime_value_bytes
 
 DEFAULT_ESTIMATE_CONTEXT = 4096
 FIXED_OVERHEAD_BYTES = 256 * 1024**2  # CUDA context, activations, sampler buffers
@@ -227,6 +228,12 @@ def _dequantized_on_load(meta: ModelMetadata) -> bool:
     return meta.architecture == "GptOssForCausalLM" and str(meta.quantization).startswith("mxfp4")
 
 
+def _runs_prequantized(label: str) -> bool:
+    """4-bit AWQ/GPTQ checkpoints load kept quantized (wslm.backend.quant.awq/gptq); the loader names other widths."""
+    method, _, bits = label.partition("-")
+    return method in ("awq", "gptq") and bits in ("", "4bit")
+
+
 def _support(entry: _Entry, meta: ModelMetadata) -> str | None:
     """Why the engine cannot load this model, or None when it can."""
     from wslm.backend.modeling import GGUF_ARCHITECTURES, SUPPORTED_ARCHITECTURES
@@ -249,8 +256,9 @@ def _support(entry: _Entry, meta: ModelMetadata) -> str | None:
     else:
         if not _runnable(meta.architecture, SUPPORTED_ARCHITECTURES):
             return f"architecture {meta.architecture!r} is not supported (supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
-        if meta.quantization and not _dequantized_on_load(meta):
-            return f"pre-quantized HF weights ({meta.quantization}) are not supported; use the unquantized repo or a GGUF"
+        if meta.quantization and not _dequantized_on_load(meta) and not _runs_prequantized(meta.quantization):
+            return (f"pre-quantized HF weights ({meta.quantization}) are not supported (4-bit AWQ and GPTQ are); "
+                    "use the unquantized repo or a GGUF")
         if not meta.weight_files:
             return "no weight files (*.safetensors or *.bin)"
     if not meta.has_tokenizer:
@@ -337,9 +345,10 @@ def _estimate_memory(info: ModelInfo, meta: ModelMetadata, context: int | None) 
     ctx = context or meta.context_length or DEFAULT_ESTIMATE_CONTEXT
     if meta.context_length:
         ctx = min(ctx, int(meta.context_length))
+    held = kv_context(ctx, meta.uniform_sliding_window, DEFAULT_MAX_NUM_BATCHED_TOKENS)  # what one sequence keeps
     per_token = meta.kv_bytes_per_token(runtime_value_bytes())  # the KV cache is kept in the compute dtype
     # The KV pool `wslm serve` reserves on CPU by default (the same function), not just one sequence.
-    kv = default_cpu_kv_cache_bytes(per_token, ctx, available_ram()) if per_token else 0
+    kv = default_cpu_kv_cache_bytes(per_token, held, available_ram()) if per_token else 0
     info.weights_memory_bytes = int(weights)
     info.kv_bytes_per_token = per_token
     info.kv_cache_bytes = kv

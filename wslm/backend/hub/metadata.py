@@ -23,7 +23,8 @@ WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "tiktoken.model", "tokenizer.tiktoken")
 _SHARD_RE = re.compile(r"-(\d{5})-of-(\d{5})(\.safetensors|\.bin)$")
 SPLIT_RE = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
-_CACHE_VERSION = 4  # 2: elements_by_type, 3: MLP widths and quant_group_size, 4: MoE experts at 16 bits
+# 2: elements_by_type, 3: MLP widths and quant_group_size, 4: MoE experts at 16 bits, 5: experts kept quantized
+_CACHE_VERSION = 5
 
 
 @dataclass
@@ -45,6 +46,7 @@ class ModelMetadata:
     shared_expert_intermediate_size: int | None = None
     quant_group_size: int | None = None  # 4-bit groups kept under tensor parallelism (AWQ/GPTQ, GGUF)
     vocab_size: int | None = None
+    uniform_sliding_window: int | None = None  # every layer windowed: the KV pool holds only the window
     has_tokenizer: bool = False
     has_chat_template: bool = False
     weight_files: list[str] = field(default_factory=list)
@@ -141,6 +143,22 @@ def _int(value) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
+# Families whose config.json gives one window for every layer without listing layer_types (Mistral v0.1,
+# Phi-3 minis); others with a window mix full-attention layers in (Gemma 2/3, gpt-oss, Qwen2's max_window_layers).
+_ALL_LAYERS_WINDOWED = ("mistral", "phi3")
+
+
+def _uniform_window(text: dict) -> int | None:
+    """The engine's ModelConfig.uniform_sliding_window, read from config.json alone (None when unsure)."""
+    window = _int(text.get("sliding_window"))
+    if not window or text.get("use_sliding_window") is False:
+        return None
+    types = text.get("layer_types")
+    if isinstance(types, list) and types:
+        return window if all(t == "sliding_attention" for t in types) else None
+    return window if text.get("model_type") in _ALL_LAYERS_WINDOWED else None
+
+
 def read_hf_folder(folder: Path) -> ModelMetadata:
     meta = ModelMetadata()
     try:
@@ -165,6 +183,7 @@ def read_hf_folder(folder: Path) -> ModelMetadata:
     elif meta.hidden_size and meta.num_attention_heads:
         meta.head_dim = meta.hidden_size // meta.num_attention_heads
     meta.vocab_size = text.get("vocab_size")
+    meta.uniform_sliding_window = _uniform_window(text)
     meta.intermediate_size = _int(text.get("intermediate_size"))
     meta.moe_intermediate_size = _int(text.get("moe_intermediate_size"))
     meta.shared_expert_intermediate_size = _int(text.get("shared_expert_intermediate_size"))
@@ -287,8 +306,8 @@ def _read_gguf_uncached(path: Path) -> ModelMetadata:
         for t in r.tensors:
             params += int(t.n_elements)
             all_types.add(t.tensor_type.name)
-            # MoE experts (blk.N.ffn_*_exps) run dequantized to 16 bits (gguf_weights.py): count them so.
-            by_type["BF16" if "_exps." in t.name else t.tensor_type.name] += int(t.n_elements)
+            # MoE experts (blk.N.ffn_*_exps) stay quantized like any other weight (gguf_weights.py).
+            by_type[t.tensor_type.name] += int(t.n_elements)
             if len(t.shape) >= 2:
                 types[t.tensor_type.name] += int(t.n_elements)
     meta.tensor_types = sorted(all_types)

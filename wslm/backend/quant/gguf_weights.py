@@ -1,5 +1,5 @@
 """GGUF weights read one tensor at a time (memory-mapped by gguf.GGUFReader) and repacked, never
-dequantized whole: Q4_0, Q4_1 and Q4_K go to int4 groups of 32 exactly (same codes, same scales up to
+dequantized whole (MoE experts included, one expert at a time): Q4_0, Q4_1 and Q4_K go to int4 groups of 32 exactly (same codes, same scales up to
 bf16 rounding); Q5_0/Q5_1/Q5_K/Q6_K/Q8_0/Q2_K/Q3_K go to int8 per output channel (no fewer bits than the
 source); F32/F16/BF16 stay dense. Names come out as HF's, with llama.cpp's q/k row permutation undone, so
 the model code loads them like a safetensors checkpoint.
@@ -94,19 +94,11 @@ def iter_gguf_weights(path: str | Path) -> Iterator[tuple[str, object]]:
     # The parsed metadata (the vocabulary as thousands of small arrays, ~1.6x the file for a 49k vocab)
     # is not needed for the weights: free it before they load.
     reader.fields.clear()
-    warned = False
     for t in reader.tensors:
         m = re.fullmatch(r"blk\.(\d+)\.(ffn_\w+_exps)\.weight", t.name)
         if m and m.group(2) in _EXPERT_NAMES:
-            if t.tensor_type.name not in DENSE_TYPES and not warned:
-                warned = True
-                logger.warning(
-                    "This MoE GGUF's experts are %s: wslm dequantizes them to the model dtype (no quantized MoE "
-                    "kernel yet), so the model takes the memory of its 16-bit version, not of this file.",
-                    t.tensor_type.name,
-                )
             prefix = f"model.layers.{m.group(1)}.mlp.experts"
-            for e, weight in enumerate(_expert_slices(t)):
+            for e, weight in enumerate(_expert_slices(t, dequant)):
                 yield f"{prefix}.{e}.{_EXPERT_NAMES[m.group(2)]}.weight", weight
             _drop_pages(reader, t)
             continue
@@ -127,23 +119,14 @@ def iter_gguf_weights(path: str | Path) -> Iterator[tuple[str, object]]:
         yield name, weight
 
 
-def _expert_slices(t) -> Iterator[torch.Tensor]:
-    """Each expert's [rows, cols] float32 weight of a stacked MoE tensor, one at a time. The MoE layer keeps
-    its experts dense in the model dtype (layers/moe.py: no quantized grouped kernel yet), so quantized
-    experts are dequantized here, one expert at a time to bound the peak."""
-    import gguf
-
+def _expert_slices(t, dequant: bool = False) -> Iterator[object]:
+    """Each expert's [rows, cols] weight of a stacked MoE tensor, one at a time, repacked as a dense
+    layer's weight of the same type is (layers/moe.py keeps them so): int4 codes for Q4_0/Q4_1/Q4_K, int8
+    for the other quantized types, the tensor itself when dense. Only one expert is ever unpacked."""
     experts, rows, cols = (int(d) for d in reversed(t.shape))
-    data = np.asarray(t.data)
-    if t.tensor_type.name in DENSE_TYPES:
-        dense = data.view(np.int16) if t.tensor_type.name == "BF16" else data
-        for e in range(experts):
-            w = torch.from_numpy(dense.reshape(experts, rows, cols)[e].copy())
-            yield (w.view(torch.bfloat16) if t.tensor_type.name == "BF16" else w).float()
-        return
-    per_expert = data.reshape(experts, -1)  # whole quantized rows of one expert after another
+    per_expert = np.asarray(t.data).reshape(experts, -1)  # whole rows of one expert after another
     for e in range(experts):
-        yield torch.from_numpy(gguf.quants.dequantize(per_expert[e], t.tensor_type).reshape(rows, cols).copy())
+        yield _convert(per_expert[e], t.tensor_type, (rows, cols), dequant, False, f"{t.name}[{e}]")
 
 
 def _drop_pages(reader, t) -> None:
@@ -171,10 +154,15 @@ def _permute(weight, rows: torch.Tensor):
 
 
 def _read_tensor(t, kind: str, dequant: bool, is_table: bool):
+    shape = tuple(int(d) for d in reversed(t.shape))  # GGUF lists the fastest dimension first
+    return _convert(t.data, t.tensor_type, shape, dequant, is_table, t.name)
+
+
+def _convert(data, qtype, shape: tuple[int, ...], dequant: bool, is_table: bool, name: str):
+    """One tensor's raw GGUF data (a whole tensor, or one expert's rows of a stacked one) in its runtime form."""
     import gguf
 
-    shape = tuple(int(d) for d in reversed(t.shape))  # GGUF lists the fastest dimension first
-    data = t.data
+    kind = qtype.name
     if kind in DENSE_TYPES:
         arr = np.asarray(data)
         if kind == "BF16":
@@ -182,16 +170,16 @@ def _read_tensor(t, kind: str, dequant: bool, is_table: bool):
         else:
             tensor = torch.from_numpy(arr.copy())
         return tensor.reshape(shape)
-    qtype = t.tensor_type
     if dequant:
         return torch.from_numpy(gguf.quants.dequantize(data, qtype).reshape(shape))
     if kind in INT4_TYPES and not is_table:
         return _int4_codes(np.asarray(data), kind, shape)
     if kind not in INT4_TYPES + INT8_TYPES:
         raise ValueError(
-            f"GGUF tensor {t.name} is {kind}, which wslm cannot load yet (supported: "
+            f"GGUF tensor {name} is {kind}, which wslm cannot load yet (supported: "
             f"{', '.join(DENSE_TYPES + INT4_TYPES + INT8_TYPES)}). Pick a file with one of these types."
         )
+    data = np.asarray(data).reshape(shape[0], -1)  # one row of blocks per weight row
     chunks = (
         torch.from_numpy(gguf.quants.dequantize(data[i : i + _ROWS_PER_CHUNK], qtype).reshape(-1, shape[1]))
         for i in range(0, shape[0], _ROWS_PER_CHUNK)

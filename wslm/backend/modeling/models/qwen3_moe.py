@@ -25,7 +25,7 @@ class SparseMoeBlock:
         self.experts = FusedMoE(
             extra["num_experts"], extra["num_experts_per_tok"], cfg.hidden_size, extra["moe_intermediate_size"],
             norm_topk_prob=bool(extra["norm_topk_prob"]), hidden_act=cfg.hidden_act, dtype=model.dtype,
-            device=model.device, backend=model.backend, reduce_results=not shared,
+            device=model.device, backend=model.backend, reduce_results=not shared, quantization=cfg.quantization,
         )  # fmt: skip
         self.shared_expert = self.shared_expert_gate = None
         if shared:

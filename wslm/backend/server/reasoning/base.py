@@ -17,6 +17,10 @@ class ReasoningParser:
 
     name = ""
     markers: tuple[str, ...] = ()  # tokens the parser must see in the text (kept when they are special tokens)
+    # The reasoning sits in a `<think>` ... `</think>` block (harmony's channels do not): a structured-output
+    # constraint then applies after `</think>` (serving_tools.ChatPlan.after_reasoning).
+    think_tags = True
+    always_inside = False  # every reply starts inside the think block (DeepSeek-R1's reading)
 
     def __init__(self, opened: bool = False) -> None:
         self.opened = opened

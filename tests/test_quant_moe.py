@@ -1,0 +1,165 @@
+"""MoE experts kept quantized: a tiny Qwen3-MoE GGUF written here with Q8_0 / Q4_0 experts loads with its
+experts as int8 / int4 weights (not 16-bit), and an int8 / int4 quantize-on-load of the same model's folder
+quantizes its experts too. Each runs within a stated tolerance of the same engine on the dequantized
+experts. Tolerances: each MoE layer's output within 2% of its largest value on the same routed tokens (the
+int8/int4 kernels take bf16 activations: ~0.5% measured); through the whole random model, where a router
+near a tie flips an expert for some tokens, the median prompt log-probability within 0.02 nats, 90% of
+them within 0.05, and teacher-forced greedy tokens agreeing on >= 80% of steps (one step at a time given
+the reference's prefix, so one near-tied step does not decide the rest)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from engine_helpers import demo_tokenizer
+from test_modeling_moe import TEXTS, _stacked_experts, make_moe_model
+
+from wslm import kernels
+from wslm.backend import LLM, SamplingParams
+from wslm.backend.quant.int4 import Int4Weight
+from wslm.backend.quant.int8 import Int8Weight
+
+LOGPROB_TOL = 0.05  # nats, on every prompt token's log-probability
+STEPS = 12
+
+
+@pytest.fixture(scope="module")
+def moe(tmp_path_factory):
+    """A tiny Qwen3-MoE (hidden 64, experts 64 wide: whole 4-bit blocks, on each of 2 ranks too) as a folder,
+    the HF model, its tokenizer, and a writer of its GGUF with experts of a given type."""
+    from gguf_writer import write_gguf
+
+    tok = demo_tokenizer()
+    root = tmp_path_factory.mktemp("moeq")
+    folder, hf = make_moe_model(root / "qwen3_moe", "qwen3_moe", tok, hidden_size=64, moe_intermediate_size=64)
+
+    def gguf(qtype: str) -> str:
+        path = root / f"tiny-qwen3moe-{qtype}.gguf"
+        if not path.exists():
+            write_gguf(path, hf, "qwen3moe", tensors=_stacked_experts(folder), expert_type=qtype)
+        return str(path)
+
+    return folder, gguf, tok
+
+
+def _experts(llm: LLM) -> list:
+    model = llm.llm_engine.runner.model
+    return [layer.mlp.experts for layer in model.layers]
+
+
+def _prompt_logprobs(llm: LLM, prompt: list[int]) -> torch.Tensor:
+    params = SamplingParams(temperature=0, max_tokens=1, prompt_logprobs=0)
+    out = llm.generate([{"prompt_token_ids": prompt}], params)[0]
+    return torch.tensor([entry[t].logprob for t, entry in zip(prompt[1:], out.prompt_logprobs[1:])])
+
+
+def _assert_close_to(quant: LLM, dense: LLM, tok) -> None:
+    for q in _experts(quant):  # the layer itself, same tokens, same routing
+        x = torch.randn(40, q.hidden_size, generator=torch.Generator().manual_seed(0))
+        weights, ids = q.route(x)
+        got = kernels.fused_moe(x, q.w13, q.w2, weights, ids, q.act_and_mul)
+        want = kernels.fused_moe(x, _dense(q.w13), _dense(q.w2), weights, ids, q.act_and_mul)
+        assert (got - want).abs().max() <= 0.02 * want.abs().max()
+    diffs, agree, steps = [], 0, 0
+    for text in TEXTS[1:]:
+        prompt = tok.encode(text)
+        diffs.append((_prompt_logprobs(quant, prompt) - _prompt_logprobs(dense, prompt)).abs())
+        params = SamplingParams(temperature=0, max_tokens=STEPS, ignore_eos=True)
+        reference = list(dense.generate([{"prompt_token_ids": prompt}], params)[0].outputs[0].token_ids)
+        one = SamplingParams(temperature=0, max_tokens=1)
+        got = [quant.generate([{"prompt_token_ids": prompt + reference[:i]}], one)[0].outputs[0].token_ids[0]
+               for i in range(STEPS)]  # fmt: skip
+        agree += sum(a == b for a, b in zip(got, reference))
+        steps += STEPS
+    diff = torch.cat(diffs)
+    assert diff.median() <= 0.02 and (diff <= LOGPROB_TOL).float().mean() >= 0.9
+    assert agree / steps >= 0.8
+
+
+def _dense(weights) -> torch.Tensor:
+    if isinstance(weights, torch.Tensor):
+        return weights
+    return torch.stack([w.dequantize(torch.float32) for w in weights])
+
+
+@pytest.mark.parametrize(("qtype", "kind", "max_bytes"), [("Q8_0", Int8Weight, 1.1), ("Q4_0", Int4Weight, 0.7)])
+def test_gguf_moe_experts_stay_quantized_and_match_dequantized(moe, qtype, kind, max_bytes, monkeypatch):
+    folder, gguf, tok = moe
+    monkeypatch.setenv("WSLM_GGUF_CACHE", "0")
+    monkeypatch.setenv("WSLM_GGUF_DEQUANTIZE", "0")  # conftest dequantizes GGUF for the HF parity tests
+    path = gguf(qtype)
+    kw = dict(tokenizer=str(folder), kv_cache_memory=16 << 20, max_model_len=256, dtype="float32")
+    quant = LLM(path, **kw)
+    for layer in _experts(quant):
+        assert len(layer.w13) == len(layer.w2) == 8
+        assert all(isinstance(w, kind) for w in (*layer.w13, *layer.w2))
+        elements = sum(w.shape[0] * w.shape[1] for w in (*layer.w13, *layer.w2))
+        assert layer.nbytes <= max_bytes * elements  # bytes per weight: int8 ~1, int4 ~0.6 (fp32: 4)
+    monkeypatch.setenv("WSLM_GGUF_DEQUANTIZE", "1")
+    dense = LLM(path, **kw)
+    assert all(isinstance(layer.w13, torch.Tensor) for layer in _experts(dense))  # the stacked 16/32-bit form
+    _assert_close_to(quant, dense, tok)
+
+
+@pytest.mark.parametrize(("method", "kind"), [("int8", Int8Weight), ("int4", Int4Weight)])
+def test_quantize_on_load_covers_moe_experts(moe, method, kind):
+    """The folder quantized while it loads: every expert quantized; the reference is the same engine unquantized
+    with the quantized experts' dequantized values copied in (so only the kernels differ)."""
+    folder, _, tok = moe
+    kw = dict(kv_cache_memory=16 << 20, max_model_len=256, dtype="float32")
+    quant = LLM(str(folder), quantization=method, **kw)
+    dense = LLM(str(folder), **kw)
+    for q, d in zip(_experts(quant), _experts(dense)):
+        assert all(isinstance(w, kind) for w in (*q.w13, *q.w2))
+        d.w13, d.w2 = _dense(q.w13), _dense(q.w2)
+    qmodel, dmodel = quant.llm_engine.runner.model, dense.llm_engine.runner.model
+    for qlayer, dlayer in zip(qmodel.layers, dmodel.layers):  # attention quantized too: same values in both
+        for name in ("qkv_proj", "o_proj"):
+            getattr(dlayer.self_attn, name).weight = getattr(qlayer.self_attn, name).weight.dequantize(torch.float32)
+    dmodel.embed_tokens.weight = qmodel.embed_tokens.weight.dequantize(torch.float32)
+    dmodel.lm_head.weight = qmodel.lm_head.weight.dequantize(torch.float32)
+    _assert_close_to(quant, dense, tok)
+
+
+@pytest.mark.parametrize("source", ["Q4_0", "Q8_0", "int8"])
+def test_tp2_ranks_hold_the_quantized_experts_sliced(moe, source, monkeypatch):
+    """Each of 2 ranks keeps its slice of every expert in the expert's own format (gate/up rows, down input
+    columns with their scales and whole 4-bit groups), dequantizing to exactly the one-device expert's slice."""
+    from test_engine_tp import _load_as_rank
+
+    folder, gguf, _ = moe
+    path, method = (str(folder), source) if source == "int8" else (gguf(source), None)
+    models = []
+    for rank, size in ((0, 1), (0, 2), (1, 2)):  # _load_as_rank undoes the monkeypatches when it returns
+        monkeypatch.setenv("WSLM_GGUF_CACHE", "0")
+        monkeypatch.setenv("WSLM_GGUF_DEQUANTIZE", "0")
+        models.append(_load_as_rank(monkeypatch, path, method, rank, size, tokenizer=str(folder)))
+    full, *ranks = models
+    kind = Int4Weight if source == "Q4_0" else Int8Weight
+    for i, layer in enumerate(full.layers):
+        one = layer.mlp.experts
+        for e in range(8):
+            gate, up = one.w13[e].dequantize(torch.float32).chunk(2)
+            down = one.w2[e].dequantize(torch.float32)
+            for r, model in enumerate(ranks):
+                shard = model.layers[i].mlp.experts
+                assert isinstance(shard.w13[e], kind) and isinstance(shard.w2[e], kind)
+                w13 = shard.w13[e].dequantize(torch.float32)
+                torch.testing.assert_close(w13, torch.cat([gate.chunk(2)[r], up.chunk(2)[r]]), rtol=0, atol=0)
+                torch.testing.assert_close(shard.w2[e].dequantize(torch.float32), down.chunk(2, dim=1)[r], rtol=0, atol=0)
+
+
+def test_a_rank_share_that_splits_the_experts_4bit_groups_is_refused(moe, monkeypatch):
+    """4 ranks would leave each 16 of an expert's 64 down-projection columns: half a 4-bit group. (The
+    engine refuses that size before any worker starts: wslm.tp_sizes counts the experts' width.)"""
+    from test_engine_tp import _load_as_rank
+
+    from wslm.tp_sizes import refusal
+
+    folder, gguf, _ = moe
+    shape = dict(num_heads=8, num_kv_heads=4, intermediate_size=128, head_dim=16, quant_group_size=32)
+    assert not refusal(4, **shape) and "4-bit groups of 32" in refusal(4, **shape, moe_intermediate_size=64)
+    monkeypatch.setenv("WSLM_GGUF_CACHE", "0")
+    monkeypatch.setenv("WSLM_GGUF_DEQUANTIZE", "0")
+    with pytest.raises(ValueError, match=r"4-bit weight's 64 input columns into shards of 16"):
+        _load_as_rank(monkeypatch, gguf("Q4_0"), None, 0, 4, tokenizer=str(folder))
