@@ -69,7 +69,18 @@ def run_wslm(name: str, tokens: int, concurrent: int) -> dict:
     return {"load_s": load_s, "rss": rss, "single": single, "batch": batch, "dtype": dtype}
 
 
-def run_llama_cpp(tokens: int, threads: int, model_path: str) -> dict:
+def run_llama_cpp(tokens: int, threads: int, model_path: str, extra_bufts: bool = True) -> dict:
+    if not extra_bufts:  # llama.cpp's repacked (AMX) weight buffers off: some builds crash in them
+        import llama_cpp.llama_cpp as lib
+
+        defaults = lib.llama_model_default_params
+
+        def params():
+            p = defaults()
+            p.use_extra_bufts = False
+            return p
+
+        lib.llama_model_default_params = params
     from llama_cpp import Llama
 
     start = time.perf_counter()
@@ -124,7 +135,7 @@ def child(args) -> int:
 
         torch.set_num_threads(args.threads)
     if args.child == "llama.cpp":
-        result = run_llama_cpp(args.tokens, args.threads, args.model_path)
+        result = run_llama_cpp(args.tokens, args.threads, args.model_path, not args.llama_no_extra_bufts)
     elif args.child == "hf":
         result = run_hf(args.tokens, args.concurrent)
     else:
@@ -141,6 +152,8 @@ def spawn(name: str, args, python: str = sys.executable) -> dict | None:
 
         cmd += ["--model-path", str(demo_model_path())]
         cmd[cmd.index("--threads") + 1] = str(args.llama_threads or args.threads)
+        if getattr(args, "llama_no_extra_bufts", False):
+            cmd.append("--llama-no-extra-bufts")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
     for line in proc.stdout.splitlines():
@@ -161,6 +174,7 @@ def main() -> int:
     p.add_argument("--only", nargs="*", default=None, help="subset of configurations")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--model-path", default=None, help=argparse.SUPPRESS)
+    p.add_argument("--llama-no-extra-bufts", action="store_true", help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.child:
         return child(args)
@@ -172,6 +186,11 @@ def main() -> int:
                 print("llama.cpp skipped: no", args.llama_python, file=sys.stderr)
                 continue
             results[name] = spawn(name, args, args.llama_python)
+            if results[name] is None:  # e.g. a segfault in its AMX repack buffers: once more without them
+                args.llama_no_extra_bufts = True
+                results[name] = spawn(name, args, args.llama_python)
+                if results[name]:
+                    results[name]["dtype"] += " (no repack buffers)"
         else:
             results[name] = spawn(name, args)
         print(name, results[name], flush=True)

@@ -573,3 +573,17 @@ def test_json_output_from_a_reasoning_server(client):
     r = client.chat.completions.create(model="x", messages=ASK, response_format=fmt, max_tokens=30, temperature=0)
     if r.choices[0].finish_reason == "stop":  # a random model may also think until max_tokens
         assert json.loads(r.choices[0].message.content)["city"] in ("Paris", "Lima")
+
+
+def test_tool_history_renders_through_a_harmony_template(server):
+    """gpt-oss's template renders one call per assistant message and names each tool result after the latest
+    call: an OpenAI client's parallel calls, its results (out of order) and its reasoning_content reach it, via
+    the request path, as the model wrote them (tests/test_harmony.py has the template's part and the text)."""
+    import httpx
+    from test_harmony import HARMONY_TEMPLATE, HISTORY, RENDERED
+
+    headers = {"Authorization": f"Bearer {KEY}"}
+    ids = httpx.post(server.url + "/tokenize", headers=headers, timeout=30,
+                     json={"messages": HISTORY, "chat_template": HARMONY_TEMPLATE}).json()["tokens"]
+    text = httpx.post(server.url + "/detokenize", headers=headers, json={"tokens": ids}, timeout=30).json()["prompt"]
+    assert text == RENDERED

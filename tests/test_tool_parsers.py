@@ -148,6 +148,19 @@ def test_required_named_and_parallel_off():
     ("openai_gptoss", False, "<|channel|>final<|message|>Only an answer", "", "Only an answer"),
     ("openai_gptoss", False, "<|channel|>analysis<|message|>Cut while thinking", "Cut while thinking", ""),
     ("openai_gptoss", False, "No channels at all", "", "No channels at all"),
+    # vLLM's other names for these formats: the reply starts inside the block (Step3, MiniMax-M2) ...
+    ("step3", False, "Let me see.</think>It is 4.", "Let me see.", "It is 4."),
+    ("step3", False, "Cut while thinking", "Cut while thinking", ""),
+    ("minimax_m2", False, "<think>Hm.</think>Yes", "Hm.", "Yes"),
+    ("minimax_m2", False, "Cut while thinking", "Cut while thinking", ""),
+    ("ernie45", False, "abc\n</think>\n\n<response>\ndef\n</response>\n", "abc\n", "\ndef\n"),
+    ("ernie45", False, "abc\n</think>\ndef", "abc\n", "\ndef"),
+    ("ernie45", False, "abc</think>\n<response>cut", "abc", "cut"),
+    # ... or the model opens it itself, or the prompt did (GLM-4.5, DeepSeek-V3.1's thinking switch).
+    ("glm45", False, "<think>Hm.</think>Yes", "Hm.", "Yes"),
+    ("glm45", False, "No thinking here", "", "No thinking here"),
+    ("deepseek_v3", True, "Opened by the prompt</think>Answer", "Opened by the prompt", "Answer"),
+    ("deepseek_v3", False, "No thinking here", "", "No thinking here"),
 ])
 def test_reasoning_split(name, opened, text, reasoning, content):
     for step in (1, 4, len(text)):
@@ -209,9 +222,25 @@ def test_serve_accepts_vllm_parser_names():
 
     parser = argparse.ArgumentParser()
     serve_cli.register(parser.add_subparsers())
-    for name in ("hermes", "llama3_json", "llama4_json", "mistral", "pythonic", "llama4_pythonic", "qwen3_coder",
+    for name in ("hermes", "llama3_json", "llama4_json", "mistral", "openai", "pythonic", "llama4_pythonic", "qwen3_coder",
                  "qwen3_xml"):
         assert parser.parse_args(["serve", "--tool-call-parser", name]).tool_call_parser == name
+    for name in ("deepseek_r1", "qwen3", "openai_gptoss", "step3", "minimax_m2", "ernie45", "glm45", "deepseek_v3"):
+        assert parser.parse_args(["serve", "--reasoning-parser", name]).reasoning_parser == name
+
+
+@pytest.mark.parametrize("name", ["granite", "mistral", "seed_oss", "hunyuan_a13b", "no_such_parser"])
+def test_unsupported_reasoning_parser_is_a_clear_error(name, capsys):
+    import argparse
+
+    from wslm.backend import serve_cli
+
+    parser = argparse.ArgumentParser()
+    serve_cli.register(parser.add_subparsers())
+    with pytest.raises(SystemExit):
+        parser.parse_args(["serve", "--reasoning-parser", name])
+    err = capsys.readouterr().err
+    assert name in err and "Supported: deepseek_r1, qwen3, openai_gptoss" in err and "invalid choice" not in err
 
 
 def test_named_chat_templates_pick_tool_use_with_tools():

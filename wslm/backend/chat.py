@@ -10,6 +10,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from wslm.backend.chat_harmony import HARMONY_MARK, harmony_messages
 from wslm.backend.validation import RequestError
 
 # Content part types that carry text (OpenAI's chat parts and its Responses-style input parts).
@@ -147,6 +148,8 @@ def render_chat_text(tokenizer: Any, messages: Any, template: str | None, model_
     normalized = normalize_messages(messages)
     if _NINE_CHAR_IDS in str(template).replace(" ", ""):
         normalized = _nine_char_tool_call_ids(normalized)
+    if HARMONY_MARK in str(template):
+        normalized = harmony_messages(normalized)  # gpt-oss: one tool call per message, `thinking`
     if continue_final_message and normalized[-1]["role"] != "assistant":
         raise RequestError("continue_final_message needs the last message to be an assistant message.",
                            param="continue_final_message")

@@ -12,6 +12,15 @@ def tool_parser_names() -> list[str]:
     return list(TOOL_PARSERS)
 
 
+def _reasoning_parser_name(name: str) -> str:
+    from wslm.backend.server.reasoning import check_reasoning_parser_name  # light, as the tool parsers
+
+    try:
+        return check_reasoning_parser_name(name)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "serve",
@@ -126,8 +135,10 @@ def _add_vllm_flags(p: argparse.ArgumentParser) -> None:
                    help="how the model writes tool calls (default: picked from the chat template)")
     g.add_argument("--exclude-tools-when-tool-choice-none", action="store_true",
                    help='with tool_choice "none", do not show the tools to the chat template')
-    g.add_argument("--reasoning-parser", default=None, choices=["deepseek_r1", "qwen3", "openai_gptoss"],
-                   help="split <think>...</think> (or harmony's analysis channel) into reasoning_content (default: picked from the chat template)")
+    g.add_argument("--reasoning-parser", default=None, type=_reasoning_parser_name,
+                   help="split <think>...</think> (or harmony's analysis channel) into reasoning_content: "
+                        "deepseek_r1, qwen3, openai_gptoss and vLLM's names for the same formats (default: picked "
+                        "from the chat template)")
     g.add_argument("--pipeline-parallel-size", "-pp", type=int, default=1,
                    help="only 1: wslm splits a model over GPUs by tensor parallelism (--tensor-parallel-size)")
     g.add_argument("--data-parallel-size", "-dp", type=int, default=1,

@@ -103,15 +103,18 @@ class Int4Weight:
 
     def apply(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         shape = x.shape
-        x2 = x.reshape(-1, shape[-1]).to(torch.bfloat16)
+        x2 = x.reshape(-1, shape[-1])
         if self.perm is not None:
             x2 = x2.index_select(1, self.perm)
+        if x.device.type == "cpu" and self.unpackable and x2.shape[0] >= DENSE_ROWS:
+            # Prefill, big batches: one GEMM in the activations' dtype (float32 where dtype=auto chose it:
+            # those CPUs have no native bf16 GEMM).
+            return F.linear(x2, self._dense_packed_order(x.dtype), bias).reshape(*shape[:-1], self.out_features)
+        x2 = x2.to(torch.bfloat16)
         if x.device.type == "cuda":
             out = torch.ops.aten._weight_int4pack_mm(
                 x2.contiguous(), self.packed, self.group_size, self.scales_and_zeros
             )
-        elif self.unpackable and x2.shape[0] >= DENSE_ROWS:  # prefill, big batches: one bf16 GEMM
-            out = F.linear(x2, self._dense_packed_order())
         else:
             out = torch.ops.aten._weight_int4pack_mm_for_cpu(
                 x2.contiguous(), self.packed, self.group_size, self.scales_and_zeros
@@ -119,16 +122,16 @@ class Int4Weight:
         out = out.to(x.dtype).reshape(*shape[:-1], self.out_features)
         return out if bias is None else out + bias
 
-    def _dense_packed_order(self) -> torch.Tensor:
-        """bf16 [N, K] in the pack's column order (act-order GPTQ: the sorted one)."""
+    def _dense_packed_order(self, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+        """[N, K] in the pack's column order (act-order GPTQ: the sorted one)."""
         return dequantize_packed(
-            self.packed, self.scales_and_zeros, self.out_features, self.in_features, self.group_size
+            self.packed, self.scales_and_zeros, self.out_features, self.in_features, self.group_size, dtype
         )
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The weight in the checkpoint's column order, unpacked (CPU) or read back through the kernel."""
         if self.unpackable:
-            w = self._dense_packed_order()
+            w = self._dense_packed_order(torch.float32)
             if self.perm is not None:
                 w = torch.empty_like(w).index_copy_(1, self.perm, w)
             return w.to(dtype)

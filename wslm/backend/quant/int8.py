@@ -40,22 +40,24 @@ class Int8Weight:
     def apply(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         if x.device.type == "cpu":
             shape = x.shape
-            x2 = x.reshape(-1, shape[-1]).to(self.scales.dtype)
-            if x2.shape[0] >= DENSE_ROWS:  # prefill, big batches: expand slices to bf16, GEMM each
+            x2 = x.reshape(-1, shape[-1])
+            if x2.shape[0] >= DENSE_ROWS:  # prefill, big batches: expand slices, one GEMM each
                 out = self._expanded_mm(x2)
             else:
-                out = torch.ops.aten._weight_int8pack_mm(x2, self.qweight, self.scales)
+                out = torch.ops.aten._weight_int8pack_mm(x2.to(self.scales.dtype), self.qweight, self.scales)
             out = out.to(x.dtype).reshape(*shape[:-1], self.out_features)
         else:
             out = F.linear(x, self.dequantize(x.dtype))
         return out if bias is None else out + bias
 
     def _expanded_mm(self, x2: torch.Tensor) -> torch.Tensor:
-        """x2 @ w.T with w expanded _EXPAND_ROWS output rows at a time: each slice stays in cache and in
-        the heap (a whole 49k-row table expanded at once page-faults ~56 MB every call)."""
+        """x2 @ w.T with w expanded to x2's dtype (float32 on CPUs without native bf16 GEMMs)
+        _EXPAND_ROWS output rows at a time: each slice stays in cache and in the heap (a whole 49k-row
+        table expanded at once page-faults ~56 MB every call)."""
         parts = []
+        scales = self.scales.to(x2.dtype)
         for r in range(0, self.out_features, _EXPAND_ROWS):
-            w = self.qweight[r : r + _EXPAND_ROWS].to(x2.dtype) * self.scales[r : r + _EXPAND_ROWS, None]
+            w = self.qweight[r : r + _EXPAND_ROWS].to(x2.dtype) * scales[r : r + _EXPAND_ROWS, None]
             parts.append(F.linear(x2, w))
         return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
 

@@ -29,7 +29,7 @@ def choose_parsers(args: Namespace, chat_template: str | None) -> dict[str, Any]
         elif auto:
             log.warning("--enable-auto-tool-choice without --tool-call-parser, and the chat template shows no "
                         'tool format wslm knows: tool_choice "auto" will be refused. Add --tool-call-parser '
-                        "hermes|llama3_json|mistral|pythonic|qwen3_coder.")
+                        "hermes|llama3_json|mistral|openai|pythonic|qwen3_coder.")
         else:
             log.info('Tool calls: the chat template shows no tool format; tool_choice "required" and named '
                      'functions work, "auto" needs --enable-auto-tool-choice --tool-call-parser NAME.')
@@ -39,7 +39,7 @@ def choose_parsers(args: Namespace, chat_template: str | None) -> dict[str, Any]
     else:
         reasoning = pick_reasoning_parser(chat_template)
         if reasoning:
-            log.info("Reasoning: parser %s picked from the chat template (<think> goes to reasoning_content; "
+            log.info("Reasoning: parser %s picked from the chat template (the reasoning goes to reasoning_content; "
                      "--reasoning-parser to choose another).", reasoning)
     return {"enable_auto_tool_choice": auto, "tool_call_parser": tool_parser, "reasoning_parser": reasoning,
             "exclude_tools_when_tool_choice_none": bool(getattr(args, "exclude_tools_when_tool_choice_none", False))}

@@ -54,7 +54,7 @@ class ChatPlan:
         reply's think block when the model reasons (as vLLM applies it once reasoning ends)."""
         if not self.reasoning_parser or self.think_closed or not REASONING_PARSERS[self.reasoning_parser].think_tags:
             return spec
-        return after_reasoning(spec, self.reasoning_parser == "deepseek_r1" or self.think_opened)
+        return after_reasoning(spec, REASONING_PARSERS[self.reasoning_parser].always_inside or self.think_opened)
 
     def new_reply(self) -> ChatReply:
         """A fresh parser for one choice's reply: reasoning, then tool calls."""
@@ -92,7 +92,7 @@ def plan_chat(state: Any, req: Any) -> ChatPlan:
                 raise bad_request(
                     'This request sends `tools` with tool_choice "auto", which needs a tool-call parser: start the '
                     "server with --enable-auto-tool-choice "
-                    "--tool-call-parser hermes|llama3_json|mistral|pythonic|qwen3_coder (this model's chat template shows no "
+                    "--tool-call-parser hermes|llama3_json|mistral|openai|pythonic|qwen3_coder (this model's chat template shows no "
                     'tool format wslm recognises), or send tool_choice "required" or a named function.',
                     param="tool_choice")
             parser = get_tool_parser(state.tool_call_parser, tools)

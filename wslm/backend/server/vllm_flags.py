@@ -28,7 +28,7 @@ NO_EFFECT: dict[str, tuple[str, str]] = {
     "--code-revision": ("value", "wslm runs its own model code and never downloads a model's Python code"),
     "--scheduling-policy": ("value", "requests are scheduled first come, first served"),
     "--tool-parser-plugin": ("value", "vLLM parser plugins are not loaded; wslm's own parsers are hermes, "
-                                      "llama3_json, mistral, pythonic and qwen3_coder (--tool-call-parser)"),
+                                      "llama3_json, mistral, openai, pythonic and qwen3_coder (--tool-call-parser)"),
     "--enable-reasoning": ("flag", "reasoning is split whenever a --reasoning-parser is given or picked from the "
                                    "chat template"),
 }

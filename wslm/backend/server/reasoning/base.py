@@ -20,6 +20,7 @@ class ReasoningParser:
     # The reasoning sits in a `<think>` ... `</think>` block (harmony's channels do not): a structured-output
     # constraint then applies after `</think>` (serving_tools.ChatPlan.after_reasoning).
     think_tags = True
+    always_inside = False  # every reply starts inside the think block (DeepSeek-R1's reading)
 
     def __init__(self, opened: bool = False) -> None:
         self.opened = opened

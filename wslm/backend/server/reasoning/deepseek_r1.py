@@ -8,6 +8,7 @@ from wslm.backend.server.reasoning.base import ReasoningParser
 
 class DeepSeekR1ReasoningParser(ReasoningParser):
     name = "deepseek_r1"
+    always_inside = True
 
     def starts_inside(self, text: str) -> bool:
         return True

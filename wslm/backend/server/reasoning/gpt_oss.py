@@ -1,20 +1,21 @@
 """GPT-OSS (vLLM's name: openai_gptoss): the harmony format writes the reasoning in an `analysis` channel and the
-answer in a `final` one, `<|channel|>analysis<|message|>...<|end|><|start|>assistant<|channel|>final<|message|>...`.
-The markers are special tokens, so the server keeps special tokens in the text while this parser runs
-(serving_tools.plan_chat) and this parser leaves none of them in either part. A reply cut inside the analysis
-returns what was thought; a reply with no channel markers at all is content."""
+answer in a `final` one, `<|channel|>analysis<|message|>...<|end|><|start|>assistant<|channel|>final<|message|>...`
+(tool_parsers/harmony.py reads it). The markers are special tokens, so the server keeps special tokens in the
+text while this parser runs (serving_tools.plan_chat) and this parser leaves none of them in reasoning or text.
+`commentary` text without a recipient (a preamble to the user) is content; a function call
+(`to=functions.NAME`) stays in the content as harmony markup, for the openai tool-call parser to turn into
+tool_calls. A reply cut inside the analysis returns what was thought; a reply with no harmony markup at all
+(a grammar forced it) is content."""
 
 from __future__ import annotations
 
 import re
 
 from wslm.backend.server.reasoning.base import ReasoningParser
+from wslm.backend.server.tool_parsers.harmony import call_markup, hold_back_marker, is_harmony, read_messages
 
 ANALYSIS = "<|channel|>analysis<|message|>"
-FINAL = "<|channel|>final<|message|>"
-CHANNEL = "<|channel|>"
-END = "<|end|>"
-# Harmony's markup between and after the messages (<|start|>assistant, <|return|>, ...), never shown.
+# Harmony's markup left in a plain reply (<|start|>assistant, <|return|>, ...), never shown.
 _MARKUP = re.compile(r"<\|(start|end|return|call|channel|message|constrain)\|>(assistant)?")
 
 
@@ -29,25 +30,24 @@ class GptOssReasoningParser(ReasoningParser):
         return text.lstrip().startswith(ANALYSIS)
 
     def split(self, text: str, final: bool) -> tuple[str, str]:
-        body = text.lstrip()
-        if CHANNEL not in body:
-            if not final and CHANNEL.startswith(body[: len(CHANNEL)]):
-                return "", ""  # a channel marker may be arriving
-            return "", _clean(text, final)
-        reasoning = ""
-        a, f = body.find(ANALYSIS), body.find(FINAL)
-        if a >= 0 and (f < 0 or a < f):
-            stop = body.find(END, a)
-            reasoning = body[a + len(ANALYSIS) : stop if stop >= 0 else (f if f >= 0 else len(body))]
-            reasoning = _clean(reasoning, final or stop >= 0 or f >= 0)
-        content = _clean(body[f + len(FINAL) :], final) if f >= 0 else ""
-        return reasoning, content
-
-
-def _clean(text: str, final: bool) -> str:
-    """text without harmony's markup; while streaming, a marker still arriving at the end is held back."""
-    if not final:
-        start = text.rfind("<")
-        if start >= 0 and "|>" not in text[start:] and (text[start:] == "<" or text[start:].startswith("<|")):
-            text = text[:start]
-    return _MARKUP.sub("", text)
+        harmony = is_harmony(text, final)
+        if harmony is None:
+            return "", ""  # a header may be arriving
+        if not harmony:
+            return "", _MARKUP.sub("", text if final else hold_back_marker(text))
+        reasoning: list[str] = []
+        content: list[str] = []
+        calls = ""
+        for msg in read_messages(text, final, len(text) - len(text.lstrip())):
+            if not msg.header_done:
+                continue
+            if msg.function is not None:
+                calls += call_markup(msg.function, msg.body, msg.closed)
+            elif msg.recipient is not None:
+                continue  # a built-in tool's call (browser, python): nothing wslm runs
+            elif msg.channel == "analysis":
+                reasoning.append(msg.body)
+            elif not calls:  # final, or commentary meant for the user; text after a call has no place
+                content.append(msg.body)
+        # Messages are joined by a newline, added only once the next one has begun, so the text only grows.
+        return "\n".join(reasoning), "\n".join(content) + calls

@@ -1,4 +1,4 @@
-"""Tool-call parsers (vLLM's names: hermes, llama3_json, mistral, pythonic, qwen3_coder, and vLLM's aliases
+"""Tool-call parsers (vLLM's names: hermes, llama3_json, mistral, openai, pythonic, qwen3_coder, and vLLM's aliases
 for the same formats), one file each, and the registry that picks one by name or from the chat template."""
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ from wslm.backend.server.tool_parsers.base import (
 from wslm.backend.server.tool_parsers.hermes import HermesToolParser
 from wslm.backend.server.tool_parsers.llama3_json import Llama3JsonToolParser
 from wslm.backend.server.tool_parsers.mistral import ArrayToolParser, MistralToolParser, NamedFunctionParser
+from wslm.backend.server.tool_parsers.openai import OpenAIToolParser
 from wslm.backend.server.tool_parsers.pythonic import PythonicToolParser
 from wslm.backend.server.tool_parsers.qwen3_coder import Qwen3CoderToolParser
 
@@ -20,6 +21,7 @@ TOOL_PARSERS: dict[str, type[ToolParser]] = {
     "hermes": HermesToolParser,
     "llama3_json": Llama3JsonToolParser,
     "mistral": MistralToolParser,
+    "openai": OpenAIToolParser,  # gpt-oss's harmony calls
     "pythonic": PythonicToolParser,
     "qwen3_coder": Qwen3CoderToolParser,
     # vLLM's other names for these formats, so that launch scripts run unchanged.
@@ -39,6 +41,8 @@ def get_tool_parser(name: str, tools: list[dict] | None = None) -> ToolParser:
 def pick_tool_parser(chat_template: str | None) -> str | None:
     """The parser a chat template's own tool format calls for, or None when it shows no tool format."""
     t = chat_template or ""
+    if "<|channel|>" in t and "functions." in t:
+        return "openai"  # harmony (gpt-oss)
     if "<tool_call>" in t and "<function=" in t:
         return "qwen3_coder"
     if "<tool_call>" in t:
