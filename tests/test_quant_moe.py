@@ -9,6 +9,8 @@ the reference's prefix, so one near-tied step does not decide the rest)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 from engine_helpers import demo_tokenizer
@@ -97,6 +99,14 @@ def test_gguf_moe_experts_stay_quantized_and_match_dequantized(moe, qtype, kind,
         elements = sum(w.shape[0] * w.shape[1] for w in (*layer.w13, *layer.w2))
         assert layer.nbytes <= max_bytes * elements  # bytes per weight: int8 ~1, int4 ~0.6 (fp32: 4)
     monkeypatch.setenv("WSLM_GGUF_DEQUANTIZE", "1")
+    # `wslm models list` counts the experts at their kept size (int4 0.625 / int8 1 byte a weight), not 16-bit.
+    from wslm.backend.hub.metadata import _read_gguf_uncached
+    from wslm.backend.quant.sizes import gguf_runtime_bytes
+
+    by_type = _read_gguf_uncached(Path(path)).elements_by_type
+    experts = sum(w.shape[0] * w.shape[1] for layer in _experts(quant) for w in (*layer.w13, *layer.w2))
+    assert by_type[qtype] == experts
+    assert gguf_runtime_bytes({qtype: by_type[qtype]}) <= max_bytes * experts
     dense = LLM(path, **kw)
     assert all(isinstance(layer.w13, torch.Tensor) for layer in _experts(dense))  # the stacked 16/32-bit form
     _assert_close_to(quant, dense, tok)
