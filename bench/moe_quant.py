@@ -21,7 +21,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent / "tests"))  # gguf_writer: llama.cpp's tensor names and MoE keys
+sys.path.insert(0, str(HERE.parent / "tests"))  # gguf_writer and the MoE tests' expert stacking
 
 # (label, GGUF expert type, WSLM_GGUF_DEQUANTIZE)
 CONFIGS = [("dequantized at load (before)", "Q4_0", "1"), ("Q4_0 experts kept int4", "Q4_0", "0"),
@@ -29,27 +29,16 @@ CONFIGS = [("dequantized at load (before)", "Q4_0", "1"), ("Q4_0 experts kept in
 
 
 def write_ggufs(out: Path) -> tuple[Path, dict[str, Path]]:
-    import re
-    from collections import defaultdict
-
-    import torch
     import transformers as tf
     from gguf_writer import write_gguf
     from moe_vs_dense import make_models
-    from safetensors.torch import load_file
+    from test_modeling_moe import _stacked_experts
 
     folder = make_models(out)["moe"]
     paths = {q: out / f"tiny-qwen3-moe-{q}.gguf" for q in ("Q4_0", "Q8_0")}
     if all(p.exists() for p in paths.values()):
         return folder, paths
-    tensors, experts = [], defaultdict(dict)
-    for name, t in load_file(str(folder / "model.safetensors")).items():
-        m = re.fullmatch(r"(.+\.mlp\.experts)\.(\d+)\.(\w+)\.weight", name)
-        if m:
-            experts[f"{m.group(1)}.{m.group(3)}.weight"][int(m.group(2))] = t
-        else:
-            tensors.append((name, t))
-    tensors += [(n, torch.stack([by_e[e] for e in sorted(by_e)])) for n, by_e in experts.items()]
+    tensors = _stacked_experts(folder)  # llama.cpp's layout: one tensor per projection, experts stacked
     hf = tf.Qwen3MoeForCausalLM.from_pretrained(folder)  # its config for the writer
     for qtype, path in paths.items():
         write_gguf(path, hf, "qwen3moe", tensors=tensors, expert_type=qtype)
