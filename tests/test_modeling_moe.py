@@ -26,18 +26,19 @@ def tok():
     return demo_tokenizer()
 
 
-def make_moe_model(folder, family: str, tok, seed: int = 0, hidden_size: int = 48, moe_intermediate_size: int = 32):
+def make_moe_model(folder, family: str, tok, seed: int = 0, **sizes):
     """8 experts, top-2, 2 layers, GQA with 3 query heads per KV head; saved with the demo tokenizer.
-    (hidden_size 64: every weight's width divides into 4-bit blocks of 32.)"""
+    sizes: config fields to override (hidden_size=64 and 4 heads: every width divides into 4-bit groups)."""
     import transformers as tf
 
     torch.manual_seed(seed)
     common = dict(
-        vocab_size=len(tok), hidden_size=hidden_size, intermediate_size=64, moe_intermediate_size=moe_intermediate_size, num_experts=8,
+        vocab_size=len(tok), hidden_size=48, intermediate_size=64, moe_intermediate_size=32, num_experts=8,
         num_experts_per_tok=2, num_hidden_layers=2, num_attention_heads=3, num_key_value_heads=1,
         max_position_embeddings=512, initializer_range=0.2, tie_word_embeddings=False,
         eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id, pad_token_id=tok.eos_token_id,
     )  # fmt: skip
+    common.update(sizes)
     if family == "qwen3_moe":
         config = tf.Qwen3MoeConfig(head_dim=16, norm_topk_prob=True, **common)
         model = tf.Qwen3MoeForCausalLM(config)
