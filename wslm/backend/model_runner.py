@@ -26,7 +26,23 @@ def load_model(source, mc, device: torch.device, embedding: bool = False):
 
         weights = DecoderPooling.weights(weights)
     model.load_weights(weights)
+    _return_freed_heap()
     return model
+
+
+def _return_freed_heap() -> None:
+    """Loading makes many short-lived buffers (each tensor, or MoE expert, being repacked), and glibc keeps
+    freed heap mapped: resident memory after a quantized load stayed near its peak (measured: +100 MB on a
+    250 MB MoE GGUF). malloc_trim hands it back to the system."""
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc (musl): nothing to trim
+        pass
 
 
 class ModelRunner:
