@@ -1,7 +1,7 @@
 """GGUF weights read one tensor at a time (memory-mapped by gguf.GGUFReader) and repacked, never
 dequantized whole (MoE experts too, one expert at a time): Q4_0, Q4_1 and Q4_K go to int4 groups of 32
-exactly (same codes, same scales up to bf16 rounding); Q5_0/Q5_1/Q5_K/Q6_K/Q8_0/Q2_K/Q3_K go to int8 per output channel (no fewer bits than the
-source); F32/F16/BF16 stay dense. Names come out as HF's, with llama.cpp's q/k row permutation undone, so
+exactly (same codes, same scales up to bf16 rounding); Q5_0/Q5_1/Q5_K/Q6_K/Q8_0/Q2_K/Q3_K go to int8 per
+output channel (no fewer bits than the source); F32/F16/BF16 stay dense. Names come out as HF's, with llama.cpp's q/k row permutation undone, so
 the model code loads them like a safetensors checkpoint.
 
 WSLM_GGUF_DEQUANTIZE=1 yields every weight dequantized (float32) instead, as transformers does — for
