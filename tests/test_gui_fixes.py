@@ -350,7 +350,7 @@ def test_engine_options_are_fields_checked_before_start(window):
     panel.set_model("org/llama")
     panel.kv_dtype.setCurrentIndex(panel.kv_dtype.findData("fp8"))
     panel.gpu_unavailable("no GPU")
-    assert not panel.validate() and "needs an NVIDIA GPU" in panel.detail.text()
+    assert panel.validate()  # an fp8 KV cache runs on CPU too
     panel.show_gpu({"gpu_util": 1.0, "vram_used_mib": 1.0, "vram_total_mib": 8192.0, "gpu_count": 4})
     assert not panel.tp.isHidden() and [panel.tp.itemData(i) for i in range(panel.tp.count())] == [1, 2, 4]
     panel.tp.setCurrentIndex(panel.tp.findData(4))
