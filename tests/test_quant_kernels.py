@@ -53,6 +53,23 @@ def test_int4_kernel_matches_dequantized(group, m):
     _close(packed.apply(x, bias), x @ ref.t() + bias)
 
 
+@pytest.mark.parametrize("fmt", ["int8", "int4"])
+def test_float32_kernels_on_request_round_nothing_to_bf16(fmt, monkeypatch):
+    # WSLM_QUANT_FLOAT32=1 with a float32 engine: scales kept in float32 and the kernel run in float32,
+    # so the product is the dequantized weight's float32 product (bf16 would be off by ~1e-3 relative).
+    monkeypatch.setenv("WSLM_QUANT_FLOAT32", "1")
+    torch.manual_seed(0)
+    w, x = torch.randn(64, 256), torch.randn(3, 256)
+    src = quantize_int8(w) if fmt == "int8" else quantize_int4_codes(w, 32)
+    q = finalize(src, CPU, torch.float32)
+    assert (q.scales if fmt == "int8" else q.scales_and_zeros).dtype == torch.float32
+    out, ref = q.apply(x), x @ q.dequantize().t()
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    bf16 = finalize(src, CPU, torch.bfloat16)  # a bf16 engine keeps bf16 scales
+    assert (bf16.scales if fmt == "int8" else bf16.scales_and_zeros).dtype == torch.bfloat16
+
+
 @pytest.mark.parametrize("act_order", [False, True])
 def test_int4_many_rows_expand_from_the_pack_and_match(act_order):
     """From DENSE_ROWS rows on CPU the weight is expanded from torch's pack and multiplied in bf16 (the

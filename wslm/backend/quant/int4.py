@@ -2,9 +2,10 @@
 w[n, k] = (q[n, k] - 8) * scale[n, g] + zero[n, g], q in 0..15, g = k // group_size — torch's tinygemm
 convention, which every 4-bit source maps onto exactly (Q4_0: zero 0; Q4_1/Q4_K/AWQ/GPTQ: zero = m + 8 d).
 
-Runtime kernels: CPU aten._weight_int4pack_mm_for_cpu (bf16 activations: its fp32 path is a slow fallback
-on CPUs without AVX512), CUDA aten._weight_int4pack_mm (tinygemm, bf16). Act-order GPTQ checkpoints keep
-their groups contiguous by permuting the input columns once at load and the activations per call."""
+Runtime kernels: CPU aten._weight_int4pack_mm_for_cpu (bf16 activations: its fp32 path is a scalar
+fallback, 30x slower; float32 on request, see int8.compute_dtype), CUDA aten._weight_int4pack_mm (tinygemm,
+bf16). Act-order GPTQ checkpoints keep their groups contiguous by permuting the input columns once at load
+and the activations per call."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from wslm.backend.quant.int4_dense import DENSE_ROWS, dequantize_packed, unpack_matches
+from wslm.backend.quant.int8 import compute_dtype
 
 GROUP_SIZES = (32, 64, 128, 256)
 
@@ -41,8 +43,8 @@ class Int4Codes:
             w = torch.empty_like(w).index_copy_(1, self.perm, w)
         return w.to(dtype)
 
-    def pack(self, device: torch.device) -> Int4Weight:
-        return Int4Weight.from_codes(self, device)
+    def pack(self, device: torch.device, dtype: torch.dtype = torch.bfloat16) -> Int4Weight:
+        return Int4Weight.from_codes(self, device, dtype)
 
 
 def cat_codes(parts: list[Int4Codes]) -> Int4Codes:
@@ -64,7 +66,7 @@ class Int4Weight:
         self, packed, scales_and_zeros, group_size: int, out_features: int, in_features: int, perm
     ) -> None:
         self.packed = packed
-        self.scales_and_zeros = scales_and_zeros  # [K // group_size, N, 2] bf16
+        self.scales_and_zeros = scales_and_zeros  # [K // group_size, N, 2], the kernel's dtype
         self.group_size = group_size
         self.out_features = out_features
         self.in_features = in_features
@@ -72,12 +74,12 @@ class Int4Weight:
         self.unpackable = False  # CPU: the pack reads back exactly (int4_dense.py), so many rows take a GEMM
 
     @classmethod
-    def from_codes(cls, c: Int4Codes, device: torch.device) -> Int4Weight:
+    def from_codes(cls, c: Int4Codes, device: torch.device, dtype: torch.dtype = torch.bfloat16) -> Int4Weight:
         n, k = c.codes.shape
         sz = (
             torch.stack([c.scales.t(), c.zeros.t()], dim=-1)
             .contiguous()
-            .to(device=device, dtype=torch.bfloat16)
+            .to(device=device, dtype=compute_dtype(device, dtype))
         )
         if device.type == "cuda":
             packed_bytes = (c.codes[:, ::2] << 4 | c.codes[:, 1::2]).to(torch.uint8).to(device)
@@ -110,7 +112,7 @@ class Int4Weight:
             # Prefill, big batches: one GEMM in the activations' dtype (float32 where dtype=auto chose it:
             # those CPUs have no native bf16 GEMM).
             return F.linear(x2, self._dense_packed_order(x.dtype), bias).reshape(*shape[:-1], self.out_features)
-        x2 = x2.to(torch.bfloat16)
+        x2 = x2.to(self.scales_and_zeros.dtype)
         if x.device.type == "cuda":
             out = torch.ops.aten._weight_int4pack_mm(
                 x2.contiguous(), self.packed, self.group_size, self.scales_and_zeros
@@ -135,7 +137,7 @@ class Int4Weight:
             if self.perm is not None:
                 w = torch.empty_like(w).index_copy_(1, self.perm, w)
             return w.to(dtype)
-        eye = torch.eye(self.in_features, dtype=torch.bfloat16, device=self.packed.device)
+        eye = torch.eye(self.in_features, dtype=self.scales_and_zeros.dtype, device=self.packed.device)
         saved, self.perm = self.perm, None
         try:
             w = self.apply(eye).t()
@@ -164,5 +166,6 @@ def quantize_int4_codes(w: torch.Tensor, group_size: int) -> Int4Codes:
     return Int4Codes(q.reshape(n, k), scale, lo + 8.0 * scale, group_size)
 
 
-def quantize_int4(w: torch.Tensor, group_size: int, device: torch.device | None = None) -> Int4Weight:
-    return quantize_int4_codes(w, group_size).pack(device or w.device)
+def quantize_int4(w: torch.Tensor, group_size: int, device: torch.device | None = None,
+                  dtype: torch.dtype = torch.bfloat16) -> Int4Weight:
+    return quantize_int4_codes(w, group_size).pack(device or w.device, dtype)

@@ -1,8 +1,8 @@
 """int8 weight-only, one scale per output channel: w[n, k] = q[n, k] * scale[n].
 
-CPU: aten._weight_int8pack_mm, which is fast only with bf16 activations on CPUs without AVX512-BF16 too
-(fp32 activations take a slow fallback: 10x slower at batch 32 on a Zen 2), so activations go in as bf16
-and the result comes back in the model's dtype. CUDA has no such kernel in torch: there the weight is
+CPU: aten._weight_int8pack_mm, which is fast only with bf16 activations, on CPUs without AVX512-BF16 too
+(fp32 activations take a scalar fallback: 10x slower, see compute_dtype), so activations go in as bf16 and
+the result comes back in the model's dtype. CUDA has no such kernel in torch: there the weight is
 dequantized per call (memory is still saved; the multiply is the model dtype's GEMM)."""
 
 from __future__ import annotations
@@ -71,7 +71,15 @@ class Int8Weight:
         ).unsqueeze(1)
 
 
-def compute_dtype(device: torch.device) -> torch.dtype:
+def compute_dtype(device: torch.device, model_dtype: torch.dtype = torch.bfloat16) -> torch.dtype:
+    """The dtype the quantized kernels take activations and scales in. CUDA: bf16 (tinygemm takes nothing
+    else). CPU: bf16 by default, also in a float32 engine: torch's CPU int8/int4 kernels are vectorized for
+    bf16 only, their float32 path is scalar (10x / 30x slower per call, ~9x per decode step of the demo
+    GGUF; same under ATEN_CPU_CAPABILITY=avx2). WSLM_QUANT_FLOAT32=1 makes a float32 engine's quantized
+    matmuls float32 end to end: nothing rounds to bf16, so tensor-parallel ranks' partial sums add up as one
+    device's do (token-identical TP checks); read at load, so spawned TP workers inherit it."""
+    if device.type == "cpu" and model_dtype == torch.float32 and os.environ.get("WSLM_QUANT_FLOAT32") == "1":
+        return torch.float32
     return torch.bfloat16
 
 

@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from wslm.backend.quant.int4 import Int4Codes, Int4Weight, cat_codes, pick_group_size, quantize_int4_codes
-from wslm.backend.quant.int8 import Int8Weight, quantize_int8
+from wslm.backend.quant.int8 import Int8Weight, compute_dtype, quantize_int8
 
 QuantWeight = Int8Weight | Int4Weight
 
@@ -89,10 +89,10 @@ def finalize(weight, device: torch.device, dtype: torch.dtype):
     if isinstance(weight, Int4Codes):
         if weight.shape[0] % 16:  # torch's int4 packing tiles 16 output rows; odd shapes go to int8
             weight = quantize_int8(weight.dequantize(torch.float32))
-            return Int8Weight(weight.qweight.to(device), weight.scales.to(device))
-        return weight.pack(device)
+        else:
+            return weight.pack(device, dtype)
     if isinstance(weight, Int8Weight):
-        return Int8Weight(weight.qweight.to(device), weight.scales.to(device))
+        return Int8Weight(weight.qweight.to(device), weight.scales.to(device, compute_dtype(device, dtype)))
     return weight
 
 
