@@ -327,6 +327,7 @@ class MainWindow(QMainWindow):
         self.share.stop_watching()
         self.session.shutdown()
         self.models_panel.shutdown()
+        self.models.shutdown()
         self.server.shutdown()
         if self._own_store:
             self.store.close()

@@ -41,7 +41,20 @@ class ModelsService(QObject):
         self.logs.add("models", "$ " + " ".join(argv))
         proc.start(argv)
 
+    def shutdown(self) -> None:
+        """App exit: a listing still running is stopped and its result dropped (the chat store it would
+        refresh is being closed)."""
+        proc, self._list_proc = self._list_proc, None
+        if proc is not None:
+            proc.finished.disconnect()
+            if proc.running:
+                proc.kill()
+                proc.wait(2000)
+        self.loading = False
+
     def _listed(self, code: int, tail: str, events: list[dict]) -> None:
+        if self._list_proc is None:  # shut down meanwhile
+            return
         self.loading = False
         self._list_proc = None
         payload = next((e for e in events if isinstance(e.get("models"), list)), None)
