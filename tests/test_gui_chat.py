@@ -111,10 +111,11 @@ def test_stream_reply_and_event_loop_keeps_turning(session, fake_server, qtbot):
     assert [m.role for m in msgs] == ["user", "assistant"]
     assert msgs[1].content == "".join(WORDS)
     assert stats["tokens"] == len(WORDS) and stats["ttft_s"] is not None and stats["tokens_per_s"] > 0
-    # The stream took ~0.45 s; a GUI thread that was never blocked ticked most of the 10 ms slots,
-    # and no gap between ticks came near the stream's length.
+    # The stream took ~0.45 s on an idle machine; a GUI thread that was never blocked ticked most of the 10 ms
+    # slots, and no gap between ticks came near the stream's length (relative to it: on a loaded 2-core CI
+    # machine the OS alone can hold the process off the CPU for a few hundred ms).
     assert len(ticks) >= 0.3 * elapsed / 0.010
-    assert max(b - a for a, b in zip(ticks, ticks[1:], strict=False)) < 0.25
+    assert max(b - a for a, b in zip(ticks, ticks[1:], strict=False)) < 0.6 * elapsed
     sent = FakeOpenAI.requests[-1]
     assert sent["stream"] is True and sent["temperature"] == 0.2 and sent["max_tokens"] == 64
     assert sent["messages"][0] == {"role": "system", "content": "Be brief."}
