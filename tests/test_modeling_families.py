@@ -33,6 +33,18 @@ def _randomize_norms(model, std: float) -> None:
                 p.add_(torch.randn_like(p) * std)
 
 
+def phi3_config(common: dict, **extra):
+    """A tiny Phi-3: partial rotary (half of each 16-dim head) with longrope factors."""
+    import transformers as tf
+
+    return tf.Phi3Config(
+        hidden_size=80, num_hidden_layers=2, num_attention_heads=5, num_key_value_heads=1,
+        original_max_position_embeddings=64, partial_rotary_factor=0.5, tie_word_embeddings=False,
+        rope_scaling={"type": "longrope", "short_factor": [1.0, 1.3, 2.0, 3.5], "long_factor": [2.0, 3.0, 5.0, 7.0]},
+        **extra, **common,
+    )  # fmt: skip
+
+
 def make_family_model(folder, family: str, tok, seed: int = 0):
     """A 2-4 layer model of `family` with GQA and an odd number of heads, saved with the demo tokenizer."""
     import transformers as tf
@@ -51,13 +63,7 @@ def make_family_model(folder, family: str, tok, seed: int = 0):
     elif family == "phi3":
         # Partial rotary (half of each 16-dim head) with longrope factors; prompts stay inside the
         # original 64 positions, where HF and wslm both use the short factors.
-        config = tf.Phi3Config(
-            hidden_size=80, num_hidden_layers=2, num_attention_heads=5, num_key_value_heads=1,
-            original_max_position_embeddings=64, partial_rotary_factor=0.5, tie_word_embeddings=False,
-            rope_scaling={"type": "longrope", "short_factor": [1.0, 1.3, 2.0, 3.5],
-                          "long_factor": [2.0, 3.0, 5.0, 7.0]},
-            **common,
-        )  # fmt: skip
+        config = phi3_config(common)
         model = tf.Phi3ForCausalLM(config)
     elif family == "gemma2":
         config = tf.Gemma2Config(
@@ -169,13 +175,7 @@ def test_phi3_and_gemma_ggufs_written_here_load_to_the_same_tokens(family, tok, 
     gemma = dict(hidden_size=48, num_attention_heads=3, num_key_value_heads=1, head_dim=16, query_pre_attn_scalar=16,
                  sliding_window=16)  # fmt: skip
     if family == "phi3":
-        config = tf.Phi3Config(
-            hidden_size=80, num_hidden_layers=2, num_attention_heads=5, num_key_value_heads=1, sliding_window=24,
-            original_max_position_embeddings=64, partial_rotary_factor=0.5, tie_word_embeddings=False,
-            rope_scaling={"type": "longrope", "short_factor": [1.0, 1.3, 2.0, 3.5],
-                          "long_factor": [2.0, 3.0, 5.0, 7.0]},
-            **common,
-        )  # fmt: skip
+        config = phi3_config(common, sliding_window=24)
         model = tf.Phi3ForCausalLM(config)
     elif family == "gemma2":
         config = tf.Gemma2Config(num_hidden_layers=2, attn_logit_softcapping=8.0, final_logit_softcapping=12.0,

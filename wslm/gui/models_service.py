@@ -53,8 +53,6 @@ class ModelsService(QObject):
         self.loading = False
 
     def _listed(self, code: int, tail: str, events: list[dict]) -> None:
-        if self._list_proc is None:  # shut down meanwhile
-            return
         self.loading = False
         self._list_proc = None
         payload = next((e for e in events if isinstance(e.get("models"), list)), None)
