@@ -59,6 +59,11 @@ class ModelRunner:
         self.kv_pool = torch.zeros((self.cfg.num_layers, 2, *shape), dtype=kv_dtype, device=self.device)
         self.kv_caches = [(self.kv_pool[i, 0], self.kv_pool[i, 1]) for i in range(self.cfg.num_layers)]
         self.graphs = None  # DecodeGraphs, when CUDA graphs are on
+        self.cpu_decode = None  # CpuDecodePath: pure decode steps on CPU with the fewest ops (cpu_decode.py)
+        if self.device.type == "cpu":
+            from wslm.backend.cpu_decode import CpuDecodePath
+
+            self.cpu_decode = CpuDecodePath.build(model, self.kv_pool)
         self.kv_cache_bytes = self.kv_pool.numel() * self.kv_pool.element_size()
 
     def enable_cuda_graphs(self, max_num_seqs: int, max_model_len: int) -> None:
@@ -115,6 +120,10 @@ class ModelRunner:
         is_decode = meta.max_seqlen_q == 1 and len(sampled) == len(scheduled)
         if self.graphs is not None and is_decode and self.graphs.can_run(len(scheduled)):
             return self.graphs.run(input_ids, positions, meta), sampled
+        if self.cpu_decode is not None and is_decode:
+            logits = self.cpu_decode.run(input_ids, positions, meta)
+            if logits is not None:
+                return logits, sampled
         logits = self.model.forward(input_ids, positions, meta, self.kv_caches)
         return (logits if meta.logits_indices.numel() else None), sampled
 

@@ -18,7 +18,11 @@ def reshape_and_cache(
 ) -> None:
     """See wslm.kernels.reshape_and_cache."""
     num_blocks, block_size = k_cache.shape[0], k_cache.shape[1]
-    slots = slot_mapping.reshape(-1).long()
+    slots = (
+        slot_mapping
+        if slot_mapping.dim() == 1 and slot_mapping.dtype == torch.int64
+        else slot_mapping.reshape(-1).long()
+    )
     # Whether any token is padding: the same for every layer of a step (step_memo.py).
     if not step_memo(("slots_valid",), (slot_mapping,), lambda: bool((slots >= 0).all())):
         keep = slots >= 0
@@ -26,7 +30,8 @@ def reshape_and_cache(
     if slots.numel() == 0:
         return
     for src, cache in ((key, k_cache), (value, v_cache)):
-        src = src.to(cache.dtype)  # to fp8 (--kv-cache-dtype fp8): torch saturates at +-448
+        if src.dtype != cache.dtype:  # (each no-op op still costs microseconds on CPU)
+            src = src.to(cache.dtype)  # to fp8 (--kv-cache-dtype fp8): torch saturates at +-448
         if cache.dtype in _BYTE_TYPES:  # CPU index_copy_ has no fp8 kernel: copy the bytes
             cache, src = cache.view(torch.uint8), src.view(torch.uint8)
         if cache.is_contiguous():

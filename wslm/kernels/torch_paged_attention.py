@@ -18,7 +18,8 @@ from wslm.kernels.step_memo import step_memo
 def _gather_kv(cache: torch.Tensor, blocks: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """cache[blocks] as [num_blocks * block_size, num_kv_heads, head_dim] in `dtype` (an fp8 cache, from
     --kv-cache-dtype fp8, widens to the queries' dtype here, after the gather: only the rows read)."""
-    return cache.index_select(0, blocks).flatten(0, 1).to(dtype)
+    rows = cache.index_select(0, blocks).flatten(0, 1)
+    return rows if rows.dtype == dtype else rows.to(dtype)
 
 
 def _attend_math(

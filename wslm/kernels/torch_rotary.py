@@ -14,19 +14,21 @@ def as_heads(x: torch.Tensor, head_dim: int) -> torch.Tensor:
     return x.unflatten(-1, (-1, head_dim))
 
 
-def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, rot_dim: int, neox: bool) -> None:
-    """x [T, H, D] rotated in place over its first rot_dim dims; cos/sin [T, 1, rot_dim // 2]."""
-    xr = x[..., :rot_dim]
+def _rotate(x: torch.Tensor, tables: tuple[torch.Tensor, ...], rot_dim: int, neox: bool) -> None:
+    """x [T, H, D] rotated in place over its first rot_dim dims (tables: see _cos_sin)."""
+    xr = x if rot_dim == x.shape[-1] else x[..., :rot_dim]
     if neox:  # HF Llama's rotate_half: pairs (i, i + rot_dim/2)
-        x1, x2 = xr[..., : rot_dim // 2], xr[..., rot_dim // 2 :]
-    else:  # GPT-J style: pairs (2i, 2i + 1)
-        x1, x2 = xr[..., 0::2], xr[..., 1::2]
+        # x * [cos|cos] + [x2|x1] * [-sin|sin]: four ops, rounded exactly as HF's x1*cos - x2*sin (each
+        # product rounds, then the sum; negating a rounded product is exact).
+        cos2, sin2 = tables[2], tables[3]
+        swapped = xr.unflatten(-1, (2, rot_dim // 2)).flip(-2).flatten(-2)
+        torch.add(xr * cos2, swapped * sin2, out=xr)
+        return
+    cos, sin = tables[0], tables[1]  # GPT-J style: pairs (2i, 2i + 1)
+    x1, x2 = xr[..., 0::2], xr[..., 1::2]
     o1 = x1 * cos - x2 * sin
     o2 = x2 * cos + x1 * sin
-    if neox:
-        xr.copy_(torch.cat((o1, o2), dim=-1))
-    else:
-        xr.copy_(torch.stack((o1, o2), dim=-1).flatten(-2))
+    xr.copy_(torch.stack((o1, o2), dim=-1).flatten(-2))
 
 
 def rotary_embedding(
@@ -42,23 +44,27 @@ def rotary_embedding(
     head_dim = head_dim or (q.shape[-1] if q.dim() == 3 else rot_dim)
     # HF casts cos/sin to the activations' dtype and rotates in that dtype; so does this. The same rows
     # serve every layer of a step (step_memo.py).
-    cos, sin = step_memo(
-        ("rotary", id(cos_sin_cache), q.dtype),
+    tables = step_memo(
+        ("rotary", id(cos_sin_cache), q.dtype, is_neox_style),
         (positions, cos_sin_cache),
-        lambda: _cos_sin(positions, cos_sin_cache, q.dtype),
+        lambda: _cos_sin(positions, cos_sin_cache, q.dtype, is_neox_style),
     )
     qk = _side_by_side(q, k)
     for x in (q, k) if qk is None else (qk,):
         if x is None:
             continue
-        _rotate(as_heads(x, head_dim), cos, sin, rot_dim, is_neox_style)
+        _rotate(as_heads(x, head_dim), tables, rot_dim, is_neox_style)
     return q, k
 
 
-def _cos_sin(positions: torch.Tensor, cos_sin_cache: torch.Tensor, dtype: torch.dtype):
+def _cos_sin(positions: torch.Tensor, cos_sin_cache: torch.Tensor, dtype: torch.dtype, neox: bool = False):
+    """The step's rows: cos, sin [T, 1, rot_dim // 2] and, for neox, [cos|cos], [-sin|sin] [T, 1, rot_dim]."""
     rot_dim = cos_sin_cache.shape[-1]
     cs = cos_sin_cache.index_select(0, positions.reshape(-1).long()).to(dtype)
-    return cs[:, None, : rot_dim // 2], cs[:, None, rot_dim // 2 :]
+    cos, sin = cs[:, None, : rot_dim // 2], cs[:, None, rot_dim // 2 :]
+    if not neox:
+        return cos, sin
+    return cos, sin, torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1)
 
 
 def _side_by_side(q: torch.Tensor, k: torch.Tensor | None) -> torch.Tensor | None:

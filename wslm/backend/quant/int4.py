@@ -104,6 +104,14 @@ class Int4Weight:
         )
 
     def apply(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if (
+            x.dim() == 2 and x.shape[0] < DENSE_ROWS and x.device.type == "cpu" and self.perm is None
+            and x.dtype == self.scales_and_zeros.dtype and x.is_contiguous()
+        ):  # fmt: skip
+            # Decode on CPU: the kernel alone. Each extra op (reshape, a no-op .to) costs microseconds
+            # here, where the weights just streamed through have evicted the dispatcher's caches.
+            out = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, self.group_size, self.scales_and_zeros)
+            return out if bias is None else out + bias
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
         if self.perm is not None:

@@ -39,6 +39,9 @@ class Int8Weight:
 
     def apply(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         if x.device.type == "cpu":
+            if x.dim() == 2 and x.shape[0] < DENSE_ROWS and x.dtype == self.scales.dtype and x.is_contiguous():
+                out = torch.ops.aten._weight_int8pack_mm(x, self.qweight, self.scales)  # decode: the kernel alone
+                return out if bias is None else out + bias
             shape = x.shape
             x2 = x.reshape(-1, shape[-1])
             if x2.shape[0] >= DENSE_ROWS:  # prefill, big batches: expand slices, one GEMM each
