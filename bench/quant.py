@@ -26,12 +26,13 @@ import machine  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAT = [{"role": "user", "content": "Write a long story about a lighthouse keeper and a storm."}]
-CONFIGS = {  # name: (dtype, quantization, dequantize the GGUF); "auto" is what a user gets by default
+CONFIGS = {  # name: (dtype, quantization, dequantize the GGUF[, WSLM_CPU_COMPILE]); "auto" is a user's default
     "float32": ("float32", None, True),
     "bfloat16": ("bfloat16", None, True),
     "int8": ("auto", "int8", True),
     "int4": ("auto", "int4", True),
     "gguf-native": ("auto", None, False),
+    "gguf-native eager": ("auto", None, False, "0"),  # the decode step not compiled (no C++ compiler)
 }
 
 
@@ -43,8 +44,10 @@ def _rss() -> int:
 
 
 def run_wslm(name: str, tokens: int, concurrent: int) -> dict:
-    dtype, quantization, dequantize = CONFIGS[name]
+    dtype, quantization, dequantize, *compile_ = CONFIGS[name]
     os.environ["WSLM_GGUF_DEQUANTIZE"] = "1" if dequantize else "0"
+    if compile_:
+        os.environ["WSLM_CPU_COMPILE"] = compile_[0]
     from wslm.backend import LLM, SamplingParams
 
     start = time.perf_counter()
@@ -52,6 +55,10 @@ def run_wslm(name: str, tokens: int, concurrent: int) -> dict:
               max_num_seqs=max(concurrent, 1))  # fmt: skip
     load_s = time.perf_counter() - start
     rss = _rss()
+    compiled = llm.llm_engine.runner.compiled  # the CPU decode graphs compile in the background: wait
+    compile_s = None
+    if compiled is not None and compiled.wait():
+        compile_s = compiled.compile_seconds
     params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
     llm.chat(CHAT, SamplingParams(temperature=0, max_tokens=4))  # warm-up
     single = 0.0
@@ -66,7 +73,8 @@ def run_wslm(name: str, tokens: int, concurrent: int) -> dict:
     outs = llm.chat(chats, params)
     batch = sum(len(o.outputs[0].token_ids) for o in outs) / (time.perf_counter() - t)
     dtype = str(llm.llm_engine.model_config.dtype).removeprefix("torch.")
-    return {"load_s": load_s, "rss": rss, "single": single, "batch": batch, "dtype": dtype}
+    return {"load_s": load_s, "rss": rss, "single": single, "batch": batch, "dtype": dtype, "compile_s": compile_s,
+            "rss_end": _rss()}  # fmt: skip
 
 
 def run_llama_cpp(tokens: int, threads: int, model_path: str, extra_bufts: bool = True) -> dict:
@@ -168,8 +176,12 @@ def main() -> int:
     p.add_argument("--tokens", type=int, default=64)
     p.add_argument("--concurrent", type=int, default=32)
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    p.add_argument("--llama-threads", type=int, default=None,
-                   help="llama.cpp's thread count when it must differ (default: --threads)")
+    p.add_argument(
+        "--llama-threads",
+        type=int,
+        default=None,
+        help="llama.cpp's thread count when it must differ (default: --threads)",
+    )
     p.add_argument("--llama-python", default="/work/llama-venv/bin/python")
     p.add_argument("--only", nargs="*", default=None, help="subset of configurations")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
@@ -198,23 +210,28 @@ def main() -> int:
     ref = (results.get("llama.cpp") or {}).get("single")
     hf_batch = (results.get("hf") or {}).get("batch")
     rows = ["| weights | compute dtype | single stream tok/s | vs llama.cpp | " f"{args.concurrent} concurrent tok/s | "
-            "vs HF batch | RSS after load (MiB) | load s |", "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+            "vs HF batch | RSS after load (MiB) | RSS at the end (MiB) | load s | decode compiled in s |",
+            "|---|---|---|---|---|---|---|---|---|---|"]  # fmt: skip
     for name, r in results.items():
         if not r:
-            rows.append(f"| {name} | failed | | | | | | |")
+            rows.append(f"| {name} | failed | | | | | | | | |")
             continue
+        end = f"{r['rss_end'] / 2**20:.0f}" if r.get("rss_end") else "-"
+        comp = f"{r['compile_s']:.0f}" if r.get("compile_s") else "-"
         vs = f"{r['single'] / ref:.2f}x" if ref else "-"
         b = f"{r['batch']:.1f}" if r["batch"] else "-"
         vb = f"{r['batch'] / hf_batch:.2f}x" if r["batch"] and hf_batch else "-"
         rows.append(
             f"| {name} | {r.get('dtype', '-')} | {r['single']:.1f} | {vs} | {b} | {vb} | {r['rss'] / 2**20:.0f} | "
-            f"{r['load_s']:.1f} |"
+            f"{end} | {r['load_s']:.1f} | {comp} |"
         )
     body = (
         f"Demo GGUF ({size / 2**20:.0f} MiB, Q4_1 + Q8_0 embeddings), {args.tokens} greedy tokens, "
         f"{args.threads} threads (llama.cpp {args.llama_threads or args.threads}), single stream best of 3, each configuration in its own process, "
-        f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'PASSIVE (wslm default)')}. The machine was shared with other "
-        "jobs while this ran: compare rows of this run, not absolute numbers.\n\n" + "\n".join(rows)
+        f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'PASSIVE (wslm default)')}. wslm rows run the decode "
+        "step compiled (wslm/backend/cpu_compiled.py; measured after the background compile finished) except "
+        "'eager' ones. The machine may be shared with other jobs: compare rows of one run, not absolute "
+        "numbers.\n\n" + "\n".join(rows)
     )
     print(body)
     print("written to", machine.append_section("weight formats on the demo GGUF (bench/quant.py)", body))

@@ -13,6 +13,9 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 if not (os.path.exists("/dev/nvidia0") or os.path.exists("/dev/dxg")):
     os.environ.setdefault("TRITON_INTERPRET", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+# Engines would compile their CPU decode step in the background (~1 min of both cores each): tests run
+# the eager paths; tests/test_cpu_compiled.py turns it on for its own engines.
+os.environ.setdefault("WSLM_CPU_COMPILE", "0")
 # The parity tests compare with HF transformers token for token, so the demo GGUF loads dequantized (as
 # transformers loads it) unless a test asks for its native quantized weights (tests/test_quant*.py).
 os.environ.setdefault("WSLM_GGUF_DEQUANTIZE", "1")

@@ -34,8 +34,22 @@ _NORMS = (RMSNorm, GemmaRMSNorm)  # the same kernel (Gemma's 1 + w is folded at 
 
 
 def _linear_fn(layer) -> Callable[[torch.Tensor], torch.Tensor]:
-    """x -> layer(x) with the per-call format checks done once (tensor parallelism is off here)."""
+    """x -> layer(x) with the per-call format checks done once (tensor parallelism is off here). The
+    function carries what it multiplies by (source_weight, source_bias, bias_after) for cpu_compiled.py."""
+    fn = _bind_linear(layer)
+    if fn is not layer:
+        fn.source_weight, fn.source_bias = layer.weight, layer.bias
+        fn.bias_after = _bias_after(layer)
+    return fn
+
+
+def _bias_after(layer) -> bool:
     from wslm.backend.modeling.layers.linear import RowParallelLinear
+
+    return layer.bias is not None and isinstance(layer, RowParallelLinear)
+
+
+def _bind_linear(layer) -> Callable[[torch.Tensor], torch.Tensor]:
     from wslm.backend.quant.int4 import Int4Weight
     from wslm.backend.quant.int4_dense import DENSE_ROWS as INT4_ROWS
     from wslm.backend.quant.int8 import DENSE_ROWS as INT8_ROWS
@@ -43,7 +57,7 @@ def _linear_fn(layer) -> Callable[[torch.Tensor], torch.Tensor]:
 
     w, b = layer.weight, layer.bias
     if isinstance(w, torch.Tensor):
-        if b is not None and isinstance(layer, RowParallelLinear):
+        if _bias_after(layer):
             return lambda x: F.linear(x, w) + b  # added after the (would-be) sum, rounded as the layer does
         return lambda x: F.linear(x, w, b)
     if isinstance(w, Int4Weight) and w.perm is None:

@@ -114,6 +114,8 @@ class LLMEngine:
         decodes = self.pooling is None
         if self.device.type == "cuda" and not config.enforce_eager and config.tensor_parallel_size == 1 and decodes:
             self.runner.enable_cuda_graphs(config.max_num_seqs, mc.max_model_len)
+        if self.device.type == "cpu" and config.tensor_parallel_size == 1 and decodes:
+            self.runner.enable_cpu_compile(config.enforce_eager)
         self.sampler = Sampler(mc.vocab_size, self.device, config.seed)
         # Structured output: thread-safe, so the server compiles grammars in worker threads ahead of add_request.
         self.structured = StructuredOutputCompiler(self.tokenizer, mc.vocab_size, sorted(mc.eos_token_ids))

@@ -64,6 +64,7 @@ class ModelRunner:
             from wslm.backend.cpu_decode import CpuDecodePath
 
             self.cpu_decode = CpuDecodePath.build(model, self.kv_pool)
+        self.compiled = None  # CompiledDecode: the same step compiled by inductor (cpu_compiled.py)
         self.kv_cache_bytes = self.kv_pool.numel() * self.kv_pool.element_size()
 
     def enable_cuda_graphs(self, max_num_seqs: int, max_model_len: int) -> None:
@@ -72,6 +73,14 @@ class ModelRunner:
         graphs = DecodeGraphs(self.model, self.kv_caches, max_num_seqs, max_model_len, self.block_size)
         if graphs.capture():
             self.graphs = graphs
+
+    def enable_cpu_compile(self, enforce_eager: bool = False) -> None:
+        """Compile the CPU decode step in the background (cpu_compiled.py); eager until it is ready."""
+        from wslm.backend.cpu_compiled import CompiledDecode
+
+        self.compiled = CompiledDecode.build(self.model, self.cpu_decode, self.kv_pool, enforce_eager)
+        if self.compiled is not None:
+            self.compiled.start()
 
     def shutdown(self) -> None:
         pass  # one process: nothing to stop
@@ -121,7 +130,9 @@ class ModelRunner:
         if self.graphs is not None and is_decode and self.graphs.can_run(len(scheduled)):
             return self.graphs.run(input_ids, positions, meta), sampled
         if self.cpu_decode is not None and is_decode:
-            logits = self.cpu_decode.run(input_ids, positions, meta)
+            logits = None if self.compiled is None else self.compiled.run(input_ids, positions, meta)
+            if logits is None:
+                logits = self.cpu_decode.run(input_ids, positions, meta)
             if logits is not None:
                 return logits, sampled
         logits = self.model.forward(input_ids, positions, meta, self.kv_caches)
