@@ -30,7 +30,7 @@ class EngineConfig:
     seed: int = 0
     tensor_parallel_size: int = 1
     distributed_executor_backend: str | None = None  # "mp" (one machine, default) or "ray" (a Ray cluster)
-    enforce_eager: bool = False  # CUDA: no CUDA graphs
+    enforce_eager: bool = False  # no CUDA graphs, no compiled CPU decode step
     trust_remote_code: bool = False
     # None: as the checkpoint is (a GGUF file and AWQ/GPTQ checkpoints stay quantized); "int8" / "int4":
     # quantize a 16-bit checkpoint's linear weights while loading. vLLM's name and values.

@@ -106,7 +106,7 @@ def _add_vllm_flags(p: argparse.ArgumentParser) -> None:
                    help="the Hugging Face cache folder to find repo ids in (default: the usual HF cache)")
     g.add_argument("--trust-remote-code", action="store_true",
                    help="let transformers run the model repo's own code for its config and tokenizer")
-    g.add_argument("--enforce-eager", action="store_true", help="CUDA: run eagerly, without CUDA graphs")
+    g.add_argument("--enforce-eager", action="store_true", help="run eagerly: no CUDA graphs, no compiled CPU decode step")
     g.add_argument("--max-logprobs", type=int, default=20,
                    help="most top logprobs a request may ask for (default 20; -1: the whole vocabulary)")
     g.add_argument("--generation-config", default="auto",
