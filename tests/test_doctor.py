@@ -259,3 +259,14 @@ def test_tensor_parallel_sizes_follow_the_model():
     assert tensor_parallel_sizes(4, num_heads=9, num_kv_heads=3) == [1, 3]  # the demo model
     assert tensor_parallel_sizes(8, num_heads=32, num_kv_heads=2) == [1, 2, 4, 8]  # KV heads replicated
     assert tensor_parallel_sizes(0) == [1]
+
+
+def test_compiler_check_names_the_package_when_missing(tmp_path):
+    from wslm.backend.doctor import check_compiler
+
+    root = fake_machine(tmp_path)
+    c = check_compiler(probe(tmp_path, root))
+    assert c.status == WARN and "g++" in c.fix and "eagerly" in c.detail
+    script(tmp_path / "bin", "g++", "")
+    c = check_compiler(probe(tmp_path, root))
+    assert c.status == OK and c.detail.startswith("C++ compiler")

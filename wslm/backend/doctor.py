@@ -223,7 +223,9 @@ def check_gpu(probe: Probe, t: dict, exe: str | None, smi: list[dict] | None, sm
         ]
         gpus = [{"name": g["name"], "total_bytes": (g["total_mib"] or 0) * 2**20,
                  "used_bytes": (g["used_mib"] or 0) * 2**20, "driver": g["driver"]} for g in smi]  # fmt: skip
-        return Check("gpu", OK, "; ".join(parts) + f" [{exe}]" + _tp_hint(len(gpus)), data=_gpu_data(gpus, exe))
+        return Check(
+            "gpu", OK, "; ".join(parts) + f" [{exe}]" + _tp_hint(len(gpus)), data=_gpu_data(gpus, exe)
+        )
     if t.get("gpus"):
         parts = [f"{g['name']}, {g['total_bytes'] // 2**20} MiB" for g in t["gpus"]]
         return Check("gpu", OK, "; ".join(parts) + " (torch)" + _tp_hint(len(t["gpus"])),
@@ -329,12 +331,34 @@ def check_qt_xcb(probe: Probe, gui_installed: Callable[[], bool] = _gui_installe
     have = {line.strip().split(" ", 1)[0] for line in out.splitlines() if line.strip()}
     missing = [pkg for lib, pkg in QT_XCB_LIBS.items() if lib not in have]
     if not missing:
-        return Check("qt_xcb", OK, "Qt's X11 (xcb) libraries are installed: the GUI can open a window",
-                     data={"missing": []})
+        return Check(
+            "qt_xcb",
+            OK,
+            "Qt's X11 (xcb) libraries are installed: the GUI can open a window",
+            data={"missing": []},
+        )
     return Check(
         "qt_xcb", WARN,
         f"The GUI (wslm gui) cannot open a window under X11: Qt's xcb plugin needs {', '.join(missing)}.",
         f"sudo apt-get install -y {' '.join(missing)}", data={"missing": missing},
+    )  # fmt: skip
+
+
+def check_compiler(probe: Probe) -> Check | None:
+    """A C++ compiler: the CPU decode step compiles with it (wslm/backend/cpu_compiled.py, ~1.4-2.5x faster
+    CPU decoding); without one the engine runs eagerly."""
+    if probe.system != "Linux":
+        return None
+    found = next((probe.which(n) for n in ("g++", "c++", "clang++") if probe.which(n)), None)
+    if found:
+        return Check(
+            "compiler", OK, f"C++ compiler {found}: the CPU decode step is compiled in the background"
+        )
+    return Check(
+        "compiler", WARN,
+        "No C++ compiler: on CPU the decode step runs eagerly (compiled, the demo model decodes ~1.4x faster "
+        "alone and ~2.5x faster at 32 chats).",
+        "sudo apt-get install -y g++ python3-dev",
     )  # fmt: skip
 
 
@@ -435,7 +459,8 @@ def run_checks(probe: Probe | None = None) -> list[Check]:
     t = probe.torch_info()
     exe, smi, smi_error = query_nvidia_smi(probe)
     checks += [check_torch(probe, t, smi), check_gpu(probe, t, exe, smi, smi_error)]
-    checks += [c for c in (check_libcuda(probe), check_ldconfig(probe), check_qt_xcb(probe)) if c is not None]
+    optional = (check_libcuda(probe), check_ldconfig(probe), check_qt_xcb(probe), check_compiler(probe))
+    checks += [c for c in optional if c is not None]
     checks += [check_disk(probe), check_memory(probe), check_demo(probe), check_hub(probe)]
     return checks
 
