@@ -141,6 +141,8 @@ def child(args) -> int:
     if args.child != "llama.cpp":  # llama.cpp's venv has no torch
         import torch
 
+        import wslm  # noqa: F401  (before torch: wslm's OMP_WAIT_POLICY default must reach libgomp, as in `wslm serve`)
+
         torch.set_num_threads(args.threads)
     if args.child == "llama.cpp":
         result = run_llama_cpp(args.tokens, args.threads, args.model_path, not args.llama_no_extra_bufts)

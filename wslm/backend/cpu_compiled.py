@@ -214,6 +214,7 @@ class CompiledDecode:
         self.ready = threading.Event()
         self.failed: str | None = None
         self.compile_seconds = 0.0
+        self.threads = torch.get_num_threads()  # the engine's (OpenMP settings are per thread)
         self.steps = 0
         self._thread: threading.Thread | None = None
 
@@ -253,7 +254,15 @@ class CompiledDecode:
             # One sequence, then 2+: every later batch reuses one of the two graphs. Sizes no other
             # dimension has, so that none is taken for another (an accidental guard, a recompile). The
             # inputs are made outside inference mode, as run() makes its own (dynamo guards on it).
+            from wslm.backend.model_runner import SMALL_STEP_ROWS
+
+            passive = os.environ.get("OMP_WAIT_POLICY", "").upper() == "PASSIVE"
             for b in (1, 11):
+                # The one-sequence graph runs on one thread where the engine would (model_runner.py:
+                # waking sleeping OpenMP threads costs more than they add); the batch graph on all.
+                threads = 1 if (b <= SMALL_STEP_ROWS and passive) else self.threads
+                inductor.cpp.threads = threads
+                torch.set_num_threads(threads)  # dynamo guards on it: as the engine will run this graph
                 inputs = self._inputs_for(b, blocks_per_seq=5)
                 with torch.inference_mode():
                     compiled(*inputs)
