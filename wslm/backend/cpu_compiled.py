@@ -29,7 +29,7 @@ import torch.nn.functional as F
 
 from wslm.backend.modeling.layers.attention import AttentionMetadata
 from wslm.kernels.torch_paged_attention import _decode_blocks
-from wslm.kernels.torch_rotary import _cos_sin
+from wslm.kernels.torch_rotary import _cos_sin, neox_rotated
 
 logger = logging.getLogger(__name__)
 ENV_VAR = "WSLM_CPU_COMPILE"
@@ -65,14 +65,17 @@ def why_not(cpu_decode, enforce_eager: bool = False, weight_bytes: int = 0) -> s
 
 
 def _spec(fn) -> tuple | None:
-    """(kind, tensors) of a cpu_decode linear: what the graph multiplies by, as frozen buffers."""
-    w = getattr(fn, "source_weight", None)
-    b = getattr(fn, "source_bias", None)
+    """(kind, tensors, extra) of a cpu_decode linear: what the graph multiplies by, as frozen buffers."""
+    return _weight_spec(getattr(fn, "source_weight", None), getattr(fn, "source_bias", None),
+                        getattr(fn, "bias_after", False))  # fmt: skip
+
+
+def _weight_spec(w, b=None, bias_after: bool = False) -> tuple | None:
     from wslm.backend.quant.int4 import Int4Weight
     from wslm.backend.quant.int8 import Int8Weight
 
     if isinstance(w, torch.Tensor):
-        return ("dense", (w, b), getattr(fn, "bias_after", False))
+        return ("dense", (w, b), bias_after)
     if isinstance(w, Int4Weight) and w.perm is None:
         return ("int4", (w.packed, w.scales_and_zeros, b), w.group_size)
     if isinstance(w, Int8Weight):
@@ -87,10 +90,9 @@ class _DecodeModule(torch.nn.Module):
     def __init__(self, model, cpu_decode) -> None:
         super().__init__()
         self._n = 0
-        self._specs: list[tuple] = []
         emb, head = model.embed_tokens.weight, model.lm_head.weight
         self.embed = self._table(emb)
-        self.head = self._linear(_spec(_head_fn(head)))
+        self.head = self._linear(_weight_spec(head))
         self.final_norm = self._buf(model.norm.weight)
         self.final_eps = model.norm.eps
         self.dtype = model.dtype
@@ -159,7 +161,7 @@ class _DecodeModule(torch.nn.Module):
             qk = qkv[:, : p["q_size"] + p["kv_size"]].unflatten(-1, (-1, hd))
             if p["qk_norm"] is not None:
                 qk = getattr(self, p["qk_norm"]) * F.rms_norm(qk, (hd,), None, p["qk_eps"])
-            qk = qk * cos2 + qk.unflatten(-1, (2, hd // 2)).flip(-2).flatten(-2) * sin2
+            qk = neox_rotated(qk, cos2, sin2)
             kv = torch.stack((qk[:, heads:], qkv[:, p["q_size"] + p["kv_size"] :].view(b, kvh, hd)))
             new_kv.append(kv)
             # This layer's cached keys/values with the new token's put in (the pool itself is not written).
@@ -188,16 +190,6 @@ def _weight_bytes(cpu_decode) -> int:
             w = getattr(fn, "source_weight", None)
             total += w.numel() * w.element_size() if isinstance(w, torch.Tensor) else getattr(w, "nbytes", 0)
     return total
-
-
-def _head_fn(weight):
-    """A stand-in carrying the LM head's weight the way cpu_decode's linears carry theirs."""
-
-    def fn(x):  # never called: _spec reads the attributes
-        raise NotImplementedError
-
-    fn.source_weight, fn.source_bias = weight, None
-    return fn
 
 
 class CompiledDecode:

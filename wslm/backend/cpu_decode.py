@@ -26,7 +26,7 @@ from wslm.backend.modeling.layers.attention import AttentionMetadata
 from wslm.backend.modeling.layers.norm import GemmaRMSNorm, HeadRMSNorm, RMSNorm
 from wslm.kernels.dispatch import selected_backend
 from wslm.kernels.torch_paged_attention import _decode_blocks
-from wslm.kernels.torch_rotary import _cos_sin
+from wslm.kernels.torch_rotary import _cos_sin, neox_rotated
 
 logger = logging.getLogger(__name__)
 ENV_VAR = "WSLM_CPU_FAST_DECODE"
@@ -235,8 +235,7 @@ class CpuDecodePath:
             qk = qkv[:, : layer.q_size + layer.kv_size].unflatten(-1, (-1, hd))
             if layer.qk_norm_w is not None:
                 qk = layer.qk_norm_w * rms(qk, (hd,), None, layer.qk_eps)
-            # HF's rotate_half, rounded as the general path rounds it (torch_rotary._rotate).
-            qk = qk * cos2 + qk.unflatten(-1, (2, hd // 2)).flip(-2).flatten(-2) * sin2
+            qk = neox_rotated(qk, cos2, sin2)
             v = qkv[:, layer.q_size + layer.kv_size :].view(b, kvh, hd)
             pool_slots[0].index_copy_(0, slots, qk[:, heads:])
             pool_slots[1].index_copy_(0, slots, v)

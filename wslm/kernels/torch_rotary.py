@@ -14,15 +14,18 @@ def as_heads(x: torch.Tensor, head_dim: int) -> torch.Tensor:
     return x.unflatten(-1, (-1, head_dim))
 
 
+def neox_rotated(x: torch.Tensor, cos2: torch.Tensor, sin2: torch.Tensor, out: torch.Tensor | None = None):
+    """x * [cos|cos] + [x2|x1] * [-sin|sin] over x's last dim (all of it rotated): HF's rotate_half in four
+    ops, rounded exactly as its x1*cos - x2*sin (each product rounds, then the sum; negating is exact)."""
+    swapped = x.unflatten(-1, (2, x.shape[-1] // 2)).flip(-2).flatten(-2)
+    return torch.add(x * cos2, swapped * sin2, out=out)
+
+
 def _rotate(x: torch.Tensor, tables: tuple[torch.Tensor, ...], rot_dim: int, neox: bool) -> None:
     """x [T, H, D] rotated in place over its first rot_dim dims (tables: see _cos_sin)."""
     xr = x if rot_dim == x.shape[-1] else x[..., :rot_dim]
     if neox:  # HF Llama's rotate_half: pairs (i, i + rot_dim/2)
-        # x * [cos|cos] + [x2|x1] * [-sin|sin]: four ops, rounded exactly as HF's x1*cos - x2*sin (each
-        # product rounds, then the sum; negating a rounded product is exact).
-        cos2, sin2 = tables[2], tables[3]
-        swapped = xr.unflatten(-1, (2, rot_dim // 2)).flip(-2).flatten(-2)
-        torch.add(xr * cos2, swapped * sin2, out=xr)
+        neox_rotated(xr, tables[2], tables[3], out=xr)
         return
     cos, sin = tables[0], tables[1]  # GPT-J style: pairs (2i, 2i + 1)
     x1, x2 = xr[..., 0::2], xr[..., 1::2]
