@@ -12,6 +12,8 @@ import os
 import torch
 import torch.nn.functional as F
 
+from wslm.kernels import cpu_gemv
+
 # aten._weight_int8pack_mm runs one matrix-vector product per activation row (3072x576, one thread:
 # 0.17 ms at 1 row, 1.6 ms at 32, 6.3 ms at 128), while expanding the weight to bf16 and one GEMM costs
 # ~1.2 ms whatever the rows: from DENSE_ROWS rows (prefill, big decode batches) the GEMM runs.
@@ -39,6 +41,9 @@ class Int8Weight:
 
     def apply(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         if x.device.type == "cpu":
+            if cpu_gemv.int8_mm_ok(x, self.qweight, self.scales):  # decode rows: ours, where it is built
+                out = cpu_gemv.int8_mm(x, self.qweight, self.scales)
+                return out if bias is None else out + bias
             if x.dim() == 2 and x.shape[0] < DENSE_ROWS and x.dtype == self.scales.dtype and x.is_contiguous():
                 out = torch.ops.aten._weight_int8pack_mm(x, self.qweight, self.scales)  # decode: the kernel alone
                 return out if bias is None else out + bias

@@ -1,0 +1,107 @@
+"""wslm/kernels/cpu_gemv.py: the int8 decode kernel built with the system's C compiler matches torch's
+int8 kernel (same fp32 sums, up to their order), on one thread and several, and every case it does not
+take (no compiler, turned off, too many rows, float32 rows) falls back to torch's kernel."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from wslm.backend.quant.int8 import Int8Weight, quantize_int8
+from wslm.kernels import cpu_gemv
+
+pytestmark = pytest.mark.skipif(cpu_gemv.compiler() is None, reason="no C compiler")
+
+
+@pytest.fixture
+def fresh(monkeypatch, tmp_path):
+    """A library state of its own, built into a temporary cache."""
+    monkeypatch.setattr(cpu_gemv, "_tried", False)
+    monkeypatch.setattr(cpu_gemv, "_lib", None)
+    monkeypatch.setattr(cpu_gemv, "_cache_dir", lambda: tmp_path)
+    return tmp_path
+
+
+def _weight(n: int, k: int) -> Int8Weight:
+    torch.manual_seed(n + k)
+    return quantize_int8(torch.randn(n, k) * 0.05)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 16])
+def test_matches_torch_int8_kernel(rows):
+    w = _weight(1000, 320)
+    x = torch.randn(rows, 320).bfloat16()
+    assert cpu_gemv.int8_mm_ok(x, w.qweight, w.scales)
+    ours = cpu_gemv.int8_mm(x, w.qweight, w.scales)
+    ref = torch.ops.aten._weight_int8pack_mm(x, w.qweight, w.scales)
+    assert ours.dtype == torch.bfloat16 and ours.shape == (rows, 1000)
+    # Same products, other summation order: at most one bf16 rounding step apart.
+    torch.testing.assert_close(ours.float(), ref.float(), rtol=2**-7, atol=1e-3)
+    exact = x.float() @ w.dequantize(torch.float32).t()
+    assert (ours.float() - exact).abs().max() <= (ref.float() - exact).abs().max() * 1.5 + 1e-3
+
+
+def test_threads_split_rows_without_changing_results():
+    w = _weight(512, 64)
+    x = torch.randn(2, 64).bfloat16()
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = cpu_gemv.int8_mm(x, w.qweight, w.scales)
+        torch.set_num_threads(2)
+        two = cpu_gemv.int8_mm(x, w.qweight, w.scales)
+    finally:
+        torch.set_num_threads(before)
+    assert torch.equal(one, two)
+
+
+def test_int8_weight_uses_it_with_bias_and_falls_back_beyond_it():
+    w = _weight(256, 128)
+    bias = torch.randn(256).bfloat16()
+    x = torch.randn(2, 128).bfloat16()
+    out = w.apply(x, bias)
+    torch.testing.assert_close(out, cpu_gemv.int8_mm(x, w.qweight, w.scales) + bias)
+    many = torch.randn(cpu_gemv.MAX_ROWS + 1, 128).bfloat16()
+    assert not cpu_gemv.int8_mm_ok(many, w.qweight, w.scales)
+    assert not cpu_gemv.int8_mm_ok(x.float(), w.qweight, w.scales)
+    assert not cpu_gemv.int8_mm_ok(torch.randn(128, 2).bfloat16().t(), w.qweight, w.scales)  # not contiguous
+    odd = _weight(256, 72)  # 72 columns: not a multiple of 16
+    assert not cpu_gemv.int8_mm_ok(torch.randn(1, 72).bfloat16(), odd.qweight, odd.scales)
+
+
+def test_built_once_into_the_cache(fresh):
+    lib = cpu_gemv.library()
+    assert lib is not None
+    built = list(fresh.glob("cpu_gemv-*.so"))
+    assert len(built) == 1
+    stamp = built[0].stat().st_mtime_ns
+    cpu_gemv._tried = False
+    cpu_gemv._lib = None
+    assert cpu_gemv.library() is not None
+    assert built[0].stat().st_mtime_ns == stamp  # reused, not rebuilt
+
+
+def test_off_or_without_a_compiler_torch_kernel_serves(fresh, monkeypatch, caplog):
+    monkeypatch.setenv(cpu_gemv.ENV_VAR, "0")
+    assert cpu_gemv.library() is None
+    w = _weight(64, 32)
+    x = torch.randn(1, 32).bfloat16()
+    assert not cpu_gemv.int8_mm_ok(x, w.qweight, w.scales)
+    torch.testing.assert_close(w.apply(x), torch.ops.aten._weight_int8pack_mm(x, w.qweight, w.scales))
+
+    monkeypatch.delenv(cpu_gemv.ENV_VAR)
+    monkeypatch.setattr(cpu_gemv, "_tried", False)
+    monkeypatch.setattr(cpu_gemv, "compiler", lambda: None)
+    with caplog.at_level("INFO", logger="wslm.kernels.cpu_gemv"):
+        assert cpu_gemv.library() is None
+    assert "no C compiler" in caplog.text
+
+
+def test_a_failing_build_is_logged_not_raised(fresh, monkeypatch, caplog, tmp_path):
+    broken = tmp_path / "broken.c"
+    broken.write_text("this is not C\n")
+    monkeypatch.setattr(cpu_gemv, "SOURCE", broken)
+    with caplog.at_level("WARNING", logger="wslm.kernels.cpu_gemv"):
+        assert cpu_gemv.library() is None
+    assert "not built" in caplog.text
+    assert not list(fresh.glob("*.so"))  # no half-written library left behind

@@ -1,0 +1,122 @@
+/* int8 weight-only matrix products for a few activation rows (decode) on CPU; built by cpu_gemv.py.
+
+   out[m, n] = bf16(scale[n] * sum_k x[m, k] * w[n, k]), fp32 accumulation: the math of
+   aten._weight_int8pack_mm, which expands and multiplies one weight row at a time and stalls on memory
+   (the demo's 49152x576 lm_head: 2.6-3.5 ms a call on one Xeon core once the layers' weights have pushed
+   it out of cache; this loop, which asks for rows a few ahead, 1.4 ms). Each block of weight rows is read
+   once for all activation rows. Built on the user's machine with -march=native: AVX-512 and AVX2 get
+   intrinsics, anything else the plain loop. */
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+static inline float bf2f(uint16_t v) { uint32_t u = (uint32_t)v << 16; float f; memcpy(&f, &u, 4); return f; }
+static inline uint16_t f2bf(float f) {  /* round to nearest even, as torch does (NaN stays NaN) */
+    uint32_t u; memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+
+#define ROWS 4     /* weight rows per inner loop */
+#define AHEAD 8    /* prefetch this many row groups ahead: hardware prefetch alone leaves the loop waiting */
+#define MAXM 4     /* activation rows per pass: 4 x 4 accumulators stay in registers */
+
+#if defined(__AVX512F__)
+#define LANES 16
+typedef __m512 vec;
+#define VZERO() _mm512_setzero_ps()
+#define VLOADX(p) _mm512_loadu_ps(p)
+#define VLOADW(p) _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(p))))
+#define VFMA(a, b, c) _mm512_fmadd_ps(a, b, c)
+static inline float vsum(vec v) { return _mm512_reduce_add_ps(v); }
+#elif defined(__AVX2__) && defined(__FMA__)
+#define LANES 8
+typedef __m256 vec;
+#define VZERO() _mm256_setzero_ps()
+#define VLOADX(p) _mm256_loadu_ps(p)
+#define VLOADW(p) _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(p))))
+#define VFMA(a, b, c) _mm256_fmadd_ps(a, b, c)
+static inline float vsum(vec v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+#else
+#define LANES 1
+typedef float vec;
+#define VZERO() 0.0f
+#define VLOADX(p) (*(p))
+#define VLOADW(p) ((float)*(p))
+#define VFMA(a, b, c) ((a) * (b) + (c))
+static inline float vsum(vec v) { return v; }
+#endif
+
+static inline void prefetch(const void *p) {
+#if defined(__GNUC__)
+    __builtin_prefetch(p, 0, 3);
+#endif
+}
+
+/* rows [n, n + ROWS) of w against activation rows [m0, m0 + mc) (mc <= MAXM) */
+static inline void block(const float *xf, long m0, long mc, const int8_t *w, long n, long K,
+                         const uint16_t *scale, uint16_t *out, long N) {
+    vec acc[MAXM][ROWS];
+    for (long r = 0; r < MAXM; r++)
+        for (long j = 0; j < ROWS; j++) acc[r][j] = VZERO();
+    const int8_t *w0 = w + n * K;
+    for (long k = 0; k < K; k += LANES) {
+        vec wv[ROWS];
+        for (long j = 0; j < ROWS; j++) wv[j] = VLOADW(w0 + j * K + k);
+        for (long r = 0; r < MAXM; r++) {
+            if (r >= mc) break;
+            vec xv = VLOADX(xf + (m0 + r) * K + k);
+            for (long j = 0; j < ROWS; j++) acc[r][j] = VFMA(xv, wv[j], acc[r][j]);
+        }
+    }
+    for (long r = 0; r < mc; r++)
+        for (long j = 0; j < ROWS; j++) out[(m0 + r) * N + n + j] = f2bf(vsum(acc[r][j]) * bf2f(scale[n + j]));
+}
+
+static void rows_range(const float *xf, long M, const int8_t *w, const uint16_t *scale, uint16_t *out,
+                       long N, long K, long n0, long n1) {
+    for (long n = n0; n < n1; n += ROWS) {
+        const char *ahead = (const char *)(w + (n + AHEAD * ROWS) * K);
+        if (n + AHEAD * ROWS < N)
+            for (long p = 0; p < ROWS * K; p += 64) prefetch(ahead + p);
+        for (long m0 = 0; m0 < M; m0 += MAXM) block(xf, m0, M - m0 < MAXM ? M - m0 : MAXM, w, n, K, scale, out, N);
+    }
+}
+
+/* x [M, K] bf16, w [N, K] int8, scale [N] bf16 -> out [M, N] bf16. N % 4 == 0 and K % 16 == 0 (the
+   caller checks). Returns 0, or -1 when memory for the fp32 copy of x could not be had. */
+int wslm_int8_mm_bf16(const uint16_t *x, long M, const int8_t *w, const uint16_t *scale, uint16_t *out,
+                      long N, long K, int threads) {
+    float *xf = (float *)malloc(sizeof(float) * (size_t)(M * K));
+    if (!xf) return -1;
+    for (long i = 0; i < M * K; i++) xf[i] = bf2f(x[i]);
+    long chunks = N / ROWS;
+#if defined(_OPENMP)
+    if (threads > 1) {
+#pragma omp parallel num_threads(threads)
+        {
+            int t = omp_get_thread_num(), nt = omp_get_num_threads();
+            long c0 = chunks * t / nt, c1 = chunks * (t + 1) / nt;
+            rows_range(xf, M, w, scale, out, N, K, c0 * ROWS, c1 * ROWS);
+        }
+        free(xf);
+        return 0;
+    }
+#endif
+    (void)threads;
+    rows_range(xf, M, w, scale, out, N, K, 0, chunks * ROWS);
+    free(xf);
+    return 0;
+}

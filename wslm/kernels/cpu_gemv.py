@@ -1,0 +1,127 @@
+"""int8 weight-only products for decode rows on CPU: cpu_gemv.c, built here with the system's C compiler.
+
+aten._weight_int8pack_mm (the CPU int8 kernel torch ships) expands one weight row at a time and waits on
+memory: the demo GGUF's int8 lm_head (49152x576) took 2.6-3.5 ms a decode step on one core of a Xeon,
+a quarter of the step, where cpu_gemv.c's loop takes 1.4 ms (bench notes in docs/benchmarks.md). Same
+math: fp32 sums, times the row's scale, rounded to bf16 once.
+
+The library is compiled on first use with -O3 -march=native (so AVX-512 / AVX2 are this CPU's own) into
+the user cache, keyed by source, compiler flags and CPU; a machine without a C compiler, or a build that
+fails, keeps torch's kernel (logged once). WSLM_CPU_KERNELS=0 turns it off."""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+ENV_VAR = "WSLM_CPU_KERNELS"
+SOURCE = Path(__file__).with_name("cpu_gemv.c")
+# Above this many activation rows one bf16 GEMM over the expanded weight (AMX / AVX512-BF16) wins.
+MAX_ROWS = 16
+_FLAGS = ["-O3", "-march=native", "-fPIC", "-shared", "-fno-math-errno"]
+
+_lock = threading.Lock()
+_lib: ctypes.CDLL | None = None
+_tried = False
+
+
+def compiler() -> str | None:
+    """The C compiler to build with: $CC, else cc / gcc / clang on PATH."""
+    for name in (os.environ.get("CC"), "cc", "gcc", "clang"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            return "".join(line for line in f if line.startswith(("model name", "flags")))[:4000]
+    except OSError:
+        return ""
+
+
+def _cache_dir() -> Path:
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("wslm", appauthor=False)) / "kernels"
+
+
+def _build(cc: str) -> Path:
+    source = SOURCE.read_bytes()
+    key = hashlib.sha256(source + cc.encode() + " ".join(_FLAGS).encode() + _cpu_model().encode()).hexdigest()
+    target = _cache_dir() / f"cpu_gemv-{key[:16]}.so"
+    if target.exists():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    last = ""
+    for extra in (["-fopenmp"], []):  # OpenMP splits rows over torch's threads; a compiler without it: one
+        with tempfile.NamedTemporaryFile(dir=target.parent, suffix=".so", delete=False) as tmp:
+            pass
+        cmd = [cc, *_FLAGS, *extra, str(SOURCE), "-o", tmp.name]
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        if done.returncode == 0:
+            os.replace(tmp.name, target)  # atomic: a second process sees a whole library or none
+            return target
+        os.unlink(tmp.name)
+        last = (done.stderr or done.stdout).strip()[-500:]
+    raise RuntimeError(last or "the compiler failed")
+
+
+def library() -> ctypes.CDLL | None:
+    """The built library, or None where it cannot be had (then callers use torch's kernels)."""
+    global _lib, _tried
+    if _tried:
+        return _lib
+    with _lock:
+        if _tried:
+            return _lib
+        try:
+            setting = os.environ.get(ENV_VAR, "1").strip().lower()
+            if setting in ("0", "false", "no", "off"):
+                logger.info("CPU int8 decode kernel off (%s=%s)", ENV_VAR, setting)
+            elif (cc := compiler()) is None:
+                logger.info("CPU int8 decode kernel not built: no C compiler (sudo apt-get install -y gcc)")
+            else:
+                lib = ctypes.CDLL(str(_build(cc)))
+                fn = lib.wslm_int8_mm_bf16
+                fn.restype = ctypes.c_int
+                fn.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p,
+                               ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_int]  # fmt: skip
+                _lib = lib
+        except Exception as exc:  # an optimisation: never a reason not to serve
+            logger.warning("CPU int8 decode kernel not built (%s); torch's kernel runs instead.", exc)
+        _tried = True
+        return _lib
+
+
+def int8_mm_ok(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor) -> bool:
+    """Whether int8_mm takes these (a few contiguous bf16 rows on CPU, shapes it is built for)."""
+    return (
+        x.device.type == "cpu" and x.dim() == 2 and 0 < x.shape[0] <= MAX_ROWS and x.dtype == torch.bfloat16
+        and scales.dtype == torch.bfloat16 and x.is_contiguous() and qweight.shape[0] % 4 == 0
+        and qweight.shape[1] % 16 == 0 and library() is not None
+    )  # fmt: skip
+
+
+def int8_mm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
+    """x [M, K] bf16 @ (qweight [N, K] int8 * scales [N, 1]).T -> [M, N] bf16; check int8_mm_ok first."""
+    lib = library()
+    m, k = x.shape
+    n = qweight.shape[0]
+    out = torch.empty(m, n, dtype=torch.bfloat16)
+    rc = lib.wslm_int8_mm_bf16(x.data_ptr(), m, qweight.data_ptr(), scales.data_ptr(), out.data_ptr(), n, k,
+                               torch.get_num_threads())  # fmt: skip
+    if rc != 0:
+        raise MemoryError("wslm_int8_mm_bf16: out of memory for the activations' float copy")
+    return out
