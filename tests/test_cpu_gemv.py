@@ -1,6 +1,6 @@
-"""wslm/kernels/cpu_gemv.py: the int8 decode kernel built with the system's C compiler matches torch's
-int8 kernel (same fp32 sums, up to their order), on one thread and several, and every case it does not
-take (no compiler, turned off, too many rows, float32 rows) falls back to torch's kernel."""
+"""wslm/kernels/cpu_gemv.py: the int8 and int4 decode kernels built with the system's C compiler match
+torch's kernels (same fp32 sums, up to their order), on one thread and several, and every case they do
+not take (no compiler, turned off, too many rows, float32 rows) falls back to torch's kernel."""
 
 from __future__ import annotations
 
@@ -105,3 +105,28 @@ def test_a_failing_build_is_logged_not_raised(fresh, monkeypatch, caplog, tmp_pa
         assert cpu_gemv.library() is None
     assert "not built" in caplog.text
     assert not list(fresh.glob("*.so"))  # no half-written library left behind
+
+
+@pytest.mark.parametrize(("n", "k", "group"), [(128, 64, 32), (192, 256, 128), (64, 96, 32)])
+def test_int4_matches_torch_int4_kernel(n, k, group):
+    from wslm.backend.quant.int4 import Int4Codes
+
+    torch.manual_seed(n + k)
+    codes = Int4Codes(torch.randint(0, 16, (n, k), dtype=torch.uint8), torch.rand(n, k // group) * 0.02,
+                      torch.randn(n, k // group) * 0.02, group)  # fmt: skip
+    w = codes.pack(torch.device("cpu"))
+    assert w.unpackable  # torch's pack has the layout the kernel reads
+    x = torch.randn(1, k).bfloat16()
+    assert cpu_gemv.int4_mv_ok(x, w.packed, w.scales_and_zeros, group)
+    ours = cpu_gemv.int4_mv(x, w.packed, w.scales_and_zeros, group)
+    ref = torch.ops.aten._weight_int4pack_mm_for_cpu(x, w.packed, group, w.scales_and_zeros)
+    torch.testing.assert_close(ours.float(), ref.float(), rtol=2**-7, atol=1e-3)  # same sums, same order
+    torch.testing.assert_close(w.apply(x), ours)  # the engine's int4 decode row takes it
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        assert torch.equal(cpu_gemv.int4_mv(x, w.packed, w.scales_and_zeros, group), ours)
+    finally:
+        torch.set_num_threads(before)
+    assert not cpu_gemv.int4_mv_ok(torch.randn(2, k).bfloat16(), w.packed, w.scales_and_zeros, group)
+    assert not cpu_gemv.int4_mv_ok(x.float(), w.packed, w.scales_and_zeros, group)

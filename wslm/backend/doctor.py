@@ -346,7 +346,8 @@ def check_qt_xcb(probe: Probe, gui_installed: Callable[[], bool] = _gui_installe
 
 def check_compiler(probe: Probe) -> Check | None:
     """A C++ compiler: the CPU decode step compiles with it (wslm/backend/cpu_compiled.py, ~1.4-2.5x faster
-    CPU decoding); without one the engine runs eagerly."""
+    CPU decoding), and the C decode kernels build with its C side (wslm/kernels/cpu_gemv.py); without one
+    the engine runs eagerly on torch's kernels."""
     if probe.system != "Linux":
         return None
     found = next((probe.which(n) for n in ("g++", "c++", "clang++") if probe.which(n)), None)

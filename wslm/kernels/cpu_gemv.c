@@ -1,4 +1,4 @@
-/* int8 weight-only matrix products for a few activation rows (decode) on CPU; built by cpu_gemv.py.
+/* int8 / int4 weight-only matrix products for a few activation rows (decode) on CPU; built by cpu_gemv.py.
 
    out[m, n] = bf16(scale[n] * sum_k x[m, k] * w[n, k]), fp32 accumulation: the math of
    aten._weight_int8pack_mm, which expands and multiplies one weight row at a time and stalls on memory
@@ -117,6 +117,87 @@ int wslm_int8_mm_bf16(const uint16_t *x, long M, const int8_t *w, const uint16_t
 #endif
     (void)threads;
     rows_range(xf, M, w, scale, out, N, K, 0, chunks * ROWS);
+    free(xf);
+    return 0;
+}
+
+/* ---- int4, torch's CPU pack (aten._convert_weight_to_int4pack_for_cpu) ----------------------------
+   packed [N / 64, K, 32] bytes: byte (b, k, j) holds q[64b + j, k] in its low nibble and q[64b + 32 + j, k]
+   in its high one; sz [K / G, N, 2] bf16 (scale, zero): w[n, k] = (q - 8) * scale + zero, per group of G
+   columns. Per group: out += scale * sum(x q) + (zero - 8 scale) * sum(x): the q sums in fp32, as
+   aten._weight_int4pack_mm_for_cpu does. */
+
+#ifndef INT4_AHEAD
+#define INT4_AHEAD 2048
+#endif
+static void int4_blocks(const float *xf, const float *xsum, const uint8_t *packed, const uint16_t *sz,
+                        uint16_t *out, long N, long K, long G, long b0, long b1) {
+    for (long b = b0; b < b1; b++) {
+        const uint8_t *p = packed + b * K * 32;
+        float acc[64];
+        for (int j = 0; j < 64; j++) acc[j] = 0.0f;
+        for (long g = 0; g < K / G; g++) {
+            if (g + 2 < K / G)
+                for (int l = 0; l < 4; l++) prefetch(sz + ((g + 2) * N + b * 64) * 2 + l * 32);
+#if defined(__AVX512F__)
+            __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+            const __m256i low = _mm256_set1_epi8(0x0f);
+            for (long k = g * G; k < (g + 1) * G; k++) {
+                if (k % 2 == 0) prefetch(p + k * 32 + INT4_AHEAD);
+                __m256i v = _mm256_loadu_si256((const __m256i *)(p + k * 32));
+                __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+                __m512 xv = _mm512_set1_ps(xf[k]);
+                s0 = _mm512_fmadd_ps(xv, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(lo))), s0);
+                s1 = _mm512_fmadd_ps(xv, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(lo, 1))), s1);
+                s2 = _mm512_fmadd_ps(xv, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(hi))), s2);
+                s3 = _mm512_fmadd_ps(xv, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(hi, 1))), s3);
+            }
+            float s[64];
+            _mm512_storeu_ps(s, s0); _mm512_storeu_ps(s + 16, s1); _mm512_storeu_ps(s + 32, s2); _mm512_storeu_ps(s + 48, s3);
+#else
+            float s[64];
+            for (int j = 0; j < 64; j++) s[j] = 0.0f;
+            for (long k = g * G; k < (g + 1) * G; k++) {
+                const uint8_t *v = p + k * 32;
+                float xv = xf[k];
+                for (int j = 0; j < 32; j++) s[j] += xv * (float)(v[j] & 15);
+                for (int j = 0; j < 32; j++) s[32 + j] += xv * (float)(v[j] >> 4);
+            }
+#endif
+            const uint16_t *z = sz + (g * N + b * 64) * 2;
+            for (int j = 0; j < 64; j++) {
+                float scale = bf2f(z[2 * j]), zero = bf2f(z[2 * j + 1]);
+                acc[j] += scale * s[j] + (zero - 8.0f * scale) * xsum[g];
+            }
+        }
+        for (int j = 0; j < 64; j++) out[b * 64 + j] = f2bf(acc[j]);
+    }
+}
+
+/* one activation row: x [K] bf16 -> out [N] bf16; N % 64 == 0, K % G == 0 (the caller checks) */
+int wslm_int4_mv_bf16(const uint16_t *x, const uint8_t *packed, const uint16_t *sz, uint16_t *out,
+                      long N, long K, long G, int threads) {
+    float *xf = (float *)malloc(sizeof(float) * (size_t)(K + K / G));
+    if (!xf) return -1;
+    float *xsum = xf + K;
+    for (long g = 0; g < K / G; g++) {
+        float t = 0.0f;
+        for (long k = g * G; k < (g + 1) * G; k++) { xf[k] = bf2f(x[k]); t += xf[k]; }
+        xsum[g] = t;
+    }
+    long blocks = N / 64;
+#if defined(_OPENMP)
+    if (threads > 1 && blocks > 1) {
+#pragma omp parallel num_threads(threads)
+        {
+            int t = omp_get_thread_num(), nt = omp_get_num_threads();
+            int4_blocks(xf, xsum, packed, sz, out, N, K, G, blocks * t / nt, blocks * (t + 1) / nt);
+        }
+        free(xf);
+        return 0;
+    }
+#endif
+    int4_blocks(xf, xsum, packed, sz, out, N, K, G, 0, blocks);
     free(xf);
     return 0;
 }

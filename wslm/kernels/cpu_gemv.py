@@ -1,13 +1,15 @@
-"""int8 weight-only products for decode rows on CPU: cpu_gemv.c, built here with the system's C compiler.
+"""int8 and int4 weight-only products for decode rows on CPU: cpu_gemv.c, built with the system's C compiler.
 
-aten._weight_int8pack_mm (the CPU int8 kernel torch ships) expands one weight row at a time and waits on
-memory: the demo GGUF's int8 lm_head (49152x576) took 2.6-3.5 ms a decode step on one core of a Xeon,
-a quarter of the step, where cpu_gemv.c's loop takes 1.4 ms (bench notes in docs/benchmarks.md). Same
-math: fp32 sums, times the row's scale, rounded to bf16 once.
+torch's CPU kernels (aten._weight_int8pack_mm, _weight_int4pack_mm_for_cpu) wait on memory once a step's
+other weights have pushed theirs out of cache, as every decode step does. The demo GGUF's int8 lm_head
+(49152x576) took 1.9-3.5 ms a step on one core of a Xeon, up to a quarter of the step; cpu_gemv.c's loop,
+which asks for rows a few ahead, 1.4-1.5 ms. Its int4 loop (torch's own pack, read in place) runs one
+layer's four matrices in ~230 us against ~325 us out of cache. Same math as torch's: fp32 sums, scales
+applied as they do, rounded to bf16 once.
 
 The library is compiled on first use with -O3 -march=native (so AVX-512 / AVX2 are this CPU's own) into
 the user cache, keyed by source, compiler flags and CPU; a machine without a C compiler, or a build that
-fails, keeps torch's kernel (logged once). WSLM_CPU_KERNELS=0 turns it off."""
+fails, keeps torch's kernels (logged once). WSLM_CPU_KERNELS=0 turns them off."""
 
 from __future__ import annotations
 
@@ -89,18 +91,21 @@ def library() -> ctypes.CDLL | None:
         try:
             setting = os.environ.get(ENV_VAR, "1").strip().lower()
             if setting in ("0", "false", "no", "off"):
-                logger.info("CPU int8 decode kernel off (%s=%s)", ENV_VAR, setting)
+                logger.info("CPU decode kernels off (%s=%s)", ENV_VAR, setting)
             elif (cc := compiler()) is None:
-                logger.info("CPU int8 decode kernel not built: no C compiler (sudo apt-get install -y gcc)")
+                logger.info("CPU decode kernels not built: no C compiler (sudo apt-get install -y gcc)")
             else:
                 lib = ctypes.CDLL(str(_build(cc)))
                 fn = lib.wslm_int8_mm_bf16
                 fn.restype = ctypes.c_int
                 fn.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p,
                                ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_int]  # fmt: skip
+                fn = lib.wslm_int4_mv_bf16
+                fn.restype = ctypes.c_int
+                fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3 + [ctypes.c_int]
                 _lib = lib
         except Exception as exc:  # an optimisation: never a reason not to serve
-            logger.warning("CPU int8 decode kernel not built (%s); torch's kernel runs instead.", exc)
+            logger.warning("CPU decode kernels not built (%s); torch's kernels run instead.", exc)
         _tried = True
         return _lib
 
@@ -124,4 +129,32 @@ def int8_mm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor) -> tor
                                torch.get_num_threads())  # fmt: skip
     if rc != 0:
         raise MemoryError("wslm_int8_mm_bf16: out of memory for the activations' float copy")
+    return out
+
+
+def int4_mv_ok(
+    x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Tensor, group_size: int
+) -> bool:
+    """Whether int4_mv takes these: one contiguous bf16 row on CPU, torch's CPU int4 pack of a weight
+    with a multiple of 64 rows."""
+    n = scales_and_zeros.shape[1]
+    return (
+        x.device.type == "cpu" and x.dim() == 2 and x.shape[0] == 1 and x.dtype == torch.bfloat16
+        and scales_and_zeros.dtype == torch.bfloat16 and x.is_contiguous() and scales_and_zeros.is_contiguous()
+        and n % 64 == 0 and x.shape[1] % group_size == 0 and packed.dtype == torch.uint8
+        and packed.numel() * 2 == n * x.shape[1] and library() is not None
+    )  # fmt: skip
+
+
+def int4_mv(
+    x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Tensor, group_size: int
+) -> torch.Tensor:
+    """x [1, K] bf16 @ W.T for torch's CPU int4 pack of W [N, K] -> [1, N] bf16 (the math of
+    aten._weight_int4pack_mm_for_cpu); check int4_mv_ok first."""
+    n = scales_and_zeros.shape[1]
+    out = torch.empty(1, n, dtype=torch.bfloat16)
+    rc = _lib.wslm_int4_mv_bf16(x.data_ptr(), packed.data_ptr(), scales_and_zeros.data_ptr(), out.data_ptr(), n,
+                                x.shape[1], group_size, torch.get_num_threads())  # fmt: skip
+    if rc != 0:
+        raise MemoryError("wslm_int4_mv_bf16: out of memory for the activation's float copy")
     return out

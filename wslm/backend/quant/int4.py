@@ -14,6 +14,7 @@ import torch.nn.functional as F
 
 from wslm.backend.quant.int4_dense import DENSE_ROWS, dequantize_packed, unpack_matches
 from wslm.backend.quant.int8 import compute_dtype
+from wslm.kernels import cpu_gemv
 
 GROUP_SIZES = (32, 64, 128, 256)
 
@@ -110,7 +111,10 @@ class Int4Weight:
         ):  # fmt: skip
             # Decode on CPU: the kernel alone. Each extra op (reshape, a no-op .to) costs microseconds
             # here, where the weights just streamed through have evicted the dispatcher's caches.
-            out = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, self.group_size, self.scales_and_zeros)
+            if x.shape[0] == 1 and self.unpackable and cpu_gemv.int4_mv_ok(x, self.packed, self.scales_and_zeros, self.group_size):
+                out = cpu_gemv.int4_mv(x, self.packed, self.scales_and_zeros, self.group_size)  # reads ahead
+            else:
+                out = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, self.group_size, self.scales_and_zeros)
             return out if bias is None else out + bias
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
