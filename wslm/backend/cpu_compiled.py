@@ -190,10 +190,7 @@ def _head_after(head) -> bool:
     from wslm.backend.quant.int8 import Int8Weight
     from wslm.kernels import cpu_gemv
 
-    if not isinstance(head, Int8Weight):
-        return False
-    x = torch.empty(1, head.in_features, dtype=head.scales.dtype)
-    return cpu_gemv.int8_mm_ok(x, head.qweight, head.scales)
+    return isinstance(head, Int8Weight) and cpu_gemv.int8_mm_takes(head.qweight, head.scales)
 
 
 def _weight_bytes(cpu_decode) -> int:

@@ -24,7 +24,6 @@ import torch.nn.functional as F
 from wslm.backend.modeling.layers.activation import silu_and_mul
 from wslm.backend.modeling.layers.attention import AttentionMetadata
 from wslm.backend.modeling.layers.norm import GemmaRMSNorm, HeadRMSNorm, RMSNorm
-from wslm.kernels import cpu_gemv
 from wslm.kernels.dispatch import selected_backend
 from wslm.kernels.torch_paged_attention import _decode_blocks
 from wslm.kernels.torch_rotary import _cos_sin, neox_rotated
@@ -61,22 +60,12 @@ def _bind_linear(layer) -> Callable[[torch.Tensor], torch.Tensor]:
         if _bias_after(layer):
             return lambda x: F.linear(x, w) + b  # added after the (would-be) sum, rounded as the layer does
         return lambda x: F.linear(x, w, b)
-    if isinstance(w, Int4Weight) and w.perm is None:
-        mm4, packed, group, sz, rows = torch.ops.aten._weight_int4pack_mm_for_cpu, w.packed, w.group_size, w.scales_and_zeros, INT4_ROWS  # fmt: skip
-        if w.unpackable and cpu_gemv.int4_mv_ok(torch.empty(1, w.in_features, dtype=sz.dtype), packed, sz, group):
-            mv4 = cpu_gemv.int4_mv  # one row: as Int4Weight.apply picks
-            mm4 = lambda x, p, g, s: mv4(x, p, s, g) if x.shape[0] == 1 else torch.ops.aten._weight_int4pack_mm_for_cpu(x, p, g, s)  # noqa: E731  # fmt: skip
+    if isinstance(w, (Int4Weight, Int8Weight)) and getattr(w, "perm", None) is None:
+        rows = INT4_ROWS if isinstance(w, Int4Weight) else INT8_ROWS
+        mm = w.decode_rows  # the kernel apply picks for these rows
         if b is None:
-            return lambda x: mm4(x, packed, group, sz) if x.shape[0] < rows else w.apply(x)
-        return lambda x: mm4(x, packed, group, sz) + b if x.shape[0] < rows else w.apply(x, b)
-    if isinstance(w, Int8Weight):
-        mm8, qweight, scales, rows = torch.ops.aten._weight_int8pack_mm, w.qweight, w.scales, INT8_ROWS
-        if cpu_gemv.int8_mm_ok(torch.empty(1, w.in_features, dtype=scales.dtype), qweight, scales):
-            ours, most = cpu_gemv.int8_mm, cpu_gemv.MAX_ROWS  # up to `most` rows: as Int8Weight.apply picks
-            mm8 = lambda x, q, s: ours(x, q, s) if x.shape[0] <= most else torch.ops.aten._weight_int8pack_mm(x, q, s)  # noqa: E731  # fmt: skip
-        if b is None:
-            return lambda x: mm8(x, qweight, scales) if x.shape[0] < rows else w.apply(x)
-        return lambda x: mm8(x, qweight, scales) + b if x.shape[0] < rows else w.apply(x, b)
+            return lambda x: mm(x) if x.shape[0] < rows else w.apply(x)
+        return lambda x: mm(x) + b if x.shape[0] < rows else w.apply(x, b)
     return layer  # any other format: its own call
 
 

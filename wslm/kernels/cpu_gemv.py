@@ -110,39 +110,53 @@ def library() -> ctypes.CDLL | None:
         return _lib
 
 
+def int8_mm_takes(qweight: torch.Tensor, scales: torch.Tensor) -> bool:
+    """Whether int8_mm is built here and takes this weight (bf16 scales, shapes it is built for)."""
+    return (
+        qweight.device.type == "cpu" and scales.dtype == torch.bfloat16 and qweight.shape[0] % 4 == 0
+        and qweight.shape[1] % 16 == 0 and library() is not None
+    )  # fmt: skip
+
+
 def int8_mm_ok(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor) -> bool:
-    """Whether int8_mm takes these (a few contiguous bf16 rows on CPU, shapes it is built for)."""
+    """Whether int8_mm takes these: a few contiguous bf16 rows on CPU and a weight it takes."""
     return (
         x.device.type == "cpu" and x.dim() == 2 and 0 < x.shape[0] <= MAX_ROWS and x.dtype == torch.bfloat16
-        and scales.dtype == torch.bfloat16 and x.is_contiguous() and qweight.shape[0] % 4 == 0
-        and qweight.shape[1] % 16 == 0 and library() is not None
+        and x.is_contiguous() and int8_mm_takes(qweight, scales)
     )  # fmt: skip
 
 
 def int8_mm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
     """x [M, K] bf16 @ (qweight [N, K] int8 * scales [N, 1]).T -> [M, N] bf16; check int8_mm_ok first."""
-    lib = library()
     m, k = x.shape
     n = qweight.shape[0]
     out = torch.empty(m, n, dtype=torch.bfloat16)
-    rc = lib.wslm_int8_mm_bf16(x.data_ptr(), m, qweight.data_ptr(), scales.data_ptr(), out.data_ptr(), n, k,
+    rc = _lib.wslm_int8_mm_bf16(x.data_ptr(), m, qweight.data_ptr(), scales.data_ptr(), out.data_ptr(), n, k,
                                torch.get_num_threads())  # fmt: skip
     if rc != 0:
         raise MemoryError("wslm_int8_mm_bf16: out of memory for the activations' float copy")
     return out
 
 
+def int4_mv_takes(packed: torch.Tensor, scales_and_zeros: torch.Tensor, group_size: int) -> bool:
+    """Whether int4_mv is built here and takes this weight: torch's CPU int4 pack of a weight with a
+    multiple of 64 rows, bf16 scales and zeros."""
+    groups, n = scales_and_zeros.shape[:2]
+    return (
+        packed.device.type == "cpu" and scales_and_zeros.dtype == torch.bfloat16
+        and scales_and_zeros.is_contiguous() and n % 64 == 0 and packed.dtype == torch.uint8
+        and packed.numel() * 2 == n * groups * group_size and library() is not None
+    )  # fmt: skip
+
+
 def int4_mv_ok(
     x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Tensor, group_size: int
 ) -> bool:
-    """Whether int4_mv takes these: one contiguous bf16 row on CPU, torch's CPU int4 pack of a weight
-    with a multiple of 64 rows."""
-    n = scales_and_zeros.shape[1]
+    """Whether int4_mv takes these: one contiguous bf16 row on CPU and a weight it takes."""
     return (
         x.device.type == "cpu" and x.dim() == 2 and x.shape[0] == 1 and x.dtype == torch.bfloat16
-        and scales_and_zeros.dtype == torch.bfloat16 and x.is_contiguous() and scales_and_zeros.is_contiguous()
-        and n % 64 == 0 and x.shape[1] % group_size == 0 and packed.dtype == torch.uint8
-        and packed.numel() * 2 == n * x.shape[1] and library() is not None
+        and x.is_contiguous() and x.shape[1] == scales_and_zeros.shape[0] * group_size
+        and int4_mv_takes(packed, scales_and_zeros, group_size)
     )  # fmt: skip
 
 

@@ -60,7 +60,8 @@ def cat_codes(parts: list[Int4Codes]) -> Int4Codes:
 
 
 class Int4Weight:
-    __slots__ = ("packed", "scales_and_zeros", "group_size", "out_features", "in_features", "perm", "unpackable")
+    __slots__ = ("packed", "scales_and_zeros", "group_size", "out_features", "in_features", "perm", "unpackable",
+                 "_ours")  # fmt: skip
     bits = 4
 
     def __init__(
@@ -73,6 +74,7 @@ class Int4Weight:
         self.in_features = in_features
         self.perm = perm
         self.unpackable = False  # CPU: the pack reads back exactly (int4_dense.py), so many rows take a GEMM
+        self._ours: bool | None = None  # cpu_gemv takes this weight (decided on the first decode row)
 
     @classmethod
     def from_codes(cls, c: Int4Codes, device: torch.device, dtype: torch.dtype = torch.bfloat16) -> Int4Weight:
@@ -111,10 +113,7 @@ class Int4Weight:
         ):  # fmt: skip
             # Decode on CPU: the kernel alone. Each extra op (reshape, a no-op .to) costs microseconds
             # here, where the weights just streamed through have evicted the dispatcher's caches.
-            if x.shape[0] == 1 and self.unpackable and cpu_gemv.int4_mv_ok(x, self.packed, self.scales_and_zeros, self.group_size):
-                out = cpu_gemv.int4_mv(x, self.packed, self.scales_and_zeros, self.group_size)  # reads ahead
-            else:
-                out = torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, self.group_size, self.scales_and_zeros)
+            out = self.decode_rows(x)
             return out if bias is None else out + bias
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
@@ -135,6 +134,17 @@ class Int4Weight:
             )
         out = out.to(x.dtype).reshape(*shape[:-1], self.out_features)
         return out if bias is None else out + bias
+
+    def decode_rows(self, x: torch.Tensor) -> torch.Tensor:
+        """x @ w.T for decode rows on CPU (2-D, contiguous, in the kernel's dtype, fewer than DENSE_ROWS,
+        no act-order permutation): one row in cpu_gemv's kernel where it is built and reads this pack,
+        else torch's. apply and the CPU fast decode path both call this, so they pick the same kernel."""
+        if self._ours is None:
+            sz, group = self.scales_and_zeros, self.group_size
+            self._ours = self.unpackable and cpu_gemv.int4_mv_takes(self.packed, sz, group)
+        if self._ours and x.shape[0] == 1:
+            return cpu_gemv.int4_mv(x, self.packed, self.scales_and_zeros, self.group_size)  # reads ahead
+        return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, self.group_size, self.scales_and_zeros)
 
     def _dense_packed_order(self, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
         """[N, K] in the pack's column order (act-order GPTQ: the sorted one)."""

@@ -23,13 +23,14 @@ _EXPAND_ROWS = 4096
 
 
 class Int8Weight:
-    __slots__ = ("qweight", "scales", "out_features", "in_features")
+    __slots__ = ("qweight", "scales", "out_features", "in_features", "_ours")
     bits = 8
 
     def __init__(self, qweight: torch.Tensor, scales: torch.Tensor) -> None:
         self.qweight = qweight.contiguous()  # [N, K] int8
         self.scales = scales  # [N], in the activations' compute dtype
         self.out_features, self.in_features = qweight.shape
+        self._ours: bool | None = None  # cpu_gemv takes this weight (decided on the first decode rows)
 
     @property
     def shape(self) -> torch.Size:
@@ -41,11 +42,8 @@ class Int8Weight:
 
     def apply(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         if x.device.type == "cpu":
-            if cpu_gemv.int8_mm_ok(x, self.qweight, self.scales):  # decode rows: ours, where it is built
-                out = cpu_gemv.int8_mm(x, self.qweight, self.scales)
-                return out if bias is None else out + bias
             if x.dim() == 2 and x.shape[0] < DENSE_ROWS and x.dtype == self.scales.dtype and x.is_contiguous():
-                out = torch.ops.aten._weight_int8pack_mm(x, self.qweight, self.scales)  # decode: the kernel alone
+                out = self.decode_rows(x)  # decode: the kernel alone
                 return out if bias is None else out + bias
             shape = x.shape
             x2 = x.reshape(-1, shape[-1])
@@ -57,6 +55,16 @@ class Int8Weight:
         else:
             out = F.linear(x, self.dequantize(x.dtype))
         return out if bias is None else out + bias
+
+    def decode_rows(self, x: torch.Tensor) -> torch.Tensor:
+        """x @ w.T for decode rows on CPU (2-D, contiguous, in the scales' dtype, fewer than DENSE_ROWS):
+        cpu_gemv's kernel up to its MAX_ROWS where it is built, else torch's. apply and the CPU fast decode
+        path both call this, so they pick the same kernel."""
+        if self._ours is None:
+            self._ours = cpu_gemv.int8_mm_takes(self.qweight, self.scales)
+        if self._ours and 0 < x.shape[0] <= cpu_gemv.MAX_ROWS:
+            return cpu_gemv.int8_mm(x, self.qweight, self.scales)
+        return torch.ops.aten._weight_int8pack_mm(x, self.qweight, self.scales)
 
     def _expanded_mm(self, x2: torch.Tensor) -> torch.Tensor:
         """x2 @ w.T with w expanded to x2's dtype (float32 on CPUs without native bf16 GEMMs)
