@@ -18,6 +18,7 @@ PROMPTS = ["Hi", "The quick brown fox jumps over the lazy dog.", "Once upon a ti
 
 
 def _engine(folder, monkeypatch, compile_: bool) -> LLM:
+    monkeypatch.setenv("WSLM_CPU_NATIVE_DECODE", "0")  # lone sequences would run in C (test_cpu_native.py)
     monkeypatch.setenv(ENV_VAR, "1" if compile_ else "0")
     return LLM(folder, dtype="bfloat16", quantization="int4", kv_cache_memory=16 << 20, block_size=8,
                max_model_len=256)  # fmt: skip

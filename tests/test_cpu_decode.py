@@ -20,6 +20,7 @@ PROMPTS = [
 
 
 def _run(folder: str, tok, monkeypatch, fast: bool, **kw):
+    monkeypatch.setenv("WSLM_CPU_NATIVE_DECODE", "0")  # lone sequences would run in C (test_cpu_native.py)
     monkeypatch.setenv(ENV_VAR, "1" if fast else "0")
     llm = LLM(folder, kv_cache_memory=16 << 20, block_size=8, max_model_len=256, **kw)
     runner = llm.llm_engine.runner

@@ -100,7 +100,7 @@ def test_off_or_without_a_compiler_torch_kernel_serves(fresh, monkeypatch, caplo
 def test_a_failing_build_is_logged_not_raised(fresh, monkeypatch, caplog, tmp_path):
     broken = tmp_path / "broken.c"
     broken.write_text("this is not C\n")
-    monkeypatch.setattr(cpu_gemv, "SOURCE", broken)
+    monkeypatch.setattr(cpu_gemv, "SOURCES", (broken,))
     with caplog.at_level("WARNING", logger="wslm.kernels.cpu_gemv"):
         assert cpu_gemv.library() is None
     assert "not built" in caplog.text
@@ -118,9 +118,19 @@ def test_int4_matches_torch_int4_kernel(n, k, group):
     assert w.unpackable  # torch's pack has the layout the kernel reads
     x = torch.randn(1, k).bfloat16()
     assert cpu_gemv.int4_mv_ok(x, w.packed, w.scales_and_zeros, group)
-    ours = cpu_gemv.int4_mv(x, w.packed, w.scales_and_zeros, group)
+    exact = cpu_gemv.int4_mv(x, w.packed, w.scales_and_zeros, group, exact=True)
     ref = torch.ops.aten._weight_int4pack_mm_for_cpu(x, w.packed, group, w.scales_and_zeros)
-    torch.testing.assert_close(ours.float(), ref.float(), rtol=2**-7, atol=1e-3)  # same sums, same order
+    torch.testing.assert_close(exact.float(), ref.float(), rtol=2**-7, atol=1e-3)  # same sums, same order
+    ours = cpu_gemv.int4_mv(x, w.packed, w.scales_and_zeros, group)
+    if cpu_gemv.int4_q8():  # the exact product of the dequantized weight and the int8-rounded row
+        blocks = x.float().view(-1, 32)
+        d = blocks.abs().amax(-1, keepdim=True) / 127
+        xq = (torch.where(d > 0, blocks / d, 0).round() * d).view(1, k).double()
+        want = xq @ w.dequantize(torch.float64).T
+        torch.testing.assert_close(ours.double(), want, rtol=2**-7, atol=1e-4)
+        assert (ours.float() - ref.float()).abs().max() < 0.05 * ref.abs().max()  # and near torch's
+    else:
+        assert torch.equal(ours, exact)
     torch.testing.assert_close(w.apply(x), ours)  # the engine's int4 decode row takes it
     before = torch.get_num_threads()
     try:

@@ -207,8 +207,9 @@ def _weight_bytes(cpu_decode) -> int:
 class CompiledDecode:
     """Compiles in a background thread; run() returns None until the graphs are ready."""
 
-    def __init__(self, model, cpu_decode, kv_pool: torch.Tensor) -> None:
+    def __init__(self, model, cpu_decode, kv_pool: torch.Tensor, single: bool = True) -> None:
         self.module = _DecodeModule(model, cpu_decode).eval()
+        self.single = single  # compile the one-sequence graph too (not when cpu_native.py runs those steps)
         self.cpu_decode = cpu_decode
         self.bound = list(cpu_decode.layers)  # the graph froze these layers' weights
         self.kv_pool = kv_pool
@@ -224,13 +225,13 @@ class CompiledDecode:
 
     @classmethod
     def build(
-        cls, model, cpu_decode, kv_pool: torch.Tensor, enforce_eager: bool = False
+        cls, model, cpu_decode, kv_pool: torch.Tensor, enforce_eager: bool = False, single: bool = True
     ) -> CompiledDecode | None:
         reason = why_not(cpu_decode, enforce_eager, _weight_bytes(cpu_decode))
         if reason is not None:
             logger.info("CPU decode runs eagerly (not compiled): %s", reason)
             return None
-        return cls(model, cpu_decode, kv_pool)
+        return cls(model, cpu_decode, kv_pool, single)
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._compile, name="wslm-compile", daemon=True)
@@ -261,7 +262,7 @@ class CompiledDecode:
             from wslm.backend.model_runner import SMALL_STEP_ROWS
 
             passive = os.environ.get("OMP_WAIT_POLICY", "").upper() == "PASSIVE"
-            for b in (1, 11):
+            for b in (1, 11) if self.single else (11,):
                 # The one-sequence graph runs on one thread where the engine would (model_runner.py:
                 # waking sleeping OpenMP threads costs more than they add); the batch graph on all.
                 threads = 1 if (b <= SMALL_STEP_ROWS and passive) else self.threads
@@ -309,6 +310,8 @@ class CompiledDecode:
             return None
         slots = meta.slot_mapping
         b, bs = input_ids.shape[0], self.block_size
+        if b == 1 and not self.single:
+            return None
         # At least two blocks per row: a one-block span would be a new shape (a recompile) for inductor.
         max_len = max(meta.max_seqlen_k, bs + 1)
         if -(-max_len // bs) > meta.block_tables.shape[1] or not bool((slots >= 0).all()):

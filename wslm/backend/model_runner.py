@@ -87,6 +87,11 @@ class ModelRunner:
             from wslm.backend.cpu_decode import CpuDecodePath
 
             self.cpu_decode = CpuDecodePath.build(model, self.kv_pool)
+        self.native = None  # NativeDecode: one sequence's decode step in one C call (cpu_native.py)
+        if self.cpu_decode is not None:
+            from wslm.backend.cpu_native import NativeDecode
+
+            self.native = NativeDecode.build(self.cpu_decode, self.kv_pool)
         self.compiled = None  # CompiledDecode: the same step compiled by inductor (cpu_compiled.py)
         self.kv_cache_bytes = self.kv_pool.numel() * self.kv_pool.element_size()
 
@@ -101,7 +106,9 @@ class ModelRunner:
         """Compile the CPU decode step in the background (cpu_compiled.py); eager until it is ready."""
         from wslm.backend.cpu_compiled import CompiledDecode
 
-        self.compiled = CompiledDecode.build(self.model, self.cpu_decode, self.kv_pool, enforce_eager)
+        # One sequence's steps run in C where cpu_native.py takes them: no graph (nor its weight copy) for those.
+        single = self.native is None
+        self.compiled = CompiledDecode.build(self.model, self.cpu_decode, self.kv_pool, enforce_eager, single)
         if self.compiled is not None:
             self.compiled.start()
 
@@ -154,7 +161,11 @@ class ModelRunner:
             return self.graphs.run(input_ids, positions, meta), sampled
         if self.cpu_decode is not None and is_decode:
             with one_thread_when(len(scheduled) <= SMALL_STEP_ROWS):
-                logits = None if self.compiled is None else self.compiled.run(input_ids, positions, meta)
+                logits = None
+                if self.native is not None and len(scheduled) == 1:
+                    logits = self.native.run(input_ids, positions, meta)
+                if logits is None and self.compiled is not None:
+                    logits = self.compiled.run(input_ids, positions, meta)
                 if logits is None:
                     logits = self.cpu_decode.run(input_ids, positions, meta)
             if logits is not None:

@@ -1,0 +1,130 @@
+"""One sequence's decode step in C (wslm/backend/cpu_native.py, wslm/kernels/cpu_layer.c): on the same
+inputs and KV pool it gives the eager fast path's logits to bf16 rounding and writes the same key and
+value to the same slot and nothing else, for every weight kind and layer variant it takes; lone chats
+take it and batches do not; on the demo GGUF its greedy tokens are the dequantized model's own."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from test_modeling_families import make_family_model
+from test_quant_engine import CHAT, _teacher_forced_agreement
+
+from wslm.backend import LLM, SamplingParams
+from wslm.backend.cpu_native import ENV_VAR, why_not
+from wslm.kernels import cpu_gemv
+
+pytestmark = pytest.mark.skipif(
+    cpu_gemv.library() is None, reason="no C compiler: the C kernels are not built"
+)
+
+
+def _one_step(llm: LLM, prompt: list[int]):
+    """The inputs of a one-sequence decode step past a block boundary, with the pool as it stands then."""
+    runner = llm.llm_engine.runner
+    native, runner.native = runner.native, None
+    captured = []
+    prepare = runner.prepare
+
+    def spy(scheduled):
+        out = prepare(scheduled)
+        if out[2].max_seqlen_q == 1:
+            captured.append(out[:3])
+        return out
+
+    runner.prepare = spy
+    try:
+        llm.generate(
+            [{"prompt_token_ids": prompt}], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+        )
+    finally:
+        runner.prepare = prepare
+        runner.native = native
+    return captured[-1]
+
+
+def _compare(llm: LLM, prompt: list[int]) -> tuple[float, float]:
+    """(largest logit difference / largest logit, largest difference of the new key|value / largest value)
+    between the C step and the eager one on the same inputs; asserts nothing else in the pool moved."""
+    runner = llm.llm_engine.runner
+    step = _one_step(llm, prompt)
+    before = runner.kv_pool.clone()
+    want = runner.cpu_decode.run(*step)
+    want_pool = runner.kv_pool.clone()
+    runner.kv_pool.copy_(before)
+    got = runner.native.run(*step)
+    got_pool = runner.kv_pool.clone()
+    slot = int(step[2].slot_mapping[0])
+    flat = [p.view(p.shape[0], 2, -1, *p.shape[4:]).float() for p in (before, want_pool, got_pool)]
+    others = torch.ones(flat[0].shape[2], dtype=torch.bool)
+    others[slot] = False
+    assert torch.equal(flat[2][:, :, others], flat[0][:, :, others])  # only this token's slot written
+    new_want, new_got = flat[1][:, :, slot], flat[2][:, :, slot]
+    assert got.shape == want.shape and got.dtype == torch.float32
+    logit_err = float((got - want).abs().max() / want.abs().max())
+    kv_err = float((new_got - new_want).abs().max() / new_want.abs().max())
+    return logit_err, kv_err
+
+
+PROMPT = "Once upon a time, in a village by the sea, there lived an old clockmaker"
+
+
+@pytest.mark.parametrize(
+    "arch,kw",
+    [
+        ("llama", {"quantization": "int4"}),  # GQA, int4 products
+        ("qwen2", {"quantization": "int8"}),  # int8 products with q/k/v biases
+        ("llama", {}),  # bf16 weights
+    ],
+)
+def test_c_step_matches_the_eager_step(arch, kw, tiny_models, demo_tok):
+    llm = LLM(str(tiny_models[arch]), dtype="bfloat16", kv_cache_memory=16 << 20, block_size=8,
+              max_model_len=256, enforce_eager=True, **kw)  # fmt: skip
+    runner = llm.llm_engine.runner
+    assert runner.native is not None, why_not(runner.cpu_decode, runner.kv_pool)
+    logit_err, kv_err = _compare(llm, demo_tok.encode(PROMPT))
+    # The same ops and kernels; attention and the norms sum in another order (bf16: 2^-8 = 0.004 a rounding).
+    assert logit_err < 0.05 and kv_err < 0.05
+
+
+def test_c_step_with_qk_norm(demo_tok, tmp_path):
+    folder, _ = make_family_model(tmp_path / "qwen3", "qwen3", demo_tok)  # per-head q/k RMSNorm
+    llm = LLM(str(folder), dtype="bfloat16", kv_cache_memory=16 << 20, block_size=8, max_model_len=256,
+              enforce_eager=True)  # fmt: skip
+    runner = llm.llm_engine.runner
+    assert runner.native is not None, why_not(runner.cpu_decode, runner.kv_pool)
+    logit_err, kv_err = _compare(llm, demo_tok.encode(PROMPT))
+    assert logit_err < 0.05 and kv_err < 0.05
+
+
+def test_lone_chats_take_it_and_agree_with_the_dequantized_demo(demo_llm, monkeypatch):
+    monkeypatch.setenv("WSLM_GGUF_DEQUANTIZE", "0")
+    llm = LLM("demo", kv_cache_memory=64 << 20, max_model_len=512, max_num_seqs=4, enforce_eager=True)
+    runner = llm.llm_engine.runner
+    assert llm.llm_engine.model_config.dtype == torch.bfloat16 or runner.native is None
+    if runner.native is None:
+        pytest.skip(f"not bfloat16 here: {why_not(runner.cpu_decode, runner.kv_pool)}")
+    prompt = llm.llm_engine.apply_chat_template(CHAT, None, True)
+    params = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
+    tokens = llm.generate([{"prompt_token_ids": prompt}], params)[0].outputs[0].token_ids
+    assert runner.native.steps >= 63  # every decode step of the lone chat ran in C
+    # Given the same prefix, the dequantized float32 model picks the same next token almost always.
+    assert _teacher_forced_agreement(demo_llm, prompt, list(tokens)) >= 0.9
+    steps = runner.native.steps
+    llm.generate([{"prompt_token_ids": prompt}] * 3, SamplingParams(temperature=0, max_tokens=8))
+    assert runner.native.steps == steps  # batches run the other paths
+    manager = llm.llm_engine.block_manager
+    assert manager.num_free_blocks == manager.num_blocks
+
+
+def test_off_switch_and_reasons(tiny_models, monkeypatch):
+    monkeypatch.setenv(ENV_VAR, "0")
+    llm = LLM(str(tiny_models["llama"]), dtype="bfloat16", kv_cache_memory=16 << 20, max_model_len=128,
+              enforce_eager=True)  # fmt: skip
+    runner = llm.llm_engine.runner
+    assert runner.native is None and why_not(runner.cpu_decode, runner.kv_pool) == f"{ENV_VAR}=0"
+    monkeypatch.delenv(ENV_VAR)
+    f32 = LLM(str(tiny_models["llama"]), dtype="float32", kv_cache_memory=16 << 20, max_model_len=128,
+              enforce_eager=True)  # fmt: skip
+    assert f32.llm_engine.runner.native is None
+    assert "bfloat16" in why_not(f32.llm_engine.runner.cpu_decode, f32.llm_engine.runner.kv_pool)

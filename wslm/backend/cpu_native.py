@@ -1,0 +1,187 @@
+"""One sequence's decode step on CPU in a single C call (wslm/kernels/cpu_layer.c).
+
+A lone chat (the desktop app's everyday case) decodes one token at a time, and on CPU that step is
+mostly overhead: the demo model's int4 products take ~3.5 ms a token on one core, while ~20 torch ops a
+layer (cpu_decode.py) or inductor's graph (cpu_compiled.py) add 5-7 ms of dispatch and cold caches. Here
+every layer runs in one C loop over the weights in place (torch's int4 pack, int8 rows or bf16), the
+embedding lookup, final norm and head staying in torch. It covers the models and weights the eager fast
+path covers, in bfloat16 with a bfloat16 KV cache; anything else keeps the other paths.
+WSLM_CPU_NATIVE_DECODE=0 turns it off (WSLM_CPU_KERNELS=0 too, with the rest of the C kernels).
+
+Results follow cpu_decode.py's op for op in bf16, with the same int4 and int8 kernels (the int4 one rounds
+the activation row to int8 per 32 columns where the CPU has AVX512-VNNI, as llama.cpp does; so does the
+eager path's, cpu_gemv.int4_q8()); attention and the norms sum in another order, so logits agree to bf16
+rounding and greedy tokens may branch on a near-tie after a while, as the compiled path's do
+(tests/test_cpu_native.py)."""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+
+import torch
+
+from wslm.backend.modeling.layers.attention import AttentionMetadata
+from wslm.kernels import cpu_gemv
+from wslm.kernels.torch_rotary import _cos_sin
+
+logger = logging.getLogger(__name__)
+ENV_VAR = "WSLM_CPU_NATIVE_DECODE"
+INT4, INT8, BF16 = 1, 2, 3  # cpu_layer.c's weight kinds
+
+
+class _Linear(ctypes.Structure):
+    _fields_ = [("kind", ctypes.c_int64), ("w", ctypes.c_void_p), ("scales", ctypes.c_void_p),
+                ("bias", ctypes.c_void_p), ("n", ctypes.c_int64), ("k", ctypes.c_int64),
+                ("group", ctypes.c_int64)]  # fmt: skip
+
+
+class _LayerC(ctypes.Structure):
+    _fields_ = [("w_in", ctypes.c_void_p), ("w_post", ctypes.c_void_p), ("qk_norm", ctypes.c_void_p),
+                ("eps_in", ctypes.c_double), ("eps_post", ctypes.c_double), ("qk_eps", ctypes.c_double),
+                ("scale", ctypes.c_double), ("qkv", _Linear), ("o", _Linear), ("gate_up", _Linear),
+                ("down", _Linear), ("k_cache", ctypes.c_void_p), ("v_cache", ctypes.c_void_p)]  # fmt: skip
+
+
+def _bf16(t: torch.Tensor | None) -> bool:
+    return t is None or (t.dtype == torch.bfloat16 and t.is_contiguous() and t.device.type == "cpu")
+
+
+def _linear(fn) -> tuple[_Linear, list[torch.Tensor]] | str:
+    """The C view of one of cpu_decode's bound linears (what it holds kept alive beside it), or why not."""
+    from wslm.backend.quant.int4 import Int4Weight
+    from wslm.backend.quant.int8 import Int8Weight
+
+    w, bias = getattr(fn, "source_weight", None), getattr(fn, "source_bias", None)
+    if w is None or not _bf16(bias):
+        return "a linear layer of another kind or a non-bf16 bias"
+    if isinstance(w, Int4Weight):
+        if (
+            w.perm is not None
+            or not w.unpackable
+            or not cpu_gemv.int4_mv_takes(w.packed, w.scales_and_zeros, w.group_size)
+        ):
+            return "an int4 weight the C kernel does not read (act-order, another pack)"
+        spec = (INT4, w.packed, w.scales_and_zeros, w.group_size, w.out_features, w.in_features)
+    elif isinstance(w, Int8Weight):
+        if not cpu_gemv.int8_mm_takes(w.qweight, w.scales) or not w.scales.is_contiguous():
+            return "an int8 weight the C kernel does not take"
+        spec = (INT8, w.qweight, w.scales, 0, w.out_features, w.in_features)
+    elif isinstance(w, torch.Tensor) and _bf16(w) and w.dim() == 2:
+        spec = (BF16, w, None, 0, w.shape[0], w.shape[1])
+    else:
+        return f"{type(w).__name__} weights"
+    kind, main, scales, group, n, k = spec
+    keep = [t for t in (main, scales, bias) if t is not None]
+    ptr = [None if t is None else t.data_ptr() for t in (main, scales, bias)]
+    return _Linear(kind, ptr[0], ptr[1], ptr[2], n, k, group), keep
+
+
+def why_not(cpu_decode, kv_pool: torch.Tensor) -> str | None:
+    """None when one-sequence decode steps can run in C here; else the reason they cannot."""
+    if os.environ.get(ENV_VAR, "1").strip().lower() in ("0", "false", "no", "off"):
+        return f"{ENV_VAR}=0"
+    if cpu_decode is None:
+        return "the model does not take the CPU fast decode path"
+    if cpu_decode.model.dtype != torch.bfloat16 or kv_pool.dtype != torch.bfloat16:
+        return "not bfloat16 (weights or KV cache)"
+    if cpu_gemv.library() is None:
+        return "the C kernels are not built here"
+    for layer in cpu_decode.layers:
+        if layer.mlp is not None:
+            return "a mixture-of-experts or other MLP block"
+        if layer.heads % layer.kv_heads or layer.head_dim % 2:
+            return "head layout"
+        if not all(_bf16(t) for t in (layer.w_in, layer.w_post, layer.qk_norm_w)):
+            return "norm weights not contiguous bf16"
+        for fn in (layer.qkv, layer.o, layer.gate_up, layer.down):
+            spec = _linear(fn)
+            if isinstance(spec, str):
+                return spec
+    return None
+
+
+class NativeDecode:
+    """run() is the logits of a one-sequence decode step, or None for anything else."""
+
+    def __init__(self, cpu_decode, kv_pool: torch.Tensor) -> None:
+        self.cpu_decode = cpu_decode
+        self.kv_pool = kv_pool  # [layers, k|v, blocks, block_size, kv_heads, head_dim]
+        self.lib = cpu_gemv.library()
+        fn = self.lib.wslm_decode_row
+        fn.restype = ctypes.c_int
+        fn.argtypes = [ctypes.c_void_p] + [ctypes.c_int64] * 5 + [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 3 + [
+            ctypes.c_int]  # fmt: skip
+        self.bound: list = []
+        self._bind()
+        self.steps = 0
+
+    @classmethod
+    def build(cls, cpu_decode, kv_pool: torch.Tensor) -> NativeDecode | None:
+        reason = why_not(cpu_decode, kv_pool)
+        if reason is not None:
+            logger.info("one-sequence CPU decode not in C: %s", reason)
+            return None
+        return cls(cpu_decode, kv_pool)
+
+    def _bind(self) -> None:
+        """The C structs for the layers cpu_decode has bound now (and the tensors they point into)."""
+        layers = self.cpu_decode.layers
+        self.bound = list(layers)
+        self.keep: list[torch.Tensor] = []
+        arr = (_LayerC * len(layers))()
+        for i, layer in enumerate(layers):
+            c = arr[i]
+            linears = []
+            for fn in (layer.qkv, layer.o, layer.gate_up, layer.down):
+                lin, keep = _linear(fn)
+                linears.append(lin)
+                self.keep += keep
+            c.qkv, c.o, c.gate_up, c.down = linears
+            c.w_in, c.w_post = layer.w_in.data_ptr(), layer.w_post.data_ptr()
+            c.eps_in, c.eps_post, c.scale = layer.eps_in, layer.eps_post, layer.scale
+            if layer.qk_norm_w is not None:
+                c.qk_norm, c.qk_eps = layer.qk_norm_w.data_ptr(), layer.qk_eps
+            c.k_cache, c.v_cache = self.kv_pool[i, 0].data_ptr(), self.kv_pool[i, 1].data_ptr()
+            self.keep += [layer.w_in, layer.w_post] + (
+                [layer.qk_norm_w] if layer.qk_norm_w is not None else []
+            )
+        self.layers = arr
+        first = layers[0]
+        self.dims = (first.heads, first.kv_heads, first.head_dim)
+
+    @torch.inference_mode()
+    def run(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor | None:
+        if input_ids.shape[0] != 1 or meta.block_tables.dtype != torch.int32:
+            return None
+        slot = int(meta.slot_mapping[0])
+        if slot < 0:
+            return None
+        cpu = self.cpu_decode
+        for i, layer in enumerate(cpu.layers):  # weights replaced since binding (tests do): bind again
+            if layer.stale():
+                cpu.layers[i] = type(layer)(layer.source)
+        if any(a is not b for a, b in zip(cpu.layers, self.bound)):
+            if why_not(cpu, self.kv_pool) is not None:
+                return None
+            self._bind()
+        model = cpu.model
+        hidden = model.embed(input_ids).to(torch.bfloat16).contiguous().clone()
+        residual = torch.empty_like(hidden)
+        cos2, sin2 = (t.contiguous() for t in _cos_sin(positions, cpu.table, torch.bfloat16, True)[2:])
+        table = meta.block_tables[0].contiguous()
+        heads, kv_heads, head_dim = self.dims
+        rc = self.lib.wslm_decode_row(
+            ctypes.addressof(self.layers), len(self.layers), hidden.shape[-1], heads, kv_heads, head_dim,
+            hidden.data_ptr(), residual.data_ptr(), cos2.data_ptr(), sin2.data_ptr(), table.data_ptr(),
+            cpu.block_size, int(meta.seq_lens[0]), slot, torch.get_num_threads(),
+        )  # fmt: skip
+        if rc == -1:
+            raise MemoryError("wslm_decode_row: out of memory for a decode step's buffers")
+        if rc != 0:
+            raise RuntimeError(f"wslm_decode_row failed ({rc})")
+        self.steps += 1
+        return model.compute_logits(model.norm(hidden + residual))

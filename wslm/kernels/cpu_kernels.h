@@ -1,0 +1,37 @@
+/* Shared by the CPU kernels built by cpu_gemv.py (cpu_gemv.c, cpu_layer.c): bf16 conversions and the
+   entry points one file calls in the other. */
+#ifndef WSLM_CPU_KERNELS_H
+#define WSLM_CPU_KERNELS_H
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#if defined(_OPENMP)
+#include <omp.h>
+#endif
+#if defined(__AVX512F__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+static inline float bf2f(uint16_t v) { uint32_t u = (uint32_t)v << 16; float f; memcpy(&f, &u, 4); return f; }
+static inline uint16_t f2bf(float f) {  /* round to nearest even, as torch does (NaN stays NaN) */
+    uint32_t u; memcpy(&u, &f, 4);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+static inline float rbf(float f) { return bf2f(f2bf(f)); }  /* f as a bf16 op would leave it */
+
+static inline void prefetch(const void *p) {
+#if defined(__GNUC__)
+    __builtin_prefetch(p, 0, 3);
+#endif
+}
+
+int wslm_int8_mm_bf16(const uint16_t *x, long M, const int8_t *w, const uint16_t *scale, uint16_t *out,
+                      long N, long K, int threads);
+int wslm_int4_mv_bf16(const uint16_t *x, const uint8_t *packed, const uint16_t *sz, uint16_t *out,
+                      long N, long K, long G, int threads);
+int wslm_int4_mv_q8(const uint16_t *x, const uint8_t *packed, const uint16_t *sz, uint16_t *out,
+                    long N, long K, long G, int threads);
+#endif

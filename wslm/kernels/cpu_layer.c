@@ -1,0 +1,188 @@
+/* One sequence's decode step through every layer of a Llama-shaped model in one call (cpu_native.py).
+
+   A lone chat on CPU is the desktop app's everyday case, and there a step is overhead: the layers of the
+   demo model do ~110 MFLOP of int4 products (~3.5 ms on one core in wslm_int4_mv_q8) while ~20 torch ops
+   per layer (or inductor's graph) add another 5-7 ms of dispatch and cache misses. Here one C loop runs
+   norm, q|k|v, q/k norm, rotary, the KV write, paged attention, o, norm, gate|up, SiLU and down for every
+   layer, with the same bf16 roundings as the torch ops of cpu_decode.py (each op's result rounded to bf16,
+   sums inside an op in fp32), so it agrees with that path to the products' rounding. */
+#include "cpu_kernels.h"
+
+enum { LIN_INT4 = 1, LIN_INT8 = 2, LIN_BF16 = 3 };
+
+typedef struct {
+    int64_t kind;
+    const void *w;           /* int4: torch's CPU pack; int8 and bf16: [N, K] */
+    const uint16_t *scales;  /* int4: [K/G, N, 2] (scale, zero); int8: [N]; bf16: unused */
+    const uint16_t *bias;    /* [N] or NULL: added to the rounded product, as a torch add after it */
+    int64_t n, k, group;
+} wslm_linear;
+
+typedef struct {
+    const uint16_t *w_in, *w_post;  /* [d] */
+    const uint16_t *qk_norm;        /* [heads + kv_heads, hd] (q weights, then k weights), or NULL */
+    double eps_in, eps_post, qk_eps, scale;
+    wslm_linear qkv, o, gate_up, down;
+    uint16_t *k_cache, *v_cache;    /* this layer's pool: [slots, kv_heads, hd] */
+} wslm_layer;
+
+static inline float dot_bf16(const uint16_t *a, const float *b, long n) {
+    long i = 0;
+    float s = 0.0f;
+#if defined(__AVX512F__)
+    __m512 acc = _mm512_setzero_ps();
+    for (; i + 16 <= n; i += 16) {
+        __m512 av = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(a + i))), 16));
+        acc = _mm512_fmadd_ps(av, _mm512_loadu_ps(b + i), acc);
+    }
+    s = _mm512_reduce_add_ps(acc);
+#endif
+    for (; i < n; i++) s += bf2f(a[i]) * b[i];
+    return s;
+}
+
+static inline void axpy_bf16(float a, const uint16_t *x, float *y, long n) {
+    long i = 0;
+#if defined(__AVX512F__)
+    __m512 av = _mm512_set1_ps(a);
+    for (; i + 16 <= n; i += 16) {
+        __m512 xv = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(x + i))), 16));
+        _mm512_storeu_ps(y + i, _mm512_fmadd_ps(av, xv, _mm512_loadu_ps(y + i)));
+    }
+#endif
+    for (; i < n; i++) y[i] += a * bf2f(x[i]);
+}
+
+/* bf16 [N, K] times one row: fp32 sums, as torch's bf16 GEMV */
+static void dense_rows(const uint16_t *x, const uint16_t *w, uint16_t *out, long K, long n0, long n1) {
+    float *xf = (float *)malloc(sizeof(float) * (size_t)K);
+    if (!xf) { for (long n = n0; n < n1; n++) out[n] = 0; return; }
+    for (long k = 0; k < K; k++) xf[k] = bf2f(x[k]);
+    for (long n = n0; n < n1; n++) {
+        if (n + 4 < n1)
+            for (long p = 0; p < K * 2; p += 64) prefetch((const char *)(w + (n + 4) * K) + p);
+        out[n] = f2bf(dot_bf16(w + n * K, xf, K));
+    }
+    free(xf);
+}
+
+static int linear(const wslm_linear *l, const uint16_t *x, uint16_t *out, int threads) {
+    int rc = 0;
+    if (l->kind == LIN_INT4)  /* what Int4Weight.decode_rows runs for one row (cpu_gemv.int4_mv) */
+        rc = wslm_int4_mv_q8(x, (const uint8_t *)l->w, l->scales, out, l->n, l->k, l->group, threads);
+    else if (l->kind == LIN_INT8)
+        rc = wslm_int8_mm_bf16(x, 1, (const int8_t *)l->w, l->scales, out, l->n, l->k, threads);
+    else if (l->kind == LIN_BF16) {
+#if defined(_OPENMP)
+        if (threads > 1) {
+#pragma omp parallel num_threads(threads)
+            {
+                int t = omp_get_thread_num(), nt = omp_get_num_threads();
+                dense_rows(x, (const uint16_t *)l->w, out, l->k, l->n * t / nt, l->n * (t + 1) / nt);
+            }
+        } else
+#endif
+            dense_rows(x, (const uint16_t *)l->w, out, l->k, 0, l->n);
+    } else
+        return -2;
+    if (rc == 0 && l->bias)
+        for (long i = 0; i < l->n; i++) out[i] = f2bf(bf2f(out[i]) + bf2f(l->bias[i]));
+    return rc;
+}
+
+/* w * rms_norm(x): F.rms_norm's fp32 sum and bf16 result, then the bf16 multiply (in place is fine) */
+static void rms_norm(const uint16_t *x, const uint16_t *w, double eps, long d, uint16_t *out) {
+    float ss = 0.0f;
+    for (long i = 0; i < d; i++) { float v = bf2f(x[i]); ss += v * v; }
+    float r = 1.0f / sqrtf(ss / (float)d + (float)eps);
+    for (long i = 0; i < d; i++) out[i] = f2bf(bf2f(w[i]) * rbf(bf2f(x[i]) * r));
+}
+
+/* neox rotary in place over rows of hd: x * [cos|cos] + [x2|x1] * [-sin|sin], products rounded first */
+static void rotate(uint16_t *x, long rows, long hd, const uint16_t *cos2, const uint16_t *sin2) {
+    long half = hd / 2;
+    for (long r = 0; r < rows; r++) {
+        uint16_t *v = x + r * hd;
+        for (long i = 0; i < half; i++) {
+            float a = bf2f(v[i]), b = bf2f(v[i + half]);
+            float lo = rbf(a * bf2f(cos2[i])) + rbf(b * bf2f(sin2[i]));
+            float hi = rbf(b * bf2f(cos2[i + half])) + rbf(a * bf2f(sin2[i + half]));
+            v[i] = f2bf(lo);
+            v[i + half] = f2bf(hi);
+        }
+    }
+}
+
+/* softmax(q k^T * scale) v for one new token over the len keys of its sequence (paged) */
+static void attend(const uint16_t *q, const wslm_layer *l, long heads, long kvh, long hd, const int32_t *table,
+                   long bs, long len, uint16_t *out, float *scores, float *qf, float *acc) {
+    long group = heads / kvh;
+    for (long h = 0; h < heads; h++) {
+        long kh = h / group;
+        for (long i = 0; i < hd; i++) qf[i] = bf2f(q[h * hd + i]);
+        float top = -INFINITY;
+        for (long t = 0; t < len; t++) {
+            long slot = (long)table[t / bs] * bs + t % bs;
+            float s = dot_bf16(l->k_cache + (slot * kvh + kh) * hd, qf, hd) * (float)l->scale;
+            scores[t] = s;
+            if (s > top) top = s;
+        }
+        float sum = 0.0f;
+        for (long t = 0; t < len; t++) { scores[t] = expf(scores[t] - top); sum += scores[t]; }
+        for (long i = 0; i < hd; i++) acc[i] = 0.0f;
+        for (long t = 0; t < len; t++) {
+            long slot = (long)table[t / bs] * bs + t % bs;
+            axpy_bf16(scores[t], l->v_cache + (slot * kvh + kh) * hd, acc, hd);
+        }
+        for (long i = 0; i < hd; i++) out[h * hd + i] = f2bf(acc[i] / sum);
+    }
+}
+
+static long max_l(long a, long b) { return a > b ? a : b; }
+
+/* hidden [d] bf16: the token's embedding in; out: the last layer's output, and residual [d] the stream
+   before it (the caller adds them for the final norm). cos2/sin2 [hd]: this position's rotary rows; table:
+   the sequence's block table; len: its tokens including this one, whose key and value go to slot.
+   Returns 0; -1 out of memory; -2 a weight kind it does not know. */
+int wslm_decode_row(const wslm_layer *layers, int64_t n_layers, int64_t d, int64_t heads, int64_t kvh, int64_t hd,
+                    uint16_t *hidden, uint16_t *residual, const uint16_t *cos2, const uint16_t *sin2,
+                    const int32_t *table, int64_t bs, int64_t len, int64_t slot, int threads) {
+    long qkv_n = 0, gu_n = 0;
+    for (long i = 0; i < n_layers; i++) {
+        qkv_n = max_l(qkv_n, layers[i].qkv.n);
+        gu_n = max_l(gu_n, layers[i].gate_up.n);
+    }
+    long q_size = heads * hd, kv_size = kvh * hd;
+    size_t halves = (size_t)(d + qkv_n + q_size + gu_n + gu_n / 2);
+    uint16_t *x = (uint16_t *)malloc(sizeof(uint16_t) * halves);
+    float *f = (float *)malloc(sizeof(float) * (size_t)(len + 2 * hd));
+    if (!x || !f) { free(x); free(f); return -1; }
+    uint16_t *qkv = x + d, *att = qkv + qkv_n, *gu = att + q_size, *act = gu + gu_n;
+    int rc = 0;
+    for (long li = 0; li < n_layers && rc == 0; li++) {
+        const wslm_layer *l = layers + li;
+        if (li == 0) memcpy(residual, hidden, sizeof(uint16_t) * (size_t)d);
+        else for (long i = 0; i < d; i++) residual[i] = f2bf(bf2f(hidden[i]) + bf2f(residual[i]));
+        rms_norm(residual, l->w_in, l->eps_in, d, x);
+        if ((rc = linear(&l->qkv, x, qkv, threads))) break;
+        if (l->qk_norm)
+            for (long r = 0; r < heads + kvh; r++) rms_norm(qkv + r * hd, l->qk_norm + r * hd, l->qk_eps, hd, qkv + r * hd);
+        rotate(qkv, heads + kvh, hd, cos2, sin2);
+        memcpy(l->k_cache + slot * kv_size, qkv + q_size, sizeof(uint16_t) * (size_t)kv_size);
+        memcpy(l->v_cache + slot * kv_size, qkv + q_size + kv_size, sizeof(uint16_t) * (size_t)kv_size);
+        attend(qkv, l, heads, kvh, hd, table, bs, len, att, f, f + len, f + len + hd);
+        if ((rc = linear(&l->o, att, hidden, threads))) break;
+        for (long i = 0; i < d; i++) residual[i] = f2bf(bf2f(hidden[i]) + bf2f(residual[i]));
+        rms_norm(residual, l->w_post, l->eps_post, d, x);
+        if ((rc = linear(&l->gate_up, x, gu, threads))) break;
+        long inter = l->gate_up.n / 2;
+        for (long i = 0; i < inter; i++) {
+            float g = bf2f(gu[i]);
+            act[i] = f2bf(rbf(g / (1.0f + expf(-g))) * bf2f(gu[inter + i]));
+        }
+        rc = linear(&l->down, act, hidden, threads);
+    }
+    free(x);
+    free(f);
+    return rc;
+}
