@@ -26,13 +26,16 @@ import machine  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CHAT = [{"role": "user", "content": "Write a long story about a lighthouse keeper and a storm."}]
-CONFIGS = {  # name: (dtype, quantization, dequantize the GGUF[, WSLM_CPU_COMPILE]); "auto" is a user's default
+CONFIGS = {  # name: (dtype, quantization, dequantize the GGUF[, environment]); "auto" is a user's default
     "float32": ("float32", None, True),
     "bfloat16": ("bfloat16", None, True),
     "int8": ("auto", "int8", True),
     "int4": ("auto", "int4", True),
     "gguf-native": ("auto", None, False),
-    "gguf-native eager": ("auto", None, False, "0"),  # the decode step not compiled (no C++ compiler)
+    # one sequence's step through the compiled graph instead of the C layers (cpu_native.py)
+    "gguf-native no C step": ("auto", None, False, {"WSLM_CPU_NATIVE_DECODE": "0"}),
+    # no C++ compiler for inductor: batches run the eager fast path
+    "gguf-native eager": ("auto", None, False, {"WSLM_CPU_COMPILE": "0"}),
 }
 
 
@@ -44,10 +47,9 @@ def _rss() -> int:
 
 
 def run_wslm(name: str, tokens: int, concurrent: int) -> dict:
-    dtype, quantization, dequantize, *compile_ = CONFIGS[name]
+    dtype, quantization, dequantize, *env = CONFIGS[name]
     os.environ["WSLM_GGUF_DEQUANTIZE"] = "1" if dequantize else "0"
-    if compile_:
-        os.environ["WSLM_CPU_COMPILE"] = compile_[0]
+    os.environ.update(env[0] if env else {})
     from wslm.backend import LLM, SamplingParams
 
     start = time.perf_counter()
@@ -230,9 +232,11 @@ def main() -> int:
     body = (
         f"Demo GGUF ({size / 2**20:.0f} MiB, Q4_1 + Q8_0 embeddings), {args.tokens} greedy tokens, "
         f"{args.threads} threads (llama.cpp {args.llama_threads or args.threads}), single stream best of 3, each configuration in its own process, "
-        f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'PASSIVE (wslm default)')}. wslm rows run the decode "
-        "step compiled (wslm/backend/cpu_compiled.py; measured after the background compile finished) except "
-        "'eager' ones. The machine may be shared with other jobs: compare rows of one run, not absolute "
+        f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'PASSIVE (wslm default)')}. wslm rows: a lone "
+        "sequence's decode step runs every layer in one C call (wslm/backend/cpu_native.py) where the model is "
+        "bf16 with weights it reads, else the compiled graph; batches run the decode step compiled "
+        "(wslm/backend/cpu_compiled.py; measured after the background compile finished) except in "
+        "'eager' rows. The machine may be shared with other jobs: compare rows of one run, not absolute "
         "numbers.\n\n" + "\n".join(rows)
     )
     print(body)

@@ -128,3 +128,26 @@ def test_off_switch_and_reasons(tiny_models, monkeypatch):
               enforce_eager=True)  # fmt: skip
     assert f32.llm_engine.runner.native is None
     assert "bfloat16" in why_not(f32.llm_engine.runner.cpu_decode, f32.llm_engine.runner.kv_pool)
+
+
+def test_the_batch_graph_compiles_when_the_first_batch_comes(tiny_models, demo_tok, monkeypatch):
+    import shutil
+
+    if not (shutil.which("g++") or shutil.which("c++")):
+        pytest.skip("no C++ compiler for inductor")
+    monkeypatch.setenv("WSLM_CPU_COMPILE", "1")
+    llm = LLM(str(tiny_models["llama"]), dtype="bfloat16", quantization="int4", kv_cache_memory=16 << 20,
+              block_size=8, max_model_len=256)  # fmt: skip
+    runner = llm.llm_engine.runner
+    compiled = runner.compiled
+    assert runner.native is not None and compiled is not None and not compiled.single
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    llm.generate([{"prompt_token_ids": demo_tok.encode(PROMPT)}], params)
+    assert compiled._thread is None  # a lone chat: nothing compiles beside it
+    batch = [{"prompt_token_ids": demo_tok.encode(p)} for p in ("Hi", PROMPT)]
+    llm.generate(batch, params)
+    assert compiled._thread is not None
+    assert compiled.wait(timeout=600), compiled.failed
+    llm.generate(batch, params)
+    assert compiled.steps >= 10  # the batch's decode steps now run the graph
+    assert runner.native.steps == 11  # the lone chat's decode steps, and no batch's

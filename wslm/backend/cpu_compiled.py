@@ -8,7 +8,8 @@ GGUF (2-core Xeon with AMX): one sequence 13.8 -> 8.8 ms a step on one core, 32 
 two (docs/benchmarks.md).
 
 Compiling takes ~45-90 s per graph on 2 cores, so it runs in a background thread at start: steps run the
-eager fast path until both graphs (one sequence; 2+ sequences, shapes dynamic) are ready, then switch.
+eager fast path until the graphs (one sequence, unless cpu_native.py runs those steps in C; 2+ sequences,
+shapes dynamic) are ready, then switch.
 Any failure (no compiler, an inductor error) is logged once and the eager path keeps serving.
 
 The graph reads the KV pool but never writes it: each layer's new key/value are put into its gathered
@@ -21,6 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import sys
 import threading
 import time
 
@@ -234,16 +236,24 @@ class CompiledDecode:
         return cls(model, cpu_decode, kv_pool, single)
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._compile, name="wslm-compile", daemon=True)
-        self._thread.start()
+        """Compile in a background thread (once; later calls do nothing)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._compile, name="wslm-compile", daemon=True)
+            self._thread.start()
 
     def wait(self, timeout: float | None = None) -> bool:
-        """Block until the graphs are compiled (True) or compiling failed or timed out (False)."""
+        """Start compiling if that has not begun, then block until the graphs are compiled (True) or
+        compiling failed or timed out (False)."""
+        self.start()
         self.ready.wait(timeout)
         return self.compiled is not None
 
     def _compile(self) -> None:
         start = time.monotonic()
+        # Inductor is Python: at the default 5 ms GIL switch interval the serving thread waits up to 5 ms at
+        # every GIL hand-back (a lone chat fell from ~170 to 10-35 tok/s while compiling); 0.2 ms bounds it.
+        interval = sys.getswitchinterval()
+        sys.setswitchinterval(min(interval, 0.0002))
         try:
             try:  # a background job: leave the cores to the steps being served
                 os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
@@ -280,6 +290,7 @@ class CompiledDecode:
             self.failed = f"{type(exc).__name__}: {exc}"
             logger.warning("CPU decode compile failed (%s); decode keeps running eagerly.", self.failed[:500])
         finally:
+            sys.setswitchinterval(interval)
             self.ready.set()
 
     def _inputs_for(self, b: int, blocks_per_seq: int) -> tuple:

@@ -71,7 +71,7 @@ def _linear(fn) -> tuple[_Linear, list[torch.Tensor]] | str:
     elif isinstance(w, torch.Tensor) and _bf16(w) and w.dim() == 2:
         spec = (BF16, w, None, 0, w.shape[0], w.shape[1])
     else:
-        return f"{type(w).__name__} weights"
+        return f"{type(w).__name__} weights ({getattr(w, 'dtype', 'packed')})"
     kind, main, scales, group, n, k = spec
     keep = [t for t in (main, scales, bias) if t is not None]
     ptr = [None if t is None else t.data_ptr() for t in (main, scales, bias)]

@@ -106,10 +106,12 @@ class ModelRunner:
         """Compile the CPU decode step in the background (cpu_compiled.py); eager until it is ready."""
         from wslm.backend.cpu_compiled import CompiledDecode
 
-        # One sequence's steps run in C where cpu_native.py takes them: no graph (nor its weight copy) for those.
+        # One sequence's steps run in C where cpu_native.py takes them: then no graph (nor its weight copy) for
+        # those, and the batch graph compiles when the first batch comes: a lone chat, the desktop's common
+        # case, never shares the cores (and the GIL) with inductor nor pays for its copy of the weights.
         single = self.native is None
         self.compiled = CompiledDecode.build(self.model, self.cpu_decode, self.kv_pool, enforce_eager, single)
-        if self.compiled is not None:
+        if self.compiled is not None and single:
             self.compiled.start()
 
     def shutdown(self) -> None:
@@ -165,6 +167,8 @@ class ModelRunner:
                 if self.native is not None and len(scheduled) == 1:
                     logits = self.native.run(input_ids, positions, meta)
                 if logits is None and self.compiled is not None:
+                    if len(scheduled) > 1:
+                        self.compiled.start()  # where it waited for a batch (above); once
                     logits = self.compiled.run(input_ids, positions, meta)
                 if logits is None:
                     logits = self.cpu_decode.run(input_ids, positions, meta)
