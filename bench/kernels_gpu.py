@@ -3,6 +3,7 @@
 Reports
   1. decode paged attention (split-KV Triton kernel): GB/s of K/V read and % of the card's peak bandwidth
   2. prefill paged attention (Triton): TFLOP/s, beside torch's dense flash SDPA on the same shapes
+  2b. int4 weight-only GEMM at decode sizes (1/8/32 rows, tinygemm through Int4Weight): GB/s and % of peak
   3. end to end (if wslm.backend.LLM imports): engine output tok/s vs HF transformers' batched generate at
      64 concurrent requests, same model, same GPU, same dtype
 prints a markdown table and appends it, with the device name, to docs/benchmarks.md.
@@ -158,6 +159,36 @@ def bench_decode(args, device, dtype, timer, peak_bw, rows) -> None:
         ))  # fmt: skip
         print(f"  decode {num_seqs}x{seq_len}: {ms:.3f} ms, {gbps:.0f} GB/s, {pct} of peak{ref}", flush=True)
         del q, kc, vc, bt, out
+
+
+def bench_int4(args, device, dtype, timer, peak_bw, rows) -> None:
+    """The int4 weight-only GEMM at decode sizes (Int4Weight.apply: tinygemm's _weight_int4pack_mm on CUDA):
+    GB/s of weight + scales read, against the card's peak (issue 12's target: >= 70% at one row)."""
+    import torch
+
+    from wslm.backend.quant.int4 import Int4Codes
+
+    shapes = [(4096, 4096), (28672, 4096), (4096, 14336)]  # an 8B model's q|k|v-sized, gate|up, down
+    rows_m = [1, 8, 32]
+    group = 128
+    if args.smoke:
+        shapes, rows_m = [(256, 256)], [1, 4]
+    for n, k in shapes:
+        gen = torch.Generator().manual_seed(n + k)
+        codes = Int4Codes(torch.randint(0, 16, (n, k), dtype=torch.uint8, generator=gen),
+                          torch.rand(n, k // group, generator=gen) * 0.02,
+                          torch.randn(n, k // group, generator=gen) * 0.02, group)  # fmt: skip
+        w = codes.pack(device)
+        w_bytes = w.packed.numel() * w.packed.element_size() + w.scales_and_zeros.numel() * 2
+        for m in rows_m:
+            x = torch.randn(m, k, dtype=torch.bfloat16, device=device)
+            ms = timer(lambda w=w, x=x: w.apply(x))
+            gbps = (w_bytes + 2 * m * (n + k)) / (ms * 1e-3) / 1e9
+            pct = f"{100 * gbps / peak_bw:.0f}%" if peak_bw else "n/a"
+            rows.append(("int4 decode GEMM", f"{m} rows x [{n}, {k}], group {group}", f"{gbps:.0f} GB/s ({ms:.3f} ms)",
+                         pct))  # fmt: skip
+            print(f"  int4 {m}x[{n},{k}]: {ms:.3f} ms, {gbps:.0f} GB/s, {pct} of peak", flush=True)
+        del w
 
 
 def bench_prefill(args, device, dtype, timer, peak_tflops, rows) -> None:
@@ -348,13 +379,14 @@ def main() -> int:
     timer = Timer(device, reps=3 if args.smoke else 20, warmup=1 if args.smoke else 5)
     rows: list[tuple[str, str, str, str]] = []
     start = time.perf_counter()
-    for name, part in (("decode", bench_decode), ("prefill", bench_prefill)):
-        print(f"{name} attention:", flush=True)
+    for name, part in (("decode attention", bench_decode), ("prefill attention", bench_prefill),
+                       ("int4 decode GEMM", bench_int4)):  # fmt: skip
+        print(f"{name}:", flush=True)
         try:
-            part(args, device, dtype, timer, peak_bw if name == "decode" else peak_tflops, rows)
+            part(args, device, dtype, timer, peak_tflops if name.startswith("prefill") else peak_bw, rows)
         except Exception as exc:  # keep the other parts' numbers
             traceback.print_exc()
-            rows.append((f"{name} attention", "FAILED", f"{type(exc).__name__}: {exc}", ""))
+            rows.append((name, "FAILED", f"{type(exc).__name__}: {exc}", ""))
     del timer
     if not args.no_engine:
         print("end to end:", flush=True)

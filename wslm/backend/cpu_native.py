@@ -91,7 +91,7 @@ def why_not(cpu_decode, kv_pool: torch.Tensor) -> str | None:
     for layer in cpu_decode.layers:
         if layer.mlp is not None:
             return "a mixture-of-experts or other MLP block"
-        if layer.heads % layer.kv_heads or layer.head_dim % 2:
+        if layer.heads % layer.kv_heads or layer.heads // layer.kv_heads > 64 or layer.head_dim % 2:
             return "head layout"
         if not all(_bf16(t) for t in (layer.w_in, layer.w_post, layer.qk_norm_w)):
             return "norm weights not contiguous bf16"

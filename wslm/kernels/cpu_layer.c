@@ -41,18 +41,6 @@ static inline float dot_bf16(const uint16_t *a, const float *b, long n) {
     return s;
 }
 
-static inline void axpy_bf16(float a, const uint16_t *x, float *y, long n) {
-    long i = 0;
-#if defined(__AVX512F__)
-    __m512 av = _mm512_set1_ps(a);
-    for (; i + 16 <= n; i += 16) {
-        __m512 xv = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(x + i))), 16));
-        _mm512_storeu_ps(y + i, _mm512_fmadd_ps(av, xv, _mm512_loadu_ps(y + i)));
-    }
-#endif
-    for (; i < n; i++) y[i] += a * bf2f(x[i]);
-}
-
 /* bf16 [N, K] times one row, fp32 sums (as torch's bf16 GEMV), four weight rows at a time so that the
    multiply-adds do not wait on each other; AVX512-BF16 multiplies 32 pairs an instruction where K % 32 == 0
    there, any K in the plain loop. */
@@ -130,28 +118,101 @@ static void rotate(uint16_t *x, long rows, long hd, const uint16_t *cos2, const 
     }
 }
 
-/* softmax(q k^T * scale) v for one new token over the len keys of its sequence (paged) */
+/* q . k for bf16 rows: AVX512-BF16 multiplies 32 pairs an instruction (products exact in fp32, as after a
+   conversion), else both converted */
+static inline float dot_bf16_bf16(const uint16_t *a, const uint16_t *b, long n) {
+#if defined(__AVX512BF16__)
+    if (n % 32 == 0) {
+        __m512 acc = _mm512_setzero_ps();
+        for (long i = 0; i < n; i += 32)
+            acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(a + i), (__m512bh)_mm512_loadu_si512(b + i));
+        return _mm512_reduce_add_ps(acc);
+    }
+#endif
+    float s = 0.0f;
+    for (long i = 0; i < n; i++) s += bf2f(a[i]) * bf2f(b[i]);
+    return s;
+}
+
+#if defined(__AVX512F__)
+/* e^x for 16 lanes: 2^(x log2 e) split into 2^n (scalef) and a degree-6 polynomial of 2^f, f in
+   [-0.5, 0.5]: within ~2 ulp of expf, and 0 below -87 (softmax subtracts the max first, so x <= 0) */
+static inline __m512 exp16(__m512 x) {
+    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
+    __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
+    __m512 n = _mm512_roundscale_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 f = _mm512_sub_ps(t, n);
+    __m512 p = _mm512_set1_ps(1.535336188319500e-4f);
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.339887440266574e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(9.618437357674640e-3f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(5.550332471162809e-2f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(2.402264791363012e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931472028550421e-1f));
+    p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+#endif
+
+/* sc[i] = e^(sc[i] - top) in place; returns their sum */
+static float exp_shifted(float *sc, long n, float top) {
+    long i = 0;
+    float total = 0.0f;
+#if defined(__AVX512F__)
+    __m512 acc = _mm512_setzero_ps(), m = _mm512_set1_ps(top);
+    for (; i + 16 <= n; i += 16) {
+        __m512 e = exp16(_mm512_sub_ps(_mm512_loadu_ps(sc + i), m));
+        _mm512_storeu_ps(sc + i, e);
+        acc = _mm512_add_ps(acc, e);
+    }
+    total = _mm512_reduce_add_ps(acc);
+#endif
+    for (; i < n; i++) { sc[i] = expf(sc[i] - top); total += sc[i]; }
+    return total;
+}
+
+static inline void bf16_to_f32(const uint16_t *x, float *y, long n) {
+    long i = 0;
+#if defined(__AVX512F__)
+    for (; i + 16 <= n; i += 16)
+        _mm512_storeu_ps(y + i, _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(x + i))), 16)));
+#endif
+    for (; i < n; i++) y[i] = bf2f(x[i]);
+}
+
+/* softmax(q k^T * scale) v for one new token over the len keys of its sequence (paged, block by block).
+   The q heads that share a key/value head are done together, so each key and value row is read (and
+   converted) once. work: group * (len + hd) + hd floats. */
 static void attend(const uint16_t *q, const wslm_layer *l, long heads, long kvh, long hd, const int32_t *table,
-                   long bs, long len, uint16_t *out, float *scores, float *qf, float *acc) {
-    long group = heads / kvh;
-    for (long h = 0; h < heads; h++) {
-        long kh = h / group;
-        for (long i = 0; i < hd; i++) qf[i] = bf2f(q[h * hd + i]);
-        float top = -INFINITY;
-        for (long t = 0; t < len; t++) {
-            long slot = (long)table[t / bs] * bs + t % bs;
-            float s = dot_bf16(l->k_cache + (slot * kvh + kh) * hd, qf, hd) * (float)l->scale;
-            scores[t] = s;
-            if (s > top) top = s;
+                   long bs, long len, uint16_t *out, float *work) {
+    long group = heads / kvh, row = kvh * hd;
+    float *scores = work, *acc = work + group * len, *vf = acc + group * hd, scale = (float)l->scale;
+    for (long kh = 0; kh < kvh; kh++) {
+        const uint16_t *qh = q + kh * group * hd;  /* q heads kh * group ... are this key head's */
+        for (long t0 = 0; t0 < len; t0 += bs) {
+            const uint16_t *kp = l->k_cache + (long)table[t0 / bs] * bs * row + kh * hd;
+            for (long t = t0; t < t0 + bs && t < len; t++, kp += row)
+                for (long g = 0; g < group; g++) scores[g * len + t] = dot_bf16_bf16(kp, qh + g * hd, hd) * scale;
         }
-        float sum = 0.0f;
-        for (long t = 0; t < len; t++) { scores[t] = expf(scores[t] - top); sum += scores[t]; }
-        for (long i = 0; i < hd; i++) acc[i] = 0.0f;
-        for (long t = 0; t < len; t++) {
-            long slot = (long)table[t / bs] * bs + t % bs;
-            axpy_bf16(scores[t], l->v_cache + (slot * kvh + kh) * hd, acc, hd);
+        float sum[64];  /* group <= 64 (the caller checks) */
+        for (long g = 0; g < group; g++) {
+            float *sc = scores + g * len, top = -INFINITY;
+            for (long t = 0; t < len; t++) top = sc[t] > top ? sc[t] : top;
+            sum[g] = exp_shifted(sc, len, top);
         }
-        for (long i = 0; i < hd; i++) out[h * hd + i] = f2bf(acc[i] / sum);
+        for (long i = 0; i < group * hd; i++) acc[i] = 0.0f;
+        for (long t0 = 0; t0 < len; t0 += bs) {
+            const uint16_t *vp = l->v_cache + (long)table[t0 / bs] * bs * row + kh * hd;
+            for (long t = t0; t < t0 + bs && t < len; t++, vp += row) {
+                bf16_to_f32(vp, vf, hd);
+                for (long g = 0; g < group; g++) {
+                    float p = scores[g * len + t], *a = acc + g * hd;
+                    for (long i = 0; i < hd; i++) a[i] += p * vf[i];
+                }
+            }
+        }
+        for (long g = 0; g < group; g++)
+            for (long i = 0; i < hd; i++) out[(kh * group + g) * hd + i] = f2bf(acc[g * hd + i] / sum[g]);
     }
 }
 
@@ -172,7 +233,9 @@ int wslm_decode_row(const wslm_layer *layers, int64_t n_layers, int64_t d, int64
     long q_size = heads * hd, kv_size = kvh * hd;
     size_t halves = (size_t)(d + qkv_n + q_size + gu_n + gu_n / 2);
     uint16_t *x = (uint16_t *)malloc(sizeof(uint16_t) * halves);
-    float *f = (float *)malloc(sizeof(float) * (size_t)(len + 2 * hd));
+    long group = heads / kvh;
+    if (group > 64) return -2;
+    float *f = (float *)malloc(sizeof(float) * (size_t)(group * (len + hd) + hd));
     if (!x || !f) { free(x); free(f); return -1; }
     uint16_t *qkv = x + d, *att = qkv + qkv_n, *gu = att + q_size, *act = gu + gu_n;
     int rc = 0;
@@ -187,7 +250,7 @@ int wslm_decode_row(const wslm_layer *layers, int64_t n_layers, int64_t d, int64
         rotate(qkv, heads + kvh, hd, cos2, sin2);
         memcpy(l->k_cache + slot * kv_size, qkv + q_size, sizeof(uint16_t) * (size_t)kv_size);
         memcpy(l->v_cache + slot * kv_size, qkv + q_size + kv_size, sizeof(uint16_t) * (size_t)kv_size);
-        attend(qkv, l, heads, kvh, hd, table, bs, len, att, f, f + len, f + len + hd);
+        attend(qkv, l, heads, kvh, hd, table, bs, len, att, f);
         if ((rc = linear(&l->o, att, hidden, threads))) break;
         for (long i = 0; i < d; i++) residual[i] = f2bf(bf2f(hidden[i]) + bf2f(residual[i]));
         rms_norm(residual, l->w_post, l->eps_post, d, x);
