@@ -1,6 +1,7 @@
 """Weight formats on the demo GGUF, against llama.cpp on the same file and HF transformers, in one run.
 
     .venv/bin/python bench/quant.py [--tokens 64] [--concurrent 32] [--llama-python /work/llama-venv/bin/python]
+    .venv/bin/python bench/quant.py --emulate-avx2 --llama-python /work/llama-avx2-venv/bin/python
 
 Each configuration runs in a fresh process (so resident memory after load is its own): float32 and
 bfloat16 (the GGUF dequantized, as transformers loads it), int8 and int4 (dequantized, then quantized on
@@ -8,7 +9,13 @@ load), GGUF-native (kept quantized: Q4_1 -> int4, Q8_0 -> int8). Single-stream g
 3) and --concurrent chats at once (output tok/s). llama.cpp: llama-cpp-python with the same thread count,
 single stream (install it in its own venv: `python -m venv /work/llama-venv && /work/llama-venv/bin/pip
 install llama-cpp-python`, ~10 min to compile); HF: its padded batch in float32. Appends the table to
-docs/benchmarks.md."""
+docs/benchmarks.md.
+
+--emulate-avx2 measures what a CPU without AVX-512 (most desktops) runs, on one that has it: torch held to
+its AVX2 kernels (ATEN_CPU_CAPABILITY=avx2, ONEDNN_MAX_CPU_ISA=AVX2, which also gives its AVX2 int4 pack),
+wslm's C kernels built with -march=haswell, and dtype=auto's choice there (float32). Give it a llama.cpp
+built the same way: CMAKE_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON
+-DGGML_AVX512=OFF" pip install llama-cpp-python, in a venv of its own."""
 
 from __future__ import annotations
 
@@ -46,8 +53,13 @@ def _rss() -> int:
     return 0
 
 
+AVX2_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "WSLM_CPU_KERNELS_CFLAGS": "-march=haswell"}
+
+
 def run_wslm(name: str, tokens: int, concurrent: int) -> dict:
     dtype, quantization, dequantize, *env = CONFIGS[name]
+    if os.environ.get("ATEN_CPU_CAPABILITY") == "avx2" and dtype == "auto":
+        dtype = "float32"  # what dtype=auto picks on a CPU without bf16 arithmetic
     os.environ["WSLM_GGUF_DEQUANTIZE"] = "1" if dequantize else "0"
     os.environ.update(env[0] if env else {})
     from wslm.backend import LLM, SamplingParams
@@ -166,7 +178,7 @@ def spawn(name: str, args, python: str = sys.executable) -> dict | None:
         cmd[cmd.index("--threads") + 1] = str(args.llama_threads or args.threads)
         if getattr(args, "llama_no_extra_bufts", False):
             cmd.append("--llama-no-extra-bufts")
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(AVX2_ENV if args.emulate_avx2 else {})}
     proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -188,6 +200,7 @@ def main() -> int:
     )
     p.add_argument("--llama-python", default="/work/llama-venv/bin/python")
     p.add_argument("--only", nargs="*", default=None, help="subset of configurations")
+    p.add_argument("--emulate-avx2", action="store_true", help="measure what a CPU without AVX-512 runs")
     p.add_argument("--child", default=None, help=argparse.SUPPRESS)
     p.add_argument("--model-path", default=None, help=argparse.SUPPRESS)
     p.add_argument("--llama-no-extra-bufts", action="store_true", help=argparse.SUPPRESS)
@@ -234,10 +247,12 @@ def main() -> int:
         f"{args.threads} threads (llama.cpp {args.llama_threads or args.threads}), single stream best of 3, each configuration in its own process, "
         f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'PASSIVE (wslm default)')}. wslm rows: a lone "
         "sequence's decode step runs every layer in one C call (wslm/backend/cpu_native.py) where the model is "
-        "bf16 with weights it reads, else the compiled graph; batches run the decode step compiled "
+        "bf16 or float32 with weights it reads, else the compiled graph; batches run the decode step compiled "
         "(wslm/backend/cpu_compiled.py; measured after the background compile finished) except in "
         "'eager' rows. The machine may be shared with other jobs: compare rows of one run, not absolute "
-        "numbers.\n\n" + "\n".join(rows)
+        "numbers." + (" AVX2 EMULATED (--emulate-avx2): torch held to AVX2, wslm's C kernels built for haswell, "
+                      "dtype=auto as float32, llama.cpp from " + args.llama_python + "." if args.emulate_avx2 else "")
+        + "\n\n" + "\n".join(rows)
     )
     print(body)
     print("written to", machine.append_section("weight formats on the demo GGUF (bench/quant.py)", body))

@@ -1,7 +1,7 @@
 """The compiled CPU decode step (wslm/backend/cpu_compiled.py) on a tiny int4 model: it compiles in the
 background while the engine serves eagerly, then takes every decode step (alone and batched, past block
 boundaries) with two graphs and no recompiles, matching the eager path's logits to bf16 rounding and
-leaving the KV pool as the eager path would."""
+leaving the KV pool as the eager path would; in bfloat16 and in float32."""
 
 from __future__ import annotations
 
@@ -17,10 +17,10 @@ pytestmark = pytest.mark.skipif(not (shutil.which("g++") or shutil.which("c++"))
 PROMPTS = ["Hi", "The quick brown fox jumps over the lazy dog.", "Once upon a time, in a village by the sea"]
 
 
-def _engine(folder, monkeypatch, compile_: bool) -> LLM:
+def _engine(folder, monkeypatch, compile_: bool, dtype: str = "bfloat16") -> LLM:
     monkeypatch.setenv("WSLM_CPU_NATIVE_DECODE", "0")  # lone sequences would run in C (test_cpu_native.py)
     monkeypatch.setenv(ENV_VAR, "1" if compile_ else "0")
-    return LLM(folder, dtype="bfloat16", quantization="int4", kv_cache_memory=16 << 20, block_size=8,
+    return LLM(folder, dtype=dtype, quantization="int4", kv_cache_memory=16 << 20, block_size=8,
                max_model_len=256)  # fmt: skip
 
 
@@ -32,13 +32,15 @@ def _logprobs(llm, tok) -> list:
             for o in outs]  # fmt: skip
 
 
-def test_compiled_decode_matches_eager_and_never_recompiles(tiny_models, demo_tok, monkeypatch):
+# float32: dtype=auto on CPUs without bf16 arithmetic, where the int4 products still take bf16 rows
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_compiled_decode_matches_eager_and_never_recompiles(dtype, tiny_models, demo_tok, monkeypatch):
     import torch._dynamo
 
     folder = str(tiny_models["llama"])
-    eager = _engine(folder, monkeypatch, compile_=False)
+    eager = _engine(folder, monkeypatch, compile_=False, dtype=dtype)
     assert eager.llm_engine.runner.compiled is None
-    llm = _engine(folder, monkeypatch, compile_=True)
+    llm = _engine(folder, monkeypatch, compile_=True, dtype=dtype)
     compiled = llm.llm_engine.runner.compiled
     assert compiled is not None
     assert compiled.wait(timeout=600), compiled.failed

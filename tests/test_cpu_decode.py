@@ -49,6 +49,9 @@ def _same_as_general(folder, tok, monkeypatch, **kw) -> None:
         ("qwen2", {"dtype": "float32"}),  # q/k/v biases, tied head
         ("llama", {"dtype": "bfloat16", "quantization": "int4"}),
         ("qwen2", {"dtype": "bfloat16", "quantization": "int8"}),  # int8 kernel with a bias
+        # float32 (dtype=auto without bf16 arithmetic) over the bf16 int4/int8 kernels: converted per call
+        ("llama", {"dtype": "float32", "quantization": "int4"}),
+        ("qwen2", {"dtype": "float32", "quantization": "int8"}),
     ],
 )
 def test_fast_decode_matches_the_general_path(arch, kw, tiny_models, demo_tok, monkeypatch):

@@ -117,11 +117,11 @@ def test_int4_matches_torch_int4_kernel(n, k, group):
     w = codes.pack(torch.device("cpu"))
     assert w.unpackable  # torch's pack has the layout the kernel reads
     x = torch.randn(1, k).bfloat16()
-    assert cpu_gemv.int4_mv_ok(x, w.packed, w.scales_and_zeros, group)
-    exact = cpu_gemv.int4_mv(x, w.packed, w.scales_and_zeros, group, exact=True)
+    assert cpu_gemv.int4_mv_ok(x, w.packed, w.scales_and_zeros, group, w.block_n)
+    exact = cpu_gemv.int4_mv(x, w.packed, w.scales_and_zeros, group, exact=True, block_n=w.block_n)
     ref = torch.ops.aten._weight_int4pack_mm_for_cpu(x, w.packed, group, w.scales_and_zeros)
     torch.testing.assert_close(exact.float(), ref.float(), rtol=2**-7, atol=1e-3)  # same sums, same order
-    ours = cpu_gemv.int4_mv(x, w.packed, w.scales_and_zeros, group)
+    ours = cpu_gemv.int4_mv(x, w.packed, w.scales_and_zeros, group, block_n=w.block_n)
     if cpu_gemv.int4_q8():  # the exact product of the dequantized weight and the int8-rounded row
         blocks = x.float().view(-1, 32)
         d = blocks.abs().amax(-1, keepdim=True) / 127
@@ -135,8 +135,46 @@ def test_int4_matches_torch_int4_kernel(n, k, group):
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
-        assert torch.equal(cpu_gemv.int4_mv(x, w.packed, w.scales_and_zeros, group), ours)
+        assert torch.equal(cpu_gemv.int4_mv(x, w.packed, w.scales_and_zeros, group, block_n=w.block_n), ours)
     finally:
         torch.set_num_threads(before)
     assert not cpu_gemv.int4_mv_ok(torch.randn(2, k).bfloat16(), w.packed, w.scales_and_zeros, group)
     assert not cpu_gemv.int4_mv_ok(x.float(), w.packed, w.scales_and_zeros, group)
+
+
+def _pack(codes: torch.Tensor, block_n: int) -> torch.Tensor:
+    """torch's CPU int4 pack with block_n rows a block, written out by hand (torch picks 64 with AVX-512
+    and 32 with AVX2 at run time, so one machine cannot make both)."""
+    n, k = codes.shape
+    b = codes.to(torch.uint8).reshape(n // block_n, block_n, k)
+    return (b[:, : block_n // 2] | (b[:, block_n // 2 :] << 4)).transpose(1, 2).contiguous().view(n // 2, k)
+
+
+@pytest.mark.parametrize("block_n", [64, 32])
+def test_int4_pack_layouts(block_n):
+    """Both of torch's layouts are recognised and read: expanded for many rows, one row in the C kernels,
+    whose int8 loop gives the same bits for either layout."""
+    from wslm.backend.quant.int4_dense import dequantize_packed, pack_block
+
+    torch.manual_seed(block_n)
+    n, k, group = 192, 256, 64
+    codes = torch.randint(0, 16, (n, k), dtype=torch.uint8)
+    sz = torch.stack([torch.rand(k // group, n) * 0.02, torch.randn(k // group, n) * 0.02], -1).bfloat16()
+    packed = _pack(codes, block_n)
+    assert pack_block(packed, codes) == block_n
+    if block_n == 64:
+        native = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.int(), 1)
+        assert pack_block(native, codes) in (64, 32)  # whichever this torch runs
+    scale = sz[..., 0].float().t().repeat_interleave(group, 1)
+    zero = sz[..., 1].float().t().repeat_interleave(group, 1)
+    ref = (codes.float() - 8) * scale + zero
+    dense = dequantize_packed(packed, sz, n, k, group, torch.float32, block_n)
+    torch.testing.assert_close(dense, ref, rtol=2**-7, atol=1e-4)
+    x = torch.randn(1, k).bfloat16()
+    assert cpu_gemv.int4_mv_ok(x, packed, sz, group, block_n)
+    exact = cpu_gemv.int4_mv(x, packed, sz, group, exact=True, block_n=block_n)
+    torch.testing.assert_close(exact.float(), x.float() @ ref.T, rtol=2**-6, atol=2e-3)
+    ours = cpu_gemv.int4_mv(x, packed, sz, group, block_n=block_n)
+    other = cpu_gemv.int4_mv(x, _pack(codes, 96 - block_n), sz, group, block_n=96 - block_n)
+    assert torch.equal(ours, other)  # the same sums whatever the layout
+    assert not cpu_gemv.int4_mv_ok(x, packed, sz, group, 16)

@@ -1,7 +1,8 @@
 """One sequence's decode step in C (wslm/backend/cpu_native.py, wslm/kernels/cpu_layer.c): on the same
 inputs and KV pool it gives the eager fast path's logits to bf16 rounding and writes the same key and
-value to the same slot and nothing else, for every weight kind and layer variant it takes; lone chats
-take it and batches do not; on the demo GGUF its greedy tokens are the dequantized model's own."""
+value to the same slot and nothing else, for every weight kind and layer variant it takes, in bfloat16 and
+float32; lone chats take it and batches do not; on the demo GGUF its greedy tokens are the dequantized
+model's own; the AVX2 build of the kernels (what CPUs without AVX-512 run) gives the same results."""
 
 from __future__ import annotations
 
@@ -69,16 +70,17 @@ def _compare(llm: LLM, prompt: list[int]) -> tuple[float, float]:
 PROMPT = "Once upon a time, in a village by the sea, there lived an old clockmaker"
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])  # float32: dtype=auto on CPUs without bf16
 @pytest.mark.parametrize(
     "arch,kw",
     [
         ("llama", {"quantization": "int4"}),  # GQA, int4 products
         ("qwen2", {"quantization": "int8"}),  # int8 products with q/k/v biases
-        ("llama", {}),  # bf16 weights
+        ("llama", {}),  # dense weights
     ],
 )
-def test_c_step_matches_the_eager_step(arch, kw, tiny_models, demo_tok):
-    llm = LLM(str(tiny_models[arch]), dtype="bfloat16", kv_cache_memory=16 << 20, block_size=8,
+def test_c_step_matches_the_eager_step(arch, kw, dtype, tiny_models, demo_tok):
+    llm = LLM(str(tiny_models[arch]), dtype=dtype, kv_cache_memory=16 << 20, block_size=8,
               max_model_len=256, enforce_eager=True, **kw)  # fmt: skip
     runner = llm.llm_engine.runner
     assert runner.native is not None, why_not(runner.cpu_decode, runner.kv_pool)
@@ -97,13 +99,13 @@ def test_c_step_with_qk_norm(demo_tok, tmp_path):
     assert logit_err < 0.05 and kv_err < 0.05
 
 
-def test_lone_chats_take_it_and_agree_with_the_dequantized_demo(demo_llm, monkeypatch):
+@pytest.mark.parametrize("dtype", ["auto", "float32"])
+def test_lone_chats_take_it_and_agree_with_the_dequantized_demo(dtype, demo_llm, monkeypatch):
     monkeypatch.setenv("WSLM_GGUF_DEQUANTIZE", "0")
-    llm = LLM("demo", kv_cache_memory=64 << 20, max_model_len=512, max_num_seqs=4, enforce_eager=True)
+    llm = LLM("demo", dtype=dtype, kv_cache_memory=64 << 20, max_model_len=512, max_num_seqs=4,
+              enforce_eager=True)  # fmt: skip
     runner = llm.llm_engine.runner
-    assert llm.llm_engine.model_config.dtype == torch.bfloat16 or runner.native is None
-    if runner.native is None:
-        pytest.skip(f"not bfloat16 here: {why_not(runner.cpu_decode, runner.kv_pool)}")
+    assert runner.native is not None, why_not(runner.cpu_decode, runner.kv_pool)
     prompt = llm.llm_engine.apply_chat_template(CHAT, None, True)
     params = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
     tokens = llm.generate([{"prompt_token_ids": prompt}], params)[0].outputs[0].token_ids
@@ -124,10 +126,10 @@ def test_off_switch_and_reasons(tiny_models, monkeypatch):
     runner = llm.llm_engine.runner
     assert runner.native is None and why_not(runner.cpu_decode, runner.kv_pool) == f"{ENV_VAR}=0"
     monkeypatch.delenv(ENV_VAR)
-    f32 = LLM(str(tiny_models["llama"]), dtype="float32", kv_cache_memory=16 << 20, max_model_len=128,
-              enforce_eager=True)  # fmt: skip
-    assert f32.llm_engine.runner.native is None
-    assert "bfloat16" in why_not(f32.llm_engine.runner.cpu_decode, f32.llm_engine.runner.kv_pool)
+    fp8 = LLM(str(tiny_models["llama"]), dtype="bfloat16", kv_cache_dtype="fp8", kv_cache_memory=16 << 20,
+              max_model_len=128, enforce_eager=True)  # fmt: skip
+    runner = fp8.llm_engine.runner
+    assert runner.native is None and "fast decode path" in why_not(runner.cpu_decode, runner.kv_pool)
 
 
 def test_the_batch_graph_compiles_when_the_first_batch_comes(tiny_models, demo_tok, monkeypatch):
@@ -151,3 +153,66 @@ def test_the_batch_graph_compiles_when_the_first_batch_comes(tiny_models, demo_t
     llm.generate(batch, params)
     assert compiled.steps >= 10  # the batch's decode steps now run the graph
     assert runner.native.steps == 11  # the lone chat's decode steps, and no batch's
+
+
+_AVX2_CHILD = """
+import sys, torch
+from transformers import AutoTokenizer
+from wslm.backend import LLM
+from wslm.backend.quant.int4_dense import pack_block
+from wslm.kernels import cpu_gemv
+import test_cpu_native as t
+
+codes, x, sz, want = torch.load(sys.argv[1])
+packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.int(), 1)
+block_n = pack_block(packed, codes)
+print("pack block:", block_n)
+assert cpu_gemv.int4_q8(), "the AVX2 build has no int8 loop"
+got = cpu_gemv.int4_mv(x, packed, sz, 32, block_n=block_n)
+print("int4 bits equal:", torch.equal(got, want) if want is not None else "n/a")
+tok = AutoTokenizer.from_pretrained(sys.argv[2])
+llm = LLM(sys.argv[2], dtype="float32", quantization="int4", kv_cache_memory=16 << 20, block_size=8,
+          max_model_len=256, enforce_eager=True)
+runner = llm.llm_engine.runner
+assert runner.native is not None
+print("step errors:", *t._compare(llm, tok.encode(t.PROMPT)))
+"""
+
+
+def test_the_avx2_build_gives_the_same_results(tiny_models, tmp_path):
+    """CPUs without AVX-512 (Intel's desktop chips, AMD's before Zen 4) run torch's AVX2 code, which packs
+    int4 weights in 32-row blocks, and build our AVX2 loops: here, with torch held to AVX2 and the kernels
+    built with -march=haswell, the pack is recognised, the int8 loop gives the AVX-512 one's bits, and
+    the float32 step (dtype=auto's choice there) agrees with the eager one."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    with open("/proc/cpuinfo", encoding="utf-8") as f:
+        if " avx2" not in f.read():
+            pytest.skip("no AVX2 on this CPU")
+    torch.manual_seed(0)
+    n, k = 256, 576
+    codes = torch.randint(0, 16, (n, k), dtype=torch.uint8)
+    packed = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes.int(), 1)
+    sz = (torch.randn(k // 32, n, 2) * 0.05).to(torch.bfloat16).contiguous()
+    x = torch.randn(1, k).to(torch.bfloat16)
+    from wslm.backend.quant.int4_dense import pack_block
+
+    block_n = pack_block(packed, codes)
+    want = cpu_gemv.int4_mv(x, packed, sz, 32, block_n=block_n) if cpu_gemv.int4_q8() else None
+    torch.save((codes, x, sz, want), tmp_path / "case.pt")
+    tests = Path(__file__).parent
+    env = dict(os.environ, WSLM_CPU_KERNELS_CFLAGS="-march=haswell", XDG_CACHE_HOME=str(tmp_path / "cache"),
+               ATEN_CPU_CAPABILITY="avx2", ONEDNN_MAX_CPU_ISA="AVX2",
+               PYTHONPATH=os.pathsep.join([str(tests), os.environ.get("PYTHONPATH", "")]))  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", _AVX2_CHILD, str(tmp_path / "case.pt"), str(tiny_models["llama"])],
+                          env=env, capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = dict(line.split(":", 1) for line in done.stdout.splitlines() if ":" in line)
+    assert lines["pack block"].strip() == "32"
+    assert lines["int4 bits equal"].strip() in ("True", "n/a")
+    logit_err, kv_err = map(float, lines["step errors"].split())
+    assert logit_err < 0.05 and kv_err < 0.05
+    assert list((tmp_path / "cache").rglob("cpu_gemv-*.so"))  # built apart from the user's own library

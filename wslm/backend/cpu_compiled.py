@@ -138,10 +138,12 @@ class _DecodeModule(torch.nn.Module):
         if kind == "dense":
             w, b = t
             return F.linear(x, w) + b if (b is not None and extra) else F.linear(x, w, b)
+        xk = x.to(t[1].dtype)  # a float32 engine's activations go to the kernels' bf16 and back, as apply does
         if kind == "int4":
-            out = torch.ops.aten._weight_int4pack_mm_for_cpu(x, t[0], extra, t[1])
+            out = torch.ops.aten._weight_int4pack_mm_for_cpu(xk, t[0], extra, t[1])
         else:
-            out = torch.ops.aten._weight_int8pack_mm(x, t[0], t[1])
+            out = torch.ops.aten._weight_int8pack_mm(xk, t[0], t[1])
+        out = out.to(x.dtype)
         return out if t[-1] is None else out + t[-1]
 
     def _embed(self, ids: torch.Tensor) -> torch.Tensor:

@@ -33,10 +33,11 @@ ENV_VAR = "WSLM_CPU_FAST_DECODE"
 _NORMS = (RMSNorm, GemmaRMSNorm)  # the same kernel (Gemma's 1 + w is folded at load)
 
 
-def _linear_fn(layer) -> Callable[[torch.Tensor], torch.Tensor]:
-    """x -> layer(x) with the per-call format checks done once (tensor parallelism is off here). The
-    function carries what it multiplies by (source_weight, source_bias, bias_after) for cpu_compiled.py."""
-    fn = _bind_linear(layer)
+def _linear_fn(layer, dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
+    """x -> layer(x) for activations x of dtype, with the per-call format checks done once (tensor
+    parallelism is off here). The function carries what it multiplies by (source_weight, source_bias,
+    bias_after) for cpu_compiled.py."""
+    fn = _bind_linear(layer, dtype)
     if fn is not layer:
         fn.source_weight, fn.source_bias = layer.weight, layer.bias
         fn.bias_after = _bias_after(layer)
@@ -49,7 +50,7 @@ def _bias_after(layer) -> bool:
     return layer.bias is not None and isinstance(layer, RowParallelLinear)
 
 
-def _bind_linear(layer) -> Callable[[torch.Tensor], torch.Tensor]:
+def _bind_linear(layer, dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
     from wslm.backend.quant.int4 import Int4Weight
     from wslm.backend.quant.int4_dense import DENSE_ROWS as INT4_ROWS
     from wslm.backend.quant.int8 import DENSE_ROWS as INT8_ROWS
@@ -63,6 +64,11 @@ def _bind_linear(layer) -> Callable[[torch.Tensor], torch.Tensor]:
     if isinstance(w, (Int4Weight, Int8Weight)) and getattr(w, "perm", None) is None:
         rows = INT4_ROWS if isinstance(w, Int4Weight) else INT8_ROWS
         mm = w.decode_rows  # the kernel apply picks for these rows
+        kd = _kernel_dtype(layer)
+        if dtype != kd:  # a float32 engine over bf16 kernels (CPUs without bf16): converted as apply does
+            if b is None:
+                return lambda x: mm(x.to(kd)).to(dtype) if x.shape[0] < rows else w.apply(x)
+            return lambda x: mm(x.to(kd)).to(dtype) + b if x.shape[0] < rows else w.apply(x, b)
         if b is None:
             return lambda x: mm(x) if x.shape[0] < rows else w.apply(x)
         return lambda x: mm(x) + b if x.shape[0] < rows else w.apply(x, b)
@@ -125,8 +131,9 @@ def why_not(model, kv_pool: torch.Tensor) -> str | None:
             getattr(layer.mlp, "gate_up_proj", None),
             getattr(layer.mlp, "down_proj", None),
         ]
-        if any(_kernel_dtype(lin) not in (model.dtype, None) for lin in linears if lin is not None):
-            return "weights computing in another dtype (WSLM_QUANT_FLOAT32)"
+        kernel = {_kernel_dtype(lin) for lin in linears if lin is not None} - {model.dtype, None}
+        if kernel and (model.dtype != torch.float32 or kernel != {torch.bfloat16}):
+            return "weights computing in another dtype"
     return None
 
 
@@ -158,7 +165,8 @@ class _Layer:
         attn = layer.self_attn
         self.w_in, self.w_post = layer.input_layernorm.weight, layer.post_attention_layernorm.weight
         self.eps_in, self.eps_post = layer.input_layernorm.eps, layer.post_attention_layernorm.eps
-        self.qkv, self.o = _linear_fn(attn.qkv_proj), _linear_fn(attn.o_proj)
+        dtype = self.w_in.dtype  # the model's
+        self.qkv, self.o = _linear_fn(attn.qkv_proj, dtype), _linear_fn(attn.o_proj, dtype)
         self.q_size, self.kv_size, self.head_dim = attn.q_size, attn.kv_size, attn.head_dim
         self.heads, self.kv_heads, self.scale = attn.attn.num_heads, attn.attn.num_kv_heads, attn.attn.scale
         self.qk_norm_w = self.qk_eps = None
@@ -171,8 +179,8 @@ class _Layer:
         mlp = layer.mlp
         plain = getattr(mlp, "act_and_mul", None) is silu_and_mul and hasattr(mlp, "gate_up_proj")
         self.mlp = None if plain else mlp
-        self.gate_up = _linear_fn(mlp.gate_up_proj) if plain else None
-        self.down = _linear_fn(mlp.down_proj) if plain else None
+        self.gate_up = _linear_fn(mlp.gate_up_proj, dtype) if plain else None
+        self.down = _linear_fn(mlp.down_proj, dtype) if plain else None
 
     def stale(self) -> bool:
         return any(a is not b for a, b in zip(_bound_tensors(self.source), self.bound))

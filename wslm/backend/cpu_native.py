@@ -3,15 +3,17 @@
 A lone chat (the desktop app's everyday case) decodes one token at a time, and on CPU that step is
 mostly overhead: the demo model's int4 products take ~3.5 ms a token on one core, while ~20 torch ops a
 layer (cpu_decode.py) or inductor's graph (cpu_compiled.py) add 5-7 ms of dispatch and cold caches. Here
-every layer runs in one C loop over the weights in place (torch's int4 pack, int8 rows or bf16), the
+every layer runs in one C loop over the weights in place (torch's int4 pack, int8 rows or dense), the
 embedding lookup, final norm and head staying in torch. It covers the models and weights the eager fast
-path covers, in bfloat16 with a bfloat16 KV cache; anything else keeps the other paths.
+path covers, in bfloat16 or float32 (what dtype=auto picks on CPUs without bf16 arithmetic, where the
+int4/int8 products still take bf16 rows, as in torch) with a KV cache of the model's dtype; anything else
+keeps the other paths.
 WSLM_CPU_NATIVE_DECODE=0 turns it off (WSLM_CPU_KERNELS=0 too, with the rest of the C kernels).
 
-Results follow cpu_decode.py's op for op in bf16, with the same int4 and int8 kernels (the int4 one rounds
-the activation row to int8 per 32 columns where the CPU has AVX512-VNNI, as llama.cpp does; so does the
-eager path's, cpu_gemv.int4_q8()); attention and the norms sum in another order, so logits agree to bf16
-rounding and greedy tokens may branch on a near-tie after a while, as the compiled path's do
+Results follow cpu_decode.py's op for op in the model's dtype, with the same int4 and int8 kernels (the
+int4 one rounds the activation row to int8 per 32 columns where the CPU has AVX2 or AVX512-VNNI, as
+llama.cpp does; so does the eager path's, cpu_gemv.int4_q8()); attention and the norms sum in another
+order, so logits agree to the dtype's rounding and greedy tokens may branch on a near-tie after a while, as the compiled path's do
 (tests/test_cpu_native.py)."""
 
 from __future__ import annotations
@@ -28,13 +30,14 @@ from wslm.kernels.torch_rotary import _cos_sin
 
 logger = logging.getLogger(__name__)
 ENV_VAR = "WSLM_CPU_NATIVE_DECODE"
-INT4, INT8, BF16 = 1, 2, 3  # cpu_layer.c's weight kinds
+INT4, INT8, BF16, F32 = 1, 2, 3, 4  # cpu_layer.c's weight kinds
+_DENSE = {torch.bfloat16: BF16, torch.float32: F32}
 
 
 class _Linear(ctypes.Structure):
     _fields_ = [("kind", ctypes.c_int64), ("w", ctypes.c_void_p), ("scales", ctypes.c_void_p),
                 ("bias", ctypes.c_void_p), ("n", ctypes.c_int64), ("k", ctypes.c_int64),
-                ("group", ctypes.c_int64)]  # fmt: skip
+                ("group", ctypes.c_int64), ("block", ctypes.c_int64)]  # fmt: skip
 
 
 class _LayerC(ctypes.Structure):
@@ -44,38 +47,39 @@ class _LayerC(ctypes.Structure):
                 ("down", _Linear), ("k_cache", ctypes.c_void_p), ("v_cache", ctypes.c_void_p)]  # fmt: skip
 
 
-def _bf16(t: torch.Tensor | None) -> bool:
-    return t is None or (t.dtype == torch.bfloat16 and t.is_contiguous() and t.device.type == "cpu")
+def _plain(t: torch.Tensor | None, dtype: torch.dtype) -> bool:
+    return t is None or (t.dtype == dtype and t.is_contiguous() and t.device.type == "cpu")
 
 
-def _linear(fn) -> tuple[_Linear, list[torch.Tensor]] | str:
-    """The C view of one of cpu_decode's bound linears (what it holds kept alive beside it), or why not."""
+def _linear(fn, dtype: torch.dtype) -> tuple[_Linear, list[torch.Tensor]] | str:
+    """The C view of one of cpu_decode's bound linears for activations of dtype (what it holds kept alive
+    beside it), or why not."""
     from wslm.backend.quant.int4 import Int4Weight
     from wslm.backend.quant.int8 import Int8Weight
 
     w, bias = getattr(fn, "source_weight", None), getattr(fn, "source_bias", None)
-    if w is None or not _bf16(bias):
-        return "a linear layer of another kind or a non-bf16 bias"
+    if w is None or not _plain(bias, dtype):
+        return "a linear layer of another kind or a bias in another dtype"
     if isinstance(w, Int4Weight):
         if (
             w.perm is not None
             or not w.unpackable
-            or not cpu_gemv.int4_mv_takes(w.packed, w.scales_and_zeros, w.group_size)
+            or not cpu_gemv.int4_mv_takes(w.packed, w.scales_and_zeros, w.group_size, w.block_n)
         ):
             return "an int4 weight the C kernel does not read (act-order, another pack)"
-        spec = (INT4, w.packed, w.scales_and_zeros, w.group_size, w.out_features, w.in_features)
+        spec = (INT4, w.packed, w.scales_and_zeros, w.group_size, w.out_features, w.in_features, w.block_n)
     elif isinstance(w, Int8Weight):
         if not cpu_gemv.int8_mm_takes(w.qweight, w.scales) or not w.scales.is_contiguous():
             return "an int8 weight the C kernel does not take"
-        spec = (INT8, w.qweight, w.scales, 0, w.out_features, w.in_features)
-    elif isinstance(w, torch.Tensor) and _bf16(w) and w.dim() == 2:
-        spec = (BF16, w, None, 0, w.shape[0], w.shape[1])
+        spec = (INT8, w.qweight, w.scales, 0, w.out_features, w.in_features, 0)
+    elif isinstance(w, torch.Tensor) and _plain(w, dtype) and w.dim() == 2:
+        spec = (_DENSE[dtype], w, None, 0, w.shape[0], w.shape[1], 0)
     else:
         return f"{type(w).__name__} weights ({getattr(w, 'dtype', 'packed')})"
-    kind, main, scales, group, n, k = spec
+    kind, main, scales, group, n, k, block = spec
     keep = [t for t in (main, scales, bias) if t is not None]
     ptr = [None if t is None else t.data_ptr() for t in (main, scales, bias)]
-    return _Linear(kind, ptr[0], ptr[1], ptr[2], n, k, group), keep
+    return _Linear(kind, ptr[0], ptr[1], ptr[2], n, k, group, block), keep
 
 
 def why_not(cpu_decode, kv_pool: torch.Tensor) -> str | None:
@@ -84,8 +88,9 @@ def why_not(cpu_decode, kv_pool: torch.Tensor) -> str | None:
         return f"{ENV_VAR}=0"
     if cpu_decode is None:
         return "the model does not take the CPU fast decode path"
-    if cpu_decode.model.dtype != torch.bfloat16 or kv_pool.dtype != torch.bfloat16:
-        return "not bfloat16 (weights or KV cache)"
+    dtype = cpu_decode.model.dtype
+    if dtype not in _DENSE or kv_pool.dtype != dtype:
+        return f"a {dtype} model with a {kv_pool.dtype} KV cache (bfloat16 or float32, both alike, run here)"
     if cpu_gemv.library() is None:
         return "the C kernels are not built here"
     for layer in cpu_decode.layers:
@@ -93,10 +98,10 @@ def why_not(cpu_decode, kv_pool: torch.Tensor) -> str | None:
             return "a mixture-of-experts or other MLP block"
         if layer.heads % layer.kv_heads or layer.heads // layer.kv_heads > 64 or layer.head_dim % 2:
             return "head layout"
-        if not all(_bf16(t) for t in (layer.w_in, layer.w_post, layer.qk_norm_w)):
-            return "norm weights not contiguous bf16"
+        if not all(_plain(t, dtype) for t in (layer.w_in, layer.w_post, layer.qk_norm_w)):
+            return "norm weights not contiguous in the model's dtype"
         for fn in (layer.qkv, layer.o, layer.gate_up, layer.down):
-            spec = _linear(fn)
+            spec = _linear(fn, dtype)
             if isinstance(spec, str):
                 return spec
     return None
@@ -109,7 +114,9 @@ class NativeDecode:
         self.cpu_decode = cpu_decode
         self.kv_pool = kv_pool  # [layers, k|v, blocks, block_size, kv_heads, head_dim]
         self.lib = cpu_gemv.library()
-        fn = self.lib.wslm_decode_row
+        self.dtype = cpu_decode.model.dtype
+        fn = self.lib.wslm_decode_row if self.dtype == torch.bfloat16 else self.lib.wslm_decode_row_f32
+        self.step_fn = fn
         fn.restype = ctypes.c_int
         fn.argtypes = [ctypes.c_void_p] + [ctypes.c_int64] * 5 + [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 3 + [
             ctypes.c_int]  # fmt: skip
@@ -135,7 +142,7 @@ class NativeDecode:
             c = arr[i]
             linears = []
             for fn in (layer.qkv, layer.o, layer.gate_up, layer.down):
-                lin, keep = _linear(fn)
+                lin, keep = _linear(fn, self.dtype)
                 linears.append(lin)
                 self.keep += keep
             c.qkv, c.o, c.gate_up, c.down = linears
@@ -169,12 +176,12 @@ class NativeDecode:
                 return None
             self._bind()
         model = cpu.model
-        hidden = model.embed(input_ids).to(torch.bfloat16).contiguous().clone()
+        hidden = model.embed(input_ids).to(self.dtype).contiguous().clone()
         residual = torch.empty_like(hidden)
-        cos2, sin2 = (t.contiguous() for t in _cos_sin(positions, cpu.table, torch.bfloat16, True)[2:])
+        cos2, sin2 = (t.contiguous() for t in _cos_sin(positions, cpu.table, self.dtype, True)[2:])
         table = meta.block_tables[0].contiguous()
         heads, kv_heads, head_dim = self.dims
-        rc = self.lib.wslm_decode_row(
+        rc = self.step_fn(
             ctypes.addressof(self.layers), len(self.layers), hidden.shape[-1], heads, kv_heads, head_dim,
             hidden.data_ptr(), residual.data_ptr(), cos2.data_ptr(), sin2.data_ptr(), table.data_ptr(),
             cpu.block_size, int(meta.seq_lens[0]), slot, torch.get_num_threads(),

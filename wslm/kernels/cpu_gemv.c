@@ -102,61 +102,65 @@ int wslm_int8_mm_bf16(const uint16_t *x, long M, const int8_t *w, const uint16_t
 }
 
 /* ---- int4, torch's CPU pack (aten._convert_weight_to_int4pack_for_cpu) ----------------------------
-   packed [N / 64, K, 32] bytes: byte (b, k, j) holds q[64b + j, k] in its low nibble and q[64b + 32 + j, k]
-   in its high one; sz [K / G, N, 2] bf16 (scale, zero): w[n, k] = (q - 8) * scale + zero, per group of G
-   columns. Per group: out += scale * sum(x q) + (zero - 8 scale) * sum(x): the q sums in fp32, as
+   packed [N / BN, K, BN / 2] bytes, BN = 64 where torch runs AVX-512 code and 32 where it runs AVX2: byte
+   (b, k, j) holds q[BN b + j, k] in its low nibble and q[BN b + BN/2 + j, k] in its high one; sz [K / G, N, 2]
+   bf16 (scale, zero): w[n, k] = (q - 8) * scale + zero, per group of G columns. Per group:
+   out += scale * sum(x q) + (zero - 8 scale) * sum(x): the q sums in fp32, as
    aten._weight_int4pack_mm_for_cpu does. */
 
 #ifndef INT4_AHEAD
 #define INT4_AHEAD 2048
 #endif
 static void int4_blocks(const float *xf, const float *xsum, const uint8_t *packed, const uint16_t *sz,
-                        uint16_t *out, long N, long K, long G, long b0, long b1) {
+                        uint16_t *out, long N, long K, long G, long BN, long b0, long b1) {
+    const long half = BN / 2;
     for (long b = b0; b < b1; b++) {
-        const uint8_t *p = packed + b * K * 32;
+        const uint8_t *p = packed + b * K * half;
         float acc[64];
-        for (int j = 0; j < 64; j++) acc[j] = 0.0f;
+        for (int j = 0; j < BN; j++) acc[j] = 0.0f;
         for (long g = 0; g < K / G; g++) {
             if (g + 2 < K / G)
-                for (int l = 0; l < 4; l++) prefetch(sz + ((g + 2) * N + b * 64) * 2 + l * 32);
+                for (int l = 0; l < BN / 16; l++) prefetch(sz + ((g + 2) * N + b * BN) * 2 + l * 32);
+            float s[64];
 #if defined(__AVX512F__)
-            __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
-            const __m256i low = _mm256_set1_epi8(0x0f);
-            for (long k = g * G; k < (g + 1) * G; k++) {
-                if (k % 2 == 0) prefetch(p + k * 32 + INT4_AHEAD);
-                __m256i v = _mm256_loadu_si256((const __m256i *)(p + k * 32));
-                __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-                __m512 xv = _mm512_set1_ps(xf[k]);
-                s0 = _mm512_fmadd_ps(xv, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(lo))), s0);
-                s1 = _mm512_fmadd_ps(xv, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(lo, 1))), s1);
-                s2 = _mm512_fmadd_ps(xv, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(hi))), s2);
-                s3 = _mm512_fmadd_ps(xv, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(hi, 1))), s3);
-            }
-            float s[64];
-            _mm512_storeu_ps(s, s0); _mm512_storeu_ps(s + 16, s1); _mm512_storeu_ps(s + 32, s2); _mm512_storeu_ps(s + 48, s3);
-#else
-            float s[64];
-            for (int j = 0; j < 64; j++) s[j] = 0.0f;
-            for (long k = g * G; k < (g + 1) * G; k++) {
-                const uint8_t *v = p + k * 32;
-                float xv = xf[k];
-                for (int j = 0; j < 32; j++) s[j] += xv * (float)(v[j] & 15);
-                for (int j = 0; j < 32; j++) s[32 + j] += xv * (float)(v[j] >> 4);
-            }
+            if (BN == 64) {
+                __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+                const __m256i low = _mm256_set1_epi8(0x0f);
+                for (long k = g * G; k < (g + 1) * G; k++) {
+                    if (k % 2 == 0) prefetch(p + k * 32 + INT4_AHEAD);
+                    __m256i v = _mm256_loadu_si256((const __m256i *)(p + k * 32));
+                    __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+                    __m512 xv = _mm512_set1_ps(xf[k]);
+                    s0 = _mm512_fmadd_ps(xv, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(lo))), s0);
+                    s1 = _mm512_fmadd_ps(xv, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(lo, 1))), s1);
+                    s2 = _mm512_fmadd_ps(xv, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_castsi256_si128(hi))), s2);
+                    s3 = _mm512_fmadd_ps(xv, _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm256_extracti128_si256(hi, 1))), s3);
+                }
+                _mm512_storeu_ps(s, s0); _mm512_storeu_ps(s + 16, s1); _mm512_storeu_ps(s + 32, s2); _mm512_storeu_ps(s + 48, s3);
+            } else
 #endif
-            const uint16_t *z = sz + (g * N + b * 64) * 2;
-            for (int j = 0; j < 64; j++) {
+            {
+                for (int j = 0; j < BN; j++) s[j] = 0.0f;
+                for (long k = g * G; k < (g + 1) * G; k++) {
+                    const uint8_t *v = p + k * half;
+                    float xv = xf[k];
+                    for (int j = 0; j < half; j++) s[j] += xv * (float)(v[j] & 15);
+                    for (int j = 0; j < half; j++) s[half + j] += xv * (float)(v[j] >> 4);
+                }
+            }
+            const uint16_t *z = sz + (g * N + b * BN) * 2;
+            for (int j = 0; j < BN; j++) {
                 float scale = bf2f(z[2 * j]), zero = bf2f(z[2 * j + 1]);
                 acc[j] += scale * s[j] + (zero - 8.0f * scale) * xsum[g];
             }
         }
-        for (int j = 0; j < 64; j++) out[b * 64 + j] = f2bf(acc[j]);
+        for (int j = 0; j < BN; j++) out[b * BN + j] = f2bf(acc[j]);
     }
 }
 
-/* one activation row: x [K] bf16 -> out [N] bf16; N % 64 == 0, K % G == 0 (the caller checks) */
+/* one activation row: x [K] bf16 -> out [N] bf16; N % BN == 0, K % G == 0, BN 64 or 32 (the caller checks) */
 int wslm_int4_mv_bf16(const uint16_t *x, const uint8_t *packed, const uint16_t *sz, uint16_t *out,
-                      long N, long K, long G, int threads) {
+                      long N, long K, long G, long BN, int threads) {
     float *xf = (float *)malloc(sizeof(float) * (size_t)(K + K / G));
     if (!xf) return -1;
     float *xsum = xf + K;
@@ -165,19 +169,19 @@ int wslm_int4_mv_bf16(const uint16_t *x, const uint8_t *packed, const uint16_t *
         for (long k = g * G; k < (g + 1) * G; k++) { xf[k] = bf2f(x[k]); t += xf[k]; }
         xsum[g] = t;
     }
-    long blocks = N / 64;
+    long blocks = N / BN;
 #if defined(_OPENMP)
     if (threads > 1 && blocks > 1) {
 #pragma omp parallel num_threads(threads)
         {
             int t = omp_get_thread_num(), nt = omp_get_num_threads();
-            int4_blocks(xf, xsum, packed, sz, out, N, K, G, blocks * t / nt, blocks * (t + 1) / nt);
+            int4_blocks(xf, xsum, packed, sz, out, N, K, G, BN, blocks * t / nt, blocks * (t + 1) / nt);
         }
         free(xf);
         return 0;
     }
 #endif
-    int4_blocks(xf, xsum, packed, sz, out, N, K, G, 0, blocks);
+    int4_blocks(xf, xsum, packed, sz, out, N, K, G, BN, 0, blocks);
     free(xf);
     return 0;
 }
@@ -185,15 +189,17 @@ int wslm_int4_mv_bf16(const uint16_t *x, const uint8_t *packed, const uint16_t *
 /* ---- int4 x int8: the activation quantized per 32 columns (llama.cpp's Q8 blocks) ---------------------
    The fp32 loop above turns every nibble into a float before its multiply-add: ~4 instructions for 16
    products, so it runs at ~20 G products/s on a core and a decode step waits on arithmetic, not memory.
-   Here the row x is rounded to int8 with one scale per 32 columns, and vpdpbusd multiplies 4 nibbles by 4
-   int8 values and sums them in one lane: 64 products an instruction. vpermt2b gathers the 4 columns of a
-   lane from torch's pack (32 bytes a column) in one shuffle, so the weight is still read in place. The
-   result is the exact product of the dequantized weight with the int8-rounded row (what llama.cpp computes
-   for its Q4 formats), not torch's: outputs differ from it by about a bf16 rounding. */
+   Here the row x is rounded to int8 with one scale per 32 columns, and an int8 dot product instruction
+   multiplies 4 nibbles by 4 int8 values and sums them in one lane. The weight is still read in place:
+   shuffles gather the 4 columns of a lane from torch's pack (32 bytes a column). The result is the exact
+   product of the dequantized weight with the int8-rounded row (what llama.cpp computes for its Q4 formats),
+   not torch's: outputs differ from it by about a bf16 rounding. The integer sums are exact, and the loops
+   below apply the scales in the same order, so an AVX2 machine gets the AVX-512 one's bits. */
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VBMI__) && defined(__AVX512VNNI__)
-#define INT4_Q8 1
-static void int4_blocks_q8(const int8_t *xq, const float *xd, const float *xs, const uint8_t *packed,
-                           const uint16_t *sz, uint16_t *out, long N, long K, long G, long b0, long b1) {
+#define Q8_512 1
+/* vpermt2b gathers 4 columns per lane in one shuffle; vpdpbusd: 64 products an instruction */
+static void q8_blocks_512(const int8_t *xq, const float *xd, const float *xs, const uint8_t *packed,
+                          const uint16_t *sz, uint16_t *out, long N, long K, long G, long b0, long b1) {
     int8_t i0[64], i1[64];
     for (int l = 0; l < 16; l++)
         for (int t = 0; t < 4; t++) { i0[4 * l + t] = (int8_t)(t * 32 + l); i1[4 * l + t] = (int8_t)(t * 32 + 16 + l); }
@@ -242,26 +248,152 @@ static void int4_blocks_q8(const int8_t *xq, const float *xd, const float *xs, c
     }
 }
 #endif
+#if defined(__AVX2__) && defined(__FMA__)
+#define Q8_256 1
+/* 4 unsigned nibbles times 4 int8 values, summed into each 32-bit lane: one instruction with VNNI
+   (AVX-512's, or AVX-VNNI on Alder Lake and later), else maddubs + madd, as llama.cpp does */
+static inline __m256i dot4(__m256i acc, __m256i w, __m256i x) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return _mm256_dpbusd_epi32(acc, w, x);
+#elif defined(__AVXVNNI__)
+    return _mm256_dpbusd_avx_epi32(acc, w, x);
+#else
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)));
+#endif
+}
 
-/* 1 where wslm_int4_mv_q8 has its int8 loop here (AVX512-VBMI and -VNNI), else 0 (it runs the fp32 one) */
+/* acc [8 lanes of rows r0..r0+3, r0+h..r0+h+3] += sum * scale * d + (zero - 8 scale) * m, the pairs at z */
+static inline __m256 q8_scale(__m256 f, __m256i sum, const uint16_t *z, long r0, long h, __m256 d, __m256 m) {
+    const __m256i high = _mm256_set1_epi32((int)0xffff0000u);
+    __m256i pair = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(z + 2 * r0))),
+                                           _mm_loadu_si128((const __m128i *)(z + 2 * (r0 + h))), 1);
+    __m256 s = _mm256_castsi256_ps(_mm256_slli_epi32(pair, 16));
+    __m256 zero = _mm256_castsi256_ps(_mm256_and_si256(pair, high));
+    f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(s, d), f);
+    return _mm256_fmadd_ps(_mm256_fnmadd_ps(s, _mm256_set1_ps(8.0f), zero), m, f);
+}
+
+/* The AVX2 pack (32-row blocks, 16 bytes a column): two loads hold 4 columns; byte unpacks and a lane swap
+   put columns (k, k+2, k+1, k+3) of one row in each 32-bit lane, so xp is the row in that order. Lane l of
+   u0 is row l (l < 4) or 8 + l - 4, of u1 row 4 + l or 12 + l - 4; high nibbles the same + 16. */
+static void q8_blocks_256_32(const int8_t *xp, const float *xd, const float *xs, const uint8_t *packed,
+                             const uint16_t *sz, uint16_t *out, long N, long K, long G, long b0, long b1) {
+    const __m256i low = _mm256_set1_epi8(0x0f);
+    for (long b = b0; b < b1; b++) {
+        const uint8_t *p = packed + b * K * 16;
+        __m256 f[4];
+        for (int i = 0; i < 4; i++) f[i] = _mm256_setzero_ps();
+        for (long c = 0; c < K / 32; c++) {
+            __m256i a[4];  /* u0, u1 low nibbles; u0, u1 high */
+            for (int i = 0; i < 4; i++) a[i] = _mm256_setzero_si256();
+            for (long k = c * 32; k < c * 32 + 32; k += 4) {
+                const uint8_t *q = p + k * 16;
+                prefetch(q + INT4_AHEAD);
+                __m256i A = _mm256_loadu_si256((const __m256i *)q), B = _mm256_loadu_si256((const __m256i *)(q + 32));
+                __m256i t0 = _mm256_unpacklo_epi8(A, B), t1 = _mm256_unpackhi_epi8(A, B);
+                __m256i s0 = _mm256_permute2x128_si256(t0, t1, 0x20), s1 = _mm256_permute2x128_si256(t0, t1, 0x31);
+                __m256i u0 = _mm256_unpacklo_epi16(s0, s1), u1 = _mm256_unpackhi_epi16(s0, s1);
+                int32_t x4;
+                memcpy(&x4, xp + k, 4);
+                __m256i xv = _mm256_set1_epi32(x4);
+                a[0] = dot4(a[0], _mm256_and_si256(u0, low), xv);
+                a[1] = dot4(a[1], _mm256_and_si256(u1, low), xv);
+                a[2] = dot4(a[2], _mm256_and_si256(_mm256_srli_epi16(u0, 4), low), xv);
+                a[3] = dot4(a[3], _mm256_and_si256(_mm256_srli_epi16(u1, 4), low), xv);
+            }
+            const uint16_t *z = sz + ((c * 32 / G) * N + b * 32) * 2;
+            __m256 d = _mm256_set1_ps(xd[c]), m = _mm256_set1_ps(xs[c]);
+            for (int i = 0; i < 4; i++) f[i] = q8_scale(f[i], a[i], z, (i & 1) * 4 + (i >> 1) * 16, 8, d, m);
+        }
+        for (int i = 0; i < 4; i++) {
+            float r[8];
+            long r0 = (i & 1) * 4 + (i >> 1) * 16;
+            _mm256_storeu_ps(r, f[i]);
+            for (int l = 0; l < 4; l++) {
+                out[b * 32 + r0 + l] = f2bf(r[l]);
+                out[b * 32 + r0 + 8 + l] = f2bf(r[4 + l]);
+            }
+        }
+    }
+}
+#endif
+
+#if defined(Q8_256) && !defined(Q8_512)
+/* The AVX-512 pack (64-row blocks) on a build without VBMI: byte unpacks interleave 4 columns per 32-bit
+   lane: lane l of u[i] holds row 4i + l (l < 4) or 16 + 4i + l - 4 (l >= 4) of the low nibbles, the same
+   + 32 of the high ones. */
+static void q8_blocks_256_64(const int8_t *xq, const float *xd, const float *xs, const uint8_t *packed,
+                             const uint16_t *sz, uint16_t *out, long N, long K, long G, long b0, long b1) {
+    const __m256i low = _mm256_set1_epi8(0x0f);
+    for (long b = b0; b < b1; b++) {
+        const uint8_t *p = packed + b * K * 32;
+        __m256 f[8];
+        for (int i = 0; i < 8; i++) f[i] = _mm256_setzero_ps();
+        for (long c = 0; c < K / 32; c++) {
+            __m256i a[8];  /* 0-3: low nibbles (rows 0-31), 4-7: high (rows 32-63) */
+            for (int i = 0; i < 8; i++) a[i] = _mm256_setzero_si256();
+            for (long k = c * 32; k < c * 32 + 32; k += 4) {
+                const uint8_t *q = p + k * 32;
+                prefetch(q + INT4_AHEAD);
+                prefetch(q + INT4_AHEAD + 64);
+                __m256i c0 = _mm256_loadu_si256((const __m256i *)q), c1 = _mm256_loadu_si256((const __m256i *)(q + 32));
+                __m256i c2 = _mm256_loadu_si256((const __m256i *)(q + 64)), c3 = _mm256_loadu_si256((const __m256i *)(q + 96));
+                __m256i t0 = _mm256_unpacklo_epi8(c0, c1), t1 = _mm256_unpackhi_epi8(c0, c1);
+                __m256i t2 = _mm256_unpacklo_epi8(c2, c3), t3 = _mm256_unpackhi_epi8(c2, c3);
+                __m256i u[4] = {_mm256_unpacklo_epi16(t0, t2), _mm256_unpackhi_epi16(t0, t2),
+                                _mm256_unpacklo_epi16(t1, t3), _mm256_unpackhi_epi16(t1, t3)};
+                int32_t x4;
+                memcpy(&x4, xq + k, 4);
+                __m256i xv = _mm256_set1_epi32(x4);
+                for (int i = 0; i < 4; i++) {
+                    a[i] = dot4(a[i], _mm256_and_si256(u[i], low), xv);
+                    a[4 + i] = dot4(a[4 + i], _mm256_and_si256(_mm256_srli_epi16(u[i], 4), low), xv);
+                }
+            }
+            const uint16_t *z = sz + ((c * 32 / G) * N + b * 64) * 2;
+            __m256 d = _mm256_set1_ps(xd[c]), m = _mm256_set1_ps(xs[c]);
+            for (int i = 0; i < 8; i++) f[i] = q8_scale(f[i], a[i], z, (i & 3) * 4 + (i >> 2) * 32, 16, d, m);
+        }
+        for (int i = 0; i < 8; i++) {
+            float r[8];
+            long r0 = (i & 3) * 4 + (i >> 2) * 32;
+            _mm256_storeu_ps(r, f[i]);
+            for (int l = 0; l < 4; l++) {
+                out[b * 64 + r0 + l] = f2bf(r[l]);
+                out[b * 64 + r0 + 16 + l] = f2bf(r[4 + l]);
+            }
+        }
+    }
+}
+#endif
+
+/* 512 or 256 where wslm_int4_mv_q8 has its int8 loop here (AVX-512 VBMI + VNNI, or AVX2), else 0 (it runs
+   the fp32 one) */
 int wslm_int4_q8_native(void) {
-#if defined(INT4_Q8)
-    return 1;
+#if defined(Q8_512)
+    return 512;
+#elif defined(Q8_256)
+    return 256;
 #else
     return 0;
 #endif
 }
 
-/* one activation row x [K] bf16 -> out [N] bf16, x rounded to int8 per 32 columns; N % 64 == 0,
-   K % G == 0, G % 32 == 0 (the caller checks). Without VBMI/VNNI: wslm_int4_mv_bf16. */
+#if defined(Q8_256)
+typedef void (*q8_fn)(const int8_t *, const float *, const float *, const uint8_t *, const uint16_t *, uint16_t *,
+                      long, long, long, long, long);
+#endif
+
+/* one activation row x [K] bf16 -> out [N] bf16, x rounded to int8 per 32 columns; N % BN == 0,
+   K % G == 0, G % 32 == 0, BN 64 or 32 (the caller checks). Without AVX2: wslm_int4_mv_bf16. */
 int wslm_int4_mv_q8(const uint16_t *x, const uint8_t *packed, const uint16_t *sz, uint16_t *out,
-                    long N, long K, long G, int threads) {
-#if defined(INT4_Q8)
+                    long N, long K, long G, long BN, int threads) {
+#if defined(Q8_256)
     long nb = K / 32;
-    float *xd = (float *)malloc(sizeof(float) * 2 * (size_t)nb + (size_t)K);
+    float *xd = (float *)malloc(sizeof(float) * 2 * (size_t)nb + 2 * (size_t)K);
     if (!xd) return -1;
     float *xs = xd + nb;
-    int8_t *xq = (int8_t *)(xs + nb);
+    int8_t *xq = (int8_t *)(xs + nb), *xp = xq + K;
     for (long c = 0; c < nb; c++) {
         float v[32], amax = 0.0f;
         for (int i = 0; i < 32; i++) { v[i] = bf2f(x[c * 32 + i]); float av = v[i] < 0 ? -v[i] : v[i]; if (av > amax) amax = av; }
@@ -276,22 +408,36 @@ int wslm_int4_mv_q8(const uint16_t *x, const uint8_t *packed, const uint16_t *sz
         xd[c] = d;
         xs[c] = d * (float)sum;
     }
-    long blocks = N / 64;
+    q8_fn fn = q8_blocks_256_32;
+    const int8_t *xa = xp;
+    if (BN == 32) {
+        for (long k = 0; k < K; k += 4) {  /* the column order q8_blocks_256_32 reads: k, k+2, k+1, k+3 */
+            xp[k] = xq[k]; xp[k + 1] = xq[k + 2]; xp[k + 2] = xq[k + 1]; xp[k + 3] = xq[k + 3];
+        }
+    } else {
+#if defined(Q8_512)
+        fn = q8_blocks_512;
+#else
+        fn = q8_blocks_256_64;
+#endif
+        xa = xq;
+    }
+    long blocks = N / BN;
 #if defined(_OPENMP)
     if (threads > 1 && blocks > 1) {
 #pragma omp parallel num_threads(threads)
         {
             int t = omp_get_thread_num(), nt = omp_get_num_threads();
-            int4_blocks_q8(xq, xd, xs, packed, sz, out, N, K, G, blocks * t / nt, blocks * (t + 1) / nt);
+            fn(xa, xd, xs, packed, sz, out, N, K, G, blocks * t / nt, blocks * (t + 1) / nt);
         }
         free(xd);
         return 0;
     }
 #endif
-    int4_blocks_q8(xq, xd, xs, packed, sz, out, N, K, G, 0, blocks);
+    fn(xa, xd, xs, packed, sz, out, N, K, G, 0, blocks);
     free(xd);
     return 0;
 #else
-    return wslm_int4_mv_bf16(x, packed, sz, out, N, K, G, threads);
+    return wslm_int4_mv_bf16(x, packed, sz, out, N, K, G, BN, threads);
 #endif
 }

@@ -31,10 +31,17 @@ logger = logging.getLogger(__name__)
 ENV_VAR = "WSLM_CPU_KERNELS"
 # One library from these: cpu_layer.c (a whole decode row, cpu_native.py) calls cpu_gemv.c's products.
 SOURCES = tuple(Path(__file__).with_name(n) for n in ("cpu_gemv.c", "cpu_layer.c"))
-HEADER = Path(__file__).with_name("cpu_kernels.h")
+HEADERS = tuple(Path(__file__).with_name(n) for n in ("cpu_kernels.h", "cpu_layer_body.h"))
 # Above this many activation rows one bf16 GEMM over the expanded weight (AMX / AVX512-BF16) wins.
 MAX_ROWS = 16
 _FLAGS = ["-O3", "-march=native", "-fPIC", "-shared", "-fno-math-errno"]
+# Extra compiler flags after ours (the last -march wins): e.g. -march=haswell builds the AVX2 loops a CPU
+# without AVX-512 runs, to check or measure them on one that has it.
+CFLAGS_VAR = "WSLM_CPU_KERNELS_CFLAGS"
+
+
+def _flags() -> list[str]:
+    return [*_FLAGS, *os.environ.get(CFLAGS_VAR, "").split()]
 
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
@@ -64,8 +71,9 @@ def _cache_dir() -> Path:
 
 
 def _build(cc: str) -> Path:
-    source = b"".join(p.read_bytes() for p in (*SOURCES, HEADER))
-    key = hashlib.sha256(source + cc.encode() + " ".join(_FLAGS).encode() + _cpu_model().encode()).hexdigest()
+    source = b"".join(p.read_bytes() for p in (*SOURCES, *HEADERS))
+    flags = _flags()
+    key = hashlib.sha256(source + cc.encode() + " ".join(flags).encode() + _cpu_model().encode()).hexdigest()
     target = _cache_dir() / f"cpu_gemv-{key[:16]}.so"
     if target.exists():
         return target
@@ -74,7 +82,7 @@ def _build(cc: str) -> Path:
     for extra in (["-fopenmp"], []):  # OpenMP splits rows over torch's threads; a compiler without it: one
         with tempfile.NamedTemporaryFile(dir=target.parent, suffix=".so", delete=False) as tmp:
             pass
-        cmd = [cc, *_FLAGS, *extra, *map(str, SOURCES), "-o", tmp.name, "-lm"]
+        cmd = [cc, *flags, *extra, *map(str, SOURCES), "-o", tmp.name, "-lm"]
         done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
         if done.returncode == 0:
             os.replace(tmp.name, target)  # atomic: a second process sees a whole library or none
@@ -106,7 +114,7 @@ def library() -> ctypes.CDLL | None:
                                ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_int]  # fmt: skip
                 for fn in (lib.wslm_int4_mv_bf16, lib.wslm_int4_mv_q8):
                     fn.restype = ctypes.c_int
-                    fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3 + [ctypes.c_int]
+                    fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 4 + [ctypes.c_int]
                 lib.wslm_int4_q8_native.restype = ctypes.c_int
                 _lib = lib
         except Exception as exc:  # an optimisation: never a reason not to serve
@@ -143,45 +151,48 @@ def int8_mm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor) -> tor
     return out
 
 
-def int4_mv_takes(packed: torch.Tensor, scales_and_zeros: torch.Tensor, group_size: int) -> bool:
+def int4_mv_takes(packed: torch.Tensor, scales_and_zeros: torch.Tensor, group_size: int, block_n: int = 64) -> bool:
     """Whether int4_mv is built here and takes this weight: torch's CPU int4 pack of a weight with a
-    multiple of 64 rows, bf16 scales and zeros."""
+    multiple of block_n rows (the pack's rows per block: 64, or 32 where torch runs AVX2 code), bf16 scales
+    and zeros."""
     groups, n = scales_and_zeros.shape[:2]
     return (
-        packed.device.type == "cpu" and scales_and_zeros.dtype == torch.bfloat16
-        and scales_and_zeros.is_contiguous() and n % 64 == 0 and packed.dtype == torch.uint8
+        packed.device.type == "cpu" and scales_and_zeros.dtype == torch.bfloat16 and block_n in (64, 32)
+        and scales_and_zeros.is_contiguous() and n % block_n == 0 and packed.dtype == torch.uint8
         and group_size % 32 == 0 and packed.numel() * 2 == n * groups * group_size and library() is not None
     )  # fmt: skip
 
 
 def int4_mv_ok(
-    x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Tensor, group_size: int
+    x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Tensor, group_size: int, block_n: int = 64
 ) -> bool:
     """Whether int4_mv takes these: one contiguous bf16 row on CPU and a weight it takes."""
     return (
         x.device.type == "cpu" and x.dim() == 2 and x.shape[0] == 1 and x.dtype == torch.bfloat16
         and x.is_contiguous() and x.shape[1] == scales_and_zeros.shape[0] * group_size
-        and int4_mv_takes(packed, scales_and_zeros, group_size)
+        and int4_mv_takes(packed, scales_and_zeros, group_size, block_n)
     )  # fmt: skip
 
 
 def int4_q8() -> bool:
-    """Whether int4_mv rounds the row to int8 here (the CPU has AVX512-VBMI and -VNNI): then its outputs
-    differ from torch's kernel by about a bf16 rounding; else it computes torch's math exactly."""
+    """Whether int4_mv rounds the row to int8 here (the CPU has AVX2, or AVX512-VBMI and -VNNI): then its
+    outputs differ from torch's kernel by about a bf16 rounding; else it computes torch's math exactly."""
     return library() is not None and bool(_lib.wslm_int4_q8_native())
 
 
 def int4_mv(
-    x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Tensor, group_size: int, exact: bool = False
+    x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Tensor, group_size: int, exact: bool = False,
+    block_n: int = 64,
 ) -> torch.Tensor:
     """x [1, K] bf16 @ W.T for torch's CPU int4 pack of W [N, K] -> [1, N] bf16; check int4_mv_ok first.
     Where int4_q8(): the row rounded to int8 per 32 columns (as llama.cpp does), ~1.7x faster out of
-    cache; exact=True (or a CPU without those instructions): aten._weight_int4pack_mm_for_cpu's math."""
+    cache (AVX-512; ~5x the plain loop's speed with AVX2); exact=True (or a CPU without those
+    instructions): aten._weight_int4pack_mm_for_cpu's math."""
     n = scales_and_zeros.shape[1]
     out = torch.empty(1, n, dtype=torch.bfloat16)
     fn = _lib.wslm_int4_mv_bf16 if exact else _lib.wslm_int4_mv_q8
     rc = fn(x.data_ptr(), packed.data_ptr(), scales_and_zeros.data_ptr(), out.data_ptr(), n, x.shape[1], group_size,
-            torch.get_num_threads())  # fmt: skip
+            block_n, torch.get_num_threads())  # fmt: skip
     if rc != 0:
         raise MemoryError("int4_mv: out of memory for the activation's copy")
     return out

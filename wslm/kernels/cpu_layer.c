@@ -4,40 +4,81 @@
    demo model do ~110 MFLOP of int4 products (~3.5 ms on one core in wslm_int4_mv_q8) while ~20 torch ops
    per layer (or inductor's graph) add another 5-7 ms of dispatch and cache misses. Here one C loop runs
    norm, q|k|v, q/k norm, rotary, the KV write, paged attention, o, norm, gate|up, SiLU and down for every
-   layer, with the same bf16 roundings as the torch ops of cpu_decode.py (each op's result rounded to bf16,
-   sums inside an op in fp32), so it agrees with that path to the products' rounding. */
+   layer, rounding as the torch ops of cpu_decode.py do (each op's result in the model's dtype, sums inside
+   an op in fp32), so it agrees with that path to the products' rounding.
+
+   Two builds of the step (cpu_layer_body.h): bf16 activations and KV cache (wslm_decode_row), and float32
+   ones (wslm_decode_row_f32) for the float32 engine dtype=auto picks on CPUs without bf16 arithmetic
+   (AVX2-only desktops); there int4/int8 products still take bf16 rows, as the torch path converts them. */
 #include "cpu_kernels.h"
 
-enum { LIN_INT4 = 1, LIN_INT8 = 2, LIN_BF16 = 3 };
+enum { LIN_INT4 = 1, LIN_INT8 = 2, LIN_BF16 = 3, LIN_F32 = 4 };
 
 typedef struct {
     int64_t kind;
-    const void *w;           /* int4: torch's CPU pack; int8 and bf16: [N, K] */
-    const uint16_t *scales;  /* int4: [K/G, N, 2] (scale, zero); int8: [N]; bf16: unused */
-    const uint16_t *bias;    /* [N] or NULL: added to the rounded product, as a torch add after it */
+    const void *w;           /* int4: torch's CPU pack; int8: [N, K]; bf16 / f32: [N, K] dense */
+    const uint16_t *scales;  /* int4: [K/G, N, 2] bf16 (scale, zero); int8: [N] bf16; dense: unused */
+    const void *bias;        /* [N] in the activations' dtype, or NULL: added to the rounded product */
     int64_t n, k, group;
+    int64_t block;           /* int4: rows per pack block (64 or 32, as torch packed it) */
 } wslm_linear;
 
 typedef struct {
-    const uint16_t *w_in, *w_post;  /* [d] */
-    const uint16_t *qk_norm;        /* [heads + kv_heads, hd] (q weights, then k weights), or NULL */
+    const void *w_in, *w_post;  /* [d], the activations' dtype */
+    const void *qk_norm;        /* [heads + kv_heads, hd] (q weights, then k weights), or NULL */
     double eps_in, eps_post, qk_eps, scale;
     wslm_linear qkv, o, gate_up, down;
-    uint16_t *k_cache, *v_cache;    /* this layer's pool: [slots, kv_heads, hd] */
+    void *k_cache, *v_cache;    /* this layer's pool: [slots, kv_heads, hd] */
 } wslm_layer;
 
+#if defined(__AVX2__) && defined(__FMA__)
+static inline float hsum8(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+static inline __m256 bf8(const uint16_t *p) {  /* 8 bf16 -> fp32 */
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+#endif
+#if defined(__AVX512F__)
+static inline __m512 bf16x16(const uint16_t *p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)p)), 16));
+}
+#endif
+
+/* sum a[i] * b[i], a bf16, b fp32 */
 static inline float dot_bf16(const uint16_t *a, const float *b, long n) {
     long i = 0;
     float s = 0.0f;
 #if defined(__AVX512F__)
     __m512 acc = _mm512_setzero_ps();
-    for (; i + 16 <= n; i += 16) {
-        __m512 av = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(a + i))), 16));
-        acc = _mm512_fmadd_ps(av, _mm512_loadu_ps(b + i), acc);
-    }
+    for (; i + 16 <= n; i += 16) acc = _mm512_fmadd_ps(bf16x16(a + i), _mm512_loadu_ps(b + i), acc);
     s = _mm512_reduce_add_ps(acc);
+#elif defined(__AVX2__) && defined(__FMA__)
+    __m256 acc = _mm256_setzero_ps();
+    for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(bf8(a + i), _mm256_loadu_ps(b + i), acc);
+    s = hsum8(acc);
 #endif
     for (; i < n; i++) s += bf2f(a[i]) * b[i];
+    return s;
+}
+
+/* sum a[i] * b[i] in fp32 */
+static inline float dot_f32(const float *a, const float *b, long n) {
+    long i = 0;
+    float s = 0.0f;
+#if defined(__AVX512F__)
+    __m512 acc = _mm512_setzero_ps();
+    for (; i + 16 <= n; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(a + i), _mm512_loadu_ps(b + i), acc);
+    s = _mm512_reduce_add_ps(acc);
+#elif defined(__AVX2__) && defined(__FMA__)
+    __m256 acc = _mm256_setzero_ps();
+    for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+    s = hsum8(acc);
+#endif
+    for (; i < n; i++) s += a[i] * b[i];
     return s;
 }
 
@@ -47,7 +88,9 @@ static inline float dot_bf16(const uint16_t *a, const float *b, long n) {
 #ifndef DENSE_AHEAD
 #define DENSE_AHEAD 16  /* rows: a memory latency's worth of the loop ahead */
 #endif
-static void dense_rows(const uint16_t *x, const uint16_t *w, uint16_t *out, long K, long n0, long n1) {
+static void dense_rows_bf16(const void *xv, const void *wv, void *ov, long K, long n0, long n1) {
+    const uint16_t *x = (const uint16_t *)xv, *w = (const uint16_t *)wv;
+    uint16_t *out = (uint16_t *)ov;
     long n = n0;
 #if defined(__AVX512BF16__)
     for (; K % 32 == 0 && n + 4 <= n1; n += 4) {
@@ -55,9 +98,9 @@ static void dense_rows(const uint16_t *x, const uint16_t *w, uint16_t *out, long
             for (long p = 0; p < 4 * K * 2; p += 64) prefetch((const char *)(w + (n + DENSE_AHEAD) * K) + p);
         __m512 acc[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
         for (long k = 0; k < K; k += 32) {
-            __m512bh xv = (__m512bh)_mm512_loadu_si512(x + k);
+            __m512bh xb = (__m512bh)_mm512_loadu_si512(x + k);
             for (int j = 0; j < 4; j++)
-                acc[j] = _mm512_dpbf16_ps(acc[j], (__m512bh)_mm512_loadu_si512(w + (n + j) * K + k), xv);
+                acc[j] = _mm512_dpbf16_ps(acc[j], (__m512bh)_mm512_loadu_si512(w + (n + j) * K + k), xb);
         }
         for (int j = 0; j < 4; j++) out[n + j] = f2bf(_mm512_reduce_add_ps(acc[j]));
     }
@@ -66,77 +109,55 @@ static void dense_rows(const uint16_t *x, const uint16_t *w, uint16_t *out, long
     float *xf = (float *)malloc(sizeof(float) * (size_t)K);
     if (!xf) { for (; n < n1; n++) out[n] = 0; return; }
     for (long k = 0; k < K; k++) xf[k] = bf2f(x[k]);
-    for (; n < n1; n++) out[n] = f2bf(dot_bf16(w + n * K, xf, K));
+    for (; n < n1; n++) {
+        if (n + DENSE_AHEAD < n1)
+            for (long p = 0; p < K * 2; p += 64) prefetch((const char *)(w + (n + DENSE_AHEAD) * K) + p);
+        out[n] = f2bf(dot_bf16(w + n * K, xf, K));
+    }
     free(xf);
 }
 
-static int linear(const wslm_linear *l, const uint16_t *x, uint16_t *out, int threads) {
-    int rc = 0;
-    if (l->kind == LIN_INT4)  /* what Int4Weight.decode_rows runs for one row (cpu_gemv.int4_mv) */
-        rc = wslm_int4_mv_q8(x, (const uint8_t *)l->w, l->scales, out, l->n, l->k, l->group, threads);
-    else if (l->kind == LIN_INT8)
-        rc = wslm_int8_mm_bf16(x, 1, (const int8_t *)l->w, l->scales, out, l->n, l->k, threads);
-    else if (l->kind == LIN_BF16) {
+/* float32 [N, K] times one row (a float32 engine's dense weights) */
+static void dense_rows_f32(const void *xv, const void *wv, void *ov, long K, long n0, long n1) {
+    const float *x = (const float *)xv, *w = (const float *)wv;
+    float *out = (float *)ov;
+    for (long n = n0; n < n1; n++) {
+        if (n + DENSE_AHEAD / 2 < n1)
+            for (long p = 0; p < K * 4; p += 64) prefetch((const char *)(w + (n + DENSE_AHEAD / 2) * K) + p);
+        out[n] = dot_f32(w + n * K, x, K);
+    }
+}
+
+typedef void (*rows_fn)(const void *, const void *, void *, long, long, long);
+
+static void dense(rows_fn fn, const void *x, const void *w, void *out, long N, long K, int threads) {
 #if defined(_OPENMP)
-        if (threads > 1) {
+    if (threads > 1) {
 #pragma omp parallel num_threads(threads)
-            {
-                int t = omp_get_thread_num(), nt = omp_get_num_threads();
-                long quads = (l->n + 3) / 4, a = quads * t / nt * 4, b = quads * (t + 1) / nt * 4;
-                dense_rows(x, (const uint16_t *)l->w, out, l->k, a, b < l->n ? b : l->n);
-            }
-        } else
-#endif
-            dense_rows(x, (const uint16_t *)l->w, out, l->k, 0, l->n);
-    } else
-        return -2;
-    if (rc == 0 && l->bias)
-        for (long i = 0; i < l->n; i++) out[i] = f2bf(bf2f(out[i]) + bf2f(l->bias[i]));
-    return rc;
-}
-
-/* w * rms_norm(x): F.rms_norm's fp32 sum and bf16 result, then the bf16 multiply (in place is fine) */
-static void rms_norm(const uint16_t *x, const uint16_t *w, double eps, long d, uint16_t *out) {
-    float ss = 0.0f;
-    for (long i = 0; i < d; i++) { float v = bf2f(x[i]); ss += v * v; }
-    float r = 1.0f / sqrtf(ss / (float)d + (float)eps);
-    for (long i = 0; i < d; i++) out[i] = f2bf(bf2f(w[i]) * rbf(bf2f(x[i]) * r));
-}
-
-/* neox rotary in place over rows of hd: x * [cos|cos] + [x2|x1] * [-sin|sin], products rounded first */
-static void rotate(uint16_t *x, long rows, long hd, const uint16_t *cos2, const uint16_t *sin2) {
-    long half = hd / 2;
-    for (long r = 0; r < rows; r++) {
-        uint16_t *v = x + r * hd;
-        for (long i = 0; i < half; i++) {
-            float a = bf2f(v[i]), b = bf2f(v[i + half]);
-            float lo = rbf(a * bf2f(cos2[i])) + rbf(b * bf2f(sin2[i]));
-            float hi = rbf(b * bf2f(cos2[i + half])) + rbf(a * bf2f(sin2[i + half]));
-            v[i] = f2bf(lo);
-            v[i + half] = f2bf(hi);
+        {
+            int t = omp_get_thread_num(), nt = omp_get_num_threads();
+            long quads = (N + 3) / 4, a = quads * t / nt * 4, b = quads * (t + 1) / nt * 4;
+            fn(x, w, out, K, a, b < N ? b : N);
         }
-    }
-}
-
-/* q . k for bf16 rows: AVX512-BF16 multiplies 32 pairs an instruction (products exact in fp32, as after a
-   conversion), else both converted */
-static inline float dot_bf16_bf16(const uint16_t *a, const uint16_t *b, long n) {
-#if defined(__AVX512BF16__)
-    if (n % 32 == 0) {
-        __m512 acc = _mm512_setzero_ps();
-        for (long i = 0; i < n; i += 32)
-            acc = _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(a + i), (__m512bh)_mm512_loadu_si512(b + i));
-        return _mm512_reduce_add_ps(acc);
+        return;
     }
 #endif
-    float s = 0.0f;
-    for (long i = 0; i < n; i++) s += bf2f(a[i]) * bf2f(b[i]);
-    return s;
+    (void)threads;
+    fn(x, w, out, K, 0, N);
+}
+
+/* the bf16 row products both builds share (x and out bf16) */
+static int linear_bf16_rows(const wslm_linear *l, const uint16_t *x, uint16_t *out, int threads) {
+    if (l->kind == LIN_INT4)  /* what Int4Weight.decode_rows runs for one row (cpu_gemv.int4_mv) */
+        return wslm_int4_mv_q8(x, (const uint8_t *)l->w, l->scales, out, l->n, l->k, l->group, l->block, threads);
+    if (l->kind == LIN_INT8)
+        return wslm_int8_mm_bf16(x, 1, (const int8_t *)l->w, l->scales, out, l->n, l->k, threads);
+    return -2;
 }
 
 #if defined(__AVX512F__)
-/* e^x for 16 lanes: 2^(x log2 e) split into 2^n (scalef) and a degree-6 polynomial of 2^f, f in
-   [-0.5, 0.5]: within ~2 ulp of expf, and 0 below -87 (softmax subtracts the max first, so x <= 0) */
+/* e^x for 16 lanes: 2^(x log2 e) split into 2^n and a degree-6 polynomial of 2^f, f in [-0.5, 0.5]:
+   within ~2 ulp of expf, and 0 below -87 (softmax subtracts the max first, so x <= 0) */
 static inline __m512 exp16(__m512 x) {
     x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
     __m512 t = _mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f));
@@ -150,6 +171,23 @@ static inline __m512 exp16(__m512 x) {
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(6.931472028550421e-1f));
     p = _mm512_fmadd_ps(p, f, _mm512_set1_ps(1.0f));
     return _mm512_scalef_ps(p, n);
+}
+#elif defined(__AVX2__) && defined(__FMA__)
+/* the same for 8 lanes; 2^n built in the exponent bits (n in [-126, 0] here) */
+static inline __m256 exp8(__m256 x) {
+    x = _mm256_max_ps(x, _mm256_set1_ps(-87.0f));
+    __m256 t = _mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f));
+    __m256 n = _mm256_round_ps(t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 f = _mm256_sub_ps(t, n);
+    __m256 p = _mm256_set1_ps(1.535336188319500e-4f);
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.339887440266574e-3f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(9.618437357674640e-3f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(5.550332471162809e-2f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(2.402264791363012e-1f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(6.931472028550421e-1f));
+    p = _mm256_fmadd_ps(p, f, _mm256_set1_ps(1.0f));
+    __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(p, _mm256_castsi256_ps(e));
 }
 #endif
 
@@ -165,104 +203,44 @@ static float exp_shifted(float *sc, long n, float top) {
         acc = _mm512_add_ps(acc, e);
     }
     total = _mm512_reduce_add_ps(acc);
+#elif defined(__AVX2__) && defined(__FMA__)
+    __m256 acc = _mm256_setzero_ps(), m = _mm256_set1_ps(top);
+    for (; i + 8 <= n; i += 8) {
+        __m256 e = exp8(_mm256_sub_ps(_mm256_loadu_ps(sc + i), m));
+        _mm256_storeu_ps(sc + i, e);
+        acc = _mm256_add_ps(acc, e);
+    }
+    total = hsum8(acc);
 #endif
     for (; i < n; i++) { sc[i] = expf(sc[i] - top); total += sc[i]; }
     return total;
 }
 
-static inline void bf16_to_f32(const uint16_t *x, float *y, long n) {
-    long i = 0;
-#if defined(__AVX512F__)
-    for (; i + 16 <= n; i += 16)
-        _mm512_storeu_ps(y + i, _mm512_castsi512_ps(_mm512_slli_epi32(
-            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(x + i))), 16)));
-#endif
-    for (; i < n; i++) y[i] = bf2f(x[i]);
-}
-
-/* softmax(q k^T * scale) v for one new token over the len keys of its sequence (paged, block by block).
-   The q heads that share a key/value head are done together, so each key and value row is read (and
-   converted) once. work: group * (len + hd) + hd floats. */
-static void attend(const uint16_t *q, const wslm_layer *l, long heads, long kvh, long hd, const int32_t *table,
-                   long bs, long len, uint16_t *out, float *work) {
-    long group = heads / kvh, row = kvh * hd;
-    float *scores = work, *acc = work + group * len, *vf = acc + group * hd, scale = (float)l->scale;
-    for (long kh = 0; kh < kvh; kh++) {
-        const uint16_t *qh = q + kh * group * hd;  /* q heads kh * group ... are this key head's */
-        for (long t0 = 0; t0 < len; t0 += bs) {
-            const uint16_t *kp = l->k_cache + (long)table[t0 / bs] * bs * row + kh * hd;
-            for (long t = t0; t < t0 + bs && t < len; t++, kp += row)
-                for (long g = 0; g < group; g++) scores[g * len + t] = dot_bf16_bf16(kp, qh + g * hd, hd) * scale;
-        }
-        float sum[64];  /* group <= 64 (the caller checks) */
-        for (long g = 0; g < group; g++) {
-            float *sc = scores + g * len, top = -INFINITY;
-            for (long t = 0; t < len; t++) top = sc[t] > top ? sc[t] : top;
-            sum[g] = exp_shifted(sc, len, top);
-        }
-        for (long i = 0; i < group * hd; i++) acc[i] = 0.0f;
-        for (long t0 = 0; t0 < len; t0 += bs) {
-            const uint16_t *vp = l->v_cache + (long)table[t0 / bs] * bs * row + kh * hd;
-            for (long t = t0; t < t0 + bs && t < len; t++, vp += row) {
-                bf16_to_f32(vp, vf, hd);
-                for (long g = 0; g < group; g++) {
-                    float p = scores[g * len + t], *a = acc + g * hd;
-                    for (long i = 0; i < hd; i++) a[i] += p * vf[i];
-                }
-            }
-        }
-        for (long g = 0; g < group; g++)
-            for (long i = 0; i < hd; i++) out[(kh * group + g) * hd + i] = f2bf(acc[g * hd + i] / sum[g]);
-    }
-}
-
 static long max_l(long a, long b) { return a > b ? a : b; }
 
-/* hidden [d] bf16: the token's embedding in; out: the last layer's output, and residual [d] the stream
-   before it (the caller adds them for the final norm). cos2/sin2 [hd]: this position's rotary rows; table:
-   the sequence's block table; len: its tokens including this one, whose key and value go to slot.
-   Returns 0; -1 out of memory; -2 a weight kind it does not know. */
-int wslm_decode_row(const wslm_layer *layers, int64_t n_layers, int64_t d, int64_t heads, int64_t kvh, int64_t hd,
-                    uint16_t *hidden, uint16_t *residual, const uint16_t *cos2, const uint16_t *sin2,
-                    const int32_t *table, int64_t bs, int64_t len, int64_t slot, int threads) {
-    long qkv_n = 0, gu_n = 0;
-    for (long i = 0; i < n_layers; i++) {
-        qkv_n = max_l(qkv_n, layers[i].qkv.n);
-        gu_n = max_l(gu_n, layers[i].gate_up.n);
-    }
-    long q_size = heads * hd, kv_size = kvh * hd;
-    size_t halves = (size_t)(d + qkv_n + q_size + gu_n + gu_n / 2);
-    uint16_t *x = (uint16_t *)malloc(sizeof(uint16_t) * halves);
-    long group = heads / kvh;
-    if (group > 64) return -2;
-    float *f = (float *)malloc(sizeof(float) * (size_t)(group * (len + hd) + hd));
-    if (!x || !f) { free(x); free(f); return -1; }
-    uint16_t *qkv = x + d, *att = qkv + qkv_n, *gu = att + q_size, *act = gu + gu_n;
-    int rc = 0;
-    for (long li = 0; li < n_layers && rc == 0; li++) {
-        const wslm_layer *l = layers + li;
-        if (li == 0) memcpy(residual, hidden, sizeof(uint16_t) * (size_t)d);
-        else for (long i = 0; i < d; i++) residual[i] = f2bf(bf2f(hidden[i]) + bf2f(residual[i]));
-        rms_norm(residual, l->w_in, l->eps_in, d, x);
-        if ((rc = linear(&l->qkv, x, qkv, threads))) break;
-        if (l->qk_norm)
-            for (long r = 0; r < heads + kvh; r++) rms_norm(qkv + r * hd, l->qk_norm + r * hd, l->qk_eps, hd, qkv + r * hd);
-        rotate(qkv, heads + kvh, hd, cos2, sin2);
-        memcpy(l->k_cache + slot * kv_size, qkv + q_size, sizeof(uint16_t) * (size_t)kv_size);
-        memcpy(l->v_cache + slot * kv_size, qkv + q_size + kv_size, sizeof(uint16_t) * (size_t)kv_size);
-        attend(qkv, l, heads, kvh, hd, table, bs, len, att, f);
-        if ((rc = linear(&l->o, att, hidden, threads))) break;
-        for (long i = 0; i < d; i++) residual[i] = f2bf(bf2f(hidden[i]) + bf2f(residual[i]));
-        rms_norm(residual, l->w_post, l->eps_post, d, x);
-        if ((rc = linear(&l->gate_up, x, gu, threads))) break;
-        long inter = l->gate_up.n / 2;
-        for (long i = 0; i < inter; i++) {
-            float g = bf2f(gu[i]);
-            act[i] = f2bf(rbf(g / (1.0f + expf(-g))) * bf2f(gu[inter + i]));
-        }
-        rc = linear(&l->down, act, hidden, threads);
-    }
-    free(x);
-    free(f);
-    return rc;
-}
+/* The step in bf16: every op's result rounded to bf16, as the bf16 torch ops round theirs. */
+#define ACT_BF16 1
+#define T uint16_t
+#define LD(v) bf2f(v)
+#define ST(f) f2bf(f)
+#define RND(f) rbf(f)
+#define NAME(n) n##_bf16
+#define ENTRY wslm_decode_row
+#include "cpu_layer_body.h"
+#undef ACT_BF16
+#undef T
+#undef LD
+#undef ST
+#undef RND
+#undef NAME
+#undef ENTRY
+
+/* The step in float32. */
+#define ACT_BF16 0
+#define T float
+#define LD(v) (v)
+#define ST(f) (f)
+#define RND(f) (f)
+#define NAME(n) n##_f32
+#define ENTRY wslm_decode_row_f32
+#include "cpu_layer_body.h"

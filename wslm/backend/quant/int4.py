@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from wslm.backend.quant.int4_dense import DENSE_ROWS, dequantize_packed, unpack_matches
+from wslm.backend.quant.int4_dense import DENSE_ROWS, dequantize_packed, pack_block
 from wslm.backend.quant.int8 import compute_dtype
 from wslm.kernels import cpu_gemv
 
@@ -60,7 +60,7 @@ def cat_codes(parts: list[Int4Codes]) -> Int4Codes:
 
 
 class Int4Weight:
-    __slots__ = ("packed", "scales_and_zeros", "group_size", "out_features", "in_features", "perm", "unpackable",
+    __slots__ = ("packed", "scales_and_zeros", "group_size", "out_features", "in_features", "perm", "block_n",
                  "_ours")  # fmt: skip
     bits = 4
 
@@ -73,7 +73,7 @@ class Int4Weight:
         self.out_features = out_features
         self.in_features = in_features
         self.perm = perm
-        self.unpackable = False  # CPU: the pack reads back exactly (int4_dense.py), so many rows take a GEMM
+        self.block_n = 0  # CPU: the pack's rows per block where it reads back exactly (int4_dense.py)
         self._ours: bool | None = None  # cpu_gemv takes this weight (decided on the first decode row)
 
     @classmethod
@@ -92,12 +92,18 @@ class Int4Weight:
         perm = None if c.perm is None else c.perm.to(device)
         weight = cls(packed, sz, c.group_size, n, k, perm)
         if device.type == "cpu":
-            weight.unpackable = unpack_matches(packed, c.codes)
+            weight.block_n = pack_block(packed, c.codes)
         return weight
 
     @property
     def shape(self) -> torch.Size:
         return torch.Size((self.out_features, self.in_features))
+
+    @property
+    def unpackable(self) -> bool:
+        """Whether the pack's layout is known here: then many rows take one GEMM over the expanded weight,
+        and one row cpu_gemv's kernel."""
+        return self.block_n > 0
 
     @property
     def nbytes(self) -> int:
@@ -109,12 +115,17 @@ class Int4Weight:
     def apply(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         if (
             x.dim() == 2 and x.shape[0] < DENSE_ROWS and x.device.type == "cpu" and self.perm is None
-            and x.dtype == self.scales_and_zeros.dtype and x.is_contiguous()
+            and x.is_contiguous()
         ):  # fmt: skip
             # Decode on CPU: the kernel alone. Each extra op (reshape, a no-op .to) costs microseconds
             # here, where the weights just streamed through have evicted the dispatcher's caches.
-            out = self.decode_rows(x)
-            return out if bias is None else out + bias
+            kd = self.scales_and_zeros.dtype
+            if x.dtype == kd:
+                out = self.decode_rows(x)
+                return out if bias is None else out + bias
+            if x.dtype == torch.float32:  # a float32 engine (CPUs without bf16): the kernel's dtype and back
+                out = self.decode_rows(x.to(kd)).to(x.dtype)
+                return out if bias is None else out + bias
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
         if self.perm is not None:
@@ -141,15 +152,16 @@ class Int4Weight:
         else torch's. apply and the CPU fast decode path both call this, so they pick the same kernel."""
         if self._ours is None:
             sz, group = self.scales_and_zeros, self.group_size
-            self._ours = self.unpackable and cpu_gemv.int4_mv_takes(self.packed, sz, group)
-        if self._ours and x.shape[0] == 1:
-            return cpu_gemv.int4_mv(x, self.packed, self.scales_and_zeros, self.group_size)  # reads ahead
+            self._ours = self.unpackable and cpu_gemv.int4_mv_takes(self.packed, sz, group, self.block_n)
+        if self._ours and x.shape[0] == 1:  # reads ahead
+            return cpu_gemv.int4_mv(x, self.packed, self.scales_and_zeros, self.group_size, block_n=self.block_n)
         return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, self.group_size, self.scales_and_zeros)
 
     def _dense_packed_order(self, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
         """[N, K] in the pack's column order (act-order GPTQ: the sorted one)."""
         return dequantize_packed(
-            self.packed, self.scales_and_zeros, self.out_features, self.in_features, self.group_size, dtype
+            self.packed, self.scales_and_zeros, self.out_features, self.in_features, self.group_size, dtype,
+            self.block_n,
         )
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:

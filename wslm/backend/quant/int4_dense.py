@@ -6,10 +6,11 @@ linearly with the rows (3072x576, one thread: 0.13 ms at 1 row, 2.9 ms at 64, 11
 call costs ~4 ms for that shape, so from ~128 rows (prefill chunks) expand-then-GEMM wins: 6.1 ms at 256
 rows. The expanded weight is dropped right after the call: resident memory stays int4.
 
-The pack's layout is torch's, not a documented format: for each block of 64 output rows and each input
-column, 32 bytes whose low nibbles are rows 0..31 of the block and high nibbles rows 32..63. It is
-checked once per weight against the codes it was packed from (`unpack_matches`); a weight whose pack
-does not match (another torch, a row count not a multiple of 64) keeps the kernel for every row count."""
+The pack's layout is torch's, not a documented format, and it depends on the SIMD width torch runs with:
+for each block of 64 output rows (AVX-512; 32 with AVX2 only) and each input column, 32 (16) bytes whose
+low nibbles are the block's first half of rows and high nibbles its second. It is checked once per weight
+against the codes it was packed from (`pack_block`); a weight whose pack matches neither (another torch, a
+row count not a multiple of the block) keeps the kernel for every row count."""
 
 from __future__ import annotations
 
@@ -17,39 +18,43 @@ import os
 
 import torch
 
-_BLOCK_N = 64
+BLOCKS = (64, 32)  # rows per pack block: AVX-512 torch, AVX2 torch
 # Rows from which expand-then-GEMM wins: the crossover is the expansion's cost over the kernel's per-row
 # cost, both memory-bound passes, so it moves little between CPUs (measured ~100 rows on an AMX Xeon).
 # WSLM_INT4_DENSE_ROWS overrides (0: always the kernel).
 DENSE_ROWS = int(os.environ.get("WSLM_INT4_DENSE_ROWS", "128")) or 1 << 62
 
 
-def unpack_codes(packed: torch.Tensor, n: int, k: int) -> torch.Tensor:
-    """[n, k] uint8 codes 0..15 from the CPU pack of an [n, k] weight (n a multiple of 64)."""
-    b = packed.view(torch.uint8).reshape(n // _BLOCK_N, k, _BLOCK_N // 2)
-    codes = torch.stack((b & 0x0F, b >> 4), dim=2)  # [blocks, k, 2, 32]: rows 0..31 then 32..63
-    return codes.reshape(n // _BLOCK_N, k, _BLOCK_N).transpose(1, 2).reshape(n, k)
+def unpack_codes(packed: torch.Tensor, n: int, k: int, block_n: int = 64) -> torch.Tensor:
+    """[n, k] uint8 codes 0..15 from the CPU pack of an [n, k] weight (n a multiple of block_n)."""
+    b = packed.view(torch.uint8).reshape(n // block_n, k, block_n // 2)
+    codes = torch.stack((b & 0x0F, b >> 4), dim=2)  # [blocks, k, 2, half]: first half of rows, then second
+    return codes.reshape(n // block_n, k, block_n).transpose(1, 2).reshape(n, k)
 
 
-def unpack_matches(packed: torch.Tensor, codes: torch.Tensor) -> bool:
+def pack_block(packed: torch.Tensor, codes: torch.Tensor) -> int:
+    """The pack's rows per block (64 or 32) where it reads back to codes exactly, else 0."""
     n, k = codes.shape
-    if n % _BLOCK_N or packed.numel() * packed.element_size() != n * k // 2:
-        return False
-    return torch.equal(unpack_codes(packed, n, k), codes.to(torch.uint8))
+    if packed.numel() * packed.element_size() != n * k // 2:
+        return 0
+    for block_n in BLOCKS:
+        if n % block_n == 0 and torch.equal(unpack_codes(packed, n, k, block_n), codes.to(torch.uint8)):
+            return block_n
+    return 0
 
 
 def dequantize_packed(packed: torch.Tensor, scales_and_zeros: torch.Tensor, n: int, k: int, group: int,
-                      dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+                      dtype: torch.dtype = torch.bfloat16, block_n: int = 64) -> torch.Tensor:
     """The [n, k] weight (q - 8) * scale + zero, computed in bf16 as the kernel does. Expanded in the
-    pack's own [blocks, k, 64] order (contiguous reads and writes), then transposed once."""
-    blocks, groups = n // _BLOCK_N, k // group
-    b = packed.view(torch.uint8).view(blocks, groups, group, _BLOCK_N // 2)
-    codes = torch.cat((b & 0x0F, b >> 4), dim=-1)  # [blocks, groups, group, 64]
+    pack's own [blocks, k, block_n] order (contiguous reads and writes), then transposed once."""
+    blocks, groups = n // block_n, k // group
+    b = packed.view(torch.uint8).view(blocks, groups, group, block_n // 2)
+    codes = torch.cat((b & 0x0F, b >> 4), dim=-1)  # [blocks, groups, group, block_n]
     sz = scales_and_zeros.float()  # [groups, n, 2]
 
-    def per_lane(t: torch.Tensor) -> torch.Tensor:  # [groups, n] -> [blocks, groups, 1, 64]
-        return t.t().reshape(blocks, _BLOCK_N, groups).permute(0, 2, 1).unsqueeze(2).to(dtype).contiguous()
+    def per_lane(t: torch.Tensor) -> torch.Tensor:  # [groups, n] -> [blocks, groups, 1, block_n]
+        return t.t().reshape(blocks, block_n, groups).permute(0, 2, 1).unsqueeze(2).to(dtype).contiguous()
 
     scale, offset = per_lane(sz[..., 0]), per_lane(sz[..., 1] - 8.0 * sz[..., 0])
-    w = torch.addcmul(offset, codes.to(dtype), scale)  # [blocks, groups, group, 64]
-    return w.view(blocks, k, _BLOCK_N).transpose(1, 2).reshape(n, k)
+    w = torch.addcmul(offset, codes.to(dtype), scale)  # [blocks, groups, group, block_n]
+    return w.view(blocks, k, block_n).transpose(1, 2).reshape(n, k)

@@ -42,9 +42,13 @@ class Int8Weight:
 
     def apply(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         if x.device.type == "cpu":
-            if x.dim() == 2 and x.shape[0] < DENSE_ROWS and x.dtype == self.scales.dtype and x.is_contiguous():
-                out = self.decode_rows(x)  # decode: the kernel alone
-                return out if bias is None else out + bias
+            if x.dim() == 2 and x.shape[0] < DENSE_ROWS and x.is_contiguous():
+                if x.dtype == self.scales.dtype:
+                    out = self.decode_rows(x)  # decode: the kernel alone
+                    return out if bias is None else out + bias
+                if x.dtype == torch.float32:  # a float32 engine (CPUs without bf16): the kernel's dtype and back
+                    out = self.decode_rows(x.to(self.scales.dtype)).to(x.dtype)
+                    return out if bias is None else out + bias
             shape = x.shape
             x2 = x.reshape(-1, shape[-1])
             if x2.shape[0] >= DENSE_ROWS:  # prefill, big batches: expand slices, one GEMM each
