@@ -178,3 +178,8 @@ def test_int4_pack_layouts(block_n):
     other = cpu_gemv.int4_mv(x, _pack(codes, 96 - block_n), sz, group, block_n=96 - block_n)
     assert torch.equal(ours, other)  # the same sums whatever the layout
     assert not cpu_gemv.int4_mv_ok(x, packed, sz, group, 16)
+    rows = torch.randn(5, k).bfloat16()  # a few rows at once: each one's bits, as one row alone gives them
+    many = cpu_gemv.int4_mm(rows, packed, sz, group, block_n)
+    assert torch.equal(many, torch.cat([cpu_gemv.int4_mv(r[None], packed, sz, group, block_n=block_n) for r in rows]))
+    compiled = torch.compile(lambda t: cpu_gemv.int4_mm_op(t, packed, sz, group, block_n) * 2, fullgraph=True)
+    assert torch.equal(compiled(rows), many * 2)  # the op form a compiled graph calls

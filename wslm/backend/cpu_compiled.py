@@ -79,10 +79,22 @@ def _weight_spec(w, b=None, bias_after: bool = False) -> tuple | None:
     if isinstance(w, torch.Tensor):
         return ("dense", (w, b), bias_after)
     if isinstance(w, Int4Weight) and w.perm is None:
-        return ("int4", (w.packed, w.scales_and_zeros, b), w.group_size)
+        return ("int4", (w.packed, w.scales_and_zeros, b), (w.group_size, _int4_ours(w)))
     if isinstance(w, Int8Weight):
         return ("int8", (w.qweight, w.scales, b), None)
     return None
+
+
+def _int4_ours(w) -> int:
+    """The pack's block rows where the graph should multiply in cpu_gemv's kernel, else 0. Where torch runs
+    AVX-512 code inductor has int4 templates of its own (AMX from a few rows) that beat it; with AVX2 only
+    there are none, and ours reads each weight block once for all rows (1.4-1.8x torch's kernel)."""
+    from wslm.kernels import cpu_gemv
+
+    if torch.backends.cpu.get_cpu_capability().startswith("AVX512"):
+        return 0
+    takes = w.unpackable and cpu_gemv.int4_mv_takes(w.packed, w.scales_and_zeros, w.group_size, w.block_n)
+    return w.block_n if takes else 0
 
 
 class _DecodeModule(torch.nn.Module):
@@ -139,8 +151,10 @@ class _DecodeModule(torch.nn.Module):
             w, b = t
             return F.linear(x, w) + b if (b is not None and extra) else F.linear(x, w, b)
         xk = x.to(t[1].dtype)  # a float32 engine's activations go to the kernels' bf16 and back, as apply does
-        if kind == "int4":
-            out = torch.ops.aten._weight_int4pack_mm_for_cpu(xk, t[0], extra, t[1])
+        if kind == "int4" and extra[1]:
+            out = torch.ops.wslm.int4_mm_q8(xk, t[0], t[1], extra[0], extra[1])
+        elif kind == "int4":
+            out = torch.ops.aten._weight_int4pack_mm_for_cpu(xk, t[0], extra[0], t[1])
         else:
             out = torch.ops.aten._weight_int8pack_mm(xk, t[0], t[1])
         out = out.to(x.dtype)

@@ -384,17 +384,12 @@ typedef void (*q8_fn)(const int8_t *, const float *, const float *, const uint8_
                       long, long, long, long, long);
 #endif
 
-/* one activation row x [K] bf16 -> out [N] bf16, x rounded to int8 per 32 columns; N % BN == 0,
-   K % G == 0, G % 32 == 0, BN 64 or 32 (the caller checks). Without AVX2: wslm_int4_mv_bf16. */
-int wslm_int4_mv_q8(const uint16_t *x, const uint8_t *packed, const uint16_t *sz, uint16_t *out,
-                    long N, long K, long G, long BN, int threads) {
 #if defined(Q8_256)
+/* x [M, K] bf16 rounded to int8 per 32 columns: xq [M, K] (xp: the same in q8_blocks_256_32's column order),
+   xd, xs [M, K / 32] (scale, scale * sum of the codes) */
+static void q8_rows(const uint16_t *x, long M, long K, int8_t *xq, int8_t *xp, float *xd, float *xs) {
     long nb = K / 32;
-    float *xd = (float *)malloc(sizeof(float) * 2 * (size_t)nb + 2 * (size_t)K);
-    if (!xd) return -1;
-    float *xs = xd + nb;
-    int8_t *xq = (int8_t *)(xs + nb), *xp = xq + K;
-    for (long c = 0; c < nb; c++) {
+    for (long c = 0; c < M * nb; c++) {
         float v[32], amax = 0.0f;
         for (int i = 0; i < 32; i++) { v[i] = bf2f(x[c * 32 + i]); float av = v[i] < 0 ? -v[i] : v[i]; if (av > amax) amax = av; }
         float d = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
@@ -408,13 +403,28 @@ int wslm_int4_mv_q8(const uint16_t *x, const uint8_t *packed, const uint16_t *sz
         xd[c] = d;
         xs[c] = d * (float)sum;
     }
+    for (long k = 0; k < M * K; k += 4) {
+        xp[k] = xq[k]; xp[k + 1] = xq[k + 2]; xp[k + 2] = xq[k + 1]; xp[k + 3] = xq[k + 3];
+    }
+}
+#endif
+
+/* activation rows x [M, K] bf16 -> out [M, N] bf16, each row rounded to int8 per 32 columns (the same bits
+   as M calls for one row); N % BN == 0, K % G == 0, G % 32 == 0, BN 64 or 32 (the caller checks). Each
+   block of weight rows is read once for all M rows (it stays in L1 while they pass); torch's kernel runs
+   one row at a time over the whole weight. Without AVX2: wslm_int4_mv_bf16 row by row. */
+int wslm_int4_mm_q8(const uint16_t *x, long M, const uint8_t *packed, const uint16_t *sz, uint16_t *out,
+                    long N, long K, long G, long BN, int threads) {
+#if defined(Q8_256)
+    long nb = K / 32;
+    float *xd = (float *)malloc(sizeof(float) * 2 * (size_t)(M * nb) + 2 * (size_t)(M * K));
+    if (!xd) return -1;
+    float *xs = xd + M * nb;
+    int8_t *xq = (int8_t *)(xs + M * nb), *xp = xq + M * K;
+    q8_rows(x, M, K, xq, xp, xd, xs);
     q8_fn fn = q8_blocks_256_32;
     const int8_t *xa = xp;
-    if (BN == 32) {
-        for (long k = 0; k < K; k += 4) {  /* the column order q8_blocks_256_32 reads: k, k+2, k+1, k+3 */
-            xp[k] = xq[k]; xp[k + 1] = xq[k + 2]; xp[k + 2] = xq[k + 1]; xp[k + 3] = xq[k + 3];
-        }
-    } else {
+    if (BN != 32) {
 #if defined(Q8_512)
         fn = q8_blocks_512;
 #else
@@ -424,20 +434,30 @@ int wslm_int4_mv_q8(const uint16_t *x, const uint8_t *packed, const uint16_t *sz
     }
     long blocks = N / BN;
 #if defined(_OPENMP)
-    if (threads > 1 && blocks > 1) {
-#pragma omp parallel num_threads(threads)
-        {
-            int t = omp_get_thread_num(), nt = omp_get_num_threads();
-            fn(xa, xd, xs, packed, sz, out, N, K, G, blocks * t / nt, blocks * (t + 1) / nt);
-        }
-        free(xd);
-        return 0;
-    }
+#pragma omp parallel num_threads(threads) if (threads > 1 && blocks > 1)
 #endif
-    fn(xa, xd, xs, packed, sz, out, N, K, G, 0, blocks);
+    {
+        int t = 0, nt = 1;
+#if defined(_OPENMP)
+        t = omp_get_thread_num(), nt = omp_get_num_threads();
+#endif
+        for (long b = blocks * t / nt; b < blocks * (t + 1) / nt; b++)
+            for (long m = 0; m < M; m++)
+                fn(xa + m * K, xd + m * nb, xs + m * nb, packed, sz, out + m * N, N, K, G, b, b + 1);
+    }
     free(xd);
     return 0;
 #else
-    return wslm_int4_mv_bf16(x, packed, sz, out, N, K, G, BN, threads);
+    for (long m = 0; m < M; m++) {
+        int rc = wslm_int4_mv_bf16(x + m * K, packed, sz, out + m * N, N, K, G, BN, threads);
+        if (rc) return rc;
+    }
+    return 0;
 #endif
+}
+
+/* one activation row x [K] bf16 -> out [N] bf16: wslm_int4_mm_q8 with M = 1 */
+int wslm_int4_mv_q8(const uint16_t *x, const uint8_t *packed, const uint16_t *sz, uint16_t *out,
+                    long N, long K, long G, long BN, int threads) {
+    return wslm_int4_mm_q8(x, 1, packed, sz, out, N, K, G, BN, threads);
 }

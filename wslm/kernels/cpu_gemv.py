@@ -115,6 +115,9 @@ def library() -> ctypes.CDLL | None:
                 for fn in (lib.wslm_int4_mv_bf16, lib.wslm_int4_mv_q8):
                     fn.restype = ctypes.c_int
                     fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 4 + [ctypes.c_int]
+                lib.wslm_int4_mm_q8.restype = ctypes.c_int
+                lib.wslm_int4_mm_q8.argtypes = [ctypes.c_void_p, ctypes.c_long] + [ctypes.c_void_p] * 3 + [
+                    ctypes.c_long] * 4 + [ctypes.c_int]  # fmt: skip
                 lib.wslm_int4_q8_native.restype = ctypes.c_int
                 _lib = lib
         except Exception as exc:  # an optimisation: never a reason not to serve
@@ -196,3 +199,30 @@ def int4_mv(
     if rc != 0:
         raise MemoryError("int4_mv: out of memory for the activation's copy")
     return out
+
+
+def int4_mm(
+    x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Tensor, group_size: int, block_n: int = 64
+) -> torch.Tensor:
+    """x [M, K] bf16 (contiguous) @ W.T -> [M, N] bf16 for a weight int4_mv_takes: every row as int4_mv
+    computes it (the same bits), each block of weight rows read once for all M rows."""
+    m, n = x.shape[0], scales_and_zeros.shape[1]
+    out = torch.empty(m, n, dtype=torch.bfloat16)
+    rc = _lib.wslm_int4_mm_q8(x.data_ptr(), m, packed.data_ptr(), scales_and_zeros.data_ptr(), out.data_ptr(), n,
+                              x.shape[1], group_size, block_n, torch.get_num_threads())  # fmt: skip
+    if rc != 0:
+        raise MemoryError("int4_mm: out of memory for the activations' copy")
+    return out
+
+
+@torch.library.custom_op("wslm::int4_mm_q8", mutates_args=())
+def int4_mm_op(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Tensor, group_size: int,
+               block_n: int) -> torch.Tensor:  # fmt: skip
+    """int4_mm as an op a compiled graph can call (cpu_compiled.py, where inductor has no int4 template of
+    its own for this CPU)."""
+    return int4_mm(x.contiguous(), packed, scales_and_zeros, group_size, block_n)
+
+
+@int4_mm_op.register_fake
+def _(x, packed, scales_and_zeros, group_size, block_n):
+    return x.new_empty((x.shape[0], scales_and_zeros.shape[1]), dtype=torch.bfloat16)

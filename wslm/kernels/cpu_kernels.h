@@ -32,6 +32,8 @@ int wslm_int8_mm_bf16(const uint16_t *x, long M, const int8_t *w, const uint16_t
                       long N, long K, int threads);
 int wslm_int4_mv_bf16(const uint16_t *x, const uint8_t *packed, const uint16_t *sz, uint16_t *out,
                       long N, long K, long G, long BN, int threads);
+int wslm_int4_mm_q8(const uint16_t *x, long M, const uint8_t *packed, const uint16_t *sz, uint16_t *out,
+                    long N, long K, long G, long BN, int threads);
 int wslm_int4_mv_q8(const uint16_t *x, const uint8_t *packed, const uint16_t *sz, uint16_t *out,
                     long N, long K, long G, long BN, int threads);
 #endif
