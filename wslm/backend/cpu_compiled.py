@@ -3,7 +3,9 @@
 The eager fast path (cpu_decode.py) still pays ~20 op dispatches per layer, and torch's int4/int8 CPU
 kernels run one matrix-vector product per batch row. Compiled with frozen weights and max-autotune,
 inductor fuses the small ops into a few C++ loops and picks its own WoQ GEMM micro-kernels (AVX-512 at one
-row, AMX from a few rows where the CPU has it) whenever they beat the aten kernels. Measured on the demo
+row, AMX from a few rows where the CPU has it) whenever they beat the aten kernels; on CPUs without AMX
+its int4 products call torch's one-row-at-a-time kernel, so the graph calls cpu_gemv's multi-row kernel
+instead (a custom op). Measured on the demo
 GGUF (2-core Xeon with AMX): one sequence 13.8 -> 8.8 ms a step on one core, 32 sequences 70 -> 24 ms on
 two (docs/benchmarks.md).
 
@@ -30,6 +32,7 @@ import torch
 import torch.nn.functional as F
 
 from wslm.backend.modeling.layers.attention import AttentionMetadata
+from wslm.kernels import cpu_gemv
 from wslm.kernels.torch_paged_attention import _decode_blocks
 from wslm.kernels.torch_rotary import _cos_sin, neox_rotated
 
@@ -86,12 +89,12 @@ def _weight_spec(w, b=None, bias_after: bool = False) -> tuple | None:
 
 
 def _int4_ours(w) -> int:
-    """The pack's block rows where the graph should multiply in cpu_gemv's kernel, else 0. Where torch runs
-    AVX-512 code inductor has int4 templates of its own (AMX from a few rows) that beat it; with AVX2 only
-    there are none, and ours reads each weight block once for all rows (1.4-1.8x torch's kernel)."""
-    from wslm.kernels import cpu_gemv
-
-    if torch.backends.cpu.get_cpu_capability().startswith("AVX512"):
+    """The pack's block rows where the graph should multiply in cpu_gemv's kernel, else 0. Where the CPU has
+    AMX, inductor's own int4 templates beat it from a few rows; elsewhere (AVX-512 without AMX, as Zen 4;
+    AVX2) inductor calls torch's one-row-at-a-time kernel, and ours, which reads each weight block once for
+    all rows, is 1.4-1.8x faster (demo GGUF, 32 chats on a Zen 4 core: 158 tok/s compiled with torch's,
+    230 eager with ours)."""
+    if cpu_gemv.amx():
         return 0
     takes = w.unpackable and cpu_gemv.int4_mv_takes(w.packed, w.scales_and_zeros, w.group_size, w.block_n)
     return w.block_n if takes else 0
@@ -108,8 +111,11 @@ class _DecodeModule(torch.nn.Module):
         self.embed = self._table(emb)
         self.head = self._linear(_weight_spec(head))
         # One sequence's int8 head runs after the graph, in cpu_gemv's kernel (1.5 vs 2.6-3.5 ms on the
-        # demo); a batch keeps it in the graph (inductor's AMX/AVX-512 template beats both from a few rows).
+        # demo); a batch keeps it in the graph where the CPU has AMX (inductor's template beats both from a
+        # few rows), else it runs after the graph too, as the eager path picks (inductor's int8 lowering
+        # without AMX: ~52 ms for 32 rows of the demo's 49152-row head on a Zen 4 core, eager 25-28).
         self.head_after = head if _head_after(head) else None
+        self.head_outside_batches = self.head_after is not None and not cpu_gemv.amx()
         self.final_norm = self._buf(model.norm.weight)
         self.final_eps = model.norm.eps
         self.dtype = model.dtype
@@ -199,14 +205,13 @@ class _DecodeModule(torch.nn.Module):
         x = getattr(self, self.final_norm) * F.rms_norm(
             hidden + residual, (hidden.shape[-1],), None, self.final_eps
         )
-        if b == 1 and self.head_after is not None:
+        if self.head_outside_batches or (b == 1 and self.head_after is not None):
             return x, torch.stack(new_kv)
         return self._mm(x, self.head).float(), torch.stack(new_kv)
 
 
 def _head_after(head) -> bool:
     from wslm.backend.quant.int8 import Int8Weight
-    from wslm.kernels import cpu_gemv
 
     return isinstance(head, Int8Weight) and cpu_gemv.int8_mm_takes(head.qweight, head.scales)
 
@@ -350,7 +355,7 @@ class CompiledDecode:
         with torch.inference_mode():
             logits, new_kv = self.compiled(input_ids, cos2, sin2, blocks, mask, cur, self.kv_pool)
             self.flat_pool.index_copy_(2, slots, new_kv)
-            if b == 1 and self.module.head_after is not None:
+            if self.module.head_outside_batches or (b == 1 and self.module.head_after is not None):
                 logits = self.module.head_after.apply(logits).float()
         self.steps += 1
         return logits

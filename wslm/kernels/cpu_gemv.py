@@ -126,6 +126,21 @@ def library() -> ctypes.CDLL | None:
         return _lib
 
 
+def amx() -> bool:
+    """Whether torch's and inductor's AMX kernels serve this CPU (it has AMX and torch is not held to AVX2):
+    from a few rows they beat these kernels; elsewhere these beat torch's one-row-at-a-time ones."""
+    from wslm.backend.cpu_tuning import cpu_flags
+
+    return any(f.startswith("amx") for f in cpu_flags()) and torch.backends.cpu.get_cpu_capability() != "AVX2"
+
+
+def rows_limit() -> int:
+    """Activation rows up to which int8_mm serves decode rows: MAX_ROWS with AMX (from there the expanded
+    bf16 GEMM wins), else any count below the callers' GEMM threshold (torch's kernel, one row at a time,
+    is ~1.7x slower from 16 rows on a Zen 4 core)."""
+    return MAX_ROWS if amx() else 1 << 30
+
+
 def int8_mm_takes(qweight: torch.Tensor, scales: torch.Tensor) -> bool:
     """Whether int8_mm is built here and takes this weight (bf16 scales, shapes it is built for)."""
     return (

@@ -62,11 +62,11 @@ class Int8Weight:
 
     def decode_rows(self, x: torch.Tensor) -> torch.Tensor:
         """x @ w.T for decode rows on CPU (2-D, contiguous, in the scales' dtype, fewer than DENSE_ROWS):
-        cpu_gemv's kernel up to its MAX_ROWS where it is built, else torch's. apply and the CPU fast decode
+        cpu_gemv's kernel up to its rows_limit() where it is built, else torch's. apply and the CPU fast decode
         path both call this, so they pick the same kernel."""
         if self._ours is None:
             self._ours = cpu_gemv.int8_mm_takes(self.qweight, self.scales)
-        if self._ours and 0 < x.shape[0] <= cpu_gemv.MAX_ROWS:
+        if self._ours and 0 < x.shape[0] <= cpu_gemv.rows_limit():
             return cpu_gemv.int8_mm(x, self.qweight, self.scales)
         return torch.ops.aten._weight_int8pack_mm(x, self.qweight, self.scales)
 
