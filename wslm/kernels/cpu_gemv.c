@@ -384,6 +384,131 @@ typedef void (*q8_fn)(const int8_t *, const float *, const float *, const uint8_
                       long, long, long, long, long);
 #endif
 
+/* ---- many rows: each 32-column chunk of a weight block unpacked once (into wb, in L1), then every row's
+   products read it: the shuffles and nibble splits, ~2/3 of the one-row loop's instructions, are paid once
+   for all rows. Per row the integer sums and the order of the float updates are the one-row loop's, so
+   each row gets the bits it gets alone. facc: M x BN floats of running sums. */
+#if defined(Q8_512)
+static void q8_many_512(const int8_t *xq, const float *xd, const float *xs, long M, const uint8_t *packed,
+                        const uint16_t *sz, uint16_t *out, long N, long K, long G, long b, __m512i *wb,
+                        float *facc) {
+    int8_t i0[64], i1[64];
+    for (int l = 0; l < 16; l++)
+        for (int t = 0; t < 4; t++) { i0[4 * l + t] = (int8_t)(t * 32 + l); i1[4 * l + t] = (int8_t)(t * 32 + 16 + l); }
+    const __m512i idx0 = _mm512_loadu_si512(i0), idx1 = _mm512_loadu_si512(i1);
+    const __m512i low = _mm512_set1_epi8(0x0f), high = _mm512_set1_epi32((int)0xffff0000u);
+    const uint8_t *p = packed + b * K * 32;
+    for (long i = 0; i < M * 64; i++) facc[i] = 0.0f;
+    for (long c = 0; c < K / 32; c++) {
+        for (int j = 0; j < 4; j++) {  /* columns c*32 + 8j .. +8: wb[8j .. 8j+8] */
+            const uint8_t *q = p + (c * 32 + 8 * j) * 32;
+            for (int l = 0; l < 256; l += 64) prefetch(q + INT4_AHEAD + l);
+            __m512i A = _mm512_loadu_si512(q), B = _mm512_loadu_si512(q + 64);
+            __m512i C = _mm512_loadu_si512(q + 128), D = _mm512_loadu_si512(q + 192);
+            __m512i P0 = _mm512_permutex2var_epi8(A, idx0, B), P1 = _mm512_permutex2var_epi8(A, idx1, B);
+            __m512i Q0 = _mm512_permutex2var_epi8(C, idx0, D), Q1 = _mm512_permutex2var_epi8(C, idx1, D);
+            __m512i *w = wb + 8 * j;
+            w[0] = _mm512_and_si512(P0, low); w[1] = _mm512_and_si512(P1, low);
+            w[2] = _mm512_and_si512(_mm512_srli_epi16(P0, 4), low); w[3] = _mm512_and_si512(_mm512_srli_epi16(P1, 4), low);
+            w[4] = _mm512_and_si512(Q0, low); w[5] = _mm512_and_si512(Q1, low);
+            w[6] = _mm512_and_si512(_mm512_srli_epi16(Q0, 4), low); w[7] = _mm512_and_si512(_mm512_srli_epi16(Q1, 4), low);
+        }
+        const uint16_t *z = sz + ((c * 32 / G) * N + b * 64) * 2;
+        __m512 s[4], zc[4];
+        for (int i = 0; i < 4; i++) {
+            __m512i pair = _mm512_loadu_si512(z + 32 * i);
+            s[i] = _mm512_castsi512_ps(_mm512_slli_epi32(pair, 16));
+            zc[i] = _mm512_fnmadd_ps(s[i], _mm512_set1_ps(8.0f), _mm512_castsi512_ps(_mm512_and_si512(pair, high)));
+        }
+        for (long m = 0; m < M; m++) {
+            const int8_t *xm = xq + m * K + c * 32;
+            __m512i a[4], e[4];
+            for (int i = 0; i < 4; i++) a[i] = e[i] = _mm512_setzero_si512();
+            for (int j = 0; j < 4; j++) {
+                int32_t x0, x1;
+                memcpy(&x0, xm + 8 * j, 4);
+                memcpy(&x1, xm + 8 * j + 4, 4);
+                __m512i xa = _mm512_set1_epi32(x0), xb = _mm512_set1_epi32(x1);
+                const __m512i *w = wb + 8 * j;
+                for (int i = 0; i < 4; i++) {
+                    a[i] = _mm512_dpbusd_epi32(a[i], w[i], xa);
+                    e[i] = _mm512_dpbusd_epi32(e[i], w[4 + i], xb);
+                }
+            }
+            __m512 d = _mm512_set1_ps(xd[m * (K / 32) + c]), mm = _mm512_set1_ps(xs[m * (K / 32) + c]);
+            float *f = facc + m * 64;
+            for (int i = 0; i < 4; i++) {
+                __m512 acc = _mm512_loadu_ps(f + 16 * i);
+                __m512 sum = _mm512_cvtepi32_ps(_mm512_add_epi32(a[i], e[i]));
+                acc = _mm512_fmadd_ps(sum, _mm512_mul_ps(s[i], d), acc);
+                _mm512_storeu_ps(f + 16 * i, _mm512_fmadd_ps(zc[i], mm, acc));
+            }
+        }
+    }
+    for (long m = 0; m < M; m++)
+        for (int j = 0; j < 64; j++) out[m * N + b * 64 + j] = f2bf(facc[m * 64 + j]);
+}
+#endif
+
+#if defined(Q8_256)
+/* The AVX2 pack (32-row blocks): per 4 columns the 4 vectors q8_blocks_256_32 builds, in wb[4 j ..] */
+static void q8_many_256_32(const int8_t *xp, const float *xd, const float *xs, long M, const uint8_t *packed,
+                           const uint16_t *sz, uint16_t *out, long N, long K, long G, long b, __m256i *wb,
+                           float *facc) {
+    const __m256i low = _mm256_set1_epi8(0x0f), high = _mm256_set1_epi32((int)0xffff0000u);
+    const uint8_t *p = packed + b * K * 16;
+    for (long i = 0; i < M * 32; i++) facc[i] = 0.0f;
+    for (long c = 0; c < K / 32; c++) {
+        for (int j = 0; j < 8; j++) {
+            const uint8_t *q = p + (c * 32 + 4 * j) * 16;
+            prefetch(q + INT4_AHEAD);
+            __m256i A = _mm256_loadu_si256((const __m256i *)q), B = _mm256_loadu_si256((const __m256i *)(q + 32));
+            __m256i t0 = _mm256_unpacklo_epi8(A, B), t1 = _mm256_unpackhi_epi8(A, B);
+            __m256i s0 = _mm256_permute2x128_si256(t0, t1, 0x20), s1 = _mm256_permute2x128_si256(t0, t1, 0x31);
+            __m256i u0 = _mm256_unpacklo_epi16(s0, s1), u1 = _mm256_unpackhi_epi16(s0, s1);
+            __m256i *w = wb + 4 * j;
+            w[0] = _mm256_and_si256(u0, low); w[1] = _mm256_and_si256(u1, low);
+            w[2] = _mm256_and_si256(_mm256_srli_epi16(u0, 4), low); w[3] = _mm256_and_si256(_mm256_srli_epi16(u1, 4), low);
+        }
+        const uint16_t *z = sz + ((c * 32 / G) * N + b * 32) * 2;
+        __m256 s[4], zc[4];
+        for (int i = 0; i < 4; i++) {
+            long r0 = (i & 1) * 4 + (i >> 1) * 16;
+            __m256i pair = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(z + 2 * r0))),
+                                                   _mm_loadu_si128((const __m128i *)(z + 2 * (r0 + 8))), 1);
+            s[i] = _mm256_castsi256_ps(_mm256_slli_epi32(pair, 16));
+            zc[i] = _mm256_fnmadd_ps(s[i], _mm256_set1_ps(8.0f), _mm256_castsi256_ps(_mm256_and_si256(pair, high)));
+        }
+        for (long m = 0; m < M; m++) {
+            const int8_t *xm = xp + m * K + c * 32;
+            __m256i a[4];
+            for (int i = 0; i < 4; i++) a[i] = _mm256_setzero_si256();
+            for (int j = 0; j < 8; j++) {
+                int32_t x4;
+                memcpy(&x4, xm + 4 * j, 4);
+                __m256i xv = _mm256_set1_epi32(x4);
+                for (int i = 0; i < 4; i++) a[i] = dot4(a[i], wb[4 * j + i], xv);
+            }
+            __m256 d = _mm256_set1_ps(xd[m * (K / 32) + c]), mm = _mm256_set1_ps(xs[m * (K / 32) + c]);
+            float *f = facc + m * 32;
+            for (int i = 0; i < 4; i++) {
+                __m256 acc = _mm256_loadu_ps(f + 8 * i);
+                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[i]), _mm256_mul_ps(s[i], d), acc);
+                _mm256_storeu_ps(f + 8 * i, _mm256_fmadd_ps(zc[i], mm, acc));
+            }
+        }
+    }
+    for (long m = 0; m < M; m++)
+        for (int i = 0; i < 4; i++) {
+            long r0 = (i & 1) * 4 + (i >> 1) * 16;
+            for (int l = 0; l < 4; l++) {
+                out[m * N + b * 32 + r0 + l] = f2bf(facc[m * 32 + 8 * i + l]);
+                out[m * N + b * 32 + r0 + 8 + l] = f2bf(facc[m * 32 + 8 * i + 4 + l]);
+            }
+        }
+}
+#endif
+
 #if defined(Q8_256)
 /* x [M, K] bf16 rounded to int8 per 32 columns: xq [M, K] (xp: the same in q8_blocks_256_32's column order),
    xd, xs [M, K / 32] (scale, scale * sum of the codes) */
@@ -441,9 +566,19 @@ int wslm_int4_mm_q8(const uint16_t *x, long M, const uint8_t *packed, const uint
 #if defined(_OPENMP)
         t = omp_get_thread_num(), nt = omp_get_num_threads();
 #endif
-        for (long b = blocks * t / nt; b < blocks * (t + 1) / nt; b++)
+        long b0 = blocks * t / nt, b1 = blocks * (t + 1) / nt;
+        /* unpacked chunk (32 zmm / 32 ymm) and the rows' running sums */
+        void *wb = M > 1 ? aligned_alloc(64, 2048 + sizeof(float) * 64 * (size_t)M) : NULL;
+        float *facc = wb ? (float *)((char *)wb + 2048) : NULL;
+        for (long b = b0; b < b1; b++) {
+#if defined(Q8_512)
+            if (wb && BN == 64) { q8_many_512(xq, xd, xs, M, packed, sz, out, N, K, G, b, (__m512i *)wb, facc); continue; }
+#endif
+            if (wb && BN == 32) { q8_many_256_32(xp, xd, xs, M, packed, sz, out, N, K, G, b, (__m256i *)wb, facc); continue; }
             for (long m = 0; m < M; m++)
                 fn(xa + m * K, xd + m * nb, xs + m * nb, packed, sz, out + m * N, N, K, G, b, b + 1);
+        }
+        free(wb);
     }
     free(xd);
     return 0;
