@@ -53,8 +53,7 @@ def _bias_after(layer) -> bool:
 def _bind_linear(layer, dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
     from wslm.backend.quant.int4 import Int4Weight
     from wslm.backend.quant.int4_dense import DENSE_ROWS as INT4_ROWS
-    from wslm.backend.quant.int8 import DENSE_ROWS as INT8_ROWS
-    from wslm.backend.quant.int8 import Int8Weight
+    from wslm.backend.quant.int8 import Int8Weight, dense_rows
 
     w, b = layer.weight, layer.bias
     if isinstance(w, torch.Tensor):
@@ -62,7 +61,7 @@ def _bind_linear(layer, dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Te
             return lambda x: F.linear(x, w) + b  # added after the (would-be) sum, rounded as the layer does
         return lambda x: F.linear(x, w, b)
     if isinstance(w, (Int4Weight, Int8Weight)) and getattr(w, "perm", None) is None:
-        rows = INT4_ROWS if isinstance(w, Int4Weight) else INT8_ROWS
+        rows = INT4_ROWS if isinstance(w, Int4Weight) else dense_rows()
         mm = w.decode_rows  # the kernel apply picks for these rows
         kd = _kernel_dtype(layer)
         if dtype != kd:  # a float32 engine over bf16 kernels (CPUs without bf16): converted as apply does

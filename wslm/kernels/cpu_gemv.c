@@ -65,14 +65,58 @@ static inline void block(const float *xf, long m0, long mc, const int8_t *w, lon
         for (long j = 0; j < ROWS; j++) out[(m0 + r) * N + n + j] = f2bf(vsum(acc[r][j]) * bf2f(scale[n + j]));
 }
 
-static void rows_range(const float *xf, long M, const int8_t *w, const uint16_t *scale, uint16_t *out,
-                       long N, long K, long n0, long n1) {
+#if defined(__AVX512BF16__)
+/* Several activation rows with AVX512-BF16: the block's ROWS weight rows widened to bf16 once (int8 is
+   exact in bf16) into wb, then 32 products an instruction for every activation row: the int8 -> float
+   conversions, which the loop above repeats for each MAXM rows, are paid once. Products exact, fp32 sums
+   in another order than torch's (a bf16 rounding apart at most). */
+static void block_bf16(const uint16_t *x, long M, const int8_t *w, long n, long K, const uint16_t *scale,
+                       uint16_t *out, long N, uint16_t *wb) {
+    for (long j = 0; j < ROWS; j++)
+        for (long k = 0; k < K; k += 32) {
+            const int8_t *src = w + (n + j) * K + k;
+            __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)src)));
+            __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(src + 16))));
+            _mm512_storeu_si512(wb + j * K + k, (__m512i)_mm512_cvtne2ps_pbh(hi, lo));
+        }
+    for (long m0 = 0; m0 < M; m0 += MAXM) {
+        long mc = M - m0 < MAXM ? M - m0 : MAXM;
+        __m512 acc[MAXM][ROWS];
+        for (long r = 0; r < MAXM; r++)
+            for (long j = 0; j < ROWS; j++) acc[r][j] = _mm512_setzero_ps();
+        for (long k = 0; k < K; k += 32) {
+            __m512bh wv[ROWS];
+            for (long j = 0; j < ROWS; j++) wv[j] = (__m512bh)_mm512_loadu_si512(wb + j * K + k);
+            for (long r = 0; r < mc; r++) {
+                __m512bh xv = (__m512bh)_mm512_loadu_si512(x + (m0 + r) * K + k);
+                for (long j = 0; j < ROWS; j++) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], wv[j], xv);
+            }
+        }
+        for (long r = 0; r < mc; r++)
+            for (long j = 0; j < ROWS; j++)
+                out[(m0 + r) * N + n + j] = f2bf(_mm512_reduce_add_ps(acc[r][j]) * bf2f(scale[n + j]));
+    }
+}
+#endif
+
+static void rows_range(const uint16_t *x, const float *xf, long M, const int8_t *w, const uint16_t *scale,
+                       uint16_t *out, long N, long K, long n0, long n1) {
+#if defined(__AVX512BF16__)
+    uint16_t *wb = (M > 1 && K % 32 == 0) ? (uint16_t *)malloc(sizeof(uint16_t) * ROWS * (size_t)K) : NULL;
+#endif
     for (long n = n0; n < n1; n += ROWS) {
         const char *ahead = (const char *)(w + (n + AHEAD * ROWS) * K);
         if (n + AHEAD * ROWS < N)
             for (long p = 0; p < ROWS * K; p += 64) prefetch(ahead + p);
+#if defined(__AVX512BF16__)
+        if (wb) { block_bf16(x, M, w, n, K, scale, out, N, wb); continue; }
+#endif
         for (long m0 = 0; m0 < M; m0 += MAXM) block(xf, m0, M - m0 < MAXM ? M - m0 : MAXM, w, n, K, scale, out, N);
     }
+#if defined(__AVX512BF16__)
+    free(wb);
+#endif
+    (void)x;
 }
 
 /* x [M, K] bf16, w [N, K] int8, scale [N] bf16 -> out [M, N] bf16. N % 4 == 0 and K % 16 == 0 (the
@@ -89,14 +133,14 @@ int wslm_int8_mm_bf16(const uint16_t *x, long M, const int8_t *w, const uint16_t
         {
             int t = omp_get_thread_num(), nt = omp_get_num_threads();
             long c0 = chunks * t / nt, c1 = chunks * (t + 1) / nt;
-            rows_range(xf, M, w, scale, out, N, K, c0 * ROWS, c1 * ROWS);
+            rows_range(x, xf, M, w, scale, out, N, K, c0 * ROWS, c1 * ROWS);
         }
         free(xf);
         return 0;
     }
 #endif
     (void)threads;
-    rows_range(xf, M, w, scale, out, N, K, 0, chunks * ROWS);
+    rows_range(x, xf, M, w, scale, out, N, K, 0, chunks * ROWS);
     free(xf);
     return 0;
 }

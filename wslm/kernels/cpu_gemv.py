@@ -16,6 +16,7 @@ fails, keeps torch's kernels (logged once). WSLM_CPU_KERNELS=0 turns them off.""
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import logging
 import os
@@ -126,6 +127,7 @@ def library() -> ctypes.CDLL | None:
         return _lib
 
 
+@functools.cache
 def amx() -> bool:
     """Whether torch's and inductor's AMX kernels serve this CPU (it has AMX and torch is not held to AVX2):
     from a few rows they beat these kernels; elsewhere these beat torch's one-row-at-a-time ones."""

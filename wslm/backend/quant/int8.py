@@ -7,6 +7,7 @@ dequantized per call (memory is still saved; the multiply is the model dtype's G
 
 from __future__ import annotations
 
+import functools
 import os
 
 import torch
@@ -18,8 +19,17 @@ from wslm.kernels import cpu_gemv
 # 0.17 ms at 1 row, 1.6 ms at 32, 6.3 ms at 128), while expanding the weight to bf16 and one GEMM costs
 # ~1.2 ms whatever the rows: from DENSE_ROWS rows (prefill, big decode batches) the GEMM runs.
 # WSLM_INT8_DENSE_ROWS overrides (0: always the kernel).
-DENSE_ROWS = int(os.environ.get("WSLM_INT8_DENSE_ROWS", "32")) or 1 << 62
+_DENSE_ENV = os.environ.get("WSLM_INT8_DENSE_ROWS")
+DENSE_ROWS = int(_DENSE_ENV or "32") or 1 << 62
 _EXPAND_ROWS = 4096
+
+
+@functools.cache
+def dense_rows() -> int:
+    """From how many rows apply expands the weight for one GEMM: DENSE_ROWS where the CPU has AMX; 48
+    elsewhere, where cpu_gemv's kernel wins up to there (32 rows of the demo's 49152-row head on a Zen 4
+    core: 20 ms against 32 expanded). WSLM_INT8_DENSE_ROWS, where set, decides."""
+    return DENSE_ROWS if _DENSE_ENV is not None or cpu_gemv.amx() else 48
 
 
 class Int8Weight:
@@ -42,7 +52,7 @@ class Int8Weight:
 
     def apply(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         if x.device.type == "cpu":
-            if x.dim() == 2 and x.shape[0] < DENSE_ROWS and x.is_contiguous():
+            if x.dim() == 2 and x.shape[0] < dense_rows() and x.is_contiguous():
                 if x.dtype == self.scales.dtype:
                     out = self.decode_rows(x)  # decode: the kernel alone
                     return out if bias is None else out + bias
@@ -51,7 +61,7 @@ class Int8Weight:
                     return out if bias is None else out + bias
             shape = x.shape
             x2 = x.reshape(-1, shape[-1])
-            if x2.shape[0] >= DENSE_ROWS:  # prefill, big batches: expand slices, one GEMM each
+            if x2.shape[0] >= dense_rows():  # prefill, big batches: expand slices, one GEMM each
                 out = self._expanded_mm(x2)
             else:
                 out = torch.ops.aten._weight_int8pack_mm(x2.to(self.scales.dtype), self.qweight, self.scales)
@@ -61,7 +71,7 @@ class Int8Weight:
         return out if bias is None else out + bias
 
     def decode_rows(self, x: torch.Tensor) -> torch.Tensor:
-        """x @ w.T for decode rows on CPU (2-D, contiguous, in the scales' dtype, fewer than DENSE_ROWS):
+        """x @ w.T for decode rows on CPU (2-D, contiguous, in the scales' dtype, fewer than dense_rows()):
         cpu_gemv's kernel up to its rows_limit() where it is built, else torch's. apply and the CPU fast decode
         path both call this, so they pick the same kernel."""
         if self._ours is None:
