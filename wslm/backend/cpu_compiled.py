@@ -5,9 +5,8 @@ kernels run one matrix-vector product per batch row. Compiled with frozen weight
 inductor fuses the small ops into a few C++ loops and picks its own WoQ GEMM micro-kernels (AVX-512 at one
 row, AMX from a few rows where the CPU has it) whenever they beat the aten kernels; on CPUs without AMX
 its int4 products call torch's one-row-at-a-time kernel, so the graph calls cpu_gemv's multi-row kernel
-instead (a custom op). Measured on the demo
-GGUF (2-core Xeon with AMX): one sequence 13.8 -> 8.8 ms a step on one core, 32 sequences 70 -> 24 ms on
-two (docs/benchmarks.md).
+instead (a custom op). Measured on the demo GGUF (2-core Xeon with AMX): one sequence 13.8 -> 8.8 ms a
+step on one core, 32 sequences 70 -> 24 ms on two (docs/benchmarks.md).
 
 Compiling takes ~45-90 s per graph on 2 cores, so it runs in a background thread at start: steps run the
 eager fast path until the graphs (one sequence, unless cpu_native.py runs those steps in C; 2+ sequences,
@@ -94,10 +93,7 @@ def _int4_ours(w) -> int:
     AVX2) inductor calls torch's one-row-at-a-time kernel, and ours, which reads each weight block once for
     all rows, is 1.4-1.8x faster (demo GGUF, 32 chats on a Zen 4 core: 158 tok/s compiled with torch's,
     230 eager with ours)."""
-    if cpu_gemv.amx():
-        return 0
-    takes = w.unpackable and cpu_gemv.int4_mv_takes(w.packed, w.scales_and_zeros, w.group_size, w.block_n)
-    return w.block_n if takes else 0
+    return 0 if cpu_gemv.amx() or not w.c_kernel() else w.block_n
 
 
 class _DecodeModule(torch.nn.Module):
@@ -115,7 +111,7 @@ class _DecodeModule(torch.nn.Module):
         # few rows), else it runs after the graph too, as the eager path picks (inductor's int8 lowering
         # without AMX: ~52 ms for 32 rows of the demo's 49152-row head on a Zen 4 core, eager 25-28).
         self.head_after = head if _head_after(head) else None
-        self.head_outside_batches = self.head_after is not None and not cpu_gemv.amx()
+        self.head_outside_batches = not cpu_gemv.amx()
         self.final_norm = self._buf(model.norm.weight)
         self.final_eps = model.norm.eps
         self.dtype = model.dtype
@@ -132,6 +128,10 @@ class _DecodeModule(torch.nn.Module):
                     head_dim=layer.head_dim, scale=layer.scale,
                 )
             )  # fmt: skip
+
+    def head_outside(self, b: int) -> bool:
+        """Whether a step of b sequences leaves the head to head_after (the graph returns the normed hidden)."""
+        return self.head_after is not None and (self.head_outside_batches or b == 1)
 
     def _buf(self, t: torch.Tensor | None) -> str | None:
         if t is None:
@@ -205,7 +205,7 @@ class _DecodeModule(torch.nn.Module):
         x = getattr(self, self.final_norm) * F.rms_norm(
             hidden + residual, (hidden.shape[-1],), None, self.final_eps
         )
-        if self.head_outside_batches or (b == 1 and self.head_after is not None):
+        if self.head_outside(b):
             return x, torch.stack(new_kv)
         return self._mm(x, self.head).float(), torch.stack(new_kv)
 
@@ -355,7 +355,7 @@ class CompiledDecode:
         with torch.inference_mode():
             logits, new_kv = self.compiled(input_ids, cos2, sin2, blocks, mask, cur, self.kv_pool)
             self.flat_pool.index_copy_(2, slots, new_kv)
-            if self.module.head_outside_batches or (b == 1 and self.module.head_after is not None):
+            if self.module.head_outside(b):
                 logits = self.module.head_after.apply(logits).float()
         self.steps += 1
         return logits

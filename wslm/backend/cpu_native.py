@@ -13,8 +13,8 @@ WSLM_CPU_NATIVE_DECODE=0 turns it off (WSLM_CPU_KERNELS=0 too, with the rest of 
 Results follow cpu_decode.py's op for op in the model's dtype, with the same int4 and int8 kernels (the
 int4 one rounds the activation row to int8 per 32 columns where the CPU has AVX2 or AVX512-VNNI, as
 llama.cpp does; so does the eager path's, cpu_gemv.int4_q8()); attention and the norms sum in another
-order, so logits agree to the dtype's rounding and greedy tokens may branch on a near-tie after a while, as the compiled path's do
-(tests/test_cpu_native.py)."""
+order, so logits agree to the dtype's rounding and greedy tokens may branch on a near-tie after a while,
+as the compiled path's do (tests/test_cpu_native.py)."""
 
 from __future__ import annotations
 
@@ -61,11 +61,7 @@ def _linear(fn, dtype: torch.dtype) -> tuple[_Linear, list[torch.Tensor]] | str:
     if w is None or not _plain(bias, dtype):
         return "a linear layer of another kind or a bias in another dtype"
     if isinstance(w, Int4Weight):
-        if (
-            w.perm is not None
-            or not w.unpackable
-            or not cpu_gemv.int4_mv_takes(w.packed, w.scales_and_zeros, w.group_size, w.block_n)
-        ):
+        if not w.c_kernel():
             return "an int4 weight the C kernel does not read (act-order, another pack)"
         spec = (INT4, w.packed, w.scales_and_zeros, w.group_size, w.out_features, w.in_features, w.block_n)
     elif isinstance(w, Int8Weight):

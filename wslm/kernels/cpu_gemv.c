@@ -241,14 +241,50 @@ int wslm_int4_mv_bf16(const uint16_t *x, const uint8_t *packed, const uint16_t *
    below apply the scales in the same order, so an AVX2 machine gets the AVX-512 one's bits. */
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VBMI__) && defined(__AVX512VNNI__)
 #define Q8_512 1
-/* vpermt2b gathers 4 columns per lane in one shuffle; vpdpbusd: 64 products an instruction */
-static void q8_blocks_512(const int8_t *xq, const float *xd, const float *xs, const uint8_t *packed,
-                          const uint16_t *sz, uint16_t *out, long N, long K, long G, long b0, long b1) {
+/* vpermt2b's two index vectors: lane l of the first gathers byte l of 4 consecutive columns (rows 0-15 of
+   the block in its low nibbles), of the second byte 16 + l (rows 16-31) */
+static inline void q8_idx_512(__m512i *idx0, __m512i *idx1) {
     int8_t i0[64], i1[64];
     for (int l = 0; l < 16; l++)
         for (int t = 0; t < 4; t++) { i0[4 * l + t] = (int8_t)(t * 32 + l); i1[4 * l + t] = (int8_t)(t * 32 + 16 + l); }
-    const __m512i idx0 = _mm512_loadu_si512(i0), idx1 = _mm512_loadu_si512(i1);
-    const __m512i low = _mm512_set1_epi8(0x0f), high = _mm512_set1_epi32((int)0xffff0000u);
+    *idx0 = _mm512_loadu_si512(i0);
+    *idx1 = _mm512_loadu_si512(i1);
+}
+
+/* 8 columns of a 64-row block (256 bytes at q) as 8 vectors of 4-column lanes: w[0-3] columns 0-3 (rows
+   0-15, 16-31, 32-47, 48-63), w[4-7] columns 4-7 */
+static inline void q8_unpack_512(const uint8_t *q, __m512i idx0, __m512i idx1, __m512i *w) {
+    const __m512i low = _mm512_set1_epi8(0x0f);
+    for (int l = 0; l < 256; l += 64) prefetch(q + INT4_AHEAD + l);
+    for (int h = 0; h < 2; h++) {
+        __m512i A = _mm512_loadu_si512(q + 128 * h), B = _mm512_loadu_si512(q + 128 * h + 64);
+        __m512i P0 = _mm512_permutex2var_epi8(A, idx0, B), P1 = _mm512_permutex2var_epi8(A, idx1, B);
+        w[4 * h] = _mm512_and_si512(P0, low);
+        w[4 * h + 1] = _mm512_and_si512(P1, low);
+        w[4 * h + 2] = _mm512_and_si512(_mm512_srli_epi16(P0, 4), low);
+        w[4 * h + 3] = _mm512_and_si512(_mm512_srli_epi16(P1, 4), low);
+    }
+}
+
+/* the 16 (scale, zero) pairs of rows 16 i .. 16 i + 15 at z: s = scale, zc = zero - 8 scale */
+static inline void q8_pairs_512(const uint16_t *z, int i, __m512 *s, __m512 *zc) {
+    __m512i pair = _mm512_loadu_si512(z + 32 * i);
+    *s = _mm512_castsi512_ps(_mm512_slli_epi32(pair, 16));
+    __m512 zero = _mm512_castsi512_ps(_mm512_and_si512(pair, _mm512_set1_epi32((int)0xffff0000u)));
+    *zc = _mm512_fnmadd_ps(*s, _mm512_set1_ps(8.0f), zero);
+}
+
+/* f += sum * scale * d + (zero - 8 scale) * m: the order every q8 loop applies them in */
+static inline __m512 q8_update_512(__m512 f, __m512i sum, __m512 s, __m512 zc, __m512 d, __m512 m) {
+    f = _mm512_fmadd_ps(_mm512_cvtepi32_ps(sum), _mm512_mul_ps(s, d), f);
+    return _mm512_fmadd_ps(zc, m, f);
+}
+
+/* vpermt2b gathers 4 columns per lane in one shuffle; vpdpbusd: 64 products an instruction */
+static void q8_blocks_512(const int8_t *xq, const float *xd, const float *xs, const uint8_t *packed,
+                          const uint16_t *sz, uint16_t *out, long N, long K, long G, long b0, long b1) {
+    __m512i idx0, idx1;
+    q8_idx_512(&idx0, &idx1);
     for (long b = b0; b < b1; b++) {
         const uint8_t *p = packed + b * K * 32;
         __m512 f[4] = {_mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps()};
@@ -256,34 +292,23 @@ static void q8_blocks_512(const int8_t *xq, const float *xd, const float *xs, co
             __m512i a[4], e[4];
             for (int i = 0; i < 4; i++) a[i] = e[i] = _mm512_setzero_si512();
             for (long k = c * 32; k < c * 32 + 32; k += 8) {
-                const uint8_t *q = p + k * 32;
-                for (int l = 0; l < 256; l += 64) prefetch(q + INT4_AHEAD + l);
-                __m512i A = _mm512_loadu_si512(q), B = _mm512_loadu_si512(q + 64);
-                __m512i C = _mm512_loadu_si512(q + 128), D = _mm512_loadu_si512(q + 192);
-                __m512i P0 = _mm512_permutex2var_epi8(A, idx0, B), P1 = _mm512_permutex2var_epi8(A, idx1, B);
-                __m512i Q0 = _mm512_permutex2var_epi8(C, idx0, D), Q1 = _mm512_permutex2var_epi8(C, idx1, D);
+                __m512i w[8];
+                q8_unpack_512(p + k * 32, idx0, idx1, w);
                 int32_t x0, x1;
                 memcpy(&x0, xq + k, 4);
                 memcpy(&x1, xq + k + 4, 4);
                 __m512i xa = _mm512_set1_epi32(x0), xb = _mm512_set1_epi32(x1);
-                a[0] = _mm512_dpbusd_epi32(a[0], _mm512_and_si512(P0, low), xa);  /* rows 0-15 */
-                a[1] = _mm512_dpbusd_epi32(a[1], _mm512_and_si512(P1, low), xa);  /* rows 16-31 */
-                a[2] = _mm512_dpbusd_epi32(a[2], _mm512_and_si512(_mm512_srli_epi16(P0, 4), low), xa);
-                a[3] = _mm512_dpbusd_epi32(a[3], _mm512_and_si512(_mm512_srli_epi16(P1, 4), low), xa);
-                e[0] = _mm512_dpbusd_epi32(e[0], _mm512_and_si512(Q0, low), xb);
-                e[1] = _mm512_dpbusd_epi32(e[1], _mm512_and_si512(Q1, low), xb);
-                e[2] = _mm512_dpbusd_epi32(e[2], _mm512_and_si512(_mm512_srli_epi16(Q0, 4), low), xb);
-                e[3] = _mm512_dpbusd_epi32(e[3], _mm512_and_si512(_mm512_srli_epi16(Q1, 4), low), xb);
+                for (int i = 0; i < 4; i++) {
+                    a[i] = _mm512_dpbusd_epi32(a[i], w[i], xa);
+                    e[i] = _mm512_dpbusd_epi32(e[i], w[4 + i], xb);
+                }
             }
             const uint16_t *z = sz + ((c * 32 / G) * N + b * 64) * 2;
-            __m512 d = _mm512_set1_ps(xd[c]), m = _mm512_set1_ps(xs[c]), eight = _mm512_set1_ps(8.0f);
+            __m512 d = _mm512_set1_ps(xd[c]), m = _mm512_set1_ps(xs[c]);
             for (int i = 0; i < 4; i++) {
-                __m512i pair = _mm512_loadu_si512(z + 32 * i);  /* 16 (scale, zero) bf16 pairs */
-                __m512 s = _mm512_castsi512_ps(_mm512_slli_epi32(pair, 16));
-                __m512 zero = _mm512_castsi512_ps(_mm512_and_si512(pair, high));
-                __m512 sum = _mm512_cvtepi32_ps(_mm512_add_epi32(a[i], e[i]));
-                f[i] = _mm512_fmadd_ps(sum, _mm512_mul_ps(s, d), f[i]);
-                f[i] = _mm512_fmadd_ps(_mm512_fnmadd_ps(s, eight, zero), m, f[i]);  /* (zero - 8 scale) * sum(x) */
+                __m512 s, zc;
+                q8_pairs_512(z, i, &s, &zc);
+                f[i] = q8_update_512(f[i], _mm512_add_epi32(a[i], e[i]), s, zc, d, m);
             }
         }
         float r[64];
@@ -306,58 +331,80 @@ static inline __m256i dot4(__m256i acc, __m256i w, __m256i x) {
 #endif
 }
 
-/* acc [8 lanes of rows r0..r0+3, r0+h..r0+h+3] += sum * scale * d + (zero - 8 scale) * m, the pairs at z */
-static inline __m256 q8_scale(__m256 f, __m256i sum, const uint16_t *z, long r0, long h, __m256 d, __m256 m) {
-    const __m256i high = _mm256_set1_epi32((int)0xffff0000u);
+/* the (scale, zero) pairs of rows r0..r0+3 and r0+h..r0+h+3 at z, in the lane order of the loops below:
+   s = scale, zc = zero - 8 scale */
+static inline void q8_pairs_256(const uint16_t *z, long r0, long h, __m256 *s, __m256 *zc) {
     __m256i pair = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(z + 2 * r0))),
                                            _mm_loadu_si128((const __m128i *)(z + 2 * (r0 + h))), 1);
-    __m256 s = _mm256_castsi256_ps(_mm256_slli_epi32(pair, 16));
-    __m256 zero = _mm256_castsi256_ps(_mm256_and_si256(pair, high));
+    *s = _mm256_castsi256_ps(_mm256_slli_epi32(pair, 16));
+    __m256 zero = _mm256_castsi256_ps(_mm256_and_si256(pair, _mm256_set1_epi32((int)0xffff0000u)));
+    *zc = _mm256_fnmadd_ps(*s, _mm256_set1_ps(8.0f), zero);
+}
+
+/* f += sum * scale * d + (zero - 8 scale) * m: the order every q8 loop applies them in */
+static inline __m256 q8_update_256(__m256 f, __m256i sum, __m256 s, __m256 zc, __m256 d, __m256 m) {
     f = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(s, d), f);
-    return _mm256_fmadd_ps(_mm256_fnmadd_ps(s, _mm256_set1_ps(8.0f), zero), m, f);
+    return _mm256_fmadd_ps(zc, m, f);
+}
+
+static inline __m256 q8_scale(__m256 f, __m256i sum, const uint16_t *z, long r0, long h, __m256 d, __m256 m) {
+    __m256 s, zc;
+    q8_pairs_256(z, r0, h, &s, &zc);
+    return q8_update_256(f, sum, s, zc, d, m);
 }
 
 /* The AVX2 pack (32-row blocks, 16 bytes a column): two loads hold 4 columns; byte unpacks and a lane swap
    put columns (k, k+2, k+1, k+3) of one row in each 32-bit lane, so xp is the row in that order. Lane l of
-   u0 is row l (l < 4) or 8 + l - 4, of u1 row 4 + l or 12 + l - 4; high nibbles the same + 16. */
+   u0 is row l (l < 4) or 8 + l - 4, of u1 row 4 + l or 12 + l - 4; high nibbles the same + 16: w[i] has
+   rows q8_row0_32(i) .. + 3 and + 8 .. + 11. */
+static inline long q8_row0_32(int i) { return (i & 1) * 4 + (i >> 1) * 16; }
+
+static inline void q8_unpack_256_32(const uint8_t *q, __m256i *w) {
+    const __m256i low = _mm256_set1_epi8(0x0f);
+    prefetch(q + INT4_AHEAD);
+    __m256i A = _mm256_loadu_si256((const __m256i *)q), B = _mm256_loadu_si256((const __m256i *)(q + 32));
+    __m256i t0 = _mm256_unpacklo_epi8(A, B), t1 = _mm256_unpackhi_epi8(A, B);
+    __m256i s0 = _mm256_permute2x128_si256(t0, t1, 0x20), s1 = _mm256_permute2x128_si256(t0, t1, 0x31);
+    __m256i u0 = _mm256_unpacklo_epi16(s0, s1), u1 = _mm256_unpackhi_epi16(s0, s1);
+    w[0] = _mm256_and_si256(u0, low);
+    w[1] = _mm256_and_si256(u1, low);
+    w[2] = _mm256_and_si256(_mm256_srli_epi16(u0, 4), low);
+    w[3] = _mm256_and_si256(_mm256_srli_epi16(u1, 4), low);
+}
+
+/* a block's 32 sums, in the lanes' order (r: 4 vectors of 8), to bf16 rows of out */
+static inline void q8_store_256_32(const float *r, uint16_t *out) {
+    for (int i = 0; i < 4; i++)
+        for (int l = 0; l < 4; l++) {
+            out[q8_row0_32(i) + l] = f2bf(r[8 * i + l]);
+            out[q8_row0_32(i) + 8 + l] = f2bf(r[8 * i + 4 + l]);
+        }
+}
+
 static void q8_blocks_256_32(const int8_t *xp, const float *xd, const float *xs, const uint8_t *packed,
                              const uint16_t *sz, uint16_t *out, long N, long K, long G, long b0, long b1) {
-    const __m256i low = _mm256_set1_epi8(0x0f);
     for (long b = b0; b < b1; b++) {
         const uint8_t *p = packed + b * K * 16;
         __m256 f[4];
         for (int i = 0; i < 4; i++) f[i] = _mm256_setzero_ps();
         for (long c = 0; c < K / 32; c++) {
-            __m256i a[4];  /* u0, u1 low nibbles; u0, u1 high */
+            __m256i a[4];
             for (int i = 0; i < 4; i++) a[i] = _mm256_setzero_si256();
             for (long k = c * 32; k < c * 32 + 32; k += 4) {
-                const uint8_t *q = p + k * 16;
-                prefetch(q + INT4_AHEAD);
-                __m256i A = _mm256_loadu_si256((const __m256i *)q), B = _mm256_loadu_si256((const __m256i *)(q + 32));
-                __m256i t0 = _mm256_unpacklo_epi8(A, B), t1 = _mm256_unpackhi_epi8(A, B);
-                __m256i s0 = _mm256_permute2x128_si256(t0, t1, 0x20), s1 = _mm256_permute2x128_si256(t0, t1, 0x31);
-                __m256i u0 = _mm256_unpacklo_epi16(s0, s1), u1 = _mm256_unpackhi_epi16(s0, s1);
+                __m256i w[4];
+                q8_unpack_256_32(p + k * 16, w);
                 int32_t x4;
                 memcpy(&x4, xp + k, 4);
                 __m256i xv = _mm256_set1_epi32(x4);
-                a[0] = dot4(a[0], _mm256_and_si256(u0, low), xv);
-                a[1] = dot4(a[1], _mm256_and_si256(u1, low), xv);
-                a[2] = dot4(a[2], _mm256_and_si256(_mm256_srli_epi16(u0, 4), low), xv);
-                a[3] = dot4(a[3], _mm256_and_si256(_mm256_srli_epi16(u1, 4), low), xv);
+                for (int i = 0; i < 4; i++) a[i] = dot4(a[i], w[i], xv);
             }
             const uint16_t *z = sz + ((c * 32 / G) * N + b * 32) * 2;
             __m256 d = _mm256_set1_ps(xd[c]), m = _mm256_set1_ps(xs[c]);
-            for (int i = 0; i < 4; i++) f[i] = q8_scale(f[i], a[i], z, (i & 1) * 4 + (i >> 1) * 16, 8, d, m);
+            for (int i = 0; i < 4; i++) f[i] = q8_scale(f[i], a[i], z, q8_row0_32(i), 8, d, m);
         }
-        for (int i = 0; i < 4; i++) {
-            float r[8];
-            long r0 = (i & 1) * 4 + (i >> 1) * 16;
-            _mm256_storeu_ps(r, f[i]);
-            for (int l = 0; l < 4; l++) {
-                out[b * 32 + r0 + l] = f2bf(r[l]);
-                out[b * 32 + r0 + 8 + l] = f2bf(r[4 + l]);
-            }
-        }
+        float r[32];
+        for (int i = 0; i < 4; i++) _mm256_storeu_ps(r + 8 * i, f[i]);
+        q8_store_256_32(r, out + b * 32);
     }
 }
 #endif
@@ -436,34 +483,15 @@ typedef void (*q8_fn)(const int8_t *, const float *, const float *, const uint8_
 static void q8_many_512(const int8_t *xq, const float *xd, const float *xs, long M, const uint8_t *packed,
                         const uint16_t *sz, uint16_t *out, long N, long K, long G, long b, __m512i *wb,
                         float *facc) {
-    int8_t i0[64], i1[64];
-    for (int l = 0; l < 16; l++)
-        for (int t = 0; t < 4; t++) { i0[4 * l + t] = (int8_t)(t * 32 + l); i1[4 * l + t] = (int8_t)(t * 32 + 16 + l); }
-    const __m512i idx0 = _mm512_loadu_si512(i0), idx1 = _mm512_loadu_si512(i1);
-    const __m512i low = _mm512_set1_epi8(0x0f), high = _mm512_set1_epi32((int)0xffff0000u);
+    __m512i idx0, idx1;
+    q8_idx_512(&idx0, &idx1);
     const uint8_t *p = packed + b * K * 32;
     for (long i = 0; i < M * 64; i++) facc[i] = 0.0f;
     for (long c = 0; c < K / 32; c++) {
-        for (int j = 0; j < 4; j++) {  /* columns c*32 + 8j .. +8: wb[8j .. 8j+8] */
-            const uint8_t *q = p + (c * 32 + 8 * j) * 32;
-            for (int l = 0; l < 256; l += 64) prefetch(q + INT4_AHEAD + l);
-            __m512i A = _mm512_loadu_si512(q), B = _mm512_loadu_si512(q + 64);
-            __m512i C = _mm512_loadu_si512(q + 128), D = _mm512_loadu_si512(q + 192);
-            __m512i P0 = _mm512_permutex2var_epi8(A, idx0, B), P1 = _mm512_permutex2var_epi8(A, idx1, B);
-            __m512i Q0 = _mm512_permutex2var_epi8(C, idx0, D), Q1 = _mm512_permutex2var_epi8(C, idx1, D);
-            __m512i *w = wb + 8 * j;
-            w[0] = _mm512_and_si512(P0, low); w[1] = _mm512_and_si512(P1, low);
-            w[2] = _mm512_and_si512(_mm512_srli_epi16(P0, 4), low); w[3] = _mm512_and_si512(_mm512_srli_epi16(P1, 4), low);
-            w[4] = _mm512_and_si512(Q0, low); w[5] = _mm512_and_si512(Q1, low);
-            w[6] = _mm512_and_si512(_mm512_srli_epi16(Q0, 4), low); w[7] = _mm512_and_si512(_mm512_srli_epi16(Q1, 4), low);
-        }
+        for (int j = 0; j < 4; j++) q8_unpack_512(p + (c * 32 + 8 * j) * 32, idx0, idx1, wb + 8 * j);
         const uint16_t *z = sz + ((c * 32 / G) * N + b * 64) * 2;
         __m512 s[4], zc[4];
-        for (int i = 0; i < 4; i++) {
-            __m512i pair = _mm512_loadu_si512(z + 32 * i);
-            s[i] = _mm512_castsi512_ps(_mm512_slli_epi32(pair, 16));
-            zc[i] = _mm512_fnmadd_ps(s[i], _mm512_set1_ps(8.0f), _mm512_castsi512_ps(_mm512_and_si512(pair, high)));
-        }
+        for (int i = 0; i < 4; i++) q8_pairs_512(z, i, &s[i], &zc[i]);
         for (long m = 0; m < M; m++) {
             const int8_t *xm = xq + m * K + c * 32;
             __m512i a[4], e[4];
@@ -481,12 +509,9 @@ static void q8_many_512(const int8_t *xq, const float *xd, const float *xs, long
             }
             __m512 d = _mm512_set1_ps(xd[m * (K / 32) + c]), mm = _mm512_set1_ps(xs[m * (K / 32) + c]);
             float *f = facc + m * 64;
-            for (int i = 0; i < 4; i++) {
-                __m512 acc = _mm512_loadu_ps(f + 16 * i);
-                __m512 sum = _mm512_cvtepi32_ps(_mm512_add_epi32(a[i], e[i]));
-                acc = _mm512_fmadd_ps(sum, _mm512_mul_ps(s[i], d), acc);
-                _mm512_storeu_ps(f + 16 * i, _mm512_fmadd_ps(zc[i], mm, acc));
-            }
+            for (int i = 0; i < 4; i++)
+                _mm512_storeu_ps(f + 16 * i, q8_update_512(_mm512_loadu_ps(f + 16 * i), _mm512_add_epi32(a[i], e[i]),
+                                                           s[i], zc[i], d, mm));
         }
     }
     for (long m = 0; m < M; m++)
@@ -499,30 +524,13 @@ static void q8_many_512(const int8_t *xq, const float *xd, const float *xs, long
 static void q8_many_256_32(const int8_t *xp, const float *xd, const float *xs, long M, const uint8_t *packed,
                            const uint16_t *sz, uint16_t *out, long N, long K, long G, long b, __m256i *wb,
                            float *facc) {
-    const __m256i low = _mm256_set1_epi8(0x0f), high = _mm256_set1_epi32((int)0xffff0000u);
     const uint8_t *p = packed + b * K * 16;
     for (long i = 0; i < M * 32; i++) facc[i] = 0.0f;
     for (long c = 0; c < K / 32; c++) {
-        for (int j = 0; j < 8; j++) {
-            const uint8_t *q = p + (c * 32 + 4 * j) * 16;
-            prefetch(q + INT4_AHEAD);
-            __m256i A = _mm256_loadu_si256((const __m256i *)q), B = _mm256_loadu_si256((const __m256i *)(q + 32));
-            __m256i t0 = _mm256_unpacklo_epi8(A, B), t1 = _mm256_unpackhi_epi8(A, B);
-            __m256i s0 = _mm256_permute2x128_si256(t0, t1, 0x20), s1 = _mm256_permute2x128_si256(t0, t1, 0x31);
-            __m256i u0 = _mm256_unpacklo_epi16(s0, s1), u1 = _mm256_unpackhi_epi16(s0, s1);
-            __m256i *w = wb + 4 * j;
-            w[0] = _mm256_and_si256(u0, low); w[1] = _mm256_and_si256(u1, low);
-            w[2] = _mm256_and_si256(_mm256_srli_epi16(u0, 4), low); w[3] = _mm256_and_si256(_mm256_srli_epi16(u1, 4), low);
-        }
+        for (int j = 0; j < 8; j++) q8_unpack_256_32(p + (c * 32 + 4 * j) * 16, wb + 4 * j);
         const uint16_t *z = sz + ((c * 32 / G) * N + b * 32) * 2;
         __m256 s[4], zc[4];
-        for (int i = 0; i < 4; i++) {
-            long r0 = (i & 1) * 4 + (i >> 1) * 16;
-            __m256i pair = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(z + 2 * r0))),
-                                                   _mm_loadu_si128((const __m128i *)(z + 2 * (r0 + 8))), 1);
-            s[i] = _mm256_castsi256_ps(_mm256_slli_epi32(pair, 16));
-            zc[i] = _mm256_fnmadd_ps(s[i], _mm256_set1_ps(8.0f), _mm256_castsi256_ps(_mm256_and_si256(pair, high)));
-        }
+        for (int i = 0; i < 4; i++) q8_pairs_256(z, q8_row0_32(i), 8, &s[i], &zc[i]);
         for (long m = 0; m < M; m++) {
             const int8_t *xm = xp + m * K + c * 32;
             __m256i a[4];
@@ -535,21 +543,11 @@ static void q8_many_256_32(const int8_t *xp, const float *xd, const float *xs, l
             }
             __m256 d = _mm256_set1_ps(xd[m * (K / 32) + c]), mm = _mm256_set1_ps(xs[m * (K / 32) + c]);
             float *f = facc + m * 32;
-            for (int i = 0; i < 4; i++) {
-                __m256 acc = _mm256_loadu_ps(f + 8 * i);
-                acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(a[i]), _mm256_mul_ps(s[i], d), acc);
-                _mm256_storeu_ps(f + 8 * i, _mm256_fmadd_ps(zc[i], mm, acc));
-            }
+            for (int i = 0; i < 4; i++)
+                _mm256_storeu_ps(f + 8 * i, q8_update_256(_mm256_loadu_ps(f + 8 * i), a[i], s[i], zc[i], d, mm));
         }
     }
-    for (long m = 0; m < M; m++)
-        for (int i = 0; i < 4; i++) {
-            long r0 = (i & 1) * 4 + (i >> 1) * 16;
-            for (int l = 0; l < 4; l++) {
-                out[m * N + b * 32 + r0 + l] = f2bf(facc[m * 32 + 8 * i + l]);
-                out[m * N + b * 32 + r0 + 8 + l] = f2bf(facc[m * 32 + 8 * i + 4 + l]);
-            }
-        }
+    for (long m = 0; m < M; m++) q8_store_256_32(facc + m * 32, out + m * N + b * 32);
 }
 #endif
 

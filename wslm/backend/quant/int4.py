@@ -74,7 +74,7 @@ class Int4Weight:
         self.in_features = in_features
         self.perm = perm
         self.block_n = 0  # CPU: the pack's rows per block where it reads back exactly (int4_dense.py)
-        self._ours: bool | None = None  # cpu_gemv takes this weight (decided on the first decode row)
+        self._ours: bool | None = None  # c_kernel(), once decided
 
     @classmethod
     def from_codes(cls, c: Int4Codes, device: torch.device, dtype: torch.dtype = torch.bfloat16) -> Int4Weight:
@@ -150,14 +150,23 @@ class Int4Weight:
         """x @ w.T for decode rows on CPU (2-D, contiguous, in the kernel's dtype, fewer than DENSE_ROWS,
         no act-order permutation): cpu_gemv's kernels where they are built and read this pack, else
         torch's. apply and the CPU fast decode path both call this, so they pick the same kernel."""
-        if self._ours is None:
-            sz, group = self.scales_and_zeros, self.group_size
-            self._ours = self.unpackable and cpu_gemv.int4_mv_takes(self.packed, sz, group, self.block_n)
-        if self._ours and x.shape[0] == 1:  # reads ahead
+        ours = self.c_kernel()
+        if ours and x.shape[0] == 1:  # reads ahead
             return cpu_gemv.int4_mv(x, self.packed, self.scales_and_zeros, self.group_size, block_n=self.block_n)
-        if self._ours:  # a few rows: each weight block read once for all of them (1.5-1.8x torch's kernel)
+        if ours:  # a few rows: each weight block read once for all of them (1.5-1.8x torch's kernel)
             return cpu_gemv.int4_mm(x, self.packed, self.scales_and_zeros, self.group_size, self.block_n)
         return torch.ops.aten._weight_int4pack_mm_for_cpu(x, self.packed, self.group_size, self.scales_and_zeros)
+
+    def c_kernel(self) -> bool:
+        """Whether cpu_gemv's int4 kernels read this weight (built here, a pack layout they know, bf16
+        scales, no act-order permutation); decided once. decode_rows, the C decode step and the compiled
+        graph all ask this."""
+        if self._ours is None:
+            self._ours = (
+                self.perm is None and self.unpackable
+                and cpu_gemv.int4_mv_takes(self.packed, self.scales_and_zeros, self.group_size, self.block_n)
+            )  # fmt: skip
+        return self._ours
 
     def _dense_packed_order(self, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
         """[N, K] in the pack's column order (act-order GPTQ: the sorted one)."""
