@@ -238,7 +238,7 @@ def bench_prefill(args, device, dtype, timer, peak_tflops, rows) -> None:
 def _hf_model(model: str, dtype, device):
     from transformers import AutoModelForCausalLM
 
-    from wslm.backend.model_loader import resolve_model
+    from wslm.backend.loader.model_loader import resolve_model
 
     src = resolve_model(model)
     kw = {"gguf_file": src.gguf_file} if src.gguf_file else {}

@@ -246,9 +246,9 @@ def main() -> int:
         f"Demo GGUF ({size / 2**20:.0f} MiB, Q4_1 + Q8_0 embeddings), {args.tokens} greedy tokens, "
         f"{args.threads} threads (llama.cpp {args.llama_threads or args.threads}), single stream best of 3, each configuration in its own process, "
         f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'PASSIVE (wslm default)')}. wslm rows: a lone "
-        "sequence's decode step runs every layer in one C call (wslm/backend/cpu_native.py) where the model is "
+        "sequence's decode step runs every layer in one C call (wslm/backend/platforms/cpu/decode_native.py) where the model is "
         "bf16 or float32 with weights it reads, else the compiled graph; batches run the decode step compiled "
-        "(wslm/backend/cpu_compiled.py; measured after the background compile finished) except in "
+        "(wslm/backend/platforms/cpu/decode_compiled.py; measured after the background compile finished) except in "
         "'eager' rows. The machine may be shared with other jobs: compare rows of one run, not absolute "
         "numbers." + (" AVX2 EMULATED (--emulate-avx2): torch held to AVX2, wslm's C kernels built for haswell, "
                       "dtype=auto as float32, llama.cpp from " + args.llama_python + "." if args.emulate_avx2 else "")

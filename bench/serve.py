@@ -115,7 +115,7 @@ async def run_clients(url: str, model: str, prompts: list[str], concurrency: int
 # ---- the offline side --------------------------------------------------------------------------------
 def load_offline(args: argparse.Namespace):
     from wslm.backend import LLM, SamplingParams
-    from wslm.backend.server.launcher import parse_model_len, parse_size
+    from wslm.backend.entrypoints.openai.launcher import parse_model_len, parse_size
 
     kwargs = {"max_num_seqs": max(args.concurrency, 1)}
     if args.kv_cache_memory:

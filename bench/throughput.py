@@ -108,7 +108,7 @@ def main() -> int:
     import torch
 
     from wslm.backend import LLM, SamplingParams
-    from wslm.backend.model_loader import resolve_dtype
+    from wslm.backend.loader.model_loader import resolve_dtype
 
     auto = str(resolve_dtype("auto", None, torch.device("cpu"))).removeprefix("torch.")
     dtypes = [args.dtype] if args.dtype != "auto" else (["auto", "float32"] if auto != "float32" else ["auto"])

@@ -109,7 +109,7 @@ def allreduce_us(size: int, shape: tuple[int, int], dtype: str, device: str) -> 
     """Mean time of one all-reduce of a [tokens, hidden] tensor over `size` ranks, in µs."""
     import torch.multiprocessing as mp
 
-    from wslm.backend.distributed.executor import free_port
+    from wslm.backend.distributed.net import free_port
 
     ctx = mp.get_context("spawn")
     out = ctx.Queue()
@@ -137,7 +137,7 @@ def main() -> None:
     import torch
 
     from wslm.backend.distributed.parallel_state import check_divisible
-    from wslm.backend.model_source import resolve_model
+    from wslm.backend.loader.model_source import resolve_model
     from wslm.backend.quant.shard import checkpoint_group_size
 
     device = args.device if args.device != "auto" else ("cuda" if torch.cuda.is_available() else "cpu")

@@ -5,7 +5,7 @@ tests/test_engine_parity.py::test_sliding_window_models_run_windowed_attention_o
 
 from __future__ import annotations
 
-from wslm.backend.block_manager import NULL_BLOCK, BlockManager, window_blocks
+from wslm.backend.engine.block_manager import NULL_BLOCK, BlockManager, window_blocks
 from wslm.backend.sampling_params import SamplingParams
 from wslm.backend.sequence import Sequence
 

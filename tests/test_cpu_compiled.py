@@ -1,4 +1,4 @@
-"""The compiled CPU decode step (wslm/backend/cpu_compiled.py) on a tiny int4 model: it compiles in the
+"""The compiled CPU decode step (wslm/backend/platforms/cpu/decode_compiled.py) on a tiny int4 model: it compiles in the
 background while the engine serves eagerly, then takes every decode step (alone and batched, past block
 boundaries) with two graphs and no recompiles, matching the eager path's logits to bf16 rounding and
 leaving the KV pool as the eager path would; in bfloat16 and in float32."""
@@ -10,7 +10,7 @@ import shutil
 import pytest
 
 from wslm.backend import LLM, SamplingParams
-from wslm.backend.cpu_compiled import ENV_VAR, why_not
+from wslm.backend.platforms.cpu.decode_compiled import ENV_VAR, why_not
 
 pytestmark = pytest.mark.skipif(not (shutil.which("g++") or shutil.which("c++")), reason="no C++ compiler")
 

@@ -1,4 +1,4 @@
-"""The CPU fast decode path (wslm/backend/cpu_decode.py) computes exactly what the general path does:
+"""The CPU fast decode path (wslm/backend/platforms/cpu/decode_eager.py) computes exactly what the general path does:
 the same tokens, the same logprobs to the last bit and the same KV pool, alone and batched, for every
 weight format and layer variant it takes; models it does not cover run the general path."""
 
@@ -10,7 +10,7 @@ from test_modeling_families import make_family_model
 from test_modeling_moe import make_moe_model
 
 from wslm.backend import LLM, SamplingParams
-from wslm.backend.cpu_decode import ENV_VAR, why_not
+from wslm.backend.platforms.cpu.decode_eager import ENV_VAR, why_not
 
 PROMPTS = [
     "Hi",

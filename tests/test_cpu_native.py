@@ -1,4 +1,4 @@
-"""One sequence's decode step in C (wslm/backend/cpu_native.py, wslm/kernels/cpu_layer.c): on the same
+"""One sequence's decode step in C (wslm/backend/platforms/cpu/decode_native.py, wslm/kernels/cpu_layer.c): on the same
 inputs and KV pool it gives the eager fast path's logits to bf16 rounding and writes the same key and
 value to the same slot and nothing else, for every weight kind and layer variant it takes, in bfloat16 and
 float32; lone chats take it and batches do not; on the demo GGUF its greedy tokens are the dequantized
@@ -12,7 +12,7 @@ from test_modeling_families import make_family_model
 from test_quant_engine import CHAT, _teacher_forced_agreement
 
 from wslm.backend import LLM, SamplingParams
-from wslm.backend.cpu_native import ENV_VAR, why_not
+from wslm.backend.platforms.cpu.decode_native import ENV_VAR, why_not
 from wslm.kernels import cpu_gemv
 
 pytestmark = pytest.mark.skipif(

@@ -9,8 +9,16 @@ import subprocess
 import sys
 from pathlib import Path
 
-from wslm.backend import doctor
-from wslm.backend.doctor import ERROR, LIBCUDA_FIX, OK, TORCH_CUDA_INSTALL, WARN, Probe, run_checks
+from wslm.backend.entrypoints.cli import doctor
+from wslm.backend.entrypoints.cli.doctor import (
+    ERROR,
+    LIBCUDA_FIX,
+    OK,
+    TORCH_CUDA_INSTALL,
+    WARN,
+    Probe,
+    run_checks,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 WSL2_VERSION = (
@@ -262,7 +270,7 @@ def test_tensor_parallel_sizes_follow_the_model():
 
 
 def test_compiler_check_names_the_package_when_missing(tmp_path):
-    from wslm.backend.doctor import check_compiler
+    from wslm.backend.entrypoints.cli.doctor import check_compiler
 
     root = fake_machine(tmp_path)
     c = check_compiler(probe(tmp_path, root))

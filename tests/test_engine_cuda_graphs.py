@@ -2,7 +2,7 @@
 static buffers, which is exactly what a captured graph computes."""
 
 from wslm.backend import LLM, SamplingParams
-from wslm.backend.cuda_graphs import DecodeGraphs, batch_size_ladder
+from wslm.backend.platforms.cuda.graphs import DecodeGraphs, batch_size_ladder
 
 
 class ReplayOnCpu(DecodeGraphs):

@@ -9,7 +9,7 @@ import pytest
 from hub_server import make_tiny_llama
 
 from wslm.backend.config import EngineConfig
-from wslm.backend.llm_engine import LLMEngine
+from wslm.backend.frontend.llm_engine import LLMEngine
 from wslm.backend.sampling_params import SamplingParams
 
 THRESHOLD = 32

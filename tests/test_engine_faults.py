@@ -12,7 +12,7 @@ from hub_server import make_tiny_llama
 
 from wslm.backend.config import EngineConfig
 from wslm.backend.fault_injection import Faults
-from wslm.backend.llm_engine import LLMEngine
+from wslm.backend.frontend.llm_engine import LLMEngine
 from wslm.backend.outputs import OUT_OF_MEMORY_ERROR, RequestOutput
 from wslm.backend.sampling_params import SamplingParams
 from wslm.backend.sequence import SequenceStatus

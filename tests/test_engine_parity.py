@@ -56,7 +56,7 @@ def test_missing_model_says_how_to_get_it():
 def test_bfloat16_engine_answers_sensibly():
     import torch
 
-    from wslm.backend.model_loader import cpu_has_amx_bf16, resolve_dtype
+    from wslm.backend.loader.model_loader import cpu_has_amx_bf16, resolve_dtype
 
     llm = LLM("demo", dtype="bfloat16", kv_cache_memory=64 << 20, max_model_len=512)
     assert llm.llm_engine.model_config.dtype.is_floating_point

@@ -3,7 +3,7 @@
 import pytest
 
 from wslm.backend import SamplingParams
-from wslm.backend.output_processor import OutputProcessor
+from wslm.backend.frontend.output_processor import OutputProcessor
 from wslm.backend.sequence import Sequence
 
 

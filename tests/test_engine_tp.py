@@ -12,7 +12,7 @@ import psutil
 import pytest
 
 from wslm.backend import LLM, SamplingParams
-from wslm.backend.distributed.executor import EngineDeadError
+from wslm.backend.errors import EngineDeadError
 
 PROMPTS = [
     "The capital of France is",
@@ -254,8 +254,8 @@ def _load_as_rank(monkeypatch, path: str, quantization: str | None, rank: int, s
     import torch
 
     from wslm.backend.distributed import parallel_state
-    from wslm.backend.model_loader import load_model_config, load_tokenizer, resolve_model
-    from wslm.backend.model_runner import load_model
+    from wslm.backend.loader.model_loader import load_model_config, load_tokenizer, resolve_model
+    from wslm.backend.worker.model_runner import load_model
 
     source = resolve_model(path, None, None)
     _, mc = load_model_config(source, load_tokenizer(source, tokenizer, False), "float32", torch.device("cpu"),

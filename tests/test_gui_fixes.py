@@ -18,7 +18,7 @@ from PySide6.QtTest import QTest  # noqa: E402
 from PySide6.QtWidgets import QApplication, QLineEdit  # noqa: E402
 from test_gui_chat import WORDS, FakeOpenAI  # noqa: E402
 
-from wslm.backend.doctor import Probe, check_qt_xcb  # noqa: E402
+from wslm.backend.entrypoints.cli.doctor import Probe, check_qt_xcb  # noqa: E402
 from wslm.gui.chat_model import BusyRole  # noqa: E402
 from wslm.gui.chat_store import ChatStore  # noqa: E402
 from wslm.gui.download_job import FAILED  # noqa: E402

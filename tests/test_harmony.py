@@ -9,9 +9,9 @@ import json
 
 import pytest
 
-from wslm.backend.server.chat_reply import ChatReply
-from wslm.backend.server.reasoning import get_reasoning_parser, pick_reasoning_parser
-from wslm.backend.server.tool_parsers import get_tool_parser, pick_tool_parser
+from wslm.backend.entrypoints.openai.chat_reply import ChatReply
+from wslm.backend.entrypoints.openai.reasoning import get_reasoning_parser, pick_reasoning_parser
+from wslm.backend.entrypoints.openai.tool_parsers import get_tool_parser, pick_tool_parser
 
 ANALYSIS = "<|channel|>analysis<|message|>Need the weather.<|end|><|start|>assistant"
 CALL = '<|channel|>commentary to=functions.get_weather <|constrain|>json<|message|>{"city": "Pa\\"ris", "days": [1]}'
@@ -138,7 +138,7 @@ def _word_tokenizer():
 
 
 def test_history_with_tool_calls_renders_through_the_harmony_template():
-    from wslm.backend.chat import render_chat_text
+    from wslm.backend.frontend.chat import render_chat_text
 
     tok = _word_tokenizer()
     assert render_chat_text(tok, HISTORY, HARMONY_TEMPLATE, "m") == RENDERED

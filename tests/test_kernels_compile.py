@@ -5,7 +5,7 @@ triton.compile(ASTSource(...), target=GPUTarget("cuda", cc, 32)) runs Triton's w
 (shipped in the triton wheel) for a card that is not there; a configuration fails when it does not
 compile, needs more shared memory than the card allows, or spills registers. The set compiled is one
 launch per distinct tile configuration of the cross product dtype x head_dim x GQA group x block size x
-target (wslm.kernels.compile_check.launches), with the launch parameters taken from the same pure
+target (kernel_compile.launches), with the launch parameters taken from the same pure
 functions the wrappers call (wslm.kernels.configs). Triton's on-disk cache makes reruns fast."""
 
 from __future__ import annotations
@@ -16,7 +16,9 @@ import pytest
 
 pytest.importorskip("triton")
 
-from wslm.kernels import compile_check, configs  # noqa: E402
+import kernel_compile as compile_check
+
+from wslm.kernels import configs  # noqa: E402
 
 
 def test_compiled_set_covers_every_config_the_wrappers_pick():
@@ -41,8 +43,9 @@ def test_wrappers_launch_what_the_config_functions_return(monkeypatch):
     os.environ.setdefault("TRITON_INTERPRET", "1")
     if torch.cuda.is_available():
         pytest.skip("checked under the interpreter")
+    from kernel_testing import make_paged_batch, naive_attention
+
     from wslm.kernels import paged_attention
-    from wslm.kernels.testing import make_paged_batch, naive_attention
 
     calls = []
     for name in ("prefill_config", "decode_config"):
@@ -62,7 +65,7 @@ def test_wrappers_launch_what_the_config_functions_return(monkeypatch):
 # Compiling every target costs minutes on a 2-core CI machine, so by default the suite compiles for RTX 40
 # (sm_89: the consumer cards our users own, with the tightest shared-memory limit, 99 KiB, which sm_86 shares)
 # and Hopper (sm_90: another code path, the card a lent device has). WSLM_COMPILE_ALL=1, or
-# `python -m wslm.kernels.compile_check`, checks sm_80 and sm_86 too.
+# `python -m kernel_compile`, checks sm_80 and sm_86 too.
 DEFAULT_TARGETS = ((8, 9), (9, 0))
 
 

@@ -55,7 +55,7 @@ def test_import_does_not_load_triton_and_works_without_it():
         "from wslm.kernels import paged_attention, selected_backend, backend_description\n"
         "assert selected_backend('cuda') == 'torch', selected_backend('cuda')\n"
         "print(backend_description('cuda'))\n"
-        "from wslm.kernels.testing import make_paged_batch\n"
+        "from kernel_testing import make_paged_batch\n"
         "b = make_paged_batch([1, 3], [5, 9], 2, 1, 16, 16)\n"
         "paged_attention(b.q, b.k_cache, b.v_cache, b.block_tables, b.cu_seqlens_q, b.seq_lens, 0.25)\n"
         "try:\n"

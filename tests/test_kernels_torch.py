@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kernel_testing import make_paged_batch, naive_attention
 
 from wslm.kernels import paged_attention, reshape_and_cache, rms_norm, rotary_embedding
-from wslm.kernels.testing import make_paged_batch, naive_attention
 
 CASES = {
     "decode": ([1, 1, 1], [5, 33, 17]),

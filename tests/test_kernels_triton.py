@@ -17,8 +17,9 @@ import pytest  # noqa: E402
 
 pytest.importorskip("triton")
 
+from kernel_testing import make_paged_batch, naive_attention  # noqa: E402
+
 from wslm.kernels import paged_attention, reshape_and_cache, rms_norm, rotary_embedding  # noqa: E402
-from wslm.kernels.testing import make_paged_batch, naive_attention  # noqa: E402
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 

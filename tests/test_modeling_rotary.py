@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from wslm.backend.model_loader import rope_parameters, rope_settings
+from wslm.backend.modeling.config import rope_parameters, rope_settings
 from wslm.backend.modeling.layers.rotary import build_cos_sin_cache
 
 HEAD_DIM = 32

@@ -74,7 +74,11 @@ def test_list_json_contract_and_sources(models_dir, capsys):
 def test_memory_estimate_follows_the_context(models_dir):
     small = find_model("demo", context=1024)
     big = find_model("demo", context=8192)
-    from wslm.backend.kv_sizing import available_ram, default_cpu_kv_cache_bytes, runtime_value_bytes
+    from wslm.backend.platforms.cpu.kv_sizing import (
+        available_ram,
+        default_cpu_kv_cache_bytes,
+        runtime_value_bytes,
+    )
 
     # K and V, 30 layers, 3 KV heads of 64, in the engine's dtype=auto here (16-bit, or fp32 on most CPUs)
     per_token = 2 * 30 * 3 * 64 * runtime_value_bytes()
@@ -202,7 +206,7 @@ def test_windowed_models_are_estimated_with_the_pool_the_engine_reserves(tmp_pat
 
     from wslm.backend.config import DEFAULT_MAX_NUM_BATCHED_TOKENS
     from wslm.backend.hub.metadata import read_hf_folder
-    from wslm.backend.kv_sizing import kv_context
+    from wslm.backend.platforms.cpu.kv_sizing import kv_context
 
     small = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                  num_key_value_heads=2, vocab_size=128, max_position_embeddings=32768)

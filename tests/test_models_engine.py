@@ -11,8 +11,8 @@ from hub_server import FakeHub
 from test_models_pull import env, tiny_llama, warm_metadata  # noqa: F401 - shared fixtures
 
 pytestmark = pytest.mark.skipif(
-    importlib.util.find_spec("wslm.backend.llm") is None,
-    reason="wslm.backend.llm (the engine) has not landed yet",
+    importlib.util.find_spec("wslm.backend.entrypoints.llm") is None,
+    reason="wslm.backend.entrypoints.llm (the engine) has not landed yet",
 )
 
 

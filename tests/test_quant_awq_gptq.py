@@ -117,7 +117,7 @@ def test_catalog_offers_4bit_awq_gptq_and_the_loader_names_other_widths(tiny_mod
     """`wslm models list` marks 4-bit AWQ/GPTQ runnable; an 8-bit GPTQ or a GEMV-packed AWQ is refused by name
     (they would otherwise be repacked as 4-bit GEMM and load as noise)."""
     from wslm.backend.hub.catalog import _runs_prequantized
-    from wslm.backend.model_loader import check_prequantized
+    from wslm.backend.loader.model_loader import check_prequantized
 
     assert _runs_prequantized("awq-4bit") and _runs_prequantized("gptq-4bit") and _runs_prequantized("gptq")
     assert not _runs_prequantized("gptq-8bit") and not _runs_prequantized("bitsandbytes-4bit")

@@ -99,8 +99,8 @@ def test_loading_the_demo_gguf_stays_near_its_file_size():
         """
         import json, os, torch
         os.environ["WSLM_GGUF_DEQUANTIZE"] = "0"
-        from wslm.backend.model_loader import load_model_config, load_tokenizer, resolve_model
-        from wslm.backend.model_runner import load_model
+        from wslm.backend.loader.model_loader import load_model_config, load_tokenizer, resolve_model
+        from wslm.backend.worker.model_runner import load_model
 
         def status(key):
             for line in open("/proc/self/status"):
@@ -141,8 +141,8 @@ def test_cpu_dtype_auto_follows_the_cpu_flags_and_says_why(monkeypatch, caplog, 
     """dtype=auto on CPU: bfloat16 only where the CPU multiplies it natively, logged with the reason."""
     import logging
 
-    from wslm.backend import cpu_tuning
-    from wslm.backend.model_loader import resolve_dtype
+    from wslm.backend.loader.model_loader import resolve_dtype
+    from wslm.backend.platforms.cpu import tuning as cpu_tuning
 
     monkeypatch.setattr(cpu_tuning, "cpu_flags", lambda: frozenset(flags))
     with caplog.at_level(logging.INFO, logger="wslm"):

@@ -39,12 +39,12 @@ def test_kv_cache_dtype_values_and_flag():
         EngineConfig(kv_cache_dtype="fp8_e5m2")
     with pytest.raises(ValueError, match="kv_cache_dtype must be one of auto, fp8, fp8_e4m3"):
         EngineConfig(kv_cache_dtype="int8")
-    from wslm.backend import serve_cli
+    from wslm.backend.entrypoints.cli import serve as serve_cli
 
     parser = argparse.ArgumentParser()
     serve_cli.register(parser.add_subparsers())
     args = parser.parse_args(["serve", "--kv-cache-dtype", "fp8"])
-    from wslm.backend.server.launcher import engine_config
+    from wslm.backend.entrypoints.openai.launcher import engine_config
 
     assert engine_config(args).kv_cache_dtype == "fp8"
 
@@ -56,7 +56,7 @@ def test_triton_kernels_compile_for_an_fp8_cache_on_ada():
     them with a clear error, kv_cache.kv_cache_torch_dtype)."""
     import dataclasses
 
-    from wslm.kernels import compile_check as cc
+    import kernel_compile as cc
 
     fp8 = (("k_cache_ptr", "fp8e4nv"), ("v_cache_ptr", "fp8e4nv"))
     launches = cc._attention_launches("bfloat16", (8, 9), 64, 3, 16, False)

@@ -110,7 +110,7 @@ def test_no_key_beyond_loopback_warns_loudly(tiny):
 def test_bad_allowed_origins_flag_is_a_start_error():
     from argparse import Namespace
 
-    from wslm.backend.server.launcher import StartupError, check_limit_flags
+    from wslm.backend.entrypoints.openai.launcher import StartupError, check_limit_flags
 
     for flag, value in (("allowed_origins", "[not json"), ("allowed_hosts", '[1, 2]'), ("max_json_depth", 0)):
         args = Namespace(**{flag: value})

@@ -62,7 +62,7 @@ class FlakyEngine:
             if "FAIL_STEP" in text:
                 raise RuntimeError("scheduler bug")
             if "KILL_ENGINE" in text:
-                from wslm.backend.distributed.executor import EngineDeadError
+                from wslm.backend.errors import EngineDeadError
 
                 raise EngineDeadError("workers gone")
             if "ENGINE_OOM" in text:
@@ -93,10 +93,10 @@ class FlakyEngine:
 def _serve_in_thread(on_death=None):
     import uvicorn
 
-    from wslm.backend.server.app import build_app
-    from wslm.backend.server.async_engine import AsyncEngine
-    from wslm.backend.server.metrics import ServerMetrics
-    from wslm.backend.server.serving_base import ServerState
+    from wslm.backend.entrypoints.openai.app import build_app
+    from wslm.backend.entrypoints.openai.serving_base import ServerState
+    from wslm.backend.frontend.async_engine import AsyncEngine
+    from wslm.backend.frontend.metrics import ServerMetrics
 
     engine = FlakyEngine()
     metrics = ServerMetrics("flaky")

@@ -103,7 +103,7 @@ def metric(text: str, name: str, labels: str = "") -> float:
 
 # ---- units: pure helpers of the launcher and the metrics text -------------------------------------------
 def test_parse_size_and_model_len():
-    from wslm.backend.server.launcher import StartupError, parse_model_len, parse_size
+    from wslm.backend.entrypoints.openai.launcher import StartupError, parse_model_len, parse_size
 
     assert parse_size("4GiB") == 4 << 30
     assert parse_size("512M") == 512 << 20
@@ -117,7 +117,7 @@ def test_parse_size_and_model_len():
 
 
 def test_metrics_text_format():
-    from wslm.backend.server.metrics import ServerMetrics
+    from wslm.backend.frontend.metrics import ServerMetrics
 
     m = ServerMetrics("demo")
     m.set_engine_stats({"num_requests_running": 2, "kv_cache_usage": 0.25, "prefix_cache_queries": 10,

@@ -8,9 +8,13 @@ import json
 
 import pytest
 
-from wslm.backend.server.chat_reply import ChatReply
-from wslm.backend.server.reasoning import get_reasoning_parser, pick_reasoning_parser, prompt_opens_think
-from wslm.backend.server.tool_parsers import (
+from wslm.backend.entrypoints.openai.chat_reply import ChatReply
+from wslm.backend.entrypoints.openai.reasoning import (
+    get_reasoning_parser,
+    pick_reasoning_parser,
+    prompt_opens_think,
+)
+from wslm.backend.entrypoints.openai.tool_parsers import (
     ArrayToolParser,
     NamedFunctionParser,
     get_tool_parser,
@@ -190,8 +194,8 @@ def test_parsers_picked_from_templates():
 def test_plan_tool_choice_none_and_exclude_flag():
     from types import SimpleNamespace
 
-    from wslm.backend.server.protocol import ChatCompletionRequest
-    from wslm.backend.server.serving_tools import plan_chat
+    from wslm.backend.entrypoints.openai.protocol import ChatCompletionRequest
+    from wslm.backend.entrypoints.openai.serving_tools import plan_chat
 
     tool = {"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}
     req = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "hi"}], "tools": [tool],
@@ -218,7 +222,7 @@ def test_plan_tool_choice_none_and_exclude_flag():
 def test_serve_accepts_vllm_parser_names():
     import argparse
 
-    from wslm.backend import serve_cli
+    from wslm.backend.entrypoints.cli import serve as serve_cli
 
     parser = argparse.ArgumentParser()
     serve_cli.register(parser.add_subparsers())
@@ -233,7 +237,7 @@ def test_serve_accepts_vllm_parser_names():
 def test_unsupported_reasoning_parser_is_a_clear_error(name, capsys):
     import argparse
 
-    from wslm.backend import serve_cli
+    from wslm.backend.entrypoints.cli import serve as serve_cli
 
     parser = argparse.ArgumentParser()
     serve_cli.register(parser.add_subparsers())
@@ -249,7 +253,7 @@ def test_named_chat_templates_pick_tool_use_with_tools():
     from tokenizers import Tokenizer, models
     from transformers import PreTrainedTokenizerFast
 
-    from wslm.backend.chat import render_chat_text, template_text
+    from wslm.backend.frontend.chat import render_chat_text, template_text
 
     tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({"[UNK]": 0}, unk_token="[UNK]")))
     tok.chat_template = {"default": "PLAIN {{ messages[0].content }}",
@@ -270,8 +274,8 @@ def test_special_marker_tokens_are_kept_in_the_text():
     from tokenizers import AddedToken, Tokenizer, models
     from transformers import PreTrainedTokenizerFast
 
-    from wslm.backend.server.protocol import ChatCompletionRequest
-    from wslm.backend.server.serving_tools import plan_chat
+    from wslm.backend.entrypoints.openai.protocol import ChatCompletionRequest
+    from wslm.backend.entrypoints.openai.serving_tools import plan_chat
 
     req = ChatCompletionRequest.model_validate({"messages": [{"role": "user", "content": "hi"}], "tools": TOOLS})
     req.sampling_params(5, None)
@@ -289,8 +293,8 @@ def test_harmony_markers_that_are_special_tokens_are_kept_in_the_text(demo_tok):
     import copy
     from types import SimpleNamespace
 
-    from wslm.backend.server.protocol import ChatCompletionRequest
-    from wslm.backend.server.serving_tools import plan_chat
+    from wslm.backend.entrypoints.openai.protocol import ChatCompletionRequest
+    from wslm.backend.entrypoints.openai.serving_tools import plan_chat
 
     tok = copy.deepcopy(demo_tok)  # the session's tokenizer stays as it is
     tok.add_special_tokens({"additional_special_tokens": ["<|channel|>", "<|message|>", "<|end|>"]})
@@ -306,7 +310,7 @@ def test_harmony_markers_that_are_special_tokens_are_kept_in_the_text(demo_tok):
 def test_constraint_waits_for_think_blocks_only():
     """A constraint is moved behind `</think>` for the think-block parsers; harmony's channels (gpt-oss) are
     special tokens a grammar cannot write, so there it applies from the first token."""
-    from wslm.backend.server.serving_tools import ChatPlan
+    from wslm.backend.entrypoints.openai.serving_tools import ChatPlan
     from wslm.backend.structured.params import StructuredOutputsParams
 
     spec = StructuredOutputsParams(regex="[0-9]+")

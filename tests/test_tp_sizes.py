@@ -73,7 +73,7 @@ def _engine_accepts(folder, sizes) -> list[int]:
     import torch
 
     from wslm.backend.distributed.parallel_state import check_divisible
-    from wslm.backend.model_loader import load_model_config, resolve_model
+    from wslm.backend.loader.model_loader import load_model_config, resolve_model
     from wslm.backend.quant.shard import checkpoint_group_size
 
     source = resolve_model(str(folder), None, None)

@@ -12,10 +12,10 @@ from wslm import __version__
 
 # module path -> each exposes register(subparsers) which adds parsers with set_defaults(func=handler).
 COMMAND_MODULES = [
-    "wslm.backend.serve_cli",  # serve
-    "wslm.backend.generate_cli",  # generate, chat (quick terminal use of the engine)
+    "wslm.backend.entrypoints.cli.serve",  # serve
+    "wslm.backend.entrypoints.cli.generate",  # generate, chat (quick terminal use of the engine)
     "wslm.backend.hub.cli",  # models list|pull|rm|info
-    "wslm.backend.doctor",  # doctor
+    "wslm.backend.entrypoints.cli.doctor",  # doctor
     "wslm.wsl_bridge.cli",  # wsl, share
     "wslm.gui.cli",  # gui
 ]

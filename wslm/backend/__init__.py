@@ -12,8 +12,8 @@ from wslm.backend.sampling_params import SamplingParams
 from wslm.backend.structured.params import GuidedDecodingParams, StructuredOutputsParams
 
 if TYPE_CHECKING:
-    from wslm.backend.llm import LLM
-    from wslm.backend.llm_engine import LLMEngine
+    from wslm.backend.entrypoints.llm import LLM
+    from wslm.backend.frontend.llm_engine import LLMEngine
 
 __all__ = [
     "LLM",
@@ -31,11 +31,11 @@ __all__ = [
 
 def __getattr__(name: str):
     if name == "LLM":
-        from wslm.backend.llm import LLM
+        from wslm.backend.entrypoints.llm import LLM
 
         return LLM
     if name == "LLMEngine":
-        from wslm.backend.llm_engine import LLMEngine
+        from wslm.backend.frontend.llm_engine import LLMEngine
 
         return LLMEngine
     raise AttributeError(name)

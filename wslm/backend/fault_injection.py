@@ -44,7 +44,7 @@ class Faults:
         """Called by LLMEngine.step with the step's token count, just before the model runs."""
         self.steps += 1
         if self.die_after_steps is not None and self.steps >= self.die_after_steps:
-            from wslm.backend.distributed.executor import EngineDeadError
+            from wslm.backend.errors import EngineDeadError
 
             raise EngineDeadError(f"injected fault: the engine died at step {self.steps} ({ENV})")
         if self.oom_above_tokens is not None and num_tokens > self.oom_above_tokens:

@@ -89,3 +89,15 @@ class Sequence:
     @property
     def is_finished(self) -> bool:
         return self.status is SequenceStatus.FINISHED
+
+
+@dataclass(slots=True)
+class RequestState:
+    """One request as the engine tracks it: its n sequences and what was already reported."""
+
+    request_id: str
+    prompt: str | None
+    prompt_token_ids: list[int]
+    seqs: list[Sequence]
+    arrival_time: float
+    prompt_logprobs_sent: bool = False

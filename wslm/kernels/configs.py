@@ -1,13 +1,13 @@
 """Launch configurations of the Triton kernels: pure functions of dtype, shapes and the GPU's compute
 capability. The wrappers call them at launch and tests/test_kernels_compile.py compiles what they return
-for sm_80/86/89/90 without a GPU (wslm.kernels.compile_check), so a tile that needs more shared memory
+for sm_80/86/89/90 without a GPU (kernel_compile), so a tile that needs more shared memory
 than a card has, or spills registers, fails a test on a machine with no GPU instead of a user's launch.
 
 No torch or triton import here: dtypes are names ("float16", "bfloat16", "float32")."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 # Shared memory one block may use (opt-in maximum), bytes. sm_86/sm_89 (RTX 30/40) and the consumer
 # Blackwell sm_120 have 99 KiB; A100 163 KiB; H100/H200 227 KiB.
@@ -154,3 +154,23 @@ def moe_config(dtype: str, num_tokens: int, top_k: int, capability: tuple[int, i
     stages = 3 if block_m == 64 and shared_memory_limit(capability) >= 160 * 1024 else 2
     precision = "tf32x3" if elt == 4 else "tf32"
     return MoeConfig(block_m, 64, block_k, 4, stages, precision)
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One kernel compile: which kernel, its constexprs, launch options and target."""
+
+    kernel: str  # "module:function" under wslm.kernels
+    dtype: str
+    constexprs: tuple[tuple[str, object], ...]
+    num_warps: int
+    num_stages: int
+    capability: tuple[int, int]
+    pointer_types: tuple[tuple[str, str], ...] = field(default=())  # overrides of the dtype for *_ptr args
+    float_args: tuple[str, ...] = ()  # non-pointer fp32 arguments; other runtime arguments are i32
+    maxnreg: int | None = None
+
+    def label(self) -> str:
+        consts = ",".join(f"{k}={v}" for k, v in self.constexprs)
+        return (f"{self.kernel.split(':')[1]} {self.dtype} sm_{self.capability[0]}{self.capability[1]} "
+                f"w{self.num_warps}s{self.num_stages} {consts}")

@@ -131,7 +131,7 @@ def library() -> ctypes.CDLL | None:
 def amx() -> bool:
     """Whether torch's and inductor's AMX kernels serve this CPU (it has AMX and torch is not held to AVX2):
     from a few rows they beat these kernels; elsewhere these beat torch's one-row-at-a-time ones."""
-    from wslm.backend.cpu_tuning import cpu_flags
+    from wslm.kernels.cpu_features import cpu_flags
 
     return any(f.startswith("amx") for f in cpu_flags()) and torch.backends.cpu.get_cpu_capability() != "AVX2"
 

@@ -123,9 +123,8 @@ def fused_moe(
 
 
 def compile_launches(dtype: str, cc: tuple[int, int]) -> list:
-    """The launches tests/test_kernels_compile.py checks for this kernel (wslm.kernels.compile_check)."""
-    from wslm.kernels.compile_check import Launch
-
+    """The launches tests/test_kernels_compile.py checks for this kernel (tests/kernel_compile.py)."""
+    Launch = configs.Launch
     out = []
     for num_tokens in (1, 512):
         cfg = configs.moe_config(dtype, num_tokens, 8, cc)

@@ -20,7 +20,12 @@ from wslm.backend.config import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from wslm.backend.hub import hf_cache, pull_state
 from wslm.backend.hub.metadata import ModelMetadata, gguf_shards, read_gguf, read_hf_folder, weight_files
 from wslm.backend.hub.quant import gguf_variants, is_model_gguf, pick_variant, quant_label
-from wslm.backend.kv_sizing import available_ram, default_cpu_kv_cache_bytes, kv_context, runtime_value_bytes
+from wslm.backend.platforms.cpu.kv_sizing import (
+    available_ram,
+    default_cpu_kv_cache_bytes,
+    kv_context,
+    runtime_value_bytes,
+)
 
 DEFAULT_ESTIMATE_CONTEXT = 4096
 FIXED_OVERHEAD_BYTES = 256 * 1024**2  # CUDA context, activations, sampler buffers
@@ -269,7 +274,7 @@ def _support(entry: _Entry, meta: ModelMetadata) -> str | None:
 def _runnable(arch: str, causal: dict) -> bool:
     """A causal LM the engine runs, its bare decoder body (embedding checkpoints: Qwen3Model), or a
     BERT-family encoder (embeddings, rerankers)."""
-    from wslm.backend.pooling import ENCODER_ARCHITECTURES
+    from wslm.backend.modeling.pooler import ENCODER_ARCHITECTURES
 
     body = arch.removesuffix("Model") + "ForCausalLM" if arch.endswith("Model") else None
     return arch in causal or arch in ENCODER_ARCHITECTURES or body in causal

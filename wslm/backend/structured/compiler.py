@@ -16,8 +16,8 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
+from wslm.backend.errors import RequestError
 from wslm.backend.structured.params import MAX_WHITESPACE, StructuredOutputsParams
-from wslm.backend.validation import RequestError
 
 logger = logging.getLogger("wslm.structured")
 

@@ -53,7 +53,7 @@ class Gemma2ForCausalLM(LlamaForCausalLM):
 
     @classmethod
     def config_overrides(cls, hf_config) -> dict:
-        from wslm.backend.model_loader import rope_settings
+        from wslm.backend.modeling.config import rope_settings
 
         extra = {
             "query_pre_attn_scalar": getattr(hf_config, "query_pre_attn_scalar", None),

@@ -1,0 +1,409 @@
+"""Start `wslm serve`: bind the port, load the model, run uvicorn, and report progress as JSON lines on
+stdout for the GUI ({"event": "loading" | "ready" | "error", ...}). Everything else (logs, library chatter)
+goes to stderr, so stdout stays machine-readable.
+
+Shutdown: SIGTERM/SIGINT stop new requests; running ones get --shutdown-timeout seconds to finish, then are
+aborted, and their streams still end cleanly (a finish chunk and `data: [DONE]`). A signalled exit is 0."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import threading
+from argparse import Namespace
+from typing import Any, TextIO
+
+from wslm.backend.entrypoints.openai import vllm_flags
+from wslm.backend.frontend.chat import read_template
+
+log = logging.getLogger("wslm.server")
+
+_events: TextIO | None = None
+
+
+def emit(event: str, **fields: Any) -> None:
+    """One JSON line on the real stdout, flushed at once (the GUI reads line by line)."""
+    stream = _events or sys.stdout
+    try:
+        stream.write(json.dumps({"event": event, **fields}) + "\n")
+        stream.flush()
+    except (OSError, ValueError):  # the reader (GUI) went away: keep serving, just log it
+        log.warning("could not write the %s event to stdout", event)
+
+
+def _claim_stdout() -> None:
+    """Keep fd 1 for our JSON lines only: anything else that prints (libraries, C code) goes to stderr."""
+    global _events
+    if _events is not None:
+        return
+    try:
+        sys.stdout.flush()
+        _events = os.fdopen(os.dup(1), "w", buffering=1, encoding="utf-8")
+        os.dup2(2, 1)
+        sys.stdout = sys.stderr
+    except OSError:  # no real fds (embedded use): print where we can
+        _events = sys.stdout
+
+
+class StartupError(Exception):
+    """A failure before the server listens, with the message the user sees."""
+
+
+def parse_size(text: str | None) -> int | None:
+    """Bytes from "4GiB", "512M", "1.5g" or a plain number, read as the engine reads sizes (binary units)."""
+    if text is None or str(text).strip() == "":
+        return None
+    from wslm.backend.platforms.kv_cache import parse_bytes
+
+    try:
+        value = parse_bytes(str(text))
+    except (ValueError, KeyError):
+        value = 0
+    if value <= 0:
+        raise StartupError(f"--kv-cache-memory must be a size like 4GiB, 512MiB or a number of bytes, got {text!r}.")
+    return value
+
+
+def parse_model_len(text: str | None) -> int | None:
+    """An int, or vLLM's shorthand: 4k = 4000, 4K = 4096."""
+    if text is None:
+        return None
+    s = str(text).strip()
+    try:
+        if s.endswith("k"):
+            return int(float(s[:-1]) * 1000)
+        if s.endswith("K"):
+            return int(float(s[:-1]) * 1024)
+        return int(s)
+    except ValueError:
+        raise StartupError(f"--max-model-len must be a number of tokens like 2048 or 4k, got {text!r}.") from None
+
+
+def engine_config(args: Namespace):
+    from wslm.backend.config import EngineConfig
+
+    try:
+        read_template(args.chat_template)  # the engine's own reading of it: a missing file fails fast here
+    except FileNotFoundError as exc:
+        raise StartupError(f"--chat-template: no such file {args.chat_template!r}. Pass a path to a Jinja file "
+                           "or the template text itself.") from exc
+    kwargs: dict[str, Any] = dict(
+        model=args.model,
+        max_model_len=parse_model_len(args.max_model_len),
+        block_size=args.block_size,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+        dtype=args.dtype,
+        quantization=getattr(args, "quantization", None),
+        kv_cache_dtype=getattr(args, "kv_cache_dtype", "auto"),
+        chat_template=args.chat_template,
+        tensor_parallel_size=args.tensor_parallel_size,
+        distributed_executor_backend=getattr(args, "distributed_executor_backend", None),
+        kv_cache_memory=parse_size(args.kv_cache_memory),
+        device=args.device,
+        seed=args.seed,
+        tokenizer=getattr(args, "tokenizer", None),
+        revision=getattr(args, "revision", None),
+        download_dir=getattr(args, "download_dir", None),
+        trust_remote_code=bool(getattr(args, "trust_remote_code", False)),
+        enforce_eager=bool(getattr(args, "enforce_eager", False)),
+        max_logprobs=getattr(args, "max_logprobs", 20),
+        task=_task(args),
+    )
+    if args.max_num_seqs is not None:
+        kwargs["max_num_seqs"] = args.max_num_seqs
+    if args.max_num_batched_tokens is not None:
+        kwargs["max_num_batched_tokens"] = args.max_num_batched_tokens
+    for name in ("long_prefill_token_threshold", "fanout_per_step"):
+        if getattr(args, name, None) is not None:
+            kwargs[name] = getattr(args, name)
+    if args.enable_prefix_caching is not None:
+        kwargs["enable_prefix_caching"] = args.enable_prefix_caching
+    try:
+        return EngineConfig(**kwargs)
+    except ValueError as exc:
+        raise StartupError(str(exc)) from exc
+
+
+def _task(args: Namespace) -> str:
+    """--task, or vLLM's newer --runner (pooling: embed, or score for a cross-encoder)."""
+    runner = getattr(args, "runner", None)
+    if runner in ("generate", "pooling"):
+        return runner
+    task = getattr(args, "task", "auto") or "auto"
+    return "embed" if task == "embedding" else task
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """Bind (not listen yet: clients are refused, not left hanging, while the model loads)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise StartupError(
+                f"Port {port} on {host} is already in use (is another `wslm serve` or another program using it?). "
+                f"Stop that program, or pick another port with --port, e.g. --port {port + 1 if port else 8001}."
+            ) from exc
+        if exc.errno == errno.EACCES:
+            raise StartupError(f"No permission to listen on port {port}: ports below 1024 need root. "
+                               "Pick another with --port, e.g. --port 8000.") from exc
+        if exc.errno in (errno.EADDRNOTAVAIL, getattr(errno, "EAI_NONAME", -2)):
+            raise StartupError(f"Cannot listen on {host}: it is not an address of this machine. "
+                               "Use --host 127.0.0.1 (this machine) or --host 0.0.0.0 (all interfaces).") from exc
+        raise StartupError(f"Cannot listen on {host}:{port}: {exc}. Pick another with --host/--port.") from exc
+    except (socket.gaierror, UnicodeError) as exc:
+        sock.close()
+        raise StartupError(f"--host {host!r} is not a valid address ({exc}). Use e.g. --host 127.0.0.1.") from exc
+    sock.set_inheritable(True)
+    return sock
+
+
+def load_engine(config: Any):
+    from wslm.backend.frontend.engine_factory import create_engine
+
+    try:
+        return create_engine(config)
+    except (ValueError, FileNotFoundError) as exc:
+        raise StartupError(str(exc)) from exc
+    except MemoryError as exc:
+        raise StartupError(f"Out of memory while loading {config.model!r}. Try a smaller --max-model-len or "
+                           "--kv-cache-memory, or a smaller model.") from exc
+    except Exception as exc:  # noqa: BLE001 - any load failure must reach the GUI as a message
+        log.exception("loading the model failed")
+        raise StartupError(f"Could not load the model {config.model!r}: {type(exc).__name__}: {exc}") from exc
+
+
+def _log_config(level: str) -> dict:
+    from uvicorn.config import LOGGING_CONFIG
+
+    cfg = json.loads(json.dumps(LOGGING_CONFIG))
+    for handler in cfg["handlers"].values():
+        handler["stream"] = "ext://sys.stderr"  # uvicorn sends access lines to stdout by default
+    return cfg
+
+
+def run(args: Namespace) -> int:
+    _claim_stdout()
+    emit("loading", model=args.model, pid=os.getpid())  # the pid: a GUI can stop us while we load
+    sock = None
+    try:
+        try:
+            import uvicorn  # noqa: F401
+
+            from wslm.backend.entrypoints.openai.app import build_app  # noqa: F401 - fail early if fastapi is missing
+        except ImportError as exc:
+            raise StartupError(f"The server needs FastAPI and uvicorn ({exc}). Install them with: "
+                               "pip install 'wslm[backend]'") from exc
+        if not 0 <= args.port <= 65535:
+            raise StartupError(f"--port must be in 0..65535, got {args.port}.")
+        if args.shutdown_timeout < 0:
+            raise StartupError(f"--shutdown-timeout must not be negative, got {args.shutdown_timeout}.")
+        check_limit_flags(args)
+        check_parallel_flags(args)
+        vllm_flags.log_no_effect(args)
+        generation_defaults = load_generation_defaults(args)
+        config = engine_config(args)
+        sock = bind(args.host, args.port)
+        engine = load_engine(config)
+    except StartupError as exc:
+        if sock is not None:
+            sock.close()
+        emit("error", message=str(exc))
+        return 1
+    args.generation_defaults = generation_defaults
+    return _serve(args, engine, sock)
+
+
+def load_generation_defaults(args: Namespace) -> dict:
+    """--generation-config / --override-generation-config, read before the (slow) model load."""
+    from wslm.backend.entrypoints.openai import generation_config
+
+    try:
+        return generation_config.default_sampling(args)
+    except ValueError as exc:
+        raise StartupError(str(exc)) from exc
+
+
+def request_limits(args: Namespace, engine: Any):
+    """The engine's per-request limits with the server's stop-list flags; the engine checks with the same."""
+    import dataclasses
+
+    limits = getattr(engine, "limits", None)
+    if limits is None:
+        return None
+    changes = {k: v for k in ("max_stop_strings", "max_stop_string_length") if (v := getattr(args, k, None)) is not None}
+    engine.limits = dataclasses.replace(limits, **changes)
+    return engine.limits
+
+
+def check_parallel_flags(args: Namespace) -> None:
+    """vLLM's pipeline and data parallelism: accepted at 1 (launch scripts often spell it out), refused above."""
+    if getattr(args, "pipeline_parallel_size", 1) != 1:
+        raise StartupError(f"--pipeline-parallel-size {args.pipeline_parallel_size} is not supported: wslm splits a "
+                           "model over GPUs with tensor parallelism. Use --tensor-parallel-size instead.")
+    if getattr(args, "data_parallel_size", 1) != 1:
+        raise StartupError(f"--data-parallel-size {args.data_parallel_size} is not supported: start one `wslm serve` "
+                           "per replica (each on its own --port) behind a load balancer.")
+
+
+def check_limit_flags(args: Namespace) -> None:
+    from wslm.backend.entrypoints.openai.security import parse_list
+
+    try:
+        args.allowed_origins_list = parse_list(getattr(args, "allowed_origins", None), "--allowed-origins")
+        args.allowed_hosts_list = parse_list(getattr(args, "allowed_hosts", None), "--allowed-hosts")
+        args.cors_methods = parse_list(getattr(args, "allowed_methods", None), "--allowed-methods") or ["*"]
+        args.cors_headers = parse_list(getattr(args, "allowed_headers", None), "--allowed-headers") or ["*"]
+    except ValueError as exc:
+        raise StartupError(str(exc)) from exc
+    for flag in ("max_request_body_bytes", "max_json_depth", "max_stop_strings", "max_stop_string_length"):
+        value = getattr(args, flag, None)
+        if value is not None and value < 1:
+            raise StartupError(f"--{flag.replace('_', '-')} must be at least 1, got {value}.")
+
+
+def _serve(args: Namespace, engine: Any, sock: socket.socket) -> int:
+    import uvicorn
+
+    from wslm.backend.entrypoints.openai import security
+    from wslm.backend.entrypoints.openai.app import build_app
+    from wslm.backend.entrypoints.openai.http_limits import HTTPLimits
+    from wslm.backend.entrypoints.openai.parser_choice import choose_parsers
+    from wslm.backend.entrypoints.openai.serving_base import ServerState
+    from wslm.backend.frontend.async_engine import AsyncEngine
+    from wslm.backend.frontend.chat import template_text
+    from wslm.backend.frontend.metrics import ServerMetrics
+
+    names = list(args.served_model_name or [args.model])
+    metrics = ServerMetrics(names[0])
+    api_key = args.api_key or os.environ.get("WSLM_API_KEY") or None
+    model_name = str(getattr(engine, "model_name", "") or args.model)
+    defaults = getattr(args, "generation_defaults", None) or {}
+    if defaults:
+        log.info("Default sampling parameters from the model's generation config (--generation-config %s; "
+                 "a request's own values win): %s", getattr(args, "generation_config", "auto"), defaults)
+    template = getattr(engine, "chat_template", None) or getattr(engine.tokenizer, "chat_template", None)
+    parsers = choose_parsers(args, template_text(template))  # a dict of named templates: all of them
+    state = ServerState(
+        engine=AsyncEngine(engine, metrics, log_requests=bool(getattr(args, "log_requests", False))),
+        tokenizer=engine.tokenizer,
+        served_model_names=names,
+        max_model_len=int(engine.model_config.max_model_len),
+        model_path=model_name,
+        api_key=api_key,
+        metrics=metrics,
+        aliases={model_name, args.model} - set(names),
+        vocab_size=getattr(engine.model_config, "vocab_size", None),
+        limits=request_limits(args, engine),
+        allowed_origins=args.allowed_origins_list,
+        allowed_hosts=args.allowed_hosts_list,
+        cors=(args.cors_methods, args.cors_headers, bool(getattr(args, "allow_credentials", False))),
+        bound_host=sock.getsockname()[0],
+        enable_prompt_tokens_details=bool(getattr(args, "enable_prompt_tokens_details", False)),
+        enable_force_include_usage=bool(getattr(args, "enable_force_include_usage", False)),
+        enable_server_load_tracking=bool(getattr(args, "enable_server_load_tracking", False)),
+        enable_tokenizer_info_endpoint=bool(getattr(args, "enable_tokenizer_info_endpoint", False)),
+        default_sampling=defaults,
+        task=getattr(engine, "task", "generate"),
+        chat_template=getattr(engine, "chat_template", None),
+        **parsers,
+        http_limits=HTTPLimits(**{k: v for k, v in (("max_request_body_bytes", args.max_request_body_bytes),
+                                                    ("max_json_depth", args.max_json_depth)) if v is not None}),
+    )
+    app = build_app(state, root_path=getattr(args, "root_path", None) or "",
+                    docs=not getattr(args, "disable_fastapi_docs", False))
+    host, port = sock.getsockname()[:2]
+    shown_host = f"[{host}]" if ":" in host else host
+    url = f"http://{shown_host}:{port}"
+
+    warning = security.exposure_warning(host, api_key)
+
+    def on_ready() -> None:
+        log.info("wslm serving %s at %s/v1%s", names[0], url, " (API key required)" if api_key else "")
+        if warning:
+            log.warning("%s\n%s\n%s", "!" * 100, "WARNING: " + warning, "!" * 100)
+        extra = {"warning": warning} if warning else {}
+        emit("ready", url=url, host=host, port=port, model=names[0], pid=os.getpid(),
+             max_model_len=state.max_model_len, api_key_required=bool(api_key), task=state.task, **extra)
+
+    def on_signal() -> None:
+        state.engine.begin_drain(args.shutdown_timeout)
+
+    config = uvicorn.Config(
+        app,
+        log_config=_log_config(args.uvicorn_log_level),
+        log_level=args.uvicorn_log_level,
+        timeout_graceful_shutdown=int(args.shutdown_timeout) + 15,
+        timeout_keep_alive=5,
+        access_log=not getattr(args, "disable_uvicorn_access_log", False),
+    )
+    server = _Server(config, on_ready, on_signal)
+    died: list[str] = []
+
+    def on_death(why: str) -> None:
+        # /health already answers 503; stop listening and exit non-zero so that whoever runs us (the GUI's
+        # auto-restart, systemd, a script) sees it, instead of a server that takes requests it cannot serve.
+        died.append(why)
+        log.error("The engine stopped (%s): the server exits.", why)
+        emit("error", message=f"The engine stopped ({why}); the server exited. Restart it; its log (stderr) "
+                              "has the details.")
+        state.engine.draining = True
+        server.should_exit = True
+
+    state.engine.on_death = on_death
+    try:
+        server.run(sockets=[sock])
+    except SystemExit:  # uvicorn exits this way when the app fails its start-up
+        server.started = False
+    if not server.started:
+        emit("error", message="The HTTP server could not start; see the log above (stderr).")
+        return 1
+    return 1 if died else 0
+
+
+def _make_server_class():
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        def __init__(self, config: Any, on_ready, on_signal) -> None:
+            super().__init__(config)
+            self._on_ready = on_ready
+            self._on_signal = on_signal
+
+        async def startup(self, sockets: Any = None) -> None:
+            await super().startup(sockets)
+            if self.started and not self.should_exit:
+                self._on_ready()
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            self._on_signal()
+            super().handle_exit(sig, frame)
+
+        @contextlib.contextmanager
+        def capture_signals(self):
+            # As uvicorn's, minus re-raising the signal afterwards: a signalled, clean shutdown exits 0.
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            handled = [signal.SIGINT, signal.SIGTERM]
+            original = {sig: signal.signal(sig, self.handle_exit) for sig in handled}
+            try:
+                yield
+            finally:
+                for sig, handler in original.items():
+                    signal.signal(sig, handler)
+
+    return Server
+
+
+def _Server(config: Any, on_ready, on_signal):  # noqa: N802 - reads as a class at the call site
+    return _make_server_class()(config, on_ready, on_signal)

@@ -1,0 +1,166 @@
+"""POST /v1/chat/completions, streamed (SSE, chunk by chunk as OpenAI sends them) or whole."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from wslm.backend.entrypoints.openai.errors import bad_request
+from wslm.backend.entrypoints.openai.protocol import ChatCompletionRequest, ChatMessage, parse_body
+from wslm.backend.entrypoints.openai.sampling_extras import (
+    ChatStreamExtras,
+    chat_response_extras,
+    truncate_prompt,
+)
+from wslm.backend.entrypoints.openai.serving_base import (
+    ChunkWriter,
+    EventStream,
+    ServerState,
+    Tracker,
+    chat_logprobs,
+    check_max_tokens,
+    check_unsupported,
+    collect_all,
+    start_group,
+    stream_deltas,
+)
+from wslm.backend.entrypoints.openai.serving_tools import ChatPlan, plan_chat
+from wslm.backend.entrypoints.openai.structured_request import compile_structured
+from wslm.backend.frontend.async_engine import RequestGroup
+from wslm.backend.sampling_params import SamplingParams
+
+log = logging.getLogger("wslm.server")
+
+
+def template_messages(messages: list[ChatMessage]) -> list[dict]:
+    """The request's messages as plain dicts; chat.normalize_messages (inside the engine's rendering, the same
+    for LLM.chat) checks and shapes them for the template."""
+    return [m.model_dump(exclude_none=True) for m in messages]
+
+
+async def render_prompt(state: ServerState, messages: list[dict], **kwargs: Any) -> list[int]:
+    """The prompt ids for a chat, rendered by the engine (through the async client, off the event loop);
+    a template that fails on the user's messages or template is a 400 naming why."""
+    try:
+        return await state.engine.apply_chat_template(messages, **kwargs)
+    except ValueError as exc:
+        raise bad_request(str(exc), param=getattr(exc, "param", None) or "messages",
+                          code=getattr(exc, "code", None)) from exc
+    except Exception as exc:  # noqa: BLE001 - a Jinja error from the user's messages or template is theirs
+        raise bad_request(f"The chat template could not render these messages: {type(exc).__name__}: {exc}",
+                          param="messages") from exc
+
+
+async def prepare_chat(state: ServerState, req: ChatCompletionRequest, top_n: int | None
+                       ) -> tuple[list[int], SamplingParams, ChatPlan]:
+    """The prompt ids, sampling params and reply plan (tools, reasoning) of a chat request: the path
+    /v1/chat/completions and /v1/messages share; every problem is a 400."""
+    max_tokens = req.requested_max_tokens()
+    check_max_tokens(max_tokens, "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens")
+    params = req.sampling_params(max_tokens, top_n)
+    plan = plan_chat(state, req)
+    if plan.keep_special_tokens:
+        params.skip_special_tokens = False  # the tool-call markers are special tokens (vLLM does the same)
+    prompt_ids = await render_prompt(state, template_messages(req.messages), chat_template=req.chat_template,
+                                     add_generation_prompt=req.add_generation_prompt,
+                                     continue_final_message=req.continue_final_message,
+                                     tools=plan.template_tools, chat_template_kwargs=req.chat_template_kwargs)
+    prompt_ids = truncate_prompt(prompt_ids, req.truncate_prompt_tokens, state.max_model_len)
+    plan.prompt_rendered(state.tokenizer, prompt_ids)
+    # tool_choice's grammar (a tool's parameters schema is then at fault when it fails), or the client's.
+    spec, source = (plan.grammar, "tools") if plan.grammar is not None else (params.structured_outputs,
+                                                                               req.structured_source)
+    if spec is not None:
+        await compile_structured(state, spec, source)  # errors name the constraint as it was given
+        params.structured_outputs = await asyncio.to_thread(plan.after_reasoning, spec)  # builds a grammar
+        if params.structured_outputs is not spec:
+            await compile_structured(state, params.structured_outputs, source)
+    state.check_request(prompt_ids, params, "messages")
+    return prompt_ids, params, plan
+
+
+async def create_chat_completion(state: ServerState, request: Request) -> Response:
+    req: ChatCompletionRequest = parse_body(await request.body(), ChatCompletionRequest)
+    state.apply_generation_defaults(req)
+    model = state.check_model(req.model)
+    check_unsupported(req.unsupported_fields())
+    req.check_stream_options()
+    state.check_not_draining()
+    top_n = req.requested_logprobs()
+    prompt_ids, params, plan = await prepare_chat(state, req, top_n)
+
+    response_id = f"chatcmpl-{uuid.uuid4().hex}"
+    group = await start_group(state.engine, response_id, [prompt_ids], params)
+    tracker = state.tracker(1, params.n, [len(prompt_ids)])
+    created = int(time.time())
+    if req.stream:
+        extras = ChatStreamExtras(req, tracker, prompt_ids, state.tokenizer)
+        return EventStream(_stream(state, group, tracker, response_id, created, model, req, top_n, plan, extras),
+                           group)
+    results = await collect_all(request, group, tracker)
+    if results is None:
+        return Response(status_code=499)
+    choices = []
+    for i in range(params.n):
+        r = results[(0, i)]
+        reply = plan.new_reply()
+        reply.feed(r.text, final=True)
+        choices.append({
+            "index": i,
+            "message": reply.message(),
+            "logprobs": {"content": chat_logprobs(state.tokenizer, r.token_ids, r.logprobs or [], top_n,
+                                                  req.return_tokens_as_token_ids)}
+            if top_n is not None else None,
+            "finish_reason": reply.finish_reason(r.finish_reason),
+            "stop_reason": r.stop_reason,
+        })
+    body = {
+        "id": response_id,
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "choices": choices,
+        "usage": tracker.usage(),
+    }
+    token_ids = [results[(0, i)].token_ids for i in range(params.n)]
+    return JSONResponse(chat_response_extras(body, req, tracker, prompt_ids, state.tokenizer, token_ids))
+
+
+def _stream(state: ServerState, group: RequestGroup, tracker: Tracker, response_id: str, created: int,
+            model: str, req: ChatCompletionRequest, top_n: int | None, plan: ChatPlan,
+            extras: ChatStreamExtras) -> AsyncIterator[str]:
+    head = {"id": response_id, "object": "chat.completion.chunk", "created": created, "model": model}
+    writer = ChunkWriter(head, tracker, req)
+    replies = [plan.new_reply() for _ in range(tracker.n)]
+
+    def render(d) -> str:
+        out = ""
+        lp = None
+        if top_n is not None and d.token_ids:
+            lp = {"content": chat_logprobs(state.tokenizer, d.token_ids, d.logprobs or [], top_n,
+                                           req.return_tokens_as_token_ids)}
+        reply = replies[d.index]
+        deltas = reply.feed(d.text, final=d.finish_reason is not None)
+        if (lp is not None or (d.token_ids and req.return_token_ids)) and not deltas:
+            deltas = [{"content": ""}]
+        ids = d.token_ids
+        for delta in deltas:
+            out += writer.choice(extras.content_chunk({"index": d.index, "delta": delta, "logprobs": lp}, ids))
+            lp, ids = None, []  # the token logprobs and ids ride on the first chunk of this step
+        if d.finish_reason is not None:
+            out += writer.choice({"index": d.index, "delta": {}, "logprobs": None},
+                                 reply.finish_reason(d.finish_reason), d.stop_reason)
+        return out
+
+    # The first delta of each choice carries the role, as OpenAI's do.
+    first = "".join(writer.choice(extras.role_chunk({"index": i, "delta": {"role": "assistant", "content": ""},
+                                                     "logprobs": None}))
+                    for i in range(tracker.n))
+    return stream_deltas(group, tracker, writer, response_id, first, render)

@@ -1,0 +1,191 @@
+"""Chat prompts through the model's own chat template (or an override).
+
+The one rendering path: LLM.chat, `wslm chat` and the server's /v1/chat/completions, /tokenize and /v1/messages
+all call render_chat(), so the same messages give the same prompt token ids everywhere."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from wslm.backend.frontend.chat_harmony import HARMONY_MARK, harmony_messages
+from wslm.backend.frontend.validation import RequestError
+
+# Content part types that carry text (OpenAI's chat parts and its Responses-style input parts).
+_TEXT_PARTS = ("text", "input_text")
+
+
+def normalize_messages(messages: Any) -> list[dict]:
+    """OpenAI-style messages as chat templates want them. Any role goes to the template as given (vLLM does
+    the same) except OpenAI's `developer`, which templates know as `system`; content may be a string or a list
+    of text parts (joined with newlines, as vLLM joins them); assistant `tool_calls` keep their ids and get
+    their JSON `arguments` string decoded into an object, which is what Hermes, Llama and Mistral templates
+    expect; `tool_call_id`, `name` and any other field pass through."""
+    if not isinstance(messages, (list, tuple)) or not messages:
+        raise RequestError("messages must be a non-empty list of {'role': ..., 'content': ...} objects.",
+                           param="messages")
+    return [_normalize_message(i, msg) for i, msg in enumerate(messages)]
+
+
+def _normalize_message(i: int, msg: Any) -> dict:
+    if not isinstance(msg, dict) or "role" not in msg:
+        raise RequestError(f"messages[{i}] must be an object with 'role' and 'content'.", param=f"messages.{i}")
+    role = msg["role"]
+    if not isinstance(role, str) or not role.strip():
+        raise RequestError(f"messages[{i}].role must be a non-empty string such as 'user', got {role!r}.",
+                           param=f"messages.{i}.role")
+    out = {k: v for k, v in msg.items() if v is not None}
+    out["role"] = "system" if role == "developer" else role
+    content = msg.get("content")
+    tool_calls = msg.get("tool_calls")
+    if content is None:
+        if role != "assistant":
+            raise RequestError(f"messages[{i}].content is required for role {role!r}.", param=f"messages.{i}.content")
+        content = ""  # an assistant turn that only called tools
+    elif isinstance(content, list):
+        texts = []
+        for part in content:
+            if isinstance(part, str):
+                texts.append(part)
+            elif isinstance(part, dict) and part.get("type") in _TEXT_PARTS and isinstance(part.get("text"), str):
+                texts.append(part["text"])
+            else:
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise RequestError(f"messages[{i}] has a {kind!r} content part; only text parts are supported "
+                                   "(wslm serves text-only models).", param=f"messages.{i}.content",
+                                   code="unsupported_parameter")
+        content = "\n".join(texts)
+    elif not isinstance(content, str):
+        raise RequestError(f"messages[{i}].content must be a string or a list of text parts.",
+                           param=f"messages.{i}.content")
+    out["content"] = content
+    if tool_calls:
+        out["tool_calls"] = [_template_tool_call(i, j, call) for j, call in enumerate(tool_calls)]
+    return out
+
+
+def _template_tool_call(i: int, j: int, call: Any) -> dict:
+    where = f"messages[{i}].tool_calls[{j}]"
+    fn = call.get("function") if isinstance(call, dict) else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        raise RequestError(f"{where} must look like {{'id': ..., 'type': 'function', 'function': {{'name': ..., "
+                           "'arguments': '<JSON>'}}.", param=f"messages.{i}.tool_calls")
+    args = fn.get("arguments", {})
+    if isinstance(args, str):
+        try:
+            args = json.loads(args) if args.strip() else {}
+        except ValueError as exc:
+            raise RequestError(f"{where}.function.arguments is not valid JSON: {exc}.",
+                               param=f"messages.{i}.tool_calls") from exc
+    if args is None:
+        args = {}  # "null" arguments: a call without any
+    if not isinstance(args, dict):
+        raise RequestError(f"{where}.function.arguments must be a JSON object (as a string, as OpenAI sends it), "
+                           f"got {type(args).__name__}.", param=f"messages.{i}.tool_calls")
+    return {**call, "type": call.get("type", "function"), "function": {**fn, "arguments": args}}
+
+
+# Mistral's templates refuse any tool call id that is not 9 alphanumeric characters (raise_exception in the
+# Jinja); OpenAI-style ids ("call_...", and ours) are longer, so every tool round-trip would fail.
+_NINE_CHAR_IDS = "id|length!=9"
+
+
+def _nine_char_tool_call_ids(messages: list[dict]) -> list[dict]:
+    """Each tool call id, and the tool_call_id answering it, as 9 alphanumeric characters (a stable hash, so a
+    call and its result still match), as vLLM shortens them for Mistral models."""
+    def short(value: Any) -> Any:
+        if not isinstance(value, str) or (len(value) == 9 and value.isalnum()):
+            return value
+        return hashlib.sha256(value.encode()).hexdigest()[:9]
+
+    out = []
+    for msg in messages:
+        msg = dict(msg)
+        if msg.get("tool_calls"):
+            msg["tool_calls"] = [{**c, "id": short(c.get("id"))} for c in msg["tool_calls"]]
+        if "tool_call_id" in msg:
+            msg["tool_call_id"] = short(msg["tool_call_id"])
+        out.append(msg)
+    return out
+
+
+def pick_template(template: str | dict | None, tools: list[dict] | None = None) -> str | None:
+    """The template to use. A tokenizer may carry several named ones (a dict, e.g. Hermes 3's "default" and
+    "tool_use"): "tool_use" when tools are sent, else "default", as transformers picks."""
+    if not isinstance(template, dict):
+        return template
+    if tools and "tool_use" in template:
+        return template["tool_use"]
+    if "default" in template:
+        return template["default"]
+    raise RequestError(f"The model has several chat templates ({', '.join(template)}) and none is named "
+                       "'default': pass one with --chat-template FILE.", param="messages")
+
+
+def template_text(template: str | dict | None) -> str:
+    """All of a model's template text (every named template), for telling which tool format it uses."""
+    return "\n".join(template.values()) if isinstance(template, dict) else (template or "")
+
+
+def render_chat_text(tokenizer: Any, messages: Any, template: str | None, model_name: str, *,
+                     add_generation_prompt: bool = True, continue_final_message: bool = False,
+                     tools: list[dict] | None = None, chat_template_kwargs: dict | None = None) -> str:
+    """The prompt text for a chat. chat_template_kwargs (e.g. {"enable_thinking": False}) reach the template as
+    variables; tools (OpenAI's [{"type": "function", "function": {...}}]) too, as the template's `tools`."""
+    template = pick_template(template or getattr(tokenizer, "chat_template", None), tools)
+    if not template:
+        raise RequestError(
+            f"The model {model_name!r} has no chat template, so chat messages cannot be turned into a prompt. "
+            "Pass one with --chat-template FILE (a Jinja template), or use /v1/completions with a plain prompt.",
+            param="messages",
+        )
+    if continue_final_message and add_generation_prompt:
+        raise RequestError("continue_final_message and add_generation_prompt cannot both be true: set "
+                           "add_generation_prompt=false to continue the last assistant message.",
+                           param="continue_final_message")
+    normalized = normalize_messages(messages)
+    if _NINE_CHAR_IDS in str(template).replace(" ", ""):
+        normalized = _nine_char_tool_call_ids(normalized)
+    if HARMONY_MARK in str(template):
+        normalized = harmony_messages(normalized)  # gpt-oss: one tool call per message, `thinking`
+    if continue_final_message and normalized[-1]["role"] != "assistant":
+        raise RequestError("continue_final_message needs the last message to be an assistant message.",
+                           param="continue_final_message")
+    extra = dict(chat_template_kwargs or {})
+    # These are ours to set; a template variable of the same name in chat_template_kwargs would be ambiguous.
+    for reserved in ("tokenize", "chat_template", "add_generation_prompt", "continue_final_message", "tools"):
+        if reserved in extra:
+            raise RequestError(f"chat_template_kwargs must not set {reserved!r}; use the request field instead.",
+                               param="chat_template_kwargs")
+    return tokenizer.apply_chat_template(
+        normalized,
+        tools=tools or None,
+        tokenize=False,
+        add_generation_prompt=add_generation_prompt,
+        continue_final_message=continue_final_message,
+        chat_template=template,
+        **extra,
+    )
+
+
+def render_chat(tokenizer: Any, messages: Any, template: str | None, add_generation_prompt: bool, model_name: str,
+                **options: Any) -> list[int]:
+    """The prompt token ids for a chat (render_chat_text's options)."""
+    text = render_chat_text(tokenizer, messages, template, model_name, add_generation_prompt=add_generation_prompt,
+                            **options)
+    # The template already wrote any BOS token; encoding must not add a second one.
+    return tokenizer.encode(text, add_special_tokens=False)
+
+
+def read_template(value: str | None) -> str | None:
+    """A chat template given inline, or as a path to a Jinja file."""
+    if not value:
+        return None
+    if "{" not in value and len(value) < 4096:
+        path = Path(value).expanduser()
+        if path.is_file():
+            return path.read_text(encoding="utf-8")
+        raise FileNotFoundError(f"Chat template file {value} not found (give a Jinja file or the template text).")
+    return value

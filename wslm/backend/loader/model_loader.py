@@ -1,0 +1,246 @@
+"""Reads a model's config and tokenizer and yields its weights, whatever the format (see model_source for
+where the files are)."""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import torch
+
+from wslm.backend.loader.model_source import ModelSource, resolve_model  # noqa: F401  (resolve_model re-exported)
+from wslm.backend.modeling import (
+    GGUF_ARCHITECTURES,
+    SUPPORTED_ARCHITECTURES,
+    get_model_class,
+    gguf_architecture,
+)
+from wslm.backend.modeling.config import ModelConfig, rope_parameters, rope_settings  # noqa: F401 (re-exported)
+
+logger = logging.getLogger(__name__)
+
+
+def _read_hf_config(source: ModelSource, trust_remote_code: bool):
+    from transformers import AutoConfig
+
+    converted = source.converted()
+    if converted is not None:
+        return AutoConfig.from_pretrained(str(converted))
+    if not source.gguf_file:
+        return AutoConfig.from_pretrained(str(source.folder), trust_remote_code=trust_remote_code)
+    from wslm.backend.loader.gguf_config import complete_config
+
+    hf_config = AutoConfig.from_pretrained(str(source.folder), gguf_file=source.gguf_file)
+    complete_config(hf_config, source.gguf_path)  # the keys transformers' reader skips (Phi-3, Gemma)
+    return hf_config
+
+
+def load_tokenizer(source: ModelSource, tokenizer: str | None = None, trust_remote_code: bool = False):
+    from transformers import AutoTokenizer
+
+    if tokenizer:
+        return AutoTokenizer.from_pretrained(tokenizer, trust_remote_code=trust_remote_code)
+    converted = source.converted()
+    if converted is not None:
+        return AutoTokenizer.from_pretrained(str(converted))
+    kwargs = {"gguf_file": source.gguf_file} if source.gguf_file else {}
+    return AutoTokenizer.from_pretrained(str(source.folder), trust_remote_code=trust_remote_code, **kwargs)
+
+
+def _eos_ids(source: ModelSource, hf_config, tokenizer) -> frozenset[int]:
+    ids: set[int] = set()
+
+    def add(value) -> None:
+        if isinstance(value, int):
+            ids.add(value)
+        elif isinstance(value, (list, tuple)):
+            ids.update(v for v in value if isinstance(v, int))
+
+    add(getattr(hf_config, "eos_token_id", None))
+    add(getattr(tokenizer, "eos_token_id", None))
+    gen_cfg = source.folder / "generation_config.json"
+    if not source.gguf_file and gen_cfg.is_file():
+        add(json.loads(gen_cfg.read_text()).get("eos_token_id"))
+    return frozenset(ids)
+
+
+def resolve_dtype(requested: str, hf_config, device: torch.device) -> torch.dtype:
+    names = {
+        "float32": torch.float32, "float": torch.float32, "fp32": torch.float32,
+        "float16": torch.float16, "half": torch.float16, "fp16": torch.float16,
+        "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
+    }  # fmt: skip
+    if requested != "auto":
+        return names[requested]
+    if device.type == "cpu":
+        from wslm.backend.platforms.cpu.tuning import cpu_auto_dtype
+
+        name, why = cpu_auto_dtype()
+        logger.info("dtype=auto on CPU: %s, because %s.", name, why)
+        return names[name]
+    cfg = getattr(hf_config, "torch_dtype", None) or getattr(hf_config, "dtype", None)
+    cfg = names.get(str(cfg).removeprefix("torch."), torch.float32) if cfg is not None else torch.float32
+    if cfg == torch.float32:
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+    return cfg
+
+
+def cpu_has_amx_bf16() -> bool:
+    """True where dtype=auto picks bfloat16 on this CPU (AMX or AVX512-BF16; name kept for callers)."""
+    from wslm.backend.platforms.cpu.tuning import cpu_auto_dtype
+
+    return cpu_auto_dtype()[0] == "bfloat16"
+
+
+def check_prequantized(method: str, qc: dict) -> None:
+    """The AWQ/GPTQ variants the repackers read: 4-bit weights, AWQ's GEMM packing. Others would load as noise."""
+    bits = qc.get("bits") or qc.get("w_bit")
+    if bits is not None and int(bits) != 4:
+        raise ValueError(f"This {method.upper()} checkpoint has {bits}-bit weights; wslm runs 4-bit AWQ/GPTQ only. "
+                         "Use the model's 4-bit AWQ/GPTQ build, a GGUF, or the unquantized repo with --quantization int8.")
+    version = str(qc.get("version") or "gemm").lower()
+    if method == "awq" and version != "gemm":
+        raise ValueError(f"This AWQ checkpoint is packed as {version!r}; wslm reads AWQ's GEMM packing only. "
+                         "Use a GEMM build of the model (the usual one on the hub) or a GGUF.")
+
+
+def resolve_quantization(requested: str | None, source: ModelSource, hf_config) -> str | None:
+    """What the weights are: a GGUF file is "gguf" whatever was asked; a checkpoint with a
+    quantization_config is its method (as vLLM reads it); int8/int4 quantize 16-bit weights on load."""
+    from wslm.backend.quant import check_quantization
+
+    requested = check_quantization(requested)
+    if source.gguf_file:
+        # int8/int4 apply to the dense tensors of a GGUF (all of them under WSLM_GGUF_DEQUANTIZE=1).
+        return requested if requested in ("int8", "int4") else "gguf"
+    qc = getattr(hf_config, "quantization_config", None)
+    found = (qc.get("quant_method") if isinstance(qc, dict) else getattr(qc, "quant_method", None)) if qc else None
+    found = str(found).lower() if found else None
+    if found in ("awq", "gptq"):
+        if requested not in (None, found):
+            raise ValueError(f"This checkpoint is {found}-quantized; quantization={requested!r} cannot apply to it.")
+        check_prequantized(found, qc if isinstance(qc, dict) else vars(qc))
+        return found
+    if found == "mxfp4":  # gpt-oss: its MXFP4 experts are dequantized on load (models/gpt_oss.py)
+        return requested if requested in ("int8", "int4") else None
+    if found:
+        raise ValueError(f"Checkpoints quantized with {found!r} are not supported (supported: awq, gptq, gguf).")
+    if requested in ("awq", "gptq", "gguf"):
+        raise ValueError(f"quantization={requested!r} was asked for, but the checkpoint has no {requested} weights.")
+    return requested
+
+
+def load_model_config(
+    source: ModelSource, tokenizer, dtype: str, device: torch.device, trust_remote_code=False, quantization=None
+):
+    hf_config = _read_hf_config(source, trust_remote_code)
+    archs = list(getattr(hf_config, "architectures", None) or [])
+    if not archs:
+        model_type = gguf_architecture(getattr(hf_config, "model_type", ""))
+        archs = [GGUF_ARCHITECTURES.get(model_type, model_type or "unknown")]
+    arch = archs[0]
+    # A bare decoder body (Qwen3Model, as embedding checkpoints ship) runs on its causal-LM family's code.
+    if arch.endswith("Model") and arch.removesuffix("Model") + "ForCausalLM" in SUPPORTED_ARCHITECTURES:
+        arch = arch.removesuffix("Model") + "ForCausalLM"
+    model_cls = get_model_class(arch)  # ValueError naming the supported list
+    if source.gguf_file and arch not in GGUF_ARCHITECTURES.values():
+        # The family runs from safetensors, but this GGUF's tensor names/layout are not mapped yet.
+        raise ValueError(
+            f"GGUF files of {arch} are not supported yet (GGUF architectures supported: "
+            f"{', '.join(GGUF_ARCHITECTURES)}). Use the model's Hugging Face (safetensors) repository instead."
+        )
+    if source.gguf_file and source.converted() is None:
+        from wslm.backend.loader import gguf_cache
+
+        if gguf_cache.enabled():
+            gguf_cache.save_tokenizer_and_config(gguf_cache.folder_for(source.gguf_path), tokenizer, hf_config, arch)
+    # Multimodal checkpoints (Gemma 3) nest the language model's settings; text models return themselves.
+    text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+    num_heads = text.num_attention_heads
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // num_heads
+    rope = rope_parameters(text)
+    theta, scaling = rope_settings(rope, text)
+    partial = float(rope.get("partial_rotary_factor") or getattr(text, "partial_rotary_factor", None) or 1.0)
+    layer_types = getattr(text, "layer_types", None)
+    fields = dict(
+        name=source.name,
+        path=str(source.folder / source.gguf_file) if source.gguf_file else str(source.folder),
+        architecture=arch,
+        hidden_size=text.hidden_size,
+        num_layers=text.num_hidden_layers,
+        num_heads=num_heads,
+        num_kv_heads=getattr(text, "num_key_value_heads", None) or num_heads,
+        head_dim=head_dim,
+        intermediate_size=text.intermediate_size,
+        vocab_size=text.vocab_size,
+        rms_norm_eps=float(getattr(text, "rms_norm_eps", None) or 1e-6),
+        rope_theta=theta,
+        rope_scaling=scaling,
+        max_position_embeddings=int(getattr(text, "max_position_embeddings", 4096) or 4096),
+        tie_word_embeddings=bool(
+            getattr(hf_config, "tie_word_embeddings", None) or getattr(text, "tie_word_embeddings", False)
+        ),
+        qkv_bias=bool(getattr(text, "attention_bias", False)),
+        eos_token_ids=_eos_ids(source, hf_config, tokenizer),
+        dtype=resolve_dtype(dtype, hf_config, device),
+        sliding_window=_sliding_window(text),
+        layer_types=tuple(layer_types) if layer_types else None,
+        rotary_dim=int(head_dim * partial),
+        hidden_act=getattr(text, "hidden_activation", None) or getattr(text, "hidden_act", None) or "silu",
+        quantization=resolve_quantization(quantization, source, hf_config),
+    )
+    fields.update(model_cls.config_overrides(text))
+    return hf_config, ModelConfig(**fields)
+
+
+def _sliding_window(hf_config) -> int | None:
+    window = getattr(hf_config, "sliding_window", None)
+    if not isinstance(window, int) or window <= 0:
+        return None
+    # Qwen2 configs carry a window but switch it off with use_sliding_window=False.
+    if getattr(hf_config, "use_sliding_window", True) is False:
+        return None
+    return window
+
+
+def iter_weights(source: ModelSource, dtype: torch.dtype, quantization: str | None = None):
+    """Yield (hf_name, tensor) for every weight, one file at a time to keep peak memory low. AWQ/GPTQ
+    pieces come out as one int4 weight per linear (wslm.backend.quant.packed_checkpoint)."""
+    if quantization in ("awq", "gptq"):
+        from wslm.backend.quant.packed_checkpoint import read_quant_config, repack
+
+        yield from repack(iter_weights(source, dtype), quantization, read_quant_config(source.folder))
+        return
+    if source.gguf_file:
+        yield from _iter_gguf_weights(source, dtype)
+        return
+    files = sorted(source.folder.glob("*.safetensors"))
+    if files:
+        from safetensors import safe_open
+
+        for file in files:
+            with safe_open(str(file), framework="pt") as f:
+                for name in f.keys():
+                    yield name, f.get_tensor(name)
+        return
+    bins = sorted(source.folder.glob("pytorch_model*.bin"))
+    if not bins:
+        raise FileNotFoundError(f"No weights (*.safetensors or pytorch_model*.bin) in {source.folder}.")
+    for file in bins:
+        yield from torch.load(str(file), map_location="cpu", weights_only=True).items()
+
+
+def _iter_gguf_weights(source: ModelSource, dtype: torch.dtype):
+    # Read straight from the file, tensor by tensor, kept quantized (wslm.backend.quant.gguf_weights):
+    # faster than reading a converted copy back, and the model never exists in full precision. The
+    # converted-copy cache keeps only the tokenizer and config, the slow part to parse.
+    from wslm.backend.quant.gguf_weights import iter_gguf_weights
+
+    yield from iter_gguf_weights(source.gguf_path)
+
+
+def decoder_body_weights(weights):
+    """A bare decoder body (Qwen3Model: `layers.0...`, `norm.weight`) named as our causal-LM loader
+    expects (`model.` in front)."""
+    for name, tensor in weights:
+        yield (name if name.startswith(("model.", "lm_head.")) else "model." + name), tensor

@@ -1,0 +1,361 @@
+"""The CPU decode step compiled by torch.compile (inductor), where a C++ compiler exists.
+
+The eager fast path (cpu_decode.py) still pays ~20 op dispatches per layer, and torch's int4/int8 CPU
+kernels run one matrix-vector product per batch row. Compiled with frozen weights and max-autotune,
+inductor fuses the small ops into a few C++ loops and picks its own WoQ GEMM micro-kernels (AVX-512 at one
+row, AMX from a few rows where the CPU has it) whenever they beat the aten kernels; on CPUs without AMX
+its int4 products call torch's one-row-at-a-time kernel, so the graph calls cpu_gemv's multi-row kernel
+instead (a custom op). Measured on the demo GGUF (2-core Xeon with AMX): one sequence 13.8 -> 8.8 ms a
+step on one core, 32 sequences 70 -> 24 ms on two (docs/benchmarks.md).
+
+Compiling takes ~45-90 s per graph on 2 cores, so it runs in a background thread at start: steps run the
+eager fast path until the graphs (one sequence, unless cpu_native.py runs those steps in C; 2+ sequences,
+shapes dynamic) are ready, then switch.
+Any failure (no compiler, an inductor error) is logged once and the eager path keeps serving.
+
+The graph reads the KV pool but never writes it: each layer's new key/value are put into its gathered
+copy for attention and returned, and one index_copy_ after the graph stores every layer's at once (a
+graph that mutated the pool could make inductor copy the whole pool each step). Off with --enforce-eager
+or WSLM_CPU_COMPILE=0; results match the eager path to bf16 rounding (not bit for bit: other kernels)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import sys
+import threading
+import time
+
+import torch
+import torch.nn.functional as F
+
+from wslm.backend.modeling.layers.attention import AttentionMetadata
+from wslm.kernels import cpu_gemv
+from wslm.kernels.torch_paged_attention import _decode_blocks
+from wslm.kernels.torch_rotary import _cos_sin, neox_rotated
+
+logger = logging.getLogger(__name__)
+ENV_VAR = "WSLM_CPU_COMPILE"
+
+
+# By default only models up to this many weight bytes compile: each graph keeps its own repacked copy of
+# the weights (measured ~0.9x the weights per graph, two graphs), which small models afford and which
+# matters most for them (their steps are overhead, not bandwidth). WSLM_CPU_COMPILE=1 compiles any size.
+AUTO_MAX_WEIGHT_BYTES = 1 << 30
+
+
+def why_not(cpu_decode, enforce_eager: bool = False, weight_bytes: int = 0) -> str | None:
+    """None when the decode step of this model can be compiled here; else why not."""
+    setting = os.environ.get(ENV_VAR, "auto").strip().lower()
+    if setting in ("0", "false", "no", "off"):
+        return f"{ENV_VAR}={setting}"
+    if enforce_eager:
+        return "--enforce-eager"
+    if cpu_decode is None:
+        return "the model does not take the CPU fast decode path"
+    if setting not in ("1", "true", "yes", "on") and weight_bytes > AUTO_MAX_WEIGHT_BYTES:
+        return (f"weights of {weight_bytes / 2**30:.1f} GiB (each compiled graph keeps a copy; "
+                f"{ENV_VAR}=1 compiles anyway)")  # fmt: skip
+    if not (shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++") or shutil.which("clang++")):
+        return "no C++ compiler (install g++: sudo apt install g++)"
+    for layer in cpu_decode.layers:
+        if layer.mlp is not None:
+            return "a mixture-of-experts or other MLP block"
+        for lin in (layer.qkv, layer.o, layer.gate_up, layer.down):
+            if _spec(lin) is None:
+                return "a weight format the compiled graph does not take"
+    return None
+
+
+def _spec(fn) -> tuple | None:
+    """(kind, tensors, extra) of a cpu_decode linear: what the graph multiplies by, as frozen buffers."""
+    return _weight_spec(getattr(fn, "source_weight", None), getattr(fn, "source_bias", None),
+                        getattr(fn, "bias_after", False))  # fmt: skip
+
+
+def _weight_spec(w, b=None, bias_after: bool = False) -> tuple | None:
+    from wslm.backend.quant.int4 import Int4Weight
+    from wslm.backend.quant.int8 import Int8Weight
+
+    if isinstance(w, torch.Tensor):
+        return ("dense", (w, b), bias_after)
+    if isinstance(w, Int4Weight) and w.perm is None:
+        return ("int4", (w.packed, w.scales_and_zeros, b), (w.group_size, _int4_ours(w)))
+    if isinstance(w, Int8Weight):
+        return ("int8", (w.qweight, w.scales, b), None)
+    return None
+
+
+def _int4_ours(w) -> int:
+    """The pack's block rows where the graph should multiply in cpu_gemv's kernel, else 0. Where the CPU has
+    AMX, inductor's own int4 templates beat it from a few rows; elsewhere (AVX-512 without AMX, as Zen 4;
+    AVX2) inductor calls torch's one-row-at-a-time kernel, and ours, which reads each weight block once for
+    all rows, is 1.4-1.8x faster (demo GGUF, 32 chats on a Zen 4 core: 158 tok/s compiled with torch's,
+    230 eager with ours)."""
+    return 0 if cpu_gemv.amx() or not w.c_kernel() else w.block_n
+
+
+class _DecodeModule(torch.nn.Module):
+    """The eager fast path's math (cpu_decode.CpuDecodePath.run) with every weight a buffer, so that
+    inductor freezes them as constants."""
+
+    def __init__(self, model, cpu_decode) -> None:
+        super().__init__()
+        self._n = 0
+        emb, head = model.embed_tokens.weight, model.lm_head.weight
+        self.embed = self._table(emb)
+        self.head = self._linear(_weight_spec(head))
+        # One sequence's int8 head runs after the graph, in cpu_gemv's kernel (1.5 vs 2.6-3.5 ms on the
+        # demo); a batch keeps it in the graph where the CPU has AMX (inductor's template beats both from a
+        # few rows), else it runs after the graph too, as the eager path picks (inductor's int8 lowering
+        # without AMX: ~52 ms for 32 rows of the demo's 49152-row head on a Zen 4 core, eager 25-28).
+        self.head_after = head if _head_after(head) else None
+        self.head_outside_batches = not cpu_gemv.amx()
+        self.final_norm = self._buf(model.norm.weight)
+        self.final_eps = model.norm.eps
+        self.dtype = model.dtype
+        self.layers = []
+        for layer in cpu_decode.layers:
+            self.layers.append(
+                dict(
+                    w_in=self._buf(layer.w_in), w_post=self._buf(layer.w_post),
+                    eps_in=layer.eps_in, eps_post=layer.eps_post,
+                    qkv=self._linear(_spec(layer.qkv)), o=self._linear(_spec(layer.o)),
+                    gate_up=self._linear(_spec(layer.gate_up)), down=self._linear(_spec(layer.down)),
+                    qk_norm=None if layer.qk_norm_w is None else self._buf(layer.qk_norm_w), qk_eps=layer.qk_eps,
+                    q_size=layer.q_size, kv_size=layer.kv_size, heads=layer.heads, kv_heads=layer.kv_heads,
+                    head_dim=layer.head_dim, scale=layer.scale,
+                )
+            )  # fmt: skip
+
+    def head_outside(self, b: int) -> bool:
+        """Whether a step of b sequences leaves the head to head_after (the graph returns the normed hidden)."""
+        return self.head_after is not None and (self.head_outside_batches or b == 1)
+
+    def _buf(self, t: torch.Tensor | None) -> str | None:
+        if t is None:
+            return None
+        name = f"b{self._n}"
+        self._n += 1
+        self.register_buffer(name, t, persistent=False)
+        return name
+
+    def _table(self, w) -> tuple:
+        if isinstance(w, torch.Tensor):
+            return ("dense", self._buf(w), None)
+        return ("int8", self._buf(w.qweight), self._buf(w.scales))
+
+    def _linear(self, spec: tuple) -> tuple:
+        kind, tensors, extra = spec
+        return (kind, tuple(self._buf(t) for t in tensors), extra)
+
+    def _mm(self, x: torch.Tensor, lin: tuple) -> torch.Tensor:
+        kind, names, extra = lin
+        t = [None if n is None else getattr(self, n) for n in names]
+        if kind == "dense":
+            w, b = t
+            return F.linear(x, w) + b if (b is not None and extra) else F.linear(x, w, b)
+        xk = x.to(t[1].dtype)  # a float32 engine's activations go to the kernels' bf16 and back, as apply does
+        if kind == "int4" and extra[1]:
+            out = torch.ops.wslm.int4_mm_q8(xk, t[0], t[1], extra[0], extra[1])
+        elif kind == "int4":
+            out = torch.ops.aten._weight_int4pack_mm_for_cpu(xk, t[0], extra[0], t[1])
+        else:
+            out = torch.ops.aten._weight_int8pack_mm(xk, t[0], t[1])
+        out = out.to(x.dtype)
+        return out if t[-1] is None else out + t[-1]
+
+    def _embed(self, ids: torch.Tensor) -> torch.Tensor:
+        kind, w, s = self.embed
+        if kind == "dense":
+            return F.embedding(ids, getattr(self, w))
+        q, scales = getattr(self, w), getattr(self, s)
+        return q.index_select(0, ids).to(self.dtype) * scales.index_select(0, ids).to(self.dtype).unsqueeze(1)
+
+    def forward(self, input_ids, cos2, sin2, blocks, mask, cur, kv_pool):
+        b = input_ids.shape[0]
+        span = blocks.shape[0] // b * kv_pool.shape[3]
+        hidden = self._embed(input_ids)
+        residual = None
+        new_kv = []
+        for i, p in enumerate(self.layers):
+            d = hidden.shape[-1]
+            residual = hidden if residual is None else hidden + residual
+            x = getattr(self, p["w_in"]) * F.rms_norm(residual, (d,), None, p["eps_in"])
+            qkv = self._mm(x, p["qkv"])
+            hd, heads, kvh = p["head_dim"], p["heads"], p["kv_heads"]
+            qk = qkv[:, : p["q_size"] + p["kv_size"]].unflatten(-1, (-1, hd))
+            if p["qk_norm"] is not None:
+                qk = getattr(self, p["qk_norm"]) * F.rms_norm(qk, (hd,), None, p["qk_eps"])
+            qk = neox_rotated(qk, cos2, sin2)
+            kv = torch.stack((qk[:, heads:], qkv[:, p["q_size"] + p["kv_size"] :].view(b, kvh, hd)))
+            new_kv.append(kv)
+            # This layer's cached keys/values with the new token's put in (the pool itself is not written).
+            g = kv_pool[i].index_select(1, blocks).view(2, b * span, kvh, hd).index_copy(1, cur, kv)
+            g = g.view(2, b, span, kvh, hd).transpose(2, 3)
+            q = qk[:, :heads].reshape(b, kvh, heads // kvh, hd)
+            out = F.scaled_dot_product_attention(q, g[0], g[1], attn_mask=mask, scale=p["scale"])
+            hidden = self._mm(out.reshape(b, heads * hd), p["o"])
+            residual = hidden + residual
+            x = getattr(self, p["w_post"]) * F.rms_norm(residual, (d,), None, p["eps_post"])
+            gu = self._mm(x, p["gate_up"])
+            half = gu.shape[-1] // 2
+            hidden = self._mm(F.silu(gu[:, :half]) * gu[:, half:], p["down"])
+        x = getattr(self, self.final_norm) * F.rms_norm(
+            hidden + residual, (hidden.shape[-1],), None, self.final_eps
+        )
+        if self.head_outside(b):
+            return x, torch.stack(new_kv)
+        return self._mm(x, self.head).float(), torch.stack(new_kv)
+
+
+def _head_after(head) -> bool:
+    from wslm.backend.quant.int8 import Int8Weight
+
+    return isinstance(head, Int8Weight) and cpu_gemv.int8_mm_takes(head.qweight, head.scales)
+
+
+def _weight_bytes(cpu_decode) -> int:
+    if cpu_decode is None:
+        return 0
+    total = 0
+    for layer in cpu_decode.layers:
+        for fn in (layer.qkv, layer.o, layer.gate_up, layer.down):
+            w = getattr(fn, "source_weight", None)
+            total += w.numel() * w.element_size() if isinstance(w, torch.Tensor) else getattr(w, "nbytes", 0)
+    return total
+
+
+class CompiledDecode:
+    """Compiles in a background thread; run() returns None until the graphs are ready."""
+
+    def __init__(self, model, cpu_decode, kv_pool: torch.Tensor, single: bool = True) -> None:
+        self.module = _DecodeModule(model, cpu_decode).eval()
+        self.single = single  # compile the one-sequence graph too (not when cpu_native.py runs those steps)
+        self.cpu_decode = cpu_decode
+        self.bound = list(cpu_decode.layers)  # the graph froze these layers' weights
+        self.kv_pool = kv_pool
+        self.flat_pool = kv_pool.view(kv_pool.shape[0], 2, -1, *kv_pool.shape[4:])  # [L, k|v, slots, ...]
+        self.block_size = kv_pool.shape[3]
+        self.compiled = None
+        self.ready = threading.Event()
+        self.failed: str | None = None
+        self.compile_seconds = 0.0
+        self.threads = torch.get_num_threads()  # the engine's (OpenMP settings are per thread)
+        self.steps = 0
+        self._thread: threading.Thread | None = None
+
+    @classmethod
+    def build(
+        cls, model, cpu_decode, kv_pool: torch.Tensor, enforce_eager: bool = False, single: bool = True
+    ) -> CompiledDecode | None:
+        reason = why_not(cpu_decode, enforce_eager, _weight_bytes(cpu_decode))
+        if reason is not None:
+            logger.info("CPU decode runs eagerly (not compiled): %s", reason)
+            return None
+        return cls(model, cpu_decode, kv_pool, single)
+
+    def start(self) -> None:
+        """Compile in a background thread (once; later calls do nothing)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._compile, name="wslm-compile", daemon=True)
+            self._thread.start()
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Start compiling if that has not begun, then block until the graphs are compiled (True) or
+        compiling failed or timed out (False)."""
+        self.start()
+        self.ready.wait(timeout)
+        return self.compiled is not None
+
+    def _compile(self) -> None:
+        start = time.monotonic()
+        # Inductor is Python: at the default 5 ms GIL switch interval the serving thread waits up to 5 ms at
+        # every GIL hand-back (a lone chat fell from ~170 to 10-35 tok/s while compiling); 0.2 ms bounds it.
+        interval = sys.getswitchinterval()
+        sys.setswitchinterval(min(interval, 0.0002))
+        try:
+            try:  # a background job: leave the cores to the steps being served
+                os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
+            except (AttributeError, OSError):
+                pass
+            import torch._inductor.config as inductor
+
+            inductor.freezing = True
+            inductor.max_autotune = True
+            inductor.max_autotune_gemm_backends = "CPP,ATEN"
+            inductor.compile_threads = 1  # in this thread: no worker processes beside a server
+            compiled = torch.compile(self.module)
+            # One sequence, then 2+: every later batch reuses one of the two graphs. Sizes no other
+            # dimension has, so that none is taken for another (an accidental guard, a recompile). The
+            # inputs are made outside inference mode, as run() makes its own (dynamo guards on it).
+            from wslm.backend.platforms.cpu.tuning import SMALL_STEP_ROWS
+
+            passive = os.environ.get("OMP_WAIT_POLICY", "").upper() == "PASSIVE"
+            for b in (1, 11) if self.single else (11,):
+                # The one-sequence graph runs on one thread where the engine would (model_runner.py:
+                # waking sleeping OpenMP threads costs more than they add); the batch graph on all.
+                threads = 1 if (b <= SMALL_STEP_ROWS and passive) else self.threads
+                inductor.cpp.threads = threads
+                torch.set_num_threads(threads)  # dynamo guards on it: as the engine will run this graph
+                inputs = self._inputs_for(b, blocks_per_seq=5)
+                with torch.inference_mode():
+                    compiled(*inputs)
+            self.compiled = compiled
+            self.compile_seconds = time.monotonic() - start
+            logger.info(
+                "CPU decode compiled in %.0f s: decode steps now run the compiled graph", self.compile_seconds
+            )
+        except Exception as exc:  # an optimisation: never a reason not to serve
+            self.failed = f"{type(exc).__name__}: {exc}"
+            logger.warning("CPU decode compile failed (%s); decode keeps running eagerly.", self.failed[:500])
+        finally:
+            sys.setswitchinterval(interval)
+            self.ready.set()
+
+    def _inputs_for(self, b: int, blocks_per_seq: int) -> tuple:
+        """Dummy inputs of a b-sequence step reading blocks_per_seq blocks each (block 0; nothing written)."""
+        dtype, head_dim = self.module.dtype, self.cpu_decode.layers[0].head_dim
+        ids = torch.zeros(b, dtype=torch.int64)
+        cos2 = torch.ones(b, 1, head_dim, dtype=dtype)
+        sin2 = torch.zeros(b, 1, head_dim, dtype=dtype)
+        blocks = torch.zeros(b * blocks_per_seq, dtype=torch.int64)
+        span = blocks_per_seq * self.block_size
+        mask = torch.ones(b, 1, 1, span, dtype=torch.bool)
+        cur = torch.arange(b, dtype=torch.int64) * span
+        dynamic = [(blocks, 0), (mask, 3)] + (
+            [(ids, 0), (cos2, 0), (sin2, 0), (blocks, 0), (mask, 0), (cur, 0)] if b > 1 else []
+        )
+        for t, dim in dynamic:
+            torch._dynamo.mark_dynamic(t, dim)
+        return ids, cos2, sin2, blocks, mask, cur, self.kv_pool
+
+    def run(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+    ) -> torch.Tensor | None:
+        """Logits of a pure decode step through the compiled graph, or None (not ready, or a padding slot)."""
+        if self.compiled is None:
+            return None
+        if any(layer.stale() for layer in self.bound):  # weights replaced since (tests do): eager from now on
+            self.compiled = None
+            return None
+        slots = meta.slot_mapping
+        b, bs = input_ids.shape[0], self.block_size
+        if b == 1 and not self.single:
+            return None
+        # At least two blocks per row: a one-block span would be a new shape (a recompile) for inductor.
+        max_len = max(meta.max_seqlen_k, bs + 1)
+        if -(-max_len // bs) > meta.block_tables.shape[1] or not bool((slots >= 0).all()):
+            return None
+        cos2, sin2 = _cos_sin(positions, self.cpu_decode.table, self.module.dtype, True)[2:]
+        blocks, mask = _decode_blocks(meta.block_tables, meta.seq_lens, max_len, bs, None)
+        span = blocks.shape[0] // b * bs
+        cur = torch.arange(b, dtype=torch.int64) * span + meta.seq_lens.long() - 1
+        with torch.inference_mode():
+            logits, new_kv = self.compiled(input_ids, cos2, sin2, blocks, mask, cur, self.kv_pool)
+            self.flat_pool.index_copy_(2, slots, new_kv)
+            if self.module.head_outside(b):
+                logits = self.module.head_after.apply(logits).float()
+        self.steps += 1
+        return logits

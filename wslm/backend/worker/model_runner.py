@@ -1,0 +1,160 @@
+"""ModelRunner: owns the weights and the KV pool, turns a scheduled batch into tensors and runs it."""
+
+from __future__ import annotations
+
+import logging
+
+import torch
+
+from wslm.backend.modeling import get_model_class
+from wslm.backend.modeling.layers.attention import AttentionMetadata
+from wslm.backend.platforms.cpu.tuning import SMALL_STEP_ROWS, one_thread_when
+from wslm.backend.sequence import Sequence
+from wslm.backend.worker.step_inputs import StepInputs, prepare_step
+
+logger = logging.getLogger(__name__)
+
+
+def load_model(source, mc, device: torch.device, embedding: bool = False):
+    """Build the model for mc (its family's class) and load its weights (this rank's shard under tensor
+    parallelism). embedding: an embedding checkpoint, which may be a bare decoder body (decoder_pooling.py)."""
+    from wslm.backend.loader.model_loader import decoder_body_weights, iter_weights
+
+    model = get_model_class(mc.architecture)(mc, device)
+    weights = iter_weights(source, mc.dtype, getattr(mc, "quantization", None))
+    if embedding:
+        weights = decoder_body_weights(weights)
+    model.load_weights(weights)
+    _return_freed_heap()
+    return model
+
+
+def _return_freed_heap() -> None:
+    """Loading makes many short-lived buffers (each tensor, or MoE expert, being repacked), and glibc keeps
+    freed heap mapped: resident memory after a quantized load stayed near its peak (measured: +100 MB on a
+    250 MB MoE GGUF). malloc_trim hands it back to the system."""
+    import ctypes
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):  # not glibc (musl): nothing to trim
+        pass
+
+
+class ModelRunner:
+    def __init__(self, model, block_size: int, num_blocks: int) -> None:
+        self.model = model
+        self.cfg = model.cfg
+        self.device = model.device
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        kv_heads = getattr(model, "num_kv_heads", self.cfg.num_kv_heads)  # this rank's, under tensor parallelism
+        shape = (num_blocks, block_size, kv_heads, self.cfg.head_dim)
+        # One allocation for the whole pool: [layers, k|v, blocks, block_size, kv_heads, head_dim].
+        kv_dtype = getattr(self.cfg, "kv_cache_dtype", None) or self.cfg.dtype
+        self.kv_pool = torch.zeros((self.cfg.num_layers, 2, *shape), dtype=kv_dtype, device=self.device)
+        self.kv_caches = [(self.kv_pool[i, 0], self.kv_pool[i, 1]) for i in range(self.cfg.num_layers)]
+        self.graphs = None  # DecodeGraphs, when CUDA graphs are on
+        self.cpu_decode = None  # CpuDecodePath: pure decode steps on CPU with the fewest ops (cpu_decode.py)
+        if self.device.type == "cpu":
+            from wslm.backend.platforms.cpu.decode_eager import CpuDecodePath
+
+            self.cpu_decode = CpuDecodePath.build(model, self.kv_pool)
+        self.native = None  # NativeDecode: one sequence's decode step in one C call (cpu_native.py)
+        if self.cpu_decode is not None:
+            from wslm.backend.platforms.cpu.decode_native import NativeDecode
+
+            self.native = NativeDecode.build(self.cpu_decode, self.kv_pool)
+        self.compiled = None  # CompiledDecode: the same step compiled by inductor (cpu_compiled.py)
+        self.kv_cache_bytes = self.kv_pool.numel() * self.kv_pool.element_size()
+
+    def enable_cuda_graphs(self, max_num_seqs: int, max_model_len: int) -> None:
+        from wslm.backend.platforms.cuda.graphs import DecodeGraphs
+
+        graphs = DecodeGraphs(self.model, self.kv_caches, max_num_seqs, max_model_len, self.block_size)
+        if graphs.capture():
+            self.graphs = graphs
+
+    def enable_cpu_compile(self, enforce_eager: bool = False) -> None:
+        """Compile the CPU decode step in the background (cpu_compiled.py); eager until it is ready."""
+        from wslm.backend.platforms.cpu.decode_compiled import CompiledDecode
+
+        # One sequence's steps run in C where cpu_native.py takes them: then no graph (nor its weight copy) for
+        # those, and the batch graph compiles when the first batch comes: a lone chat, the desktop's common
+        # case, never shares the cores (and the GIL) with inductor nor pays for its copy of the weights.
+        single = self.native is None
+        self.compiled = CompiledDecode.build(self.model, self.cpu_decode, self.kv_pool, enforce_eager, single)
+        if self.compiled is not None and single:
+            self.compiled.start()
+
+    def shutdown(self) -> None:
+        pass  # one process: nothing to stop
+
+    def check_health(self) -> None:
+        pass
+
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        if not pairs:
+            return
+        src = torch.tensor([s for s, _ in pairs], device=self.device)
+        dst = torch.tensor([d for _, d in pairs], device=self.device)
+        self.kv_pool[:, :, dst] = self.kv_pool[:, :, src]
+
+    def prepare(self, scheduled: list[tuple[Sequence, int]]):
+        step, sampled = prepare_step(scheduled, self.block_size)
+        input_ids, positions, meta = self.tensorize(step)
+        return input_ids, positions, meta, sampled
+
+    def tensorize(self, step: StepInputs):
+        dev = self.device
+
+        def t(values, dtype):
+            return torch.tensor(values, dtype=dtype, device=dev)
+
+        meta = AttentionMetadata(
+            slot_mapping=t(step.slots, torch.int64),
+            block_tables=t(step.block_tables, torch.int32),
+            cu_seqlens_q=t(step.cu_seqlens_q, torch.int32),
+            seq_lens=t(step.seq_lens, torch.int32),
+            logits_indices=t(step.logits_indices, torch.int64),
+            max_seqlen_q=step.max_seqlen_q,
+            max_seqlen_k=max(step.seq_lens),
+        )
+        return t(step.input_ids, torch.int64), t(step.positions, torch.int64), meta
+
+    def execute_step(self, step: StepInputs) -> torch.Tensor | None:
+        """Run prepared host-side inputs (what tensor-parallel workers receive). Logits or None."""
+        input_ids, positions, meta = self.tensorize(step)
+        logits = self.model.forward(input_ids, positions, meta, self.kv_caches)
+        return logits if step.logits_indices else None
+
+    def execute(self, scheduled: list[tuple[Sequence, int]]) -> tuple[torch.Tensor | None, list[Sequence]]:
+        """Run one step. Returns logits [len(sampled), vocab] for the sequences that get a new token."""
+        input_ids, positions, meta, sampled = self.prepare(scheduled)
+        is_decode = meta.max_seqlen_q == 1 and len(sampled) == len(scheduled)
+        if self.graphs is not None and is_decode and self.graphs.can_run(len(scheduled)):
+            return self.graphs.run(input_ids, positions, meta), sampled
+        if self.cpu_decode is not None and is_decode:
+            with one_thread_when(len(scheduled) <= SMALL_STEP_ROWS):
+                logits = None
+                if self.native is not None and len(scheduled) == 1:
+                    logits = self.native.run(input_ids, positions, meta)
+                if logits is None and self.compiled is not None:
+                    if len(scheduled) > 1:
+                        self.compiled.start()  # where it waited for a batch (above); once
+                    logits = self.compiled.run(input_ids, positions, meta)
+                if logits is None:
+                    logits = self.cpu_decode.run(input_ids, positions, meta)
+            if logits is not None:
+                return logits, sampled
+        logits = self.model.forward(input_ids, positions, meta, self.kv_caches)
+        return (logits if meta.logits_indices.numel() else None), sampled
+
+    def execute_pooling(self, scheduled: list[tuple[Sequence, int]]) -> tuple[torch.Tensor, list[Sequence]]:
+        """Run one step of embedding requests: the final normed hidden state [len(done), hidden] of the last
+        prompt token of each sequence whose prompt this step completes (decoder_pooling.py)."""
+        input_ids, positions, meta, done = self.prepare(scheduled)
+        return self.model.forward_hidden(input_ids, positions, meta, self.kv_caches), done
