@@ -52,7 +52,7 @@ def child(path: str, tokenizer: str, requests: int, max_tokens: int) -> dict:
 
     llm = LLM(path, tokenizer=tokenizer, dtype="bfloat16", max_num_seqs=max(requests, 1))
     rss = int(open("/proc/self/statm").read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    experts = sum(layer.mlp.experts.nbytes for layer in llm.llm_engine.runner.model.layers)
+    experts = sum(layer.mlp.experts.nbytes for layer in llm.llm_engine.executor.runner.model.layers)
     llm.generate("warm up", SamplingParams(max_tokens=4))
     single = run_wslm(llm, 1, max_tokens)
     many = run_wslm(llm, requests, max_tokens)

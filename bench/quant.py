@@ -69,7 +69,7 @@ def run_wslm(name: str, tokens: int, concurrent: int) -> dict:
               max_num_seqs=max(concurrent, 1))  # fmt: skip
     load_s = time.perf_counter() - start
     rss = _rss()
-    compiled = llm.llm_engine.runner.compiled  # the CPU decode graphs compile in the background: wait
+    compiled = llm.llm_engine.executor.runner.compiled  # the CPU decode graphs compile in the background: wait
     compile_s = None
     if compiled is not None and compiled.wait():
         compile_s = compiled.compile_seconds

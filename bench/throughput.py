@@ -32,7 +32,8 @@ def run_wslm(llm, n: int, max_tokens: int) -> dict:
     from wslm.backend import SamplingParams
 
     engine = llm.llm_engine
-    model = engine.runner.model
+    # engine.runner before the executor split: the same script measures a checkout from before it too.
+    model = (engine.executor.runner if hasattr(engine, "executor") else engine.runner).model
     forward_time = [0.0]
     original = model.forward
 

@@ -52,7 +52,7 @@ def measure(model: str, size: int, requests: int, max_tokens: int, dtype: str, d
         row[label] = sum(len(o.outputs[0].token_ids) for o in outs) / dt
         if label == "single":
             row["tokens"] = outs[0].outputs[0].token_ids
-    runner = llm.llm_engine.runner
+    runner = llm.llm_engine.executor.runner
     if size == 1:
         row["weights"] = sum(weight_bytes(runner.model).values())
     else:

@@ -11,9 +11,13 @@ Served:
                                                  another host name (localhost) with X-Linked-Etag (sha256) and
                                                  X-Linked-Size, like the real hub
   GET  /cdn/{sha256}                             the LFS bytes, Range -> 206
+Range is honoured as real servers do: with `If-Range: "<etag>"` only while that is the file's current
+strong ETag, otherwise the whole body comes back (200).
 Errors carry the hub's headers: 401/404 X-Error-Code RepoNotFound, 401/403 GatedRepo, 404 RevisionNotFound,
-404 EntryNotFound. Faults for tests: drop the connection at a byte position of a file (`drop_at`), or send
-slowly (`rate_bps`).
+404 EntryNotFound. Faults for tests: drop the connection at a byte position of a file (`drop_at`, then
+`on_drop`), send slowly (`rate_bps`), change a file under the same commit (`replace_file`) the way a plain
+mirror does, with ETags that are not content hashes (`add_repo(..., opaque_etags=True)`: nginx-style
+"<mtime>-<size>").
 
     with FakeHub() as hub:
         hub.add_repo("org/tiny", folder)          # or a {name: bytes} dict
@@ -30,6 +34,7 @@ import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from fnmatch import fnmatch
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -43,19 +48,30 @@ def git_blob_sha1(data: bytes) -> str:
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 
 
+_mtime = [1_700_000_000]  # a clock for opaque ETags: every new file version gets a later "mtime"
+
+
 @dataclass
 class RepoFile:
     data: bytes
     lfs: bool
+    opaque: bool = False  # ETag "<mtime>-<size>" (hex), as nginx sends, instead of a content hash
     sha1: str = ""
     sha256: str = ""
+    opaque_etag: str = ""
 
     def __post_init__(self) -> None:
         self.sha1 = git_blob_sha1(self.data)
         self.sha256 = hashlib.sha256(self.data).hexdigest()
+        if self.opaque:
+            _mtime[0] += 1
+            self.opaque_etag = f"{_mtime[0]:x}-{len(self.data):x}"
 
     @property
     def etag(self) -> str:
+        """What the resolve URL reports (ETag, or X-Linked-Etag for LFS files)."""
+        if self.opaque:
+            return self.opaque_etag
         return self.sha256 if self.lfs else self.sha1
 
 
@@ -78,6 +94,7 @@ class Request:
     status: int = 0
     sent: int = 0  # body bytes actually written
     file: str | None = None
+    if_range: str | None = None
 
 
 class FakeHub:
@@ -90,6 +107,8 @@ class FakeHub:
         self._drops: dict[str, list[int]] = {}  # file name -> byte positions at which to drop, once each
         self.corrupt: set[str] = set()  # files whose bytes get flipped in transit
         self.honour_range = True  # False: answer Range with the whole file (200), as some proxies do
+        self.honour_if_range = True  # False: ignore If-Range (Range alone decides), as some servers do
+        self.on_drop: Callable[[str], None] | None = None  # called with the file name after each drop
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer((host, 0), _Handler)
         self._server.daemon_threads = True
@@ -128,6 +147,7 @@ class FakeHub:
         private: bool = False,
         lfs_patterns: tuple[str, ...] = LFS_PATTERNS,
         tags: tuple[str, ...] = (),
+        opaque_etags: bool = False,
     ) -> str:
         """Serve a repo (a folder or a {name: bytes} dict); returns its commit sha."""
         if not isinstance(files, dict):
@@ -135,7 +155,7 @@ class FakeHub:
             files = {
                 p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()
             }
-        repo_files = {n: RepoFile(d, any(fnmatch(n, p) for p in lfs_patterns)) for n, d in files.items()}
+        repo_files = {n: RepoFile(d, any(fnmatch(n, p) for p in lfs_patterns), opaque_etags) for n, d in files.items()}
         digest = hashlib.sha1(repo_id.encode())
         for n in sorted(repo_files):
             digest.update(n.encode() + repo_files[n].sha1.encode())
@@ -143,6 +163,11 @@ class FakeHub:
         refs = {"main": sha, **{t: sha for t in tags}}
         self.repos[repo_id] = Repo(repo_id, sha, repo_files, gated=gated, private=private, refs=refs)
         return sha
+
+    def replace_file(self, repo_id: str, filename: str, data: bytes) -> None:
+        """Change a file in place, commit unchanged, as on a mirror that re-syncs a file (new ETag)."""
+        old = self.repos[repo_id].files[filename]
+        self.repos[repo_id].files[filename] = RepoFile(data, old.lfs, old.opaque)
 
     def drop_at(self, filename: str, position: int) -> None:
         """Cut the connection once, when a download of `filename` reaches byte `position`."""
@@ -187,7 +212,8 @@ class _Handler(BaseHTTPRequestHandler):
     # --- plumbing ----------------------------------------------------------------------------------
 
     def _record(self) -> Request:
-        req = Request(self.command, self.path, self.headers.get("Range"), self.headers.get("Authorization"))
+        req = Request(self.command, self.path, self.headers.get("Range"), self.headers.get("Authorization"),
+                      if_range=self.headers.get("If-Range"))
         with self.hub._lock:
             self.hub.requests.append(req)
         return req
@@ -357,10 +383,10 @@ class _Handler(BaseHTTPRequestHandler):
         common = {"X-Repo-Commit": sha, "Accept-Ranges": "bytes"}
         if f.lfs:
             location = f"http://{self.hub.cdn_host}:{self.hub.port}/cdn/{f.sha256}?filename={quote(filename)}"
-            headers = {**common, "Location": location, "ETag": f'"{f.sha1}"', "X-Linked-Etag": f'"{f.sha256}"',
+            headers = {**common, "Location": location, "ETag": f'"{f.sha1}"', "X-Linked-Etag": f'"{f.etag}"',
                        "X-Linked-Size": str(len(f.data))}  # fmt: skip
             return self._send(req, 302, b"", headers, content_type="text/plain; charset=utf-8")
-        self._body(req, filename, f.data, {**common, "ETag": f'"{f.sha1}"'})
+        self._body(req, filename, f.data, {**common, "ETag": f'"{f.etag}"'})
 
     def _cdn(self, req: Request, sha256: str) -> None:
         found = self.hub._find_blob(sha256)
@@ -375,6 +401,11 @@ class _Handler(BaseHTTPRequestHandler):
         size, start, end = len(data), 0, len(data)
         status = 200
         rng = self.headers.get("Range") if self.hub.honour_range else None
+        if_range = self.headers.get("If-Range") if self.hub.honour_if_range else None
+        if rng and if_range is not None and if_range != headers.get("ETag"):
+            # RFC 9110 13.1.5: the range only while If-Range is the current (strong) ETag, else the whole
+            # representation. A date in If-Range never matches here: no Last-Modified is sent.
+            rng = None
         if rng:
             try:
                 unit, spec = rng.split("=", 1)
@@ -417,6 +448,8 @@ class _Handler(BaseHTTPRequestHandler):
                 self.connection.shutdown(socket.SHUT_RDWR)
             except OSError:
                 pass
+            if self.hub.on_drop is not None:
+                self.hub.on_drop(filename)
 
 
 # --- tiny models for the hub to serve -----------------------------------------------------------------

@@ -72,22 +72,48 @@ def test_excluded_port_ranges() -> None:
     assert ports.excluded_range_for(8000, ranges) is None
 
 
-SHOW_RULE = ("\r\nRule Name:                            wslm-share-8000\r\n" + "-" * 70 + "\r\n"
-             "Enabled:                              Yes\r\nDirection:                            In\r\n"
-             "Profiles:                             Private\r\nGrouping:                             \r\n"
-             "LocalIP:                              Any\r\nRemoteIP:                             LocalSubnet\r\n"
-             "Protocol:                             TCP\r\nLocalPort:                            8000\r\n"
-             "RemotePort:                           Any\r\nEdge traversal:                       No\r\n"
-             "Action:                               Allow\r\nOk.\r\n\r\n")
+RULE_JSON = ('{"Name":"wslm-share-8000","DisplayName":"wslm-share-8000","Enabled":"True","Direction":"Inbound",'
+             '"Action":"Allow","Profile":"Private","Protocol":"TCP","LocalPort":"8000","RemoteAddress":"LocalSubnet"}')
 
 
-def test_firewall_show_rule() -> None:
-    [rule] = firewall.parse_show_rule(SHOW_RULE.replace("\r\n", "\n"))
+def test_firewall_rule_json_single_object_list_or_nothing() -> None:
+    [rule] = firewall.parse_rule_list(RULE_JSON + "\r\n")
     assert rule == firewall.FirewallRule(name="wslm-share-8000", port=8000, profile="private", remoteip="localsubnet",
                                          enabled=True, direction="in", action="allow", protocol="TCP")
     assert rule.matches(firewall.FirewallRule("wslm-share-8000", 8000))
     assert not rule.matches(firewall.FirewallRule("wslm-share-8000", 8000, profile="private,public"))
-    assert firewall.parse_show_rule("No rules match the specified criteria.\n") == []
+    assert firewall.parse_rule_list("") == [] and firewall.parse_rule_list("\r\n") == []
+    # A rule an older wslm made with netsh: a GUID Name, wslm's name only as DisplayName.
+    guid = "{0B5C2E4A-1F2D-4C3B-9A8E-7D6C5B4A3F21}"
+    legacy = RULE_JSON.replace('"Name":"wslm-share-8000"', f'"Name":"{guid}"').replace(
+        '"Profile":"Private"', '"Profile":"Domain, Private"').replace("8000", "9000")
+    foreign = RULE_JSON.replace("wslm-share-8000", "Remote Desktop").replace('"Name":"Remote Desktop"',
+                                                                             f'"Name":"{guid.lower()}"')
+    rules = firewall.parse_rule_list(f"[{RULE_JSON},{legacy},{foreign}]")
+    assert [(r.name, r.port, r.legacy_id, r.profile) for r in rules] == [
+        ("wslm-share-8000", 8000, "", "private"), ("wslm-share-9000", 9000, guid, "domain,private")]
+
+
+def test_firewall_argv_are_what_the_helper_allows(monkeypatch) -> None:
+    monkeypatch.setattr(firewall.winexec, "windows_tool", lambda name: rf"C:\Windows\System32\{name}")
+    rule = firewall.FirewallRule("wslm-share-8000", 8000)
+    add = firewall.add_argv(rule)
+    assert add[-1] == ("$ErrorActionPreference='Stop'; New-NetFirewallRule -Name 'wslm-share-8000' "
+                       "-DisplayName 'wslm-share-8000' -Direction Inbound -Action Allow -Protocol TCP -LocalPort 8000 "
+                       "-Profile Private -RemoteAddress LocalSubnet -Enabled True | Out-Null")
+    legacy = firewall.FirewallRule("wslm-share-8000", 8000, profile="domain,private", remoteip="192.168.1.0/24",
+                                   legacy_id="{0B5C2E4A-1F2D-4C3B-9A8E-7D6C5B4A3F21}")
+    for argv in (add, firewall.delete_argv("wslm-share-8000"), firewall.remove_argv(legacy),
+                 firewall.restore_argv(legacy), firewall.add_argv(legacy)):
+        assert elevated.command_allowed(argv), argv
+    assert "Remove-NetFirewallRule" in firewall.remove_argv(legacy)[-1]
+    for bad in (firewall.FirewallRule("wslm-x", 1, remoteip="-Foo"), firewall.FirewallRule("wslm-x", 1, profile="x"),
+                firewall.FirewallRule("wslm-x", 1, remoteip="1.2.3.4;calc"), firewall.FirewallRule("wslm x", 1)):
+        with pytest.raises(ValidationError):
+            firewall.add_argv(bad)
+    with pytest.raises(ValidationError):
+        firewall.remove_argv(firewall.FirewallRule("wslm-x", 1, legacy_id="{x}' ; calc ; '"))
+    assert firewall.restore_argv(firewall.FirewallRule("wslm-x", 0)) is None  # no single port: cannot re-create
 
 
 def test_hyperv_json_single_object_or_list() -> None:
@@ -156,3 +182,9 @@ def test_elevated_helper_allow_list() -> None:
     assert not elevated.command_allowed([r"C:\Windows\System32\cmd.exe", "/c", "whoami"])
     assert not elevated.command_allowed([ps, "-NoProfile", "-NonInteractive", "-Command", "Remove-Item C:\\ -Recurse"])
     assert not elevated.command_allowed([netsh, "interface", "portproxy", "add", "v4tov4", "listenport=1 & calc"])
+    head = [ps, "-NoProfile", "-NonInteractive", "-Command", "$ErrorActionPreference='Stop'; "]
+    for script in ("Remove-NetFirewallRule -Name 'Remote Desktop'", "Remove-NetFirewallRule -Name '*'",
+                   "Get-NetFirewallRule -Name '{0B5C2E4A-1F2D-4C3B-9A8E-7D6C5B4A3F21}' | Remove-NetFirewallRule",
+                   "New-NetFirewallRule -Name 'wslm-a' -DisplayName 'wslm-a' -Direction Inbound -Action Allow "
+                   "-Protocol TCP -LocalPort 80 -Profile Any -RemoteAddress Any -Enabled True | Out-Null; calc"):
+        assert not elevated.command_allowed(head[:4] + [head[4] + script]), script

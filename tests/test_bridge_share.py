@@ -55,8 +55,9 @@ def test_on_status_off_round_trip_with_one_uac_prompt_each(fw, capsys) -> None:
     proxies, rules, hv = ours(fw)
     assert proxies == [{"listen_address": "0.0.0.0", "listen_port": 8000, "connect_address": "172.20.1.2",
                         "connect_port": 8000}]
+    # Made by New-NetFirewallRule: its Name (language-independent id) is wslm's, not a GUID.
     assert rules == [{"name": "wslm-share-8000", "dir": "in", "action": "allow", "protocol": "tcp", "localport": "8000",
-                      "profile": "private", "remoteip": "localsubnet", "enable": "yes"}]
+                      "profile": "private", "remoteip": "localsubnet", "enable": "yes", "id": "wslm-share-8000"}]
     assert hv == []
     # The key exists, user-only, and is never printed unless asked.
     key = apikey.read_api_key()
@@ -179,7 +180,7 @@ def test_cancelled_uac_prompt_changes_nothing(fw, capsys) -> None:
 def test_failed_step_rolls_back(fw, capsys, monkeypatch, assume_admin: bool) -> None:
     if assume_admin:
         monkeypatch.setenv("WSLM_ASSUME_ADMIN", "1")
-    fw.update(fail=["firewall add rule name=wslm"])
+    fw.update(fail=["New-NetFirewallRule -Name 'wslm"])
     with pytest.raises(ApplyError) as err:
         share.share_on(8000)
     assert "rolled back, nothing changed" in err.value.message and "The parameter is incorrect" in err.value.message
@@ -224,8 +225,9 @@ def test_excluded_port_rejected_and_dry_run_changes_nothing(fw, capsys) -> None:
         share.share_on(50001)
     rc, dry = run_json(capsys, "on", "--dry-run", "--port", "9000")
     assert rc == 0 and dry["dry_run"] and not dry["applied"]
-    assert [s["argv"][1:5] for s in dry["plan"]["steps"]] == [["interface", "portproxy", "add", "v4tov4"],
-                                                             ["advfirewall", "firewall", "add", "rule"]]
+    steps = dry["plan"]["steps"]
+    assert [s["argv"][1:5] for s in steps[:1]] == [["interface", "portproxy", "add", "v4tov4"]]
+    assert len(steps) == 2 and steps[1]["argv"][-1].startswith("$ErrorActionPreference='Stop'; New-NetFirewallRule")
     assert fw.changing_calls() == [] and apikey.read_api_key() is None
 
 
@@ -252,6 +254,7 @@ class _KeyHandler(http.server.BaseHTTPRequestHandler):
 def test_backend_report_says_when_a_restart_is_needed(fw, monkeypatch) -> None:
     monkeypatch.setenv("WSLM_ASSUME_ADMIN", "1")
     fw.set_distro("Ubuntu", ip="127.0.0.1")  # so that wslm's probe of <WSL IP>:port reaches our server
+    fw.update(excluded=[])  # the OS picks the ports below: one may fall in the fake's excluded range
     with socket.socket() as s:  # a backend started without --host 0.0.0.0
         s.bind(("127.0.0.1", 0))
         s.listen()

@@ -39,9 +39,9 @@ def test_compiled_decode_matches_eager_and_never_recompiles(dtype, tiny_models, 
 
     folder = str(tiny_models["llama"])
     eager = _engine(folder, monkeypatch, compile_=False, dtype=dtype)
-    assert eager.llm_engine.runner.compiled is None
+    assert eager.llm_engine.executor.runner.compiled is None
     llm = _engine(folder, monkeypatch, compile_=True, dtype=dtype)
-    compiled = llm.llm_engine.runner.compiled
+    compiled = llm.llm_engine.executor.runner.compiled
     assert compiled is not None
     assert compiled.wait(timeout=600), compiled.failed
     torch._dynamo.utils.counters.clear()

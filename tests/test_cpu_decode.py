@@ -23,7 +23,7 @@ def _run(folder: str, tok, monkeypatch, fast: bool, **kw):
     monkeypatch.setenv("WSLM_CPU_NATIVE_DECODE", "0")  # lone sequences would run in C (test_cpu_native.py)
     monkeypatch.setenv(ENV_VAR, "1" if fast else "0")
     llm = LLM(folder, kv_cache_memory=16 << 20, block_size=8, max_model_len=256, **kw)
-    runner = llm.llm_engine.runner
+    runner = llm.llm_engine.executor.runner
     assert (runner.cpu_decode is not None) == fast, why_not(runner.model, runner.kv_pool)
     params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True, logprobs=3)
     alone = llm.generate({"prompt_token_ids": tok.encode(PROMPTS[-1])}, params)
@@ -74,7 +74,7 @@ def test_fast_decode_matches_on_the_demo_gguf_kept_quantized(demo_tok, monkeypat
 def test_models_it_does_not_cover_take_the_general_path(family, demo_tok, tmp_path):
     folder, _ = make_family_model(tmp_path / family, family, demo_tok)
     llm = LLM(str(folder), kv_cache_memory=16 << 20, block_size=8, max_model_len=128, dtype="float32")
-    runner = llm.llm_engine.runner
+    runner = llm.llm_engine.executor.runner
     assert runner.cpu_decode is None
     reason = why_not(runner.model, runner.kv_pool)
     assert reason and ("rotary" in reason or "layer type" in reason or "window" in reason)

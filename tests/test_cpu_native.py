@@ -22,7 +22,7 @@ pytestmark = pytest.mark.skipif(
 
 def _one_step(llm: LLM, prompt: list[int]):
     """The inputs of a one-sequence decode step past a block boundary, with the pool as it stands then."""
-    runner = llm.llm_engine.runner
+    runner = llm.llm_engine.executor.runner
     native, runner.native = runner.native, None
     captured = []
     prepare = runner.prepare
@@ -47,7 +47,7 @@ def _one_step(llm: LLM, prompt: list[int]):
 def _compare(llm: LLM, prompt: list[int]) -> tuple[float, float]:
     """(largest logit difference / largest logit, largest difference of the new key|value / largest value)
     between the C step and the eager one on the same inputs; asserts nothing else in the pool moved."""
-    runner = llm.llm_engine.runner
+    runner = llm.llm_engine.executor.runner
     step = _one_step(llm, prompt)
     before = runner.kv_pool.clone()
     want = runner.cpu_decode.run(*step)
@@ -82,7 +82,7 @@ PROMPT = "Once upon a time, in a village by the sea, there lived an old clockmak
 def test_c_step_matches_the_eager_step(arch, kw, dtype, tiny_models, demo_tok):
     llm = LLM(str(tiny_models[arch]), dtype=dtype, kv_cache_memory=16 << 20, block_size=8,
               max_model_len=256, enforce_eager=True, **kw)  # fmt: skip
-    runner = llm.llm_engine.runner
+    runner = llm.llm_engine.executor.runner
     assert runner.native is not None, why_not(runner.cpu_decode, runner.kv_pool)
     logit_err, kv_err = _compare(llm, demo_tok.encode(PROMPT))
     # The same ops and kernels; attention and the norms sum in another order (bf16: 2^-8 = 0.004 a rounding).
@@ -93,7 +93,7 @@ def test_c_step_with_qk_norm(demo_tok, tmp_path):
     folder, _ = make_family_model(tmp_path / "qwen3", "qwen3", demo_tok)  # per-head q/k RMSNorm
     llm = LLM(str(folder), dtype="bfloat16", kv_cache_memory=16 << 20, block_size=8, max_model_len=256,
               enforce_eager=True)  # fmt: skip
-    runner = llm.llm_engine.runner
+    runner = llm.llm_engine.executor.runner
     assert runner.native is not None, why_not(runner.cpu_decode, runner.kv_pool)
     logit_err, kv_err = _compare(llm, demo_tok.encode(PROMPT))
     assert logit_err < 0.05 and kv_err < 0.05
@@ -104,7 +104,7 @@ def test_lone_chats_take_it_and_agree_with_the_dequantized_demo(dtype, demo_llm,
     monkeypatch.setenv("WSLM_GGUF_DEQUANTIZE", "0")
     llm = LLM("demo", dtype=dtype, kv_cache_memory=64 << 20, max_model_len=512, max_num_seqs=4,
               enforce_eager=True)  # fmt: skip
-    runner = llm.llm_engine.runner
+    runner = llm.llm_engine.executor.runner
     assert runner.native is not None, why_not(runner.cpu_decode, runner.kv_pool)
     prompt = llm.llm_engine.apply_chat_template(CHAT, None, True)
     params = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
@@ -123,12 +123,12 @@ def test_off_switch_and_reasons(tiny_models, monkeypatch):
     monkeypatch.setenv(ENV_VAR, "0")
     llm = LLM(str(tiny_models["llama"]), dtype="bfloat16", kv_cache_memory=16 << 20, max_model_len=128,
               enforce_eager=True)  # fmt: skip
-    runner = llm.llm_engine.runner
+    runner = llm.llm_engine.executor.runner
     assert runner.native is None and why_not(runner.cpu_decode, runner.kv_pool) == f"{ENV_VAR}=0"
     monkeypatch.delenv(ENV_VAR)
     fp8 = LLM(str(tiny_models["llama"]), dtype="bfloat16", kv_cache_dtype="fp8", kv_cache_memory=16 << 20,
               max_model_len=128, enforce_eager=True)  # fmt: skip
-    runner = fp8.llm_engine.runner
+    runner = fp8.llm_engine.executor.runner
     assert runner.native is None and "fast decode path" in why_not(runner.cpu_decode, runner.kv_pool)
 
 
@@ -140,7 +140,7 @@ def test_the_batch_graph_compiles_when_the_first_batch_comes(tiny_models, demo_t
     monkeypatch.setenv("WSLM_CPU_COMPILE", "1")
     llm = LLM(str(tiny_models["llama"]), dtype="bfloat16", quantization="int4", kv_cache_memory=16 << 20,
               block_size=8, max_model_len=256)  # fmt: skip
-    runner = llm.llm_engine.runner
+    runner = llm.llm_engine.executor.runner
     compiled = runner.compiled
     assert runner.native is not None and compiled is not None and not compiled.single
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
@@ -173,7 +173,7 @@ print("int4 bits equal:", torch.equal(got, want) if want is not None else "n/a")
 tok = AutoTokenizer.from_pretrained(sys.argv[2])
 llm = LLM(sys.argv[2], dtype="float32", quantization="int4", kv_cache_memory=16 << 20, block_size=8,
           max_model_len=256, enforce_eager=True)
-runner = llm.llm_engine.runner
+runner = llm.llm_engine.executor.runner
 assert runner.native is not None
 print("step errors:", *t._compare(llm, tok.encode(t.PROMPT)))
 """

@@ -88,6 +88,7 @@ def test_share_json_with_two_writers_at_once(tmp_path):
 @pytest.mark.timeout(300)
 def test_quit_while_a_wsl_backend_loads_leaves_no_backend(qtbot, tmp_path, monkeypatch):
     from fake_windows import use
+    from fault_executor import BACKEND, server_env
     from test_gui_server import FAST_FLAGS, free_port
 
     from wslm.gui import server_controller
@@ -98,8 +99,10 @@ def test_quit_while_a_wsl_backend_loads_leaves_no_backend(qtbot, tmp_path, monke
     use(monkeypatch, tmp_path)
     monkeypatch.setenv("PATH", f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
     monkeypatch.setenv("FAKE_WSL_DETACHED", "1")  # killing wsl.exe leaves the Linux process, as on Windows
-    monkeypatch.setenv("WSLM_FAULT_INJECTION", '{"load_delay_s": 120}')  # a model that takes minutes to load
-    settings = Settings(first_run_done=True, port=free_port(), max_model_len=1024, serve_extra_args=FAST_FLAGS,
+    for name, value in server_env({"load_delay_s": 120}).items():  # a model that takes minutes to load
+        monkeypatch.setenv(name, value)
+    settings = Settings(first_run_done=True, port=free_port(), max_model_len=1024,
+                        serve_extra_args=f"{FAST_FLAGS} --distributed-executor-backend {BACKEND}",
                         target={"kind": "wsl", "distro": "Ubuntu"})
     window = MainWindow(settings, ChatStore(tmp_path / "c.sqlite3"), watch=False)
     qtbot.addWidget(window)

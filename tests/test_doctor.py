@@ -269,12 +269,45 @@ def test_tensor_parallel_sizes_follow_the_model():
     assert tensor_parallel_sizes(0) == [1]
 
 
+def _no_build(cc):
+    raise AssertionError(f"built with {cc}")
+
+
 def test_compiler_check_names_the_package_when_missing(tmp_path):
+    """No cc on PATH (a fresh WSL Ubuntu): one line saying the fast CPU path is off, with the apt-get line."""
     from wslm.backend.entrypoints.cli.doctor import check_compiler
+    from wslm.kernels.cpu_gemv import INSTALL_FIX
 
     root = fake_machine(tmp_path)
-    c = check_compiler(probe(tmp_path, root))
-    assert c.status == WARN and "g++" in c.fix and "eagerly" in c.detail
+    c = check_compiler(probe(tmp_path, root), build=_no_build)
+    assert c.status == WARN and c.detail.startswith("No C compiler") and "fast CPU path is off" in c.detail
+    assert "eagerly" in c.detail and c.fix == INSTALL_FIX and "build-essential" in c.fix
+    script(tmp_path / "bin", "g++", "")  # a C++ compiler alone does not build the C kernels
+    c = check_compiler(probe(tmp_path, root), build=_no_build)
+    assert c.status == WARN and "No C compiler" in c.detail and "eagerly" not in c.detail
+    script(tmp_path / "bin", "cc", "")
+    c = check_compiler(probe(tmp_path, root), build=lambda cc: None)
+    assert c.status == OK and f"C compiler {tmp_path / 'bin' / 'cc'} builds the C kernels" in c.detail
+    assert "C++ compiler" in c.detail
+    (tmp_path / "bin" / "g++").unlink()
+    c = check_compiler(probe(tmp_path, root), build=lambda cc: None)
+    assert c.status == WARN and "no C++ compiler" in c.detail and c.fix == INSTALL_FIX
+    c = check_compiler(probe(tmp_path, root, WSLM_CPU_KERNELS="0"), build=_no_build)
+    assert "C kernels off (WSLM_CPU_KERNELS=0)" in c.detail
+
+
+def test_compiler_check_reports_a_failing_build(tmp_path, monkeypatch):
+    """A cc that cannot build (here: a script that fails like gcc without libc's headers), through the real
+    cpu_gemv build into a temporary cache."""
+    from wslm.backend.entrypoints.cli.doctor import check_compiler
+    from wslm.kernels import cpu_gemv
+
+    monkeypatch.setattr(cpu_gemv, "_cache_dir", lambda: tmp_path / "cache")
+    root = fake_machine(tmp_path)
+    error = "cpu_gemv.c:1:10: fatal error: stdint.h: No such file or directory"
+    script(tmp_path / "bin", "cc", error + "\n", rc=1)
     script(tmp_path / "bin", "g++", "")
     c = check_compiler(probe(tmp_path, root))
-    assert c.status == OK and c.detail.startswith("C++ compiler")
+    assert c.status == WARN and "cannot build the C kernels" in c.detail and error in c.detail
+    assert c.fix == cpu_gemv.INSTALL_FIX
+    assert not list((tmp_path / "cache").glob("*.so"))

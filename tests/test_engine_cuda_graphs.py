@@ -24,7 +24,7 @@ def test_decode_through_padded_static_buffers_matches_eager(tiny_models):
     params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
     llm = LLM(str(tiny_models["llama"]), kv_cache_memory=16 << 20, max_num_seqs=8, max_model_len=256)
     expected = [o.outputs[0].token_ids for o in llm.generate(prompts, params)]
-    runner = llm.llm_engine.runner
+    runner = llm.llm_engine.executor.runner
     graphs = ReplayOnCpu(runner.model, runner.kv_caches, 8, 256, runner.block_size)
     assert graphs.capture()
     runner.graphs = graphs

@@ -1,5 +1,5 @@
 """Faults inside the engine, on a real (tiny) engine: out of memory while running a step (injected by
-fault_injection.Faults, as a real allocation would raise) makes the engine shrink its steps and go on, or
+tests/fault_executor.py, as a real allocation would raise) makes the engine shrink its steps and go on, or
 fail only that request with a message naming the cause; aborts while waiting, during a chunked prefill,
 after a preemption and with pending n>1 forks leak no KV block."""
 
@@ -8,10 +8,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import pytest
+from fault_executor import BACKEND, Faults
 from hub_server import make_tiny_llama
 
 from wslm.backend.config import EngineConfig
-from wslm.backend.fault_injection import Faults
+from wslm.backend.errors import ErrorKind
 from wslm.backend.frontend.llm_engine import LLMEngine
 from wslm.backend.outputs import OUT_OF_MEMORY_ERROR, RequestOutput
 from wslm.backend.sampling_params import SamplingParams
@@ -25,7 +26,7 @@ def engine(tmp_path_factory) -> LLMEngine:
     folder = make_tiny_llama(tmp_path_factory.mktemp("tiny-faults"))
     # 16 blocks of 16 tokens: three 140-token sequences cannot all fit, so preemption happens.
     config = EngineConfig(model=str(folder), dtype="float32", device="cpu", num_gpu_blocks_override=16,
-                          max_num_batched_tokens=128, max_num_seqs=16)
+                          max_num_batched_tokens=128, max_num_seqs=16, distributed_executor_backend=BACKEND)
     return LLMEngine(config)
 
 
@@ -47,7 +48,7 @@ class Done:
 
 
 def _reset(engine: LLMEngine) -> None:
-    engine.faults = None
+    engine.executor.faults = None
     sched = engine.scheduler
     sched.max_num_batched_tokens, sched.max_num_seqs = sched.configured
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks, "leaked KV blocks"
@@ -60,7 +61,7 @@ def _greedy(max_tokens: int = 12) -> SamplingParams:
 def test_oom_shrinks_the_steps_and_the_answer_is_unchanged(engine, caplog):
     engine.add_request("ref", PROMPT, _greedy())
     reference = _run(engine)["ref"].tokens
-    engine.faults = Faults(oom_above_tokens=8)  # any step over 8 tokens "runs out of memory"
+    engine.executor.faults = Faults(oom_above_tokens=8)  # any step over 8 tokens "runs out of memory"
     engine.add_request("a", PROMPT, _greedy())
     engine.add_request("b", PROMPT[:20], _greedy())
     done = _run(engine)
@@ -68,7 +69,7 @@ def test_oom_shrinks_the_steps_and_the_answer_is_unchanged(engine, caplog):
     assert done["b"].out.outputs[0].finish_reason == "length"
     assert engine.scheduler.max_num_batched_tokens <= 8  # shrunk...
     assert "Out of memory" in caplog.text and "continuing with at most" in caplog.text
-    engine.faults = None
+    engine.executor.faults = None
     engine.add_request("c", PROMPT, _greedy(max_tokens=100))
     assert _run(engine)["c"].tokens[:12] == reference
     assert engine.scheduler.max_num_batched_tokens > 8  # ...and grown back after a run of good steps
@@ -76,10 +77,11 @@ def test_oom_shrinks_the_steps_and_the_answer_is_unchanged(engine, caplog):
 
 
 def test_oom_on_the_smallest_step_fails_only_that_request(engine):
-    engine.faults = Faults(oom_above_tokens=0)
+    engine.executor.faults = Faults(oom_above_tokens=0)
     engine.add_request("doomed", PROMPT, _greedy())
     done = _run(engine)["doomed"].out
     assert done.error.startswith(OUT_OF_MEMORY_ERROR) and "--max-num-seqs" in done.error
+    assert done.error_kind is ErrorKind.OUT_OF_MEMORY
     assert done.outputs[0].finish_reason == "error"
     _reset(engine)
     engine.add_request("after", PROMPT, _greedy())

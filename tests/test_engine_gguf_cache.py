@@ -3,7 +3,8 @@ read from the GGUF itself (kept quantized), never copied."""
 
 import os
 
-from wslm.backend import LLM, SamplingParams, gguf_cache
+from wslm.backend import LLM, SamplingParams
+from wslm.backend.loader import gguf_cache
 from wslm.demo import demo_model_path
 
 CHAT = [{"role": "user", "content": "What is the capital of France?"}]

@@ -60,7 +60,7 @@ def test_bfloat16_engine_answers_sensibly():
 
     llm = LLM("demo", dtype="bfloat16", kv_cache_memory=64 << 20, max_model_len=512)
     assert llm.llm_engine.model_config.dtype.is_floating_point
-    assert str(llm.llm_engine.runner.kv_pool.dtype) == "torch.bfloat16"
+    assert str(llm.llm_engine.executor.runner.kv_pool.dtype) == "torch.bfloat16"
     out = llm.chat([{"role": "user", "content": "What is the capital of France?"}], SamplingParams(temperature=0, max_tokens=12))
     assert "Paris" in out[0].outputs[0].text
     auto = "bfloat16" if cpu_has_amx_bf16() else "float32"

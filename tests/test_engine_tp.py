@@ -80,6 +80,43 @@ def test_tp2_matches_tp1_with_chunking_prefix_cache_and_preemption(tiny_models, 
     assert not _children()
 
 
+def test_rank0_samples_so_only_token_ids_cross_the_pipe(tiny_models, monkeypatch):
+    """Sampling runs on rank 0's worker: seeded sampling with n > 1, penalties, logprobs and a grammar
+    gives TP=1's tokens, and what comes back over the pipe each step is token ids and the logprobs asked
+    for (bytes), never a logits row (vocabulary x 4 bytes)."""
+    from multiprocessing.connection import Connection
+
+    from wslm.backend.structured import StructuredOutputsParams
+
+    schema = {"type": "object", "properties": {"n": {"type": "integer"}}, "required": ["n"]}
+    params = [SamplingParams(max_tokens=10, temperature=0.9, seed=7, n=2, logprobs=2, presence_penalty=0.4),
+              SamplingParams(max_tokens=12, temperature=0.0, structured_outputs=StructuredOutputsParams(json=schema))]
+    prompts = PROMPTS[:2]
+
+    def run(llm):
+        return [[(c.token_ids, [sorted(lp) for lp in c.logprobs or []]) for c in o.outputs]
+                for o in llm.generate(prompts, params)]
+
+    expected = run(LLM(str(tiny_models["llama"]), **_engine_kwargs()))
+    llm = LLM(str(tiny_models["llama"]), tensor_parallel_size=2, **_engine_kwargs())
+    sizes: list[int] = []
+    recv = Connection._recv_bytes
+
+    def counting(self, maxsize=None):
+        buf = recv(self, maxsize)
+        sizes.append(buf.getbuffer().nbytes)
+        return buf
+
+    try:
+        monkeypatch.setattr(Connection, "_recv_bytes", counting)
+        assert run(llm) == expected
+        monkeypatch.undo()
+        row_bytes = 4 * llm.llm_engine.model_config.vocab_size
+        assert sizes and max(sizes) < 4096 < row_bytes
+    finally:
+        llm.llm_engine.shutdown()
+
+
 def test_demo_model_tp3_matches_tp1(demo_llm, caplog):
     # The demo model has 9 attention heads and 3 KV heads: 3 ranks divide it, 2 do not (see below).
     expected = _tokens(demo_llm)
@@ -104,7 +141,7 @@ def test_size_that_does_not_divide_the_heads_fails_before_any_worker_starts():
 def test_killed_worker_stops_the_engine_with_a_clear_error_and_no_orphans(tiny_models):
     llm = LLM(str(tiny_models["llama"]), tensor_parallel_size=2, **_engine_kwargs())
     engine = llm.llm_engine
-    pids = engine.runner.pids
+    pids = engine.executor.pids
     assert len(_children()) >= 2
     killer = threading.Timer(0.5, os.kill, args=(pids[1], signal.SIGKILL))
     killer.start()
@@ -202,11 +239,11 @@ def test_moe_tp2_splits_every_expert_and_matches_tp1(tmp_path, demo_tok, family)
 
     folder = str(_make_moe(tmp_path / family, family, demo_tok))
     one = LLM(folder, **_engine_kwargs())
-    expected, tp1_bytes = _tokens(one), weight_bytes(one.llm_engine.runner.model)
+    expected, tp1_bytes = _tokens(one), weight_bytes(one.llm_engine.executor.runner.model)
     llm = LLM(folder, tensor_parallel_size=2, **_engine_kwargs())
     try:
         assert _tokens(llm) == expected
-        _assert_half_per_rank(tp1_bytes, llm.llm_engine.runner._call_all("weight_bytes"))
+        _assert_half_per_rank(tp1_bytes, llm.llm_engine.executor._call_all("weight_bytes"))
     finally:
         llm.llm_engine.shutdown()
     assert not _children()
@@ -231,10 +268,10 @@ def test_quantized_tp2_greedy_matches_tp1_in_float32(monkeypatch, tiny_models, a
     monkeypatch.setenv("WSLM_QUANT_FLOAT32", "1")
     path, extra = (awq_model, {}) if quant == "awq" else (str(tiny_models["llama"]), {"quantization": "int8"})
     one = LLM(path, **_engine_kwargs(**extra))
-    expected, tp1_bytes = _tokens(one), weight_bytes(one.llm_engine.runner.model)
+    expected, tp1_bytes = _tokens(one), weight_bytes(one.llm_engine.executor.runner.model)
     llm = LLM(path, tensor_parallel_size=2, **_engine_kwargs(**extra))
     try:
-        _assert_half_per_rank(tp1_bytes, llm.llm_engine.runner._call_all("weight_bytes"))  # quantized, not dense
+        _assert_half_per_rank(tp1_bytes, llm.llm_engine.executor._call_all("weight_bytes"))  # quantized, not dense
         assert _tokens(llm) == expected
     finally:
         llm.llm_engine.shutdown()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -66,6 +67,7 @@ def test_import_does_not_load_triton_and_works_without_it():
         "    raise SystemExit('no error')\n"
     )
     env = {k: v for k, v in __import__("os").environ.items() if k != "WSLM_KERNEL_BACKEND"}
+    env["PYTHONPATH"] = str(Path(__file__).resolve().parent)  # kernel_testing lives beside this file
     res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, env=env)
     assert res.returncode == 0, res.stderr
     assert "triton not importable" in res.stdout

@@ -81,7 +81,7 @@ def test_awq_gptq_checkpoints_match_their_dequantized_forward(tiny_models, tmp_p
     reference = _make_checkpoint(tiny_models["llama"], folder, method, act_order)
     quant = LLM(str(folder), dtype="float32", kv_cache_memory=16 << 20, max_model_len=256)
     assert quant.llm_engine.model_config.quantization == method
-    qmodel = quant.llm_engine.runner.model
+    qmodel = quant.llm_engine.executor.runner.model
     attn, mlp = qmodel.layers[0].self_attn, qmodel.layers[0].mlp
     assert isinstance(attn.o_proj.weight, Int4Weight) and isinstance(mlp.down_proj.weight, Int4Weight)
     if not act_order:
@@ -92,7 +92,7 @@ def test_awq_gptq_checkpoints_match_their_dequantized_forward(tiny_models, tmp_p
     torch.testing.assert_close(o, o_ref, atol=0.02 * o_ref.abs().max().item(), rtol=0)
 
     dense = LLM(str(tiny_models["llama"]), dtype="float32", kv_cache_memory=16 << 20, max_model_len=256)
-    dmodel = dense.llm_engine.runner.model
+    dmodel = dense.llm_engine.executor.runner.model
     for i, dlayer in enumerate(dmodel.layers):
         p = f"model.layers.{i}."
         r = {n: reference[p + n + ".weight"] for n in [f"self_attn.{x}" for x in LINEARS[:4]]}

@@ -38,7 +38,7 @@ def test_demo_gguf_native_weights_agree_with_dequantized(demo_llm, monkeypatch):
 
     monkeypatch.setenv("WSLM_GGUF_DEQUANTIZE", "0")
     native = LLM("demo", kv_cache_memory=64 << 20, max_model_len=512, dtype="float32")
-    model = native.llm_engine.runner.model
+    model = native.llm_engine.executor.runner.model
     assert native.llm_engine.model_config.quantization == "gguf"
     layer0 = model.layers[0]
     assert isinstance(layer0.self_attn.qkv_proj.weight, Int4Weight)  # Q4_1
@@ -65,7 +65,7 @@ def test_quantized_on_load_matches_its_dequantized_forward(tiny_models, method):
     folder = str(tiny_models["llama"])
     quant = LLM(folder, dtype="float32", kv_cache_memory=16 << 20, max_model_len=256, quantization=method)
     dense = LLM(folder, dtype="float32", kv_cache_memory=16 << 20, max_model_len=256)
-    qmodel, dmodel = quant.llm_engine.runner.model, dense.llm_engine.runner.model
+    qmodel, dmodel = quant.llm_engine.executor.runner.model, dense.llm_engine.executor.runner.model
     for qlayer, dlayer in zip(qmodel.layers, dmodel.layers):
         dense_linears = _linears(dlayer)
         for name, qlin in _linears(qlayer).items():
@@ -86,7 +86,7 @@ def test_quantized_tables_feed_a_bfloat16_model(tiny_models):
     CPUs with avx512_bf16, so every GGUF chat broke there)."""
     llm = LLM(str(tiny_models["llama"]), dtype="bfloat16", kv_cache_memory=16 << 20, max_model_len=256,
               quantization="int4")  # fmt: skip
-    assert llm.llm_engine.runner.model.embed_tokens.weight.bits == 8
+    assert llm.llm_engine.executor.runner.model.embed_tokens.weight.bits == 8
     prompt = llm.get_tokenizer().encode("The quick brown fox")
     out = llm.generate([{"prompt_token_ids": prompt}], SamplingParams(max_tokens=4, ignore_eos=True))[0].outputs[0]
     assert out.finish_reason == "length" and len(out.token_ids) == 4

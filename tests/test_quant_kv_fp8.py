@@ -16,7 +16,7 @@ def test_fp8_pool_holds_more_tokens_and_keeps_the_output(demo_llm):
     """Against the session's demo engine (float32 cache; same weights, dtype and kernels otherwise)."""
     fp8 = LLM("demo", dtype="float32", kv_cache_memory=32 << 20, max_model_len=512, kv_cache_dtype="fp8")
     engine = fp8.llm_engine
-    assert engine.runner.kv_pool.dtype == torch.float8_e4m3fn
+    assert engine.executor.runner.kv_pool.dtype == torch.float8_e4m3fn
     mc = engine.model_config
     assert mc.kv_bytes_per_token() * 4 == mc.kv_bytes_per_token(torch.float32)  # 1 byte a value, not 4
     assert engine.block_manager.num_blocks * mc.kv_bytes_per_token() * 16 <= 32 << 20

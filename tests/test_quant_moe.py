@@ -45,7 +45,7 @@ def moe(tmp_path_factory):
 
 
 def _experts(llm: LLM) -> list:
-    model = llm.llm_engine.runner.model
+    model = llm.llm_engine.executor.runner.model
     return [layer.mlp.experts for layer in model.layers]
 
 
@@ -123,7 +123,7 @@ def test_quantize_on_load_covers_moe_experts(moe, method, kind):
     for q, d in zip(_experts(quant), _experts(dense)):
         assert all(isinstance(w, kind) for w in (*q.w13, *q.w2))
         d.w13, d.w2 = _dense(q.w13), _dense(q.w2)
-    qmodel, dmodel = quant.llm_engine.runner.model, dense.llm_engine.runner.model
+    qmodel, dmodel = quant.llm_engine.executor.runner.model, dense.llm_engine.executor.runner.model
     for qlayer, dlayer in zip(qmodel.layers, dmodel.layers):  # attention quantized too: same values in both
         for name in ("qkv_proj", "o_proj"):
             getattr(dlayer.self_attn, name).weight = getattr(qlayer.self_attn, name).weight.dequantize(torch.float32)

@@ -10,11 +10,13 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from types import SimpleNamespace
 
 import httpx
 import openai
 import pytest
 
+from wslm.backend.errors import ErrorKind
 from wslm.backend.outputs import CompletionOutput, RequestOutput
 
 
@@ -43,8 +45,12 @@ class FlakyEngine:
         self.model_name = "flaky"
         self.requests: dict[str, list] = {}
 
-    def add_request(self, request_id, prompt, params, arrival_time=None) -> None:
-        self.requests[request_id] = [list(prompt), params, 0]
+    def process(self, request_id, prompt, params, arrival_time=None, **names):
+        ids = self.tokenizer.encode(prompt) if isinstance(prompt, str) else list(prompt)
+        return SimpleNamespace(request_id=request_id, prompt_token_ids=ids, params=params, arrival_time=arrival_time)
+
+    def add_engine_request(self, request) -> None:
+        self.requests[request.request_id] = [request.prompt_token_ids, request.params, 0]
 
     def abort_request(self, request_id) -> None:
         for rid in [request_id] if isinstance(request_id, str) else request_id:
@@ -68,7 +74,8 @@ class FlakyEngine:
             if "ENGINE_OOM" in text:
                 del self.requests[rid]
                 outputs.append(RequestOutput(rid, None, prompt, [CompletionOutput(0, "", [], finish_reason="error")],
-                                             True, error="Out of memory while running this request (MemoryError)"))
+                                             True, error="Out of memory while running this request (MemoryError)",
+                                             error_kind=ErrorKind.OUT_OF_MEMORY))
                 continue
             if "ENGINE_ERROR" in text:
                 del self.requests[rid]
@@ -195,8 +202,11 @@ def test_engine_death_makes_wslm_serve_exit_nonzero(tmp_path):
     from test_server_helpers import ServerProcess
 
     tiny = make_tiny_llama(tmp_path / "tiny")
+    from fault_executor import BACKEND, server_env
+
     srv = ServerProcess("--model", str(tiny), "--port", "0", "--kv-cache-memory", "8MiB", "--dtype", "float32",
-                        "--uvicorn-log-level", "warning", env={"WSLM_FAULT_INJECTION": '{"die_after_steps": 3}'})
+                        "--uvicorn-log-level", "warning", "--distributed-executor-backend", BACKEND,
+                        env=server_env({"die_after_steps": 3}))
     try:
         r = httpx.post(srv.url + "/v1/completions", json={"prompt": "hi there", "max_tokens": 10}, timeout=60)
         assert r.status_code == 500 and "engine" in r.json()["error"]["message"]

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
+
+from wslm import envs
 
 
 def config_dir() -> Path:
     """The per-user config folder, created on first use."""
-    env = os.environ.get("WSLM_CONFIG_DIR")
+    env = envs.WSLM_CONFIG_DIR
     if env:
-        path = Path(env).expanduser()
+        path = env
     else:
         import platformdirs
 
@@ -21,10 +22,10 @@ def config_dir() -> Path:
 
 def data_dir() -> Path:
     """The per-user data folder (databases, logs), created on first use."""
-    env = os.environ.get("WSLM_DATA_DIR")
+    env = envs.WSLM_DATA_DIR
     if env:
-        path = Path(env).expanduser()
-    elif os.environ.get("WSLM_CONFIG_DIR"):
+        path = env
+    elif envs.is_set("WSLM_CONFIG_DIR"):
         # Tests move the config dir; keep data beside it so nothing leaks into the real home.
         path = config_dir() / "data"
     else:
@@ -38,10 +39,10 @@ def data_dir() -> Path:
 def models_dir() -> Path:
     """wslm's own models folder (WSLM_MODELS_DIR overrides; under WSLM_CONFIG_DIR when that is set); kept on
     the Linux disk for fast loads."""
-    env = os.environ.get("WSLM_MODELS_DIR")
+    env = envs.WSLM_MODELS_DIR
     if env:
-        path = Path(env).expanduser()
-    elif os.environ.get("WSLM_CONFIG_DIR"):
+        path = env
+    elif envs.is_set("WSLM_CONFIG_DIR"):
         # Like data_dir(): a moved config dir (tests, portable set-ups) takes the models folder with it.
         path = config_dir() / "models"
     else:

@@ -5,7 +5,7 @@
 #   bash install.sh                       install into ~/.wslm/venv (WSLM_HOME or --prefix DIR moves it)
 #   bash install.sh --source PATH_OR_SPEC  where wslm comes from (default: this checkout, else PyPI "wslm")
 #   bash install.sh --uninstall           remove what this script installed (venv, launcher links), nothing else
-#   bash install.sh --system-link         (as root) link /usr/local/bin/wslm to the venv's wslm
+#   bash install.sh --system-link         (as root) link /usr/local/bin/wslm; apt-get the C compiler if missing
 #   bash install.sh --gui                 also the desktop app (wslm gui; doctor then checks Qt's xcb libraries)
 #
 # Environment: WSLM_HOME (prefix), WSLM_PYTHON (interpreter), WSLM_TORCH_SPEC (torch requirement and pip
@@ -132,11 +132,56 @@ remove_system_link() {
     fi
 }
 
+# The fast CPU path compiles C kernels at first use (wslm/kernels/cpu_gemv.py) and inductor's C++ decode step
+# (needs Python.h): without a compiler, and a fresh WSL Ubuntu has none, CPU decoding silently runs slower.
+have_any() { local n; for n in "$@"; do command -v "$n" >/dev/null 2>&1 && return 0; done; return 1; }
+build_packages() {  # build_packages PYTHON: the apt packages it lacks for that, space-separated (or nothing)
+    local pkgs="" ver
+    { have_any cc gcc clang && have_any c++ g++ clang++; } || pkgs="build-essential"
+    if ! "$1" -c 'import os, sys, sysconfig
+sys.exit(not os.path.isfile(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' 2>/dev/null; then
+        ver="$("$1" -c 'import sys; print("%d.%d" % sys.version_info[:2])')"
+        pkgs="${pkgs:+$pkgs }python${ver}-dev"
+    fi
+    printf '%s' "$pkgs"
+}
+# Root for apt-get: we are root, or sudo needs no password, or sudo may ask for it (a terminal is attached).
+can_be_root() {
+    [ "$(id -u)" = 0 ] || { command -v sudo >/dev/null 2>&1 && { sudo -n true 2>/dev/null || [ -t 0 ]; }; }
+}
+as_root() { if [ "$(id -u)" = 0 ]; then "$@"; elif sudo -n true 2>/dev/null; then sudo -n "$@"; else sudo "$@"; fi; }
+NEEDS_ROOT_PKGS=""  # packages this run could not install (no root): the root step (--system-link) installs them
+install_build_packages() {  # install_build_packages PYTHON: says what it did; never fails the install
+    local pkgs fix
+    pkgs="$(build_packages "$1")"
+    fix="sudo apt-get update && sudo apt-get install -y $pkgs"
+    if [ -z "$pkgs" ]; then
+        say "C compiler and Python headers: already there (the fast CPU kernels build at first use)"
+    elif ! command -v apt-get >/dev/null 2>&1; then
+        say "warning: missing $pkgs and no apt-get: install a C/C++ compiler and the Python headers with your package manager, or CPU decoding runs slower"
+    elif ! can_be_root; then
+        NEEDS_ROOT_PKGS="$pkgs"
+        say "warning: missing $pkgs (compiler for the fast CPU kernels) and no root here; CPU decoding runs slower until: $fix"
+    else
+        say "installing $pkgs with apt-get (the compiler for the fast CPU kernels)"
+        # shellcheck disable=SC2086  # $pkgs is a list of package names on purpose
+        if as_root env DEBIAN_FRONTEND=noninteractive apt-get update -qq \
+            && as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends $pkgs; then
+            say "installed $pkgs"
+            CHANGED=1
+        else
+            say "warning: apt-get could not install $pkgs; CPU decoding runs slower until: $fix"
+        fi
+    fi
+}
+
 # --- --system-link: the one step that needs root (the Windows installer runs it with wsl -u root) -----
 if [ "$SYSTEM_ONLY" = 1 ]; then
     if [ "$MODE" = "uninstall" ]; then remove_system_link; exit 0; fi
     [ -x "$VENV/bin/wslm" ] || die "$VENV/bin/wslm does not exist" \
         "install first (bash install.sh, as your user), then run --system-link with the same --prefix"
+    CHANGED=0
+    install_build_packages "$VENV/bin/python"  # the user-mode run had no root for it
     make_system_link || die "cannot create $SYSTEM_BIN_DIR/wslm (no permission)" \
         "run it as root: sudo bash install.sh --system-link --prefix $PREFIX"
     exit 0
@@ -197,6 +242,7 @@ if ! "$PY" -c 'import venv, ensurepip' 2>/dev/null; then
         "sudo apt update && sudo apt install -y python3-venv python${ver}-venv"
 fi
 say "using $PY ($("$PY" --version 2>&1))"
+install_build_packages "$PY"
 
 # --- 2. venv -----------------------------------------------------------------------------------------
 step 2 "virtual environment in $VENV"
@@ -335,11 +381,18 @@ case ":$PATH:" in
 esac
 # wsl.exe -d DISTRO -- wslm runs a non-login shell whose PATH lacks ~/.local/bin: the Windows side needs
 # a link in /usr/local/bin. It needs root; the Windows installer and the GUI run --system-link as root.
-if system_link_wanted && ! our_link "$SYSTEM_BIN_DIR/wslm"; then
-    if make_system_link; then
+# The same root step installs the compiler packages this run had no root for.
+if system_link_wanted; then
+    linked=0
+    if our_link "$SYSTEM_BIN_DIR/wslm"; then
+        linked=1
+    elif make_system_link; then
+        linked=1
         CHANGED=1
     else
         say "note: for the Windows app, link wslm where wsl.exe finds it: sudo ln -s $VENV/bin/wslm $SYSTEM_BIN_DIR/wslm"
+    fi
+    if [ "$linked" = 0 ] || [ -n "$NEEDS_ROOT_PKGS" ]; then
         # Machine-readable: the Windows installer and the GUI run this line's command with wsl.exe -u root.
         say "needs-system-link: $(printf '%q ' bash "$SCRIPT_PATH" --system-link --prefix "$PREFIX")"
     fi

@@ -5,7 +5,8 @@ into `directory` (plus Linux-side `ip` and `wslinfo` for the fake distros) and r
 handle for reading and changing their shared state (state.json in the same folder). Output formats
 and exit codes follow the real programs: UTF-16LE `wsl -l -v` (UTF-8 with WSL_UTF8=1), the netsh
 portproxy/excludedportrange/firewall tables, "No rules match the specified criteria.", "The
-requested operation requires elevation (Run as administrator).".
+requested operation requires elevation (Run as administrator).", translated on a de-DE or zh-CN
+Windows (state "locale"), and Get-NetFirewallRule's JSON.
 
 `wsl.exe -d D -- ARGS` behaves like the real one: it joins ARGS with spaces, wrapping an argument
 that contains whitespace in double quotes, and runs the result with `bash -c` (here, on this machine,
@@ -66,13 +67,14 @@ class FakeWindows:
         self.update(calls=[])
 
     def changing_calls(self) -> list[list[str]]:
-        """Calls that would change Windows (netsh add/set/delete, Hyper-V New/Remove)."""
+        """Calls that would change Windows (netsh add/set/delete, New/Remove-NetFirewall[HyperV]Rule)."""
         out = []
         for c in self.calls:
             text = " ".join(c[1:]).lower()
             if c[0] == "netsh.exe" and any(f" {v} " in f" {text} " for v in ("add", "set", "delete")):
                 out.append(c)
-            if c[0] == "powershell.exe" and ("new-netfirewallhypervrule" in text or "remove-netfirewallhypervrule" in text):
+            if c[0] == "powershell.exe" and any(v in text for v in ("new-netfirewallhypervrule", "remove-netfirewallhypervrule",
+                                                                  "new-netfirewallrule", "remove-netfirewallrule")):
                 out.append(c)
         return out
 

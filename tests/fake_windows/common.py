@@ -6,6 +6,7 @@ import fcntl
 import json
 import os
 import sys
+import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -19,7 +20,9 @@ DEFAULT_STATE: dict = {
     "wsl_utf8_supported": True,  # the inbox wsl.exe of older Windows builds ignores WSL_UTF8
     "line_ending": "\r\n",  # "\r\r\n" when wsl.exe output went through a text-mode pipe
     "portproxy": [],  # {"listen_address", "listen_port", "connect_address", "connect_port"}
-    "firewall": [],  # {"name", "dir", "action", "protocol", "localport", "profile", "remoteip", "enable"}
+    # {"name" (DisplayName, netsh's "Rule Name"), "dir", "action", "protocol", "localport", "profile",
+    #  "remoteip", "enable", "id" (Name; absent or a GUID for rules netsh/the GUI made)}
+    "firewall": [],
     "hyperv": [],  # {"name", "port"}
     "excluded": [[1025, 1124, False], [50000, 50059, True]],
     "addresses": [
@@ -33,6 +36,7 @@ DEFAULT_STATE: dict = {
     "admin": None,  # None: elevated when FAKE_WIN_ELEVATED=1 or WSLM_ASSUME_ADMIN=1; False: never
     "fail": [],  # substrings of a command line that make the command fail
     "calls": [],
+    "locale": "en-US",  # Windows display language: netsh's text (labels, messages) and code page follow it
 }
 
 ELEVATION_MSG = "The requested operation requires elevation (Run as administrator).\r\n\r\n"
@@ -77,10 +81,34 @@ def injected_failure(st: dict, args: list[str]) -> bool:
     return any(f in text for f in st.get("fail", []))
 
 
+OEM_CODEPAGES = {"en-US": "cp437", "de-DE": "cp850", "zh-CN": "gbk"}
+_oem = "cp437"
+
+
+def use_locale(st: dict) -> str:
+    """Select the OEM code page of the state's locale for out(); returns the locale."""
+    global _oem
+    locale = st.get("locale") or "en-US"
+    _oem = OEM_CODEPAGES.get(locale, "cp437")
+    return locale
+
+
 def out(text: str, stream=None) -> None:
-    """netsh writes CRLF text in the OEM code page (ASCII here)."""
-    (stream or sys.stdout).buffer.write(text.encode("ascii", errors="replace"))
+    """netsh writes CRLF text in the console's OEM code page (cp437, cp850, GBK...)."""
+    (stream or sys.stdout).buffer.write(text.encode(_oem, errors="replace"))
     (stream or sys.stdout).flush()
+
+
+def rule_id(rule: dict) -> str:
+    """A firewall rule's Name: set by New-NetFirewallRule -Name; netsh (and the GUI) give a rule a
+    GUID instead (stable here: derived from the entry when it has no "id")."""
+    if rule.get("id"):
+        return rule["id"]
+    return "{" + str(uuid.uuid5(uuid.NAMESPACE_OID, json.dumps(rule, sort_keys=True))).upper() + "}"
+
+
+def new_guid() -> str:
+    return "{" + str(uuid.uuid4()).upper() + "}"
 
 
 def split_windows_cmdline(cmdline: str) -> list[str]:

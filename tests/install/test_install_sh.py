@@ -286,3 +286,53 @@ def test_gpu_picks_the_cuda_build_and_a_failed_step_says_what_to_run(tmp_path):
     assert f"{TAG} error: installing torch failed" in proc.stderr and f"{TAG} fix: " in proc.stderr
     assert (tmp_path / ".wslm" / "venv" / "bin" / "python").exists()
     assert "torch=" not in (tmp_path / ".wslm" / "install-state").read_text()  # not recorded: a re-run retries
+
+
+def _path_without_compilers(folder: Path) -> str:
+    """A PATH folder of links to everything on PATH but the C/C++ compilers (a fresh WSL Ubuntu's)."""
+    import re
+
+    folder.mkdir()
+    compiler = re.compile(r"^(cc|gcc|g\+\+|c\+\+|clang|clang\+\+)(-[\d.]+)?$")
+    for d in os.environ["PATH"].split(os.pathsep):
+        if not d or d.startswith(sys.prefix) or not os.path.isdir(d):
+            continue
+        for name in os.listdir(d):
+            exe = os.path.join(d, name)
+            if not compiler.match(name) and not (folder / name).exists() and os.access(exe, os.X_OK):
+                (folder / name).symlink_to(exe)
+    return str(folder)
+
+
+def _fake(folder: Path, name: str, body: str) -> None:
+    (folder / name).unlink(missing_ok=True)
+    (folder / name).write_text("#!/bin/sh\n" + body)
+    (folder / name).chmod(0o755)
+
+
+def test_a_missing_compiler_is_installed_with_apt_get_or_named(tmp_path):
+    """No cc on PATH: with root (here a sudo that needs no password) step 1 apt-gets build-essential; without
+    it, a warning with the command, and the install goes on. (The prefix lies under a file, so step 2 stops
+    the run right after.)"""
+    path = _path_without_compilers(tmp_path / "bin")
+    fake_bin = Path(path)
+    log = tmp_path / "apt.log"
+    _fake(fake_bin, "apt-get", f'echo "$*" >> {log}\n')
+    _fake(fake_bin, "sudo", '[ "$1" = -n ] && shift\nexec "$@"\n')
+    (tmp_path / "file").write_text("")
+    script = str(REPO / "installer" / "wsl" / "install.sh")
+    env = {"HOME": str(tmp_path), "PATH": path}
+    run = dict(env=env, capture_output=True, text=True, stdin=subprocess.DEVNULL, timeout=60)
+    proc = subprocess.run(["bash", script, "--prefix", str(tmp_path / "file" / "wslm")], **run)
+    assert proc.returncode == 1 and f"{TAG} error: cannot create" in proc.stderr  # step 2, as planned
+    assert f"{TAG} installing build-essential" in proc.stdout, proc.stdout
+    calls = log.read_text().splitlines()
+    assert calls[0] == "update -qq" and calls[1].startswith("install -y -qq --no-install-recommends build-essential")
+
+    log.unlink()
+    _fake(fake_bin, "id", "echo 1000\n")  # not root, and sudo wants a password nobody can type
+    _fake(fake_bin, "sudo", "exit 1\n")
+    proc = subprocess.run(["bash", script, "--prefix", str(tmp_path / "file" / "wslm")], **run)
+    assert proc.returncode == 1 and not log.exists()
+    assert f"{TAG} warning: missing build-essential" in proc.stdout
+    assert "sudo apt-get install -y build-essential" in proc.stdout

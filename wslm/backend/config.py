@@ -2,53 +2,87 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
+
+from wslm import defaults
 
 # vLLM's --kv-cache-dtype values that wslm runs.
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
 DEFAULT_MAX_NUM_BATCHED_TOKENS = 2048  # also what `wslm models info` assumes when it sizes a windowed pool
 
+
+def _flag(default: Any, help: str, **more: Any) -> Any:
+    """A field that is also a `wslm serve` flag: help, and optionally choices and aliases, for argparse."""
+    return field(default=default, metadata={"help": help, **more})
+
+
 @dataclass(slots=True)
 class EngineConfig:
-    model: str = "demo"  # "demo", a HF folder, a .gguf file, a repo id in the HF cache, or a `wslm models` id
-    tokenizer: str | None = None
-    max_model_len: int | None = None  # None: the model's own, capped by what the KV pool holds
-    max_num_seqs: int = 128
-    max_num_batched_tokens: int = DEFAULT_MAX_NUM_BATCHED_TOKENS  # the per-step token budget (chunked prefill)
+    # Each field is also a `wslm serve` flag (--field-name, generated in entrypoints/cli/engine_flags.py):
+    # its metadata holds the flag's help and, where vLLM has them, choices and short aliases.
+    model: str = _flag(defaults.MODEL, '"demo" (default), a HF folder, a .gguf file or a model id')
+    tokenizer: str | None = _flag(None, "a tokenizer folder or repo id other than the model's")
+    # None: the model's own, capped by what the KV pool holds
+    max_model_len: int | None = _flag(None, "context length in tokens (e.g. 4096 or 4k)")
+    max_num_seqs: int = _flag(128, "most sequences in one batch")
+    # the per-step token budget (chunked prefill)
+    max_num_batched_tokens: int = _flag(DEFAULT_MAX_NUM_BATCHED_TOKENS, "token budget per step")
     # Fairness (scheduler.py): while streams decode, prefill gets at most this many tokens per step
     # (None: max_num_batched_tokens // 8), and one request adds at most fanout_per_step sequences per step.
-    long_prefill_token_threshold: int | None = None
-    fanout_per_step: int = 16
-    block_size: int = 16
-    enable_prefix_caching: bool = True
-    device: str = "auto"  # "auto", "cpu", "cuda", "cuda:N"
-    dtype: str = "auto"  # auto: bf16 on GPUs (fp16 for fp16 models) and on bf16-native CPUs, else fp32
-    gpu_memory_utilization: float = 0.9  # CUDA: share of the card the engine may use
-    kv_cache_memory: int | None = None  # CPU: bytes for the KV pool (None: from free RAM)
-    num_gpu_blocks_override: int | None = None  # exact pool size in blocks (tests, tuning)
-    chat_template: str | None = None  # a Jinja template, or a path to one
-    seed: int = 0
-    tensor_parallel_size: int = 1
-    distributed_executor_backend: str | None = None  # "mp" (one machine, default) or "ray" (a Ray cluster)
-    enforce_eager: bool = False  # no CUDA graphs, no compiled CPU decode step
-    trust_remote_code: bool = False
+    long_prefill_token_threshold: int | None = _flag(
+        None, "while streams decode, prefill tokens per step at most this (fairness; default: "
+        "max-num-batched-tokens / 8)")
+    fanout_per_step: int = _flag(16, "new sequences one request (n > 1) may start per step (fairness; default 16)")
+    block_size: int = _flag(defaults.BLOCK_SIZE, "KV-cache block size in tokens")
+    enable_prefix_caching: bool = _flag(True, "reuse the KV cache of shared prompt prefixes (default: on)")
+    device: str = _flag("auto", "auto, cpu, cuda or cuda:N")
+    # auto: bf16 on GPUs (fp16 for fp16 models) and on bf16-native CPUs, else fp32
+    dtype: str = _flag("auto", "auto, float32, float16 or bfloat16")
+    gpu_memory_utilization: float = _flag(defaults.GPU_MEMORY_UTILIZATION, "CUDA: share of the GPU to use")
+    # CPU: bytes for the KV pool (None: from free RAM)
+    kv_cache_memory: int | None = _flag(None, "KV-cache size: bytes, or like 4GiB / 512MiB")
+    num_gpu_blocks_override: int | None = _flag(
+        None, "exact KV-cache size in blocks, instead of sizing it from memory (tests, tuning)")
+    chat_template: str | None = _flag(None, "a Jinja chat template, or a path to one")
+    seed: int = _flag(0, "random seed")
+    tensor_parallel_size: int = _flag(
+        1, "split the model over N GPUs (or N CPU processes) with torch.distributed", aliases=("-tp",))
+    distributed_executor_backend: str | None = _flag(
+        None, "uni: one device in this process (default at one rank); mp: one process per rank on this machine "
+        "(default above one); ray: ranks on a Ray cluster; package.module:Class: an executor of your own")
+    enforce_eager: bool = _flag(False, "run eagerly: no CUDA graphs, no compiled CPU decode step")
+    trust_remote_code: bool = _flag(
+        False, "let transformers run the model repo's own code for its config and tokenizer")
     # None: as the checkpoint is (a GGUF file and AWQ/GPTQ checkpoints stay quantized); "int8" / "int4":
     # quantize a 16-bit checkpoint's linear weights while loading. vLLM's name and values.
-    quantization: str | None = None
+    quantization: str | None = _flag(
+        None, "weights format; a GGUF file or an AWQ/GPTQ checkpoint needs no flag; int8/int4 quantize a 16-bit "
+        "checkpoint while loading", choices=("gguf", "awq", "gptq", "int8", "int4"), aliases=("-q",))
     # "auto": the KV cache in the model dtype; "fp8" / "fp8_e4m3": one byte per value (e4m3, per-tensor
     # scale 1.0 as vLLM's default without calibrated scales), twice the tokens in the same memory.
-    kv_cache_dtype: str = "auto"
-    revision: str | None = None  # a repo id's snapshot in the HF cache: branch, tag or commit (vLLM's --revision)
-    download_dir: str | None = None  # the HF cache folder to find repo ids in (vLLM's --download-dir)
-    task: str = "auto"  # "generate", "embed", "score" or "auto" (from the checkpoint), as vLLM's --task
-    max_logprobs: int = 20  # most top logprobs one request may ask for (vLLM's --max-logprobs; -1: vocabulary)
+    # fp8_e5m2 is a choice only so that the start-up error can say it is not supported.
+    kv_cache_dtype: str = _flag(
+        defaults.KV_CACHE_DTYPE, "auto: the model dtype; fp8 (e4m3): one byte per cached value, twice the tokens "
+        "in the same memory (vLLM's flag; e5m2 is not supported)", choices=(*KV_CACHE_DTYPES, "fp8_e5m2"))
+    revision: str | None = _flag(
+        None, "which snapshot of a repo id in the HF cache to serve: a branch, tag or commit")
+    download_dir: str | None = _flag(
+        None, "the Hugging Face cache folder to find repo ids in (default: the usual HF cache)")
+    # "pooling" is not a choice: it comes from vLLM's --runner (launcher._task)
+    task: str = _flag(
+        "auto", "generate (text), embed (/v1/embeddings) or score (/rerank, /score: cross-encoders); auto: from "
+        "the checkpoint (vLLM's --task)", choices=("auto", "generate", "embed", "embedding", "score"))
+    max_logprobs: int = _flag(
+        20, "most top logprobs a request may ask for (default 20; -1: the whole vocabulary)")
 
     def __post_init__(self) -> None:
         if self.tensor_parallel_size < 1:
             raise ValueError(f"tensor_parallel_size must be at least 1, got {self.tensor_parallel_size}.")
-        if self.distributed_executor_backend not in (None, "mp", "ray", "uni"):
+        backend = self.distributed_executor_backend
+        if backend not in (None, "mp", "ray", "uni") and not (isinstance(backend, str) and ":" in backend):
             raise ValueError(
-                f"distributed_executor_backend must be mp or ray, got {self.distributed_executor_backend!r}."
+                f"distributed_executor_backend must be uni, mp, ray or 'package.module:Class', got {backend!r}."
             )
         if self.task not in ("auto", "generate", "embed", "embedding", "pooling", "score"):
             raise ValueError(f"task must be auto, generate, embed or score, got {self.task!r}.")

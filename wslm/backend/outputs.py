@@ -5,8 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-# RequestOutput.error starts with this when the request failed for lack of memory: the server answers 503
-# (try again later / smaller), not 500.
+from wslm.backend.errors import ErrorKind
+
+# How the message of a request that failed for lack of memory begins (its error_kind says so, typed).
 OUT_OF_MEMORY_ERROR = "Out of memory"
 
 
@@ -14,7 +15,7 @@ OUT_OF_MEMORY_ERROR = "Out of memory"
 class Logprob:
     logprob: float
     rank: int  # 1 = most likely
-    decoded_token: str = ""
+    decoded_token: str | None = ""  # None until the front end decodes it (prompt_logprobs)
 
 
 @dataclass(slots=True)
@@ -53,6 +54,7 @@ class RequestOutput:
     num_cached_tokens: int = 0
     metrics: RequestMetrics | None = None
     error: str | None = None  # set when the engine failed this request (finish_reason "error")
+    error_kind: ErrorKind | None = None  # why (out of memory: the server answers 503, else 500)
     extra: dict = field(default_factory=dict)
     # prompt_logprobs: None for the first token, then token id -> Logprob per prompt token (the first delta).
     prompt_logprobs: list[dict[int, Logprob] | None] | None = None
@@ -89,6 +91,7 @@ def fold_output(results: dict[str, RequestOutput], delta: RequestOutput) -> Requ
     total.num_cached_tokens = delta.num_cached_tokens
     total.metrics = delta.metrics
     total.error = delta.error
+    total.error_kind = delta.error_kind
     total.extra.update(delta.extra)
     if delta.prompt_logprobs is not None:
         total.prompt_logprobs = delta.prompt_logprobs

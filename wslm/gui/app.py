@@ -10,6 +10,7 @@ from PySide6.QtCore import QCoreApplication, QEventLoop
 from PySide6.QtWidgets import QApplication
 
 import wslm.gui.qt_fix  # noqa: F401  (PySide6 6.12 emit() refcount bug)
+from wslm.gui.display_check import display_problem
 from wslm.gui.main_window import MainWindow
 from wslm.gui.sidebar import PANELS
 from wslm.gui.theme import apply_theme
@@ -54,6 +55,13 @@ def screenshot(window: MainWindow, out_dir: Path) -> list[Path]:
 
 
 def run(screenshot_dir: str | None = None) -> int:
+    if QApplication.instance() is None:
+        # Qt aborts (SIGABRT) when it cannot open a window: say why and how to fix it, and exit cleanly.
+        problem = display_problem()
+        if problem:
+            if sys.stderr is not None:
+                print(problem, file=sys.stderr)
+            return 1
     app = make_app()
     window = MainWindow(watch=True)
     if screenshot_dir:

@@ -6,6 +6,9 @@ import json
 
 import httpx
 
+NOT_RUNNING = ("The server is not running. Start it (the chat offers to), or set a URL under Connection in "
+               "the chat's settings.")
+
 
 def _server_message(body: str) -> str:
     try:
@@ -47,6 +50,8 @@ def describe_http_error(status: int, body: str, base_url: str) -> tuple[str, str
 
 def describe_transport_error(exc: Exception, base_url: str) -> tuple[str, str]:
     """(kind, message) for a failure to reach the server or a broken stream."""
+    if not base_url:  # our server is not running (its URL is only known while it is ready)
+        return "down", NOT_RUNNING
     if isinstance(exc, httpx.ConnectError):
         return "down", (
             f"Cannot reach {base_url}: the server is not running or the URL is wrong. "

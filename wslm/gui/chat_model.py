@@ -204,6 +204,17 @@ class MessageListModel(QAbstractListModel):
         idx = self.index(row)
         self.dataChanged.emit(idx, idx)
 
+    def remove_row(self, row: int) -> None:
+        """Delete one message (from SQLite too)."""
+        if not 0 <= row < len(self._items):
+            return
+        self.beginRemoveRows(QModelIndex(), row, row)
+        self.store.delete_message(self._items[row].id)
+        del self._items[row]
+        if self.streaming_row > row:
+            self.streaming_row -= 1
+        self.endRemoveRows()
+
     def remove_from(self, row: int) -> None:
         """Drop `row` and everything after it (regenerate)."""
         if row >= len(self._items):

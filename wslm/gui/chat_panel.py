@@ -39,6 +39,7 @@ from wslm.gui.chat_export import export_conversation
 from wslm.gui.chat_model import IdRole
 from wslm.gui.chat_session import ChatSession
 from wslm.gui.chat_view import ChatView
+from wslm.gui.context_fit import POLICIES
 from wslm.gui.elided_label import ElidedLabel
 from wslm.gui.model_lister import ModelLister
 from wslm.gui.models_model import display_name
@@ -46,9 +47,13 @@ from wslm.gui.settings import Settings
 
 
 class ChatInput(QPlainTextEdit):
-    """Enter sends, Shift+Enter starts a new line."""
+    """Enter sends, Shift+Enter starts a new line, Tab moves to the next control (as in a form)."""
 
     submitted = Signal()
+
+    def __init__(self, parent=None) -> None:
+        super().__init__(parent)
+        self.setTabChangesFocus(True)
 
     def keyPressEvent(self, event: QKeyEvent) -> None:
         if event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter) and not event.modifiers() & Qt.KeyboardModifier.ShiftModifier:
@@ -78,6 +83,8 @@ class RenameDelegate(QStyledItemDelegate):
 class ChatPanel(QWidget):
     settings_changed = Signal()
     model_switch_requested = Signal(str)  # an installed model's id: serve it instead (stop, start, ready)
+    start_server_requested = Signal()  # the user took the offer to start our server (it was not running)
+    notice = Signal(str)  # a brief confirmation (copied, exported) for the status bar
 
     def __init__(self, session: ChatSession, settings: Settings, parent=None) -> None:
         super().__init__(parent)
@@ -91,6 +98,13 @@ class ChatPanel(QWidget):
         self.serve_choice = ""  # the server panel's model (what a start would load)
         self.switching_to = ""  # a model switch in progress
         self.editing_row = -1  # a sent message being edited (Send re-runs the chat from it)
+        self.server_state = "stopped"  # our server's state (set by the main window)
+        self.server_coming = False  # our server is starting, loading or restarting: it will be ready
+        # A request waiting for our server to be ready: (conversation id, row to regenerate or None for
+        # "answer the last message"). One at a time: the chat is one conversation with one server.
+        self.pending: tuple[int, int | None] | None = None
+        self._offered: tuple[int, int | None] | None = None  # what "start it" in the note will then ask
+        self._server_note = False  # the note under the transcript is about the server (cleared when ready)
         self._loading_params = True  # widgets being filled from the conversation: not a user edit
         self.lister = ModelLister(self)
         self.lister.listed.connect(self._on_models)
@@ -122,6 +136,9 @@ class ChatPanel(QWidget):
         self.view.regenerate_requested.connect(self._regenerate)
         self.view.edit_requested.connect(self.edit_message)
         self.view.version_requested.connect(self.session.show_version)
+        self.view.delete_requested.connect(self.delete_message)
+        self.view.notice.connect(self.notice)
+        session.conversations.dataChanged.connect(self._on_conversation_changed)
         self._apply_connection()
         first = session.conversations.conversation(0)
         if first is not None and not session.messages.conversation_id:
@@ -147,6 +164,7 @@ class ChatPanel(QWidget):
         self.list.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
         self.list.customContextMenuRequested.connect(self._list_menu)
         self.list.installEventFilter(self)
+        self.list.viewport().installEventFilter(self)  # right-click: a menu, not a move of the highlight
         self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.list.setTextElideMode(Qt.TextElideMode.ElideRight)
         self.list.setUniformItemSizes(True)
@@ -167,12 +185,13 @@ class ChatPanel(QWidget):
         self.settings_button.setCheckable(True)
         self.settings_button.setToolTip("Show or hide the chat settings (system prompt, sampling, connection)")
         self.settings_button.setFocusPolicy(Qt.FocusPolicy.NoFocus)
+        self.settings_button.setStyleSheet("QPushButton { padding: 6px 8px; }")  # one glyph: no wide padding
         self.settings_button.toggled.connect(self._settings_toggled)
         # The model picker: installed models (wslm server: choosing one switches the server to it), or the
         # models an OpenAI-compatible URL serves (free text allowed there).
         self.model_combo = QComboBox()
         self.model_combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
-        self.model_combo.setMinimumContentsLength(10)  # grows with the window (stretch below)
+        self.model_combo.setMinimumContentsLength(5)  # grows with the window (stretch below)
         self.model_combo.setToolTip("The model this chat talks to")
         self.model_combo.currentTextChanged.connect(self._model_changed)
         self.model_combo.activated.connect(self._model_chosen)
@@ -185,6 +204,7 @@ class ChatPanel(QWidget):
         lay.addWidget(self.view, 1)
         self.error_label = QLabel(objectName="Muted")
         self.error_label.setWordWrap(True)
+        self.error_label.linkActivated.connect(self._on_note_link)
         self.error_label.hide()
         lay.addWidget(self.error_label)
         # Per-chat model: a chat that talked to another installed model offers to switch back to it.
@@ -226,11 +246,12 @@ class ChatPanel(QWidget):
 
     def _build_params(self) -> QWidget:
         box = QWidget()
-        box.setMinimumWidth(180)
+        box.setMinimumWidth(170)
         lay = QVBoxLayout(box)
         lay.setContentsMargins(6, 10, 10, 10)
         lay.addWidget(QLabel("System prompt", objectName="Muted"))
         self.system_prompt = QPlainTextEdit()
+        self.system_prompt.setTabChangesFocus(True)
         self.system_prompt.setFixedHeight(90)
         self.system_prompt.textChanged.connect(self._params_changed)
         lay.addWidget(self.system_prompt)
@@ -244,6 +265,19 @@ class ChatPanel(QWidget):
         form.addRow("Top P", self.top_p)
         form.addRow("Max tokens", self.max_tokens)
         lay.addLayout(form)
+
+        lay.addSpacing(10)
+        lay.addWidget(QLabel("When the chat is too long", objectName="Muted"))
+        self.overflow = QComboBox()
+        for key, label in POLICIES.items():
+            self.overflow.addItem(label, key)
+        self.overflow.setCurrentIndex(max(0, self.overflow.findData(self.settings.chat_context_overflow)))
+        self.overflow.setToolTip("What is sent when the conversation no longer fits the model's context window: "
+                                 "leave out the oldest messages (the system prompt stays), cut out the middle "
+                                 "(the first and the newest messages stay), or send nothing and say so")
+        self.session.overflow_policy = str(self.overflow.currentData())
+        self.overflow.currentIndexChanged.connect(self._overflow_changed)
+        lay.addWidget(self.overflow)
 
         lay.addSpacing(10)
         lay.addWidget(QLabel("Connection", objectName="Muted"))
@@ -290,6 +324,10 @@ class ChatPanel(QWidget):
         menu.exec(self.list.viewport().mapToGlobal(pos))
 
     def eventFilter(self, obj, event) -> bool:
+        if obj is self.list.viewport() and event.type() in (
+                QEvent.Type.MouseButtonPress, QEvent.Type.MouseButtonRelease, QEvent.Type.MouseButtonDblClick) \
+                and event.button() == Qt.MouseButton.RightButton:
+            return True  # the list would move its highlight to a chat it does not open; the menu still comes
         if obj is self.list and event.type() == QEvent.Type.KeyPress and event.key() == Qt.Key.Key_Delete:
             idx = self.list.currentIndex()
             if idx.isValid():
@@ -333,6 +371,28 @@ class ChatPanel(QWidget):
                                 "(the server reloads), or just write: the model above answers.")
         self.model_hint.show()
 
+    def _overflow_changed(self, _index: int) -> None:
+        self.session.overflow_policy = self.settings.chat_context_overflow = str(self.overflow.currentData())
+        self.settings_changed.emit()
+
+    def _on_conversation_changed(self, top: QModelIndex, bottom: QModelIndex, _roles=()) -> None:
+        """A chat was renamed (in the list): the header shows the new title."""
+        row = self.session.conversations.row_of(self.session.messages.conversation_id)
+        conv = self.session.conversations.conversation(row)
+        if conv is not None and top.row() <= row <= bottom.row():
+            self.title.setText(conv.title)
+
+    def delete_message(self, row: int) -> None:
+        """Delete one message (the transcript's Delete link): from the view and the chat's store."""
+        if self.session.busy:
+            self._show_error("A reply is being written: stop it first, then delete.")
+            return
+        if self.editing_row == row:
+            self.input.clear()
+            self.cancel_edit()
+        if self.session.delete_message(row) and self.editing_row > row:
+            self.editing_row -= 1
+
     def _params_changed(self, *_args) -> None:
         if self._loading_params:
             return
@@ -354,10 +414,11 @@ class ChatPanel(QWidget):
         if not text.strip() or self.session.busy:
             return
         if self.switching_to and self.settings.chat_use_server:
-            self._show_error("The new model is still loading: send when the server is ready (your text is kept).")
+            self._show_error("The new model is still loading: send when the server is ready (your text is kept).",
+                             server=True)
             return
         if not self.session.base_url:
-            self._show_error("No server to talk to: start one in the Server panel, or set a URL under Connection.")
+            self._no_server(None if self.editing_row >= 0 else text)
             return
         if self.editing_row >= 0:
             if self.session.edit_and_rerun(self.editing_row, text):
@@ -374,6 +435,107 @@ class ChatPanel(QWidget):
     def stop(self) -> None:
         self.session.stop()
         self.input.setFocus()
+
+    # Waiting for our server
+    def _using_our_server(self) -> bool:
+        return self.settings.chat_use_server
+
+    def _no_server(self, text: str | None, regen_row: int | None = None) -> None:
+        """Send (text) or Retry (regen_row) with nowhere to send to: while our server loads, the request
+        waits for it; when it is not running, say so and offer to start it. The text is never dropped."""
+        conv_id = self.session.messages.conversation_id
+        if not self._using_our_server():
+            self._show_error("No URL to send to: set one under Connection (⚙), or switch to the wslm server.")
+            return
+        if self.server_coming:
+            if regen_row is not None:
+                self._wait_for_server(conv_id, regen_row)
+            elif text is not None:
+                self._queue_send(text)
+            else:  # editing a sent message: the edit is kept in the box until the server is ready
+                self._show_error("The server is still loading: send when it is ready (your text is kept).",
+                                 server=True)
+            return
+        self._offered = (conv_id, regen_row) if regen_row is not None else None
+        then = (" and the reply is retried once it is ready" if regen_row is not None
+                else " and your message is sent once it is ready" if text is not None else "")
+        self._show_error(f"The server is not running: <a href='start'>start it</a>{then} (or use the Server "
+                         "panel), or set a URL under Connection. Your text is kept.", server=True, rich=True)
+
+    def _queue_send(self, text: str) -> None:
+        if self.pending is not None:
+            self._show_error("A message is already waiting for the server: send this one when it is ready "
+                             "(your text is kept).", server=True)
+            return
+        if self.session.queue(text):
+            self.input.clear()
+            self.title.setText(self.session.current().title)
+            self._wait_for_server(self.session.messages.conversation_id, None)
+
+    def _wait_for_server(self, conv_id: int, row: int | None) -> None:
+        self.pending = (conv_id, row)
+        what = "your message is sent" if row is None else "the reply is retried"
+        self._show_note(f"The server is getting ready: {what} as soon as it is.")
+
+    def _on_note_link(self, link: str) -> None:
+        if link == "start":
+            self.start_server()
+
+    def start_server(self) -> None:
+        """Take the offer: start our server, and send what was waiting (the typed text, a retry) when ready."""
+        offered, self._offered = self._offered, None
+        self.start_server_requested.emit()
+        if not self.server_coming:
+            self._show_error("The server did not start: the Server panel says why.", server=True)
+            return
+        text = self.input.toPlainText()
+        if offered is not None:
+            self._wait_for_server(*offered)
+        elif text.strip() and self.editing_row < 0:
+            self._queue_send(text)
+        else:
+            self._show_note("Starting the server…")
+
+    def set_server_state(self, state: str, coming: bool, detail: str = "") -> None:
+        """Our server's state; `coming`: it is on its way to ready (starting, loading, restarting)."""
+        self.server_state, self.server_coming = state, coming
+        if coming or state == "ready" or self.pending is None:
+            return
+        # It stopped before it was ready: the waiting message stays in the chat, and can go out later.
+        self._offered, self.pending = self.pending, None
+        why = f" ({detail})" if detail and state == "crashed" else ""
+        self._show_error(f"The server stopped before it was ready{html.escape(why)}: <a href='start'>start it "
+                         "again</a> to send what was waiting (or use the Server panel).", server=True, rich=True)
+
+    def _server_ready(self) -> None:
+        """Our server is ready: the stale "not running" note goes, and what waited for it is sent."""
+        if self._server_note:
+            self.error_label.hide()
+            self._server_note = False
+        pending, self.pending = self.pending, None
+        self._offered = None
+        if pending is None:
+            return
+        conv_id, row = pending
+        if self.session.store.get_conversation(conv_id) is None:
+            return  # deleted meanwhile
+        self.session.open(conv_id)  # where the message was written (the user may have looked at another chat)
+        if row is None:
+            self.session.reply_to_last()
+        else:
+            self.session.regenerate(row)
+
+    # Model switch while replies stream
+    def confirm_switch(self, count: int) -> bool:
+        """A model switch stops `count` streaming replies: ask first. Tests replace this."""
+        answer = QMessageBox.question(
+            self, "Switch model",
+            "A reply is still being written. Switching the model stops it: the text so far is kept, marked "
+            "as interrupted. Switch now?" if count == 1 else
+            f"{count} replies are still being written. Switching the model stops them: the text so far is "
+            "kept, marked as interrupted. Switch now?",
+            QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.Cancel, QMessageBox.StandardButton.Cancel)
+        return answer == QMessageBox.StandardButton.Yes
 
     # Editing a sent message
     def edit_message(self, row: int) -> None:
@@ -405,8 +567,13 @@ class ChatPanel(QWidget):
             export_conversation(self.session.store, conv_id, Path(path))
         except (OSError, ValueError) as exc:
             self._show_error(f"Could not export the chat to {path}: {exc}")
+            return
+        self.notice.emit(f"Exported the chat to {path}")
 
     def _regenerate(self, row: int) -> None:
+        if not self.session.base_url and not self.session.busy:  # Retry with the server gone
+            self._no_server(None, regen_row=row)
+            return
         self.session.regenerate(row)
 
     def _on_busy(self, busy: bool) -> None:
@@ -430,9 +597,18 @@ class ChatPanel(QWidget):
         # The message is shown in the transcript; the typed text was saved there too.
         self.error_label.hide()
 
-    def _show_error(self, text: str) -> None:
-        self.error_label.setText(f"<span style='color:#f85149;'>⚠</span> {text}")
+    def _show_error(self, text: str, server: bool = False, rich: bool = False) -> None:
+        """`server`: a note about our server's availability (it goes when the server is ready). `rich`: the
+        text is HTML (a link to act on); otherwise it is escaped."""
+        self.error_label.setText(f"<span style='color:#f85149;'>⚠</span> {text if rich else html.escape(text, quote=False)}")
         self.error_label.show()
+        self._server_note = server
+
+    def _show_note(self, text: str) -> None:
+        """Progress, not a problem: waiting for the server."""
+        self.error_label.setText(f"<span style='color:#d29922;'>●</span> {html.escape(text, quote=False)}")
+        self.error_label.show()
+        self._server_note = True
 
     # Connection
     def set_server(self, url: str, model: str, api_key: str, context_len: int | None = None) -> None:
@@ -440,6 +616,8 @@ class ChatPanel(QWidget):
         self.server_url, self.server_model, self.server_key = url, model, api_key
         self.server_context = context_len
         self._apply_connection()
+        if url:
+            self._server_ready()
 
     def refresh_connection(self) -> None:
         """The server's settings changed (its port): the URL shown follows."""
@@ -467,6 +645,14 @@ class ChatPanel(QWidget):
         if not self.settings.chat_use_server:
             return
         model_id = str(self.model_combo.itemData(index) or "")
+        served = self.server_model if self.server_url else ""
+        streaming = len(self.session.streaming_ids)
+        if model_id and model_id not in (served, self.switching_to) and streaming:
+            # The switch stops the server under the replies being written: ask, and keep their text.
+            if not self.confirm_switch(streaming):
+                self._fill_server_models()  # back to the model that is writing them
+                return
+            self.session.interrupt("the model was switched")
         conv = self.session.current()
         if model_id and conv is not None and conv.model != model_id:
             self.session.store.update_conversation(conv.id, model=model_id)  # this chat's model from now on
@@ -479,6 +665,16 @@ class ChatPanel(QWidget):
         if i >= 0:
             self.model_combo.setCurrentIndex(i)
             self._model_chosen(i)
+
+    def set_serve_choice(self, model_id: str) -> None:
+        """The Server panel's model (what Start loads): the picker shows it while no server is ready, also
+        after a failed switch (it showed the model from the last listing, which nothing would load)."""
+        if not model_id or model_id == self.serve_choice:
+            return
+        self.serve_choice = model_id
+        if self.settings.chat_use_server and not self.server_url and not self.switching_to:
+            self._fill_server_models()
+        self._show_model_hint()
 
     def set_installed_models(self, models: list[dict], serve_choice: str = "") -> None:
         self.installed = [m for m in models if isinstance(m, dict) and m.get("id")]
@@ -527,7 +723,7 @@ class ChatPanel(QWidget):
         (a custom URL, whole in the tooltip) so it never sets the window's minimum width."""
         self.connection_label.setText(f"<span style='color:{color};'>●</span> {html.escape(text)}")
         width = self.connection_label.fontMetrics().horizontalAdvance(f"● {text}") + 4
-        self.connection_label.setMinimumWidth(min(width, 100))
+        self.connection_label.setMinimumWidth(min(width, 64))
         self.connection_label.setToolTip(text)
 
     def _apply_connection(self) -> None:

@@ -14,6 +14,7 @@ import wslm.gui.qt_fix  # noqa: F401  (PySide6 6.12 emit() refcount bug)
 from wslm.gui.chat_errors import normalize_base_url
 from wslm.gui.chat_model import ConversationListModel, MessageListModel
 from wslm.gui.chat_store import ChatStore, Conversation, Message
+from wslm.gui.context_fit import DEFAULT_POLICY, STOP, Fit, context_from_error, fit_messages
 from wslm.gui.stream_worker import ChatRequest, StreamWorker
 
 log = logging.getLogger(__name__)
@@ -50,10 +51,13 @@ class _Reply:
     versions: list[dict] = field(default_factory=list)  # earlier replies this one regenerates (kept as ‹ 1/2 ›)
     think_start: float | None = None
     think_end: float | None = None
+    context_note: str = ""  # what was left out of the prompt to fit the context (shown under the reply)
 
     def final_stats(self, stats: dict) -> dict:
         """The reply's stats plus what the chat keeps with it: the reasoning and the earlier versions."""
         out = dict(stats)
+        if self.context_note:
+            out["context_note"] = self.context_note
         thought = self.message.stats.get("reasoning", "")
         if thought:
             end = self.think_end or time.monotonic()
@@ -65,12 +69,13 @@ class _Reply:
             out["version"] = len(out["versions"]) - 1
         return out
 
-    def partial_stats(self) -> dict:
-        """Stats of a reply stopped by the user: what was measured up to the stop."""
+    def partial_stats(self, interrupted: str = "") -> dict:
+        """Stats of a reply stopped early: what was measured up to the stop. `interrupted`: why, when it was
+        not the user's Stop (shown under the reply)."""
         gen = time.monotonic() - self.started - (self.ttft_s or 0.0)
         return {"ttft_s": round(self.ttft_s, 3) if self.ttft_s is not None else None, "tokens": self.chunks,
                 "tokens_per_s": round(self.chunks / gen, 1) if gen > 0 and self.chunks > 1 else None,
-                "stopped": True, "finish_reason": "stopped"}
+                "stopped": True, "finish_reason": "stopped", **({"interrupted": interrupted} if interrupted else {})}
 
 
 class ChatSession(QObject):
@@ -90,6 +95,11 @@ class ChatSession(QObject):
         self.api_key = ""
         self.model = ""
         self.context_len: int | None = None  # the served model's max_model_len, when our server says it
+        self.overflow_policy = DEFAULT_POLICY  # what a conversation longer than the context sends (context_fit)
+        # Per (URL, model): the context a server named when it refused a prompt as too long, and whether the
+        # lenient token estimate proved too low there (then the strict bound is used).
+        self._learned_context: dict[tuple[str, str], int] = {}
+        self._strict: set[tuple[str, str]] = set()
         self._replies: dict[int, _Reply] = {}  # conversation id -> its streaming reply
         self._retired: list[StreamWorker] = []  # stopped workers still closing their connection
 
@@ -108,10 +118,21 @@ class ChatSession(QObject):
         fit beside the prompt: after a switch to a model with a shorter context a reply must still come,
         not a "conversation is too long" error. Bytes bound the prompt's tokens from above (a BPE token is
         one byte or more), plus room for the chat template's markers."""
-        if not self.context_len:
+        context_len = self.effective_context()
+        if not context_len:
             return max_tokens
         prompt_bound = sum(len(str(m.get("content") or "").encode()) + 8 for m in messages) + 32
-        return max_tokens if max_tokens + prompt_bound <= self.context_len else None
+        return max_tokens if max_tokens + prompt_bound <= context_len else None
+
+    def effective_context(self) -> int | None:
+        """The context window replies must fit: our server's max_model_len, else what the server said."""
+        return self.context_len or self._learned_context.get((self.base_url, self.model))
+
+    def fit_request(self, messages: list[dict], max_tokens: int) -> Fit:
+        """`messages` made to fit the context window, as the overflow policy says."""
+        strict = (self.base_url, self.model) in self._strict
+        return fit_messages(messages, self.effective_context(), max_tokens, self.overflow_policy,
+                            bytes_per_token=1.0 if strict else 2.0)
 
     # Conversations
     @property
@@ -183,6 +204,26 @@ class ChatSession(QObject):
         self._start_reply()
         return True
 
+    def queue(self, text: str) -> bool:
+        """Add the user's message without asking yet (the server is still loading); reply_to_last() asks
+        once it is ready. The text is saved with the chat meanwhile, so nothing is lost if it never is."""
+        text = text.strip()
+        if not text or self.busy:
+            return False
+        conv = self.current() or self.new_conversation()
+        if not self.messages.rowCount():
+            self.conversations.rename(self.conversations.row_of(conv.id), title_from(text))
+        self.messages.append("user", text)
+        return True
+
+    def reply_to_last(self) -> bool:
+        """Ask for the reply to the open chat's last message, when that is the user's (a queued send)."""
+        last = self.messages.message(self.messages.rowCount() - 1)
+        if self.busy or last is None or last.role != "user":
+            return False
+        self._start_reply()
+        return True
+
     def regenerate(self, row: int | None = None) -> bool:
         """Replace the assistant reply at `row` (default: the last one) and everything after it."""
         if self.busy:
@@ -214,6 +255,14 @@ class ChatSession(QObject):
                              error=msg.error)
         return True
 
+    def delete_message(self, row: int) -> bool:
+        """Delete one message from the open chat (view and store): a message too long for the context, a
+        failed reply. Not while the chat is streaming (rows would shift under the reply)."""
+        if self.busy or self.messages.message(row) is None:
+            return False
+        self.messages.remove_row(row)
+        return True
+
     def edit_and_rerun(self, row: int, text: str) -> bool:
         """Replace the user's message at `row` with `text`, drop everything after it, and ask again."""
         text = text.strip()
@@ -225,14 +274,23 @@ class ChatSession(QObject):
         self._start_reply()
         return True
 
-    def stop(self, conv_id: int | None = None) -> None:
+    def stop(self, conv_id: int | None = None, interrupted: str = "") -> None:
         """End the open chat's stream (or `conv_id`'s) now: the reply so far is kept with the stats
-        measured until then, the connection closes, the server aborts."""
+        measured until then, the connection closes, the server aborts. `interrupted`: why, when it was not
+        the user's own Stop."""
         reply = self._replies.get(self.messages.conversation_id if conv_id is None else conv_id)
         if reply is None:
             return
         reply.worker.stop()
-        self._finish(reply, reply.partial_stats())
+        self._finish(reply, reply.partial_stats(interrupted))
+
+    def interrupt(self, reason: str) -> int:
+        """End every streaming reply, keeping its text, marked "interrupted: <reason>" (the server is going
+        away: a model switch, a restart). Returns how many there were."""
+        ids = list(self._replies)
+        for conv_id in ids:
+            self.stop(conv_id, interrupted=reason)
+        return len(ids)
 
     def shutdown(self, wait_ms: int = 3000) -> None:
         for conv_id in list(self._replies):
@@ -257,7 +315,13 @@ class ChatSession(QObject):
         conv = self.current()
         row = self.messages.append("assistant", "")
         self.messages.streaming_row = row
-        messages = self.request_messages()
+        max_tokens = conv.max_tokens if conv else 1024
+        fit = self.fit_request(self.request_messages(), max_tokens)
+        if fit.messages is None:  # policy "stop" (or nothing fits): said in place of the reply, nothing sent
+            self.messages.finish(row, {"error_kind": "context"}, error=fit.note)
+            self.reply_failed.emit("context", fit.note)
+            return
+        messages = fit.messages
         request = ChatRequest(
             base_url=self.base_url,
             api_key=self.api_key,
@@ -265,10 +329,13 @@ class ChatSession(QObject):
             messages=messages,
             temperature=conv.temperature if conv else 0.7,
             top_p=conv.top_p if conv else 0.95,
-            max_tokens=self.fitting_max_tokens(conv.max_tokens if conv else 1024, messages),
+            max_tokens=self.fitting_max_tokens(max_tokens, messages),
         )
         worker = StreamWorker(request, self)
-        reply = _Reply(self.messages.conversation_id, self.messages.message(row), worker, versions=versions or [])
+        worker.fit_key = (self.base_url, self.model)  # where a "too long" answer teaches the context's size
+        worker.fit_context = self.effective_context()
+        reply = _Reply(self.messages.conversation_id, self.messages.message(row), worker, versions=versions or [],
+                       context_note=fit.note)
         if conv is not None and request.model != conv.model:
             self.store.update_conversation(conv.id, model=request.model)  # the chat remembers its model
         self.store.begin_reply(reply.message.id)
@@ -374,6 +441,24 @@ class ChatSession(QObject):
         reply = self._reply_of_sender()
         if reply is None:
             return
+        if kind == "context":
+            message = self._learn_context(reply.worker, message)
         self._finish(reply, {"error_kind": kind}, error=message)
         if reply.conv_id == self.messages.conversation_id:
             self.reply_failed.emit(kind, message)
+
+    def _learn_context(self, worker: StreamWorker, message: str) -> str:
+        """The server refused the prompt as too long: remember its context size (and, when the prompt had been
+        fitted already, that the token estimate fell short there), so the next send or a Retry fits."""
+        key = getattr(worker, "fit_key", None)
+        if key is None:
+            return message
+        fitted = getattr(worker, "fit_context", None)
+        if fitted:
+            self._strict.add(key)
+        learned = context_from_error(message)
+        if learned:
+            self._learned_context[key] = learned
+        if (learned or fitted) and self.overflow_policy != STOP:
+            message += " Retry fits it to the context (“When the chat is too long” in the chat settings)."
+        return message

@@ -10,7 +10,7 @@ import json
 
 from PySide6.QtCore import QTimer, QUrl, Signal
 from PySide6.QtGui import QDesktopServices, QGuiApplication, QTextCursor
-from PySide6.QtWidgets import QTextBrowser
+from PySide6.QtWidgets import QTextBrowser, QWidget
 
 import wslm.gui.qt_fix  # noqa: F401  (PySide6 6.12 emit() refcount bug)
 from wslm.gui import theme
@@ -30,8 +30,12 @@ def stats_line(stats: dict) -> str:
         parts.append(f"TTFT {stats['ttft_s']:.2f} s")
     if stats.get("model"):
         parts.append(str(stats["model"]))
+    if stats.get("context_note"):
+        parts.append(str(stats["context_note"]))
     if stats.get("cut"):
         parts.append("cut off: the app closed during this reply")
+    elif stats.get("interrupted"):
+        parts.append(f"interrupted: {stats['interrupted']}")
     elif stats.get("stopped"):
         parts.append("stopped")
     elif stats.get("finish_reason") == "length":
@@ -61,6 +65,8 @@ class ChatView(QTextBrowser):
     regenerate_requested = Signal(int)
     edit_requested = Signal(int)  # a user message's row: put it back in the message box
     version_requested = Signal(int, int)  # row, version index (‹ 2/3 ›)
+    delete_requested = Signal(int)  # a message's row: delete it from the chat
+    notice = Signal(str)  # a brief confirmation for the status bar ("Copied")
 
     def __init__(self, model: MessageListModel, parent=None) -> None:
         super().__init__(parent)
@@ -91,6 +97,11 @@ class ChatView(QTextBrowser):
             f"a {{ color: {theme.MUTED}; text-decoration: none; }} pre {{ margin: 0; }} p {{ margin: 0 0 6px 0; }}"
         )
         self.render()
+
+    def focusNextPrevChild(self, next: bool) -> bool:  # noqa: A002 - Qt's name
+        # QTextBrowser walks Tab through every link (Copy, Edit, … of each message) before leaving; Tab
+        # leaves the transcript at once instead, to the next control (the links stay clickable).
+        return QWidget.focusNextPrevChild(self, next)
 
     def set_empty_hint(self, text: str) -> None:
         self.empty_hint = text
@@ -142,11 +153,13 @@ class ChatView(QTextBrowser):
                 f'<table width="100%" cellpadding="10" style="background-color:#2a1517; margin-top:6px;"><tr><td>'
                 f'<span style="color:{theme.ERROR}; font-weight:600;">Error</span>&nbsp; '
                 f'<span style="color:#f0c4c1;">{html.escape(msg.error)}</span><br>'
-                f'<a href="regen:{row}" style="color:{theme.ACCENT};">Retry</a></td></tr></table>'
+                f'<a href="regen:{row}" style="color:{theme.ACCENT};">Retry</a> &nbsp;·&nbsp; '
+                f'<a href="delete:{row}">Delete</a></td></tr></table>'
             )
         if msg.role == "assistant" and not streaming and not msg.error:
             footer = stats_line(msg.stats)
-            links = f'<a href="copy:{row}">Copy</a> &nbsp;·&nbsp; <a href="regen:{row}">Regenerate</a>'
+            links = (f'<a href="copy:{row}">Copy</a> &nbsp;·&nbsp; <a href="regen:{row}">Regenerate</a>'
+                     f' &nbsp;·&nbsp; <a href="delete:{row}">Delete</a>')
             versions = msg.stats.get("versions") or []
             if len(versions) > 1:
                 at = int(msg.stats.get("version", len(versions) - 1))
@@ -159,7 +172,7 @@ class ChatView(QTextBrowser):
             )
         elif msg.role == "user":
             parts.append(f'<p style="font-size:small; margin-top:4px;"><a href="copy:{row}">Copy</a>'
-                         f' &nbsp;·&nbsp; <a href="edit:{row}">Edit</a></p>')
+                         f' &nbsp;·&nbsp; <a href="edit:{row}">Edit</a> &nbsp;·&nbsp; <a href="delete:{row}">Delete</a></p>')
         parts.append("</td></tr></table>")
         return "".join(parts)
 
@@ -225,11 +238,12 @@ class ChatView(QTextBrowser):
             blocks = code_blocks(msg.content) if msg else []
             if idx.isdigit() and int(idx) < len(blocks):
                 QGuiApplication.clipboard().setText(blocks[int(idx)])
+                self.notice.emit("Code copied to the clipboard")
             return
         if action in ("think", "tool", "ver"):
             self._fold_link(action, arg)
             return
-        if action not in ("copy", "regen", "edit") or not arg.isdigit():
+        if action not in ("copy", "regen", "edit", "delete") or not arg.isdigit():
             return
         row = int(arg)
         msg = self.model.message(row)
@@ -237,6 +251,9 @@ class ChatView(QTextBrowser):
             return
         if action == "copy":
             QGuiApplication.clipboard().setText(msg.content)
+            self.notice.emit("Message copied to the clipboard")
+        elif action == "delete":
+            self.delete_requested.emit(row)
         elif action == "edit":
             self.edit_requested.emit(row)
         else:

@@ -19,7 +19,7 @@ import wslm.gui.qt_fix  # noqa: F401  (PySide6 6.12 emit() refcount bug)
 class JsonProcess(QObject):
     event = Signal(dict)  # one JSON object from stdout
     log_line = Signal(str)  # stderr, or stdout that is not JSON
-    finished = Signal(int, str)  # exit code (-1: could not start / crashed), last stderr lines
+    finished = Signal(int, str)  # exit code (-N: killed by signal N, -1: could not start), last lines
 
     def __init__(self, parent: QObject | None = None, keep_lines: int = 40) -> None:
         super().__init__(parent)
@@ -127,8 +127,9 @@ class JsonProcess(QObject):
         self._done = True
         self.exited.set()
         self._flush()
-        if status == QProcess.ExitStatus.CrashExit and code == 0:
-            code = -1
+        if status == QProcess.ExitStatus.CrashExit:
+            # On POSIX Qt gives the signal's number as the code: say -9 (as subprocess does), not "exit 9".
+            code = -code if code > 0 and sys.platform != "win32" else code or -1
         self.finished.emit(int(code), "\n".join(self._tail))
 
     def _on_error(self, error: QProcess.ProcessError) -> None:

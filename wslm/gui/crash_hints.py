@@ -3,6 +3,7 @@ app's own terms: which field of the Server panel to change, not which command-li
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 
@@ -49,8 +50,33 @@ CAUSES: list[tuple[tuple[str, ...], CrashCause]] = [
 ]
 
 
+# A log record below ERROR (the engine's and uvicorn's logging), with or without its own timestamp.
+_CHATTER = re.compile(r"^(\[?(\d{4}-\d\d-\d\d[ T])?\d\d:\d\d:\d\d([.,]\d+)?\]?\s+)?(DEBUG|INFO|WARNING|WARN)\b")
+
+
+def error_lines(lines: list[str]) -> list[str]:
+    """The lines that may say why the run failed. Left out: the `$ wslm serve ...` command the app echoes,
+    INFO/WARNING log records ("max_model_len 512" in the KV cache line), argparse's usage block, and a
+    traceback's source lines: they name flags and settings that were merely set, not what went wrong."""
+    out: list[str] = []
+    in_block = False  # inside a usage block or a traceback frame: its indented lines are quoted code
+    for line in lines:
+        text = line.strip()
+        if not text or line.startswith("$ ") or _CHATTER.match(text):
+            in_block = False
+            continue
+        if text.startswith(("usage:", 'File "')):
+            in_block = True
+            continue
+        if in_block and line[:1].isspace():
+            continue
+        in_block = False
+        out.append(line)
+    return out
+
+
 def crash_cause(exit_code: int, lines: list[str], error_message: str = "") -> CrashCause:
-    text = "\n".join([error_message, *lines]).lower()
+    text = "\n".join([error_message, *error_lines(lines)]).lower()
     for needles, cause in CAUSES:
         if any(n in text for n in needles):
             return cause

@@ -25,6 +25,7 @@ from PySide6.QtWidgets import (
 )
 
 import wslm.gui.qt_fix  # noqa: F401  (PySide6 6.12 emit() refcount bug)
+from wslm import defaults
 from wslm.gui import theme
 from wslm.gui.cli_process import JsonProcess
 from wslm.gui.download_dialog import MIRROR_PLACEHOLDER, endpoint_problem
@@ -65,7 +66,8 @@ class DiscoverDialog(QDialog):
     download_requested = Signal(str, str)  # repo, file pattern ("" = the whole checkpoint)
     endpoint_changed = Signal(str)  # the Mirror endpoint field, once used: the app remembers it
 
-    def __init__(self, target: Target, endpoint: str = "", vram_bytes: int | None = None, gpu_share: float = 0.9,
+    def __init__(self, target: Target, endpoint: str = "", vram_bytes: int | None = None,
+                 gpu_share: float = defaults.GPU_MEMORY_UTILIZATION,
                  ram_bytes: int | None = None, parent=None) -> None:
         super().__init__(parent)
         self.setWindowTitle("Discover models")
@@ -186,6 +188,10 @@ class DiscoverDialog(QDialog):
     def download(self) -> None:
         row, file_row = self.list.currentRow(), self.files.currentRow()
         if not (0 <= row < len(self.results)) or file_row < 0:
+            # Said, not silently ignored: the button looked like it did nothing.
+            self.status.setText(f"<span style='color:{theme.WARN};'>Nothing to download yet: search for a model, "
+                                "then pick one of its files.</span>" if not self.results else
+                                f"<span style='color:{theme.WARN};'>Pick a file in the list to download.</span>")
             return
         f = self.results[row]["files"][file_row]
         self.download_requested.emit(self.results[row]["id"], "" if f.get("format") == "hf" else f["name"])

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 
-from PySide6.QtCore import Signal
+from PySide6.QtCore import QEvent, Signal
 from PySide6.QtWidgets import QDialog, QFormLayout, QHBoxLayout, QLabel, QLineEdit, QPushButton, QVBoxLayout
 
 import wslm.gui.qt_fix  # noqa: F401  (PySide6 6.12 emit() refcount bug)
@@ -33,6 +33,7 @@ class DownloadDialog(QDialog):
         self.setMinimumWidth(520)
         self.make_job = make_job
         self.job: PullJob | None = None
+        self.progress_view: DownloadProgressView | None = None
         self.repo = QLineEdit(placeholderText="e.g. HuggingFaceTB/SmolLM2-360M-Instruct")
         self.pattern = QLineEdit(placeholderText="optional, e.g. *Q4_K_M.gguf")
         self.endpoint = QLineEdit(endpoint, placeholderText=MIRROR_PLACEHOLDER)
@@ -46,6 +47,10 @@ class DownloadDialog(QDialog):
         self.start_button.clicked.connect(self.start)
         close = QPushButton("Close")
         close.clicked.connect(self.close)
+        # Enter in a field downloads: without a default button QDialog presses the first auto-default one,
+        # which was Close.
+        self.start_button.setDefault(True)
+        close.setAutoDefault(False)
         buttons = QHBoxLayout()
         buttons.addWidget(self.error, 1)
         buttons.addWidget(close)
@@ -66,9 +71,28 @@ class DownloadDialog(QDialog):
         self.error.setText("")
         self.endpoint_used.emit(endpoint)
         self.job = self.make_job(repo, self.pattern.text(), endpoint)
-        self.lay.insertWidget(1, DownloadProgressView(self.job, self))
+        if self.progress_view is not None:  # a second download: one card, the latest
+            self.progress_view.dismiss()
+        self.progress_view = DownloadProgressView(self.job, self)
+        self.lay.insertWidget(1, self.progress_view)
         self.start_button.setEnabled(False)
         self.job.finished.connect(lambda _state: self.start_button.setEnabled(True))
         self.job.start()
         self.job_started.emit(self.job)
         return self.job
+
+    def event(self, event: QEvent) -> bool:
+        handled = super().event(event)
+        if event.type() == QEvent.Type.LayoutRequest:  # the card appeared, or its text changed
+            self._fit_height()
+        return handled
+
+    def _fit_height(self) -> None:
+        """Grow to what the card needs (a wrapped error, the buttons under it): a dialog does not grow by
+        itself when a word-wrapped label gets longer, and the card was squeezed until "Retry" read "Retrv"."""
+        need = self.lay.totalHeightForWidth(self.width()) if self.lay.hasHeightForWidth() else -1
+        need = max(need, self.lay.totalMinimumSize().height())
+        if self.minimumHeight() != need:
+            self.setMinimumHeight(need)
+        if self.height() < need:
+            self.resize(self.width(), need)

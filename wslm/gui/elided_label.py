@@ -18,12 +18,12 @@ class ElidedLabel(QLabel):
         return min(self.fontMetrics().horizontalAdvance(self.text()) + 2, cap)
 
     # Small hints, so the layout gives it what the widgets beside it leave (a stretch factor takes the rest),
-    # but never less than a few characters: the title stays recognisable.
+    # but never less than about six characters: a chat's name stays recognisable ("m…" was not).
     def sizeHint(self) -> QSize:
         return QSize(self._width(160), super().sizeHint().height())
 
     def minimumSizeHint(self) -> QSize:
-        return QSize(self._width(self.fontMetrics().horizontalAdvance("M") * 2), super().minimumSizeHint().height())
+        return QSize(self._width(self.fontMetrics().horizontalAdvance("n") * 6), super().minimumSizeHint().height())
 
     def paintEvent(self, _event) -> None:
         rect = self.contentsRect()

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import html
-import os
 import shlex
 import sys
 from pathlib import Path
@@ -22,6 +21,7 @@ from PySide6.QtWidgets import (
 )
 
 import wslm.gui.qt_fix  # noqa: F401  (PySide6 6.12 emit() refcount bug)
+from wslm import envs
 from wslm.gui import theme
 from wslm.gui.background import BackgroundCall
 from wslm.gui.cli_process import JsonProcess
@@ -220,7 +220,7 @@ class FirstRunDialog(QDialog):
 def find_install_script() -> Path | None:
     """install.sh: WSLM_INSTALL_SH, the packaged app's copy, the checkout's, or the one install.ps1 put
     into the GUI's venv (share/wslm/install.sh)."""
-    candidates = [os.environ.get("WSLM_INSTALL_SH", "")]
+    candidates = [str(envs.WSLM_INSTALL_SH or "")]
     bundle = getattr(sys, "_MEIPASS", None)
     if bundle:
         candidates.append(str(Path(bundle) / "share" / "wslm" / "install.sh"))

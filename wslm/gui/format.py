@@ -4,14 +4,15 @@ from __future__ import annotations
 
 
 def human_bytes(n: float | None) -> str:
+    """Binary units, named as such (MiB, GiB), as the CLI writes them: "MB" read as 10^6 bytes."""
     if n is None:
         return "—"
     n = float(n)
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1024 or unit == "TB":
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
-    return f"{n:.1f} TB"
+    return f"{n:.1f} TiB"
 
 
 def human_count(n: float | None) -> str:

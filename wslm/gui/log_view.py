@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import Qt, QTimer
 from PySide6.QtGui import QFont, QGuiApplication
 from PySide6.QtWidgets import QHBoxLayout, QLineEdit, QListView, QPushButton, QVBoxLayout, QWidget
 
@@ -41,12 +41,28 @@ class LogView(QWidget):
         lay.setContentsMargins(0, 0, 0, 0)
         lay.addLayout(bar)
         lay.addWidget(self.list, 1)
+        # Follow new lines while the view is at the bottom. Whether it is, is decided by the user's own
+        # scrolling only: the range grows in batches after the rows arrive (and not at all while the panel is
+        # hidden), so comparing value and maximum on insert lost the bottom after a burst of lines.
+        self.following = True
+        bar = self.list.verticalScrollBar()
+        bar.actionTriggered.connect(lambda _a: QTimer.singleShot(0, self._on_user_scrolled))
+        bar.sliderReleased.connect(self._on_user_scrolled)
+        bar.rangeChanged.connect(self._follow)
         self.proxy.rowsInserted.connect(self._follow)
+        self.proxy.modelReset.connect(self._follow)
+
+    def _on_user_scrolled(self) -> None:
+        bar = self.list.verticalScrollBar()
+        self.following = bar.value() >= bar.maximum() - max(1, bar.singleStep())
 
     def _follow(self, *_args) -> None:
-        bar = self.list.verticalScrollBar()
-        if bar.value() >= bar.maximum() - 3 * max(1, bar.singleStep()):
+        if self.following:
             self.list.scrollToBottom()
+
+    def showEvent(self, event) -> None:
+        super().showEvent(event)
+        QTimer.singleShot(0, self._follow)  # lines that came while another panel was shown
 
     def copy_visible(self) -> None:
         lines = [self.proxy.index(i, 0).data() for i in range(self.proxy.rowCount())]

@@ -29,7 +29,8 @@ from wslm.gui.logs_panel import LogsPanel
 from wslm.gui.models_panel import ModelsPanel
 from wslm.gui.models_service import ModelsService
 from wslm.gui.resource_monitor import ResourceMonitor
-from wslm.gui.server_controller import CRASHED, READY, STOPPED, ServerController
+from wslm.gui.scroll_page import ScrollPage
+from wslm.gui.server_controller import CRASHED, LOADING, READY, STARTING, STOPPED, STOPPING, ServerController
 from wslm.gui.server_panel import ServerPanel
 from wslm.gui.settings import Settings, load_settings, save_settings
 from wslm.gui.share_panel import SharePanel
@@ -81,8 +82,11 @@ class MainWindow(QMainWindow):
                                            "server": self.server_panel, "share": self.share_panel,
                                            "logs": self.logs_panel}
         self.stack = QStackedWidget()
+        # The tall panels scroll on a small screen rather than making the window taller than it (issue 24).
+        self.pages: dict[str, QWidget] = {k: ScrollPage(p) if k in ("server", "share") else p
+                                          for k, p in self.panels.items()}
         for key, _icon, _label in PANELS:
-            self.stack.addWidget(self.panels[key])
+            self.stack.addWidget(self.pages[key])
         self.sidebar = Sidebar()
         self.sidebar.selected.connect(self.show_panel)
         central = QWidget()
@@ -115,6 +119,7 @@ class MainWindow(QMainWindow):
         self.server_panel.change_target.connect(self.choose_target)
         self.models.listed.connect(self._on_models_listed)
         self.chat_panel.model_switch_requested.connect(self.switch_model)
+        self.chat_panel.start_server_requested.connect(self._start_for_chat)
         self.models_panel.use_model.connect(self._serve_model)
         self.models_panel.endpoint_changed.connect(self._remember_endpoint)
         self.monitor.sample.connect(self.server_panel.show_resources)
@@ -124,7 +129,8 @@ class MainWindow(QMainWindow):
         self.monitor.gpu_unavailable.connect(lambda _why: self.models.table.set_vram(None, no_gpu=True))
         # The status bar's tok/s is the last reply's own figure (the one under the message), not the
         # server-wide rate, which mixes in idle time and other clients.
-        self.session.reply_finished.connect(lambda st: self.status.set_speed(st.get("tokens_per_s")))
+        self.session.reply_finished.connect(self._on_reply_finished)
+        self.chat_panel.notice.connect(self.toast)  # copied, exported: a brief word, not silence
         self.server_panel.settings_changed.connect(self.chat_panel.refresh_connection)
         self.server_panel.settings_changed.connect(self._server_settings_changed)
         self.share_panel.server_change.connect(self._on_share_server)
@@ -191,23 +197,48 @@ class MainWindow(QMainWindow):
 
     def show_panel(self, key: str) -> None:
         if key in self.panels:
-            self.stack.setCurrentWidget(self.panels[key])
+            self.stack.setCurrentWidget(self.pages[key])
             self.settings.last_panel = key
 
     def _on_server_state(self, state: str, detail: str) -> None:
+        if state == STOPPING and self.settings.chat_use_server:
+            # The replies our server is writing end with it: keep their text, say why they stopped.
+            self.session.interrupt("the model was switched" if self._switching_to else "the server was stopped")
+        coming = state in (STARTING, LOADING) or self.server.restart_pending
+        self.chat_panel.set_server_state(state, coming, self.server.cause.title if self.server.cause else detail)
         if self._switching_to:
             self.chat_panel.show_switch(self._switching_to, state, detail)
             # Done when the new model is ready, or it failed, or the user stopped the server meanwhile.
             if state in (READY, CRASHED) or (state == STOPPED and not self.server.restart_pending):
                 self._switching_to = ""
-        self.status.set_state(state, target_label(self.target))
+        words = self.server_panel.state_text(state).lower()  # "failed to start", not "crashed", before ready
+        self.status.set_state(state, target_label(self.target), words)
         model = self.server.ready_event.get("model") or self.server.config.model
-        self.setWindowTitle(f"wslm — {model}" if state == READY else f"wslm — server {state}")
+        self.setWindowTitle(f"wslm — {model}" if state == READY else f"wslm — server {words}")
         self.status.set_model((self.server.ready_event.get("model") or self.server.config.model) if state == READY else "")
         if state != READY:
             self.chat_panel.set_server("", "", "")
             self.status.set_kv(None)
             self.status.set_speed(None)
+        elif not self.settings.chat_use_server:
+            self.status.set_speed(None)  # a reply from the chat's own URL is not this server's speed
+
+    def toast(self, text: str, ms: int = 4000) -> None:
+        """A brief confirmation in the status bar (it goes by itself)."""
+        self.status.showMessage(text, ms)
+
+    def _on_reply_finished(self, stats: dict) -> None:
+        """The last reply's tok/s. From the chat's own URL while our server runs, it says where it came from:
+        beside "Model: demo" it would read as our server's speed."""
+        elsewhere = ""
+        if not self.settings.chat_use_server and self.server.state == READY:
+            elsewhere = str(stats.get("model") or self.session.model or "custom URL")
+        self.status.set_speed(stats.get("tokens_per_s"), elsewhere)
+
+    def _start_for_chat(self) -> None:
+        """The chat's "start it": the Server panel's own Start (it checks the fields first)."""
+        if not self.server.running:
+            self.server_panel.start()
 
     def _on_server_ready(self, event: dict) -> None:
         self.share_panel.remove_note(SERVER_NOT_RUNNING)
@@ -229,6 +260,7 @@ class MainWindow(QMainWindow):
         self.sidebar.select("server")
 
     def _server_settings_changed(self) -> None:
+        self.chat_panel.set_serve_choice(self.server_panel.model_id())  # the chat's picker follows the panel
         if self.models.context != self.settings.max_model_len:  # the estimates are for this context
             self.models.context = self.settings.max_model_len
             self.models.refresh()

@@ -8,6 +8,7 @@ from PySide6.QtCore import QAbstractTableModel, QModelIndex, Qt
 from PySide6.QtGui import QColor
 
 import wslm.gui.qt_fix  # noqa: F401  (PySide6 6.12 emit() refcount bug)
+from wslm import defaults
 from wslm.gui import theme
 from wslm.gui.format import human_bytes, human_count
 
@@ -26,7 +27,7 @@ def display_name(model: dict) -> str:
     return str(model.get("id") or Path(path).name)
 
 
-def fit_hint(model: dict, vram_total_bytes: int | None, gpu_share: float = 0.9,
+def fit_hint(model: dict, vram_total_bytes: int | None, gpu_share: float = defaults.GPU_MEMORY_UTILIZATION,
              no_gpu: bool = False) -> tuple[str, str]:
     """(text, color): whether the model's memory estimate fits the GPU memory share."""
     if not model.get("supported", True):
@@ -49,7 +50,7 @@ class ModelsTableModel(QAbstractTableModel):
         super().__init__(parent)
         self.models: list[dict] = []
         self.vram_total_bytes: int | None = None
-        self.gpu_share = 0.9
+        self.gpu_share = defaults.GPU_MEMORY_UTILIZATION
         self.no_gpu = False  # nvidia-smi found no GPU on the target
 
     def rowCount(self, parent: QModelIndex = QModelIndex()) -> int:  # noqa: B008

@@ -27,6 +27,8 @@ from wslm.gui.format import human_bytes
 from wslm.gui.models_model import ModelRole, display_name, fit_hint
 from wslm.gui.models_service import ModelsService
 
+NO_SELECTION = "Select a model to see where it is and how much memory it needs."
+
 
 class ModelsPanel(QWidget):
     use_model = Signal(str)  # "Serve this model" → server panel
@@ -47,7 +49,8 @@ class ModelsPanel(QWidget):
         self.discover_button = QPushButton("Discover…")  # no emoji: Linux desktops often lack a colour emoji font
         self.discover_button.setToolTip("Search the hub for models, see which files fit this machine")
         self.discover_button.clicked.connect(self.open_discover)
-        self.serve_button = QPushButton("Serve selected")
+        self.serve_button = QPushButton("Serve")
+        self.serve_button.setToolTip("Serve the selected model (the Server panel, with this model chosen)")
         self.serve_button.clicked.connect(self._serve_selected)
         self.delete_button = QPushButton("Delete", objectName="Danger")
         self.delete_button.clicked.connect(self._delete_selected)
@@ -81,8 +84,13 @@ class ModelsPanel(QWidget):
         self.details.setWordWrap(True)
         self.details.setTextFormat(Qt.TextFormat.RichText)
         self.details.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
-        self.details.setText("Select a model to see where it is and how much memory it needs.")
+        self.details.setText(NO_SELECTION)
         self.table.selectionModel().selectionChanged.connect(self._show_details)
+        # A refresh resets the table (and its selection): the same model is selected again and its details
+        # re-read, or the card says none is selected; it kept the old figures (or a deleted model) before.
+        self._selected_id = ""
+        service.table.modelAboutToBeReset.connect(self._remember_selection)
+        service.table.modelReset.connect(self._restore_selection)
         self.error = QLabel()
         self.error.setWordWrap(True)
         self.error.hide()
@@ -112,9 +120,21 @@ class ModelsPanel(QWidget):
         self.summary.setText(f"{n} model{'s' if n != 1 else ''} · {human_bytes(t.total_bytes())} on disk on "
                              f"{self.service.target.describe()}{vram}")
 
+    def _remember_selection(self) -> None:
+        m = self.selected_model()
+        self._selected_id = m.get("id", "") if m else ""
+
+    def _restore_selection(self) -> None:
+        models = self.service.table.models
+        row = next((i for i, m in enumerate(models) if self._selected_id and m.get("id") == self._selected_id), -1)
+        if row >= 0:
+            self.table.selectRow(row)
+        self._show_details()
+
     def _show_details(self, *_args) -> None:
         m = self.selected_model()
         if not m:
+            self.details.setText(NO_SELECTION)
             return
         t = self.service.table
         fit, color = fit_hint(m, t.vram_total_bytes, t.gpu_share, t.no_gpu)

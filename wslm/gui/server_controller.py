@@ -18,6 +18,7 @@ from PySide6.QtCore import QCoreApplication, QEventLoop, QObject, QTimer, QUrl, 
 from PySide6.QtNetwork import QNetworkAccessManager, QNetworkReply, QNetworkRequest
 
 import wslm.gui.qt_fix  # noqa: F401  (PySide6 6.12 emit() refcount bug)
+from wslm import defaults
 from wslm.gui.background import BackgroundCall
 from wslm.gui.cli_process import JsonProcess
 from wslm.gui.crash_hints import CrashCause, crash_cause
@@ -44,26 +45,26 @@ _POLL_PATHS = ('"GET /health HTTP', '"GET /metrics HTTP')
 class ServerConfig:
     """`wslm serve` flags, named as in vLLM."""
 
-    model: str = "demo"
-    host: str = "127.0.0.1"
-    port: int = 8000
+    model: str = defaults.MODEL
+    host: str = defaults.HOST
+    port: int = defaults.PORT
     api_key: str = ""
     max_model_len: int = 0
-    gpu_memory_utilization: float = 0.9
+    gpu_memory_utilization: float = defaults.GPU_MEMORY_UTILIZATION
     quantization: str = ""  # "": the checkpoint's own
-    kv_cache_dtype: str = "auto"
+    kv_cache_dtype: str = defaults.KV_CACHE_DTYPE
     tensor_parallel_size: int = 1
     extra_args: list[str] = field(default_factory=list)  # any other `wslm serve` flags
 
     def serve_args(self) -> list[str]:
         """The flags; the API key is not among them (it goes in the environment, see env())."""
-        args = ["--model", self.model or "demo", "--host", self.host, "--port", str(int(self.port))]
+        args = ["--model", self.model or defaults.MODEL, "--host", self.host, "--port", str(int(self.port))]
         if self.max_model_len:
             args += ["--max-model-len", str(int(self.max_model_len))]
         args += ["--gpu-memory-utilization", f"{float(self.gpu_memory_utilization):g}"]
         if self.quantization:
             args += ["--quantization", self.quantization]
-        if self.kv_cache_dtype and self.kv_cache_dtype != "auto":
+        if self.kv_cache_dtype and self.kv_cache_dtype != defaults.KV_CACHE_DTYPE:
             args += ["--kv-cache-dtype", self.kv_cache_dtype]
         if int(self.tensor_parallel_size) > 1:
             args += ["--tensor-parallel-size", str(int(self.tensor_parallel_size))]
@@ -183,8 +184,11 @@ class ServerController(QObject):
         return True
 
     def stop(self) -> None:
+        self._stop(restart=False)
+
+    def _stop(self, restart: bool) -> None:
         self._restart_timer.stop()
-        self._restart_after_stop = False
+        self._restart_after_stop = restart  # set before "stopping" is announced: listeners see a restart coming
         if not self.running or self.state == STOPPING:
             if self.state == CRASHED:
                 self._set(STOPPED, "")
@@ -214,9 +218,7 @@ class ServerController(QObject):
 
     def restart(self) -> None:
         if self.running and self.state != STOPPING:
-            self._restart_after_stop = True
-            self.stop()
-            self._restart_after_stop = True
+            self._stop(restart=True)
         elif not self.running:
             self.start()
 

@@ -36,13 +36,14 @@ from wslm.gui.engine_options import (
 from wslm.gui.log_view import LogView
 from wslm.gui.models_model import display_name
 from wslm.gui.plot_widget import Sparkline
-from wslm.gui.server_controller import CRASHED, READY, STOPPED, ServerConfig, ServerController
+from wslm.gui.server_controller import CRASHED, READY, STARTING, STOPPED, ServerConfig, ServerController
 from wslm.gui.settings import Settings
 
 CRASH_LINES = 6  # log lines quoted in the crash box; the full log stays below it
 
 STATE_TEXT = {"stopped": "Stopped", "starting": "Starting", "loading": "Loading model", "ready": "Ready",
               "stopping": "Stopping", "crashed": "Crashed"}
+FAILED_TO_START = "Failed to start"  # "crashed" before it was ever ready: it did not crash, it never ran
 
 
 class ServerPanel(QWidget):
@@ -54,6 +55,7 @@ class ServerPanel(QWidget):
         self.controller = controller
         self.settings = settings
         self.models: list[dict] = []  # `models list` entries: what the engine options are checked against
+        self.was_ready = False  # this run reached ready (a crash before it is a failure to start)
 
         title = QLabel("Server", objectName="Title")
         self.badge = QLabel(objectName="StateBadge")
@@ -77,8 +79,8 @@ class ServerPanel(QWidget):
 
         form_card = QFrame(objectName="Card")
         grid = QGridLayout(form_card)
-        grid.setContentsMargins(14, 12, 14, 12)
-        grid.setHorizontalSpacing(12)
+        grid.setContentsMargins(12, 12, 12, 12)
+        grid.setHorizontalSpacing(10)
         self.target_label = QLabel()
         change = QPushButton("Change…")
         change.clicked.connect(self.change_target)
@@ -89,7 +91,7 @@ class ServerPanel(QWidget):
         # `wslm serve --model` takes. Not free text: a typo would only show up as a crash.
         self.model = QComboBox()
         self.model.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
-        self.model.setMinimumContentsLength(14)
+        self.model.setMinimumContentsLength(10)
         self.set_model(settings.model or "demo")
         self.port = QSpinBox(minimum=1, maximum=65535, value=settings.port)
         self.context = QSpinBox(minimum=0, maximum=1048576, singleStep=1024, value=settings.max_model_len)
@@ -132,7 +134,7 @@ class ServerPanel(QWidget):
                 ("KV cache dtype", self.kv_dtype), (self.tp_label, self.tp)]
         for combo in (self.quantization, self.kv_dtype, self.tp):
             combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
-            combo.setMinimumContentsLength(10)
+            combo.setMinimumContentsLength(7)
         for i, (label, w) in enumerate(rows):
             r, c = i // 2, (i % 2) * 2  # two label/field pairs a row: fits a narrow window
             grid.addWidget(label if isinstance(label, QLabel) else QLabel(label, objectName="Muted"), r, c)
@@ -153,6 +155,13 @@ class ServerPanel(QWidget):
         self.model.currentIndexChanged.connect(lambda _i: self._fill_tp())
         self.model.currentIndexChanged.connect(self._save)
         self.api_key.editingFinished.connect(self._save)
+        # Changing the field the crash card points at answers it: the card goes (it would go stale).
+        for name, changed in (("model", self.model.currentIndexChanged), ("port", self.port.valueChanged),
+                              ("context", self.context.valueChanged), ("gpu", self.gpu.valueChanged),
+                              ("api_key", self.api_key.textEdited), ("extra", self.extra.textEdited),
+                              ("quantization", self.quantization.currentIndexChanged),
+                              ("kv_dtype", self.kv_dtype.currentIndexChanged), ("tp", self.tp.currentIndexChanged)):
+            changed.connect(lambda *_a, n=name: self._field_edited(n))
 
         self.crash_box = QLabel()
         self.crash_box.setWordWrap(True)
@@ -183,7 +192,7 @@ class ServerPanel(QWidget):
         self.log = LogView(controller.logs, only="server")
         self.log.setMinimumHeight(150)  # a crash box above must not squeeze the log to a few lines
         lay = QVBoxLayout(self)
-        lay.setContentsMargins(18, 14, 18, 14)
+        lay.setContentsMargins(12, 14, 12, 14)
         lay.setSpacing(12)
         lay.addLayout(head)
         lay.addWidget(form_card)
@@ -306,8 +315,21 @@ class ServerPanel(QWidget):
         self.controller.config = self.config()
         self.controller.restart()
 
+    def state_text(self, state: str) -> str:
+        """The state in words: a crash before the server was ever ready is a failure to start."""
+        return FAILED_TO_START if state == CRASHED and not self.was_ready else STATE_TEXT.get(state, state)
+
+    def _field_edited(self, name: str) -> None:
+        cause = self.controller.cause
+        if self.controller.state == CRASHED and cause and cause.field == name and not self.crash_box.isHidden():
+            self.crash_box.hide()
+            self._mark_field("", focus=False)
+            self.detail.setText(f"{cause.title}: changed, Start to try again")
+
     def show_state(self, state: str, detail: str) -> None:
-        self.badge.setText(STATE_TEXT.get(state, state))
+        if state in (STARTING, READY):
+            self.was_ready = state == READY
+        self.badge.setText(self.state_text(state))
         self.badge.setStyleSheet(theme.badge_style(state))
         running = self.controller.running
         self.start_button.setEnabled(not running)
@@ -319,6 +341,8 @@ class ServerPanel(QWidget):
             cause = self.controller.cause
             title = cause.title if cause else "The server stopped unexpectedly"
             said = detail.removeprefix(title + ". ")
+            if not self.was_ready and title == "The server stopped unexpectedly":
+                title = "The server failed to start"
             # A recognised cause is said in the app's words; the raw lines (with their command-line advice)
             # stay in the log below. Otherwise this run's last lines are the best explanation there is.
             quoted = [] if cause and cause.field else self.controller.last_lines[-CRASH_LINES:]

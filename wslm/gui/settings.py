@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+from wslm import defaults
 from wslm.paths import config_dir
 
 log = logging.getLogger(__name__)
@@ -26,20 +27,20 @@ class Settings:
     target: dict = field(default_factory=dict)
     first_run_done: bool = False
     # Server panel (names follow `wslm serve` / vLLM flags).
-    model: str = "demo"
-    host: str = "127.0.0.1"
-    port: int = 8000
+    model: str = defaults.MODEL
+    host: str = defaults.HOST
+    port: int = defaults.PORT
     max_model_len: int = 0  # 0: the model's own context length
-    gpu_memory_utilization: float = 0.9
+    gpu_memory_utilization: float = defaults.GPU_MEMORY_UTILIZATION
     api_key: str = ""
     auto_restart: bool = False
     quantization: str = ""  # --quantization ("": the model's own)
-    kv_cache_dtype: str = "auto"  # --kv-cache-dtype
+    kv_cache_dtype: str = defaults.KV_CACHE_DTYPE  # --kv-cache-dtype
     tensor_parallel_size: int = 1  # --tensor-parallel-size (offered with several GPUs)
     serve_extra_args: str = ""  # more `wslm serve` flags, shell-quoted
     # Chat: against our server, or any OpenAI-compatible URL.
     chat_use_server: bool = True
-    chat_base_url: str = "http://127.0.0.1:8000/v1"
+    chat_base_url: str = defaults.base_url()
     chat_api_key: str = ""
     chat_model: str = ""
     temperature: float = 0.7
@@ -47,6 +48,7 @@ class Settings:
     max_tokens: int = 1024
     system_prompt: str = "You are a helpful assistant."
     chat_settings_visible: bool = True  # the chat's right-hand settings column
+    chat_context_overflow: str = "drop_oldest"  # a chat longer than the context: drop_oldest | truncate_middle | stop
     # Models.
     hub_endpoint: str = ""
     # Window.

@@ -40,6 +40,7 @@ class SharePanel(QWidget):
         super().__init__(parent)
         self.service = service
         self._key_visible = False
+        self.unavailable = ""  # why sharing cannot be used here (not Windows): the switch stays off and says so
         self._notes: list[tuple[str, str]] = []
 
         title = QLabel("Share on LAN", objectName="Title")
@@ -75,6 +76,7 @@ class SharePanel(QWidget):
 
         urls, self.urls_lay = card("LAN URLs")
         self.no_urls = QLabel("Turn sharing on to get a URL other devices can use.", objectName="Muted")
+        self.no_urls.setWordWrap(True)
         self.urls_lay.addWidget(self.no_urls)
         self.url_rows: list[QWidget] = []
 
@@ -105,8 +107,11 @@ class SharePanel(QWidget):
         self.refresh_button = QPushButton("↻  Refresh")
         self.refresh_button.setToolTip("Re-point the rules at the current WSL IP (also done by itself when it changes)")
         self.refresh_button.clicked.connect(service.refresh)
-        refresh_row.addWidget(QLabel("Checked every 15 s; rules are re-pointed by themselves when the WSL IP changes.",
-                                     objectName="Muted"), 1)
+        checked = QLabel("Checked every 15 s; rules are re-pointed by themselves when the WSL IP changes.",
+                         objectName="Muted")
+        checked.setWordWrap(True)  # wraps rather than setting the window's minimum width
+        checked.setMinimumWidth(1)
+        refresh_row.addWidget(checked, 1)
         refresh_row.addWidget(self.refresh_button)
         self.rules_lay.addLayout(refresh_row)
 
@@ -149,9 +154,13 @@ class SharePanel(QWidget):
             b.setEnabled(bool(self._key()))
 
     def set_unavailable(self, text: str) -> None:
-        """Not on Windows: the switch cannot do anything here; say why instead."""
-        self.switch.setEnabled(False)
-        self.switch.setToolTip(text)
+        """Not on Windows: the switch and Refresh cannot do anything here; they look it and say why."""
+        self.unavailable = text
+        tip = "LAN sharing is for Windows hosts: it sets up Windows' port forwarding and firewall for WSL."
+        for w in (self.switch, self.refresh_button):
+            w.setEnabled(False)
+            w.setToolTip(tip)
+        self.state_label.setText("Off")
         self._set_notes([(text, theme.MUTED)])
 
     def _toggle_key(self) -> None:
@@ -174,8 +183,8 @@ class SharePanel(QWidget):
         (self.service.turn_on if checked else self.service.turn_off)()
 
     def _on_busy(self, busy: bool) -> None:
-        self.switch.setEnabled(not busy)
-        self.refresh_button.setEnabled(not busy)
+        self.switch.setEnabled(not busy and not self.unavailable)
+        self.refresh_button.setEnabled(not busy and not self.unavailable)
         if busy:
             self.state_label.setText("Working…")
 

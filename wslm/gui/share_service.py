@@ -7,6 +7,7 @@ from __future__ import annotations
 from PySide6.QtCore import QObject, QTimer, Signal
 
 import wslm.gui.qt_fix  # noqa: F401  (PySide6 6.12 emit() refcount bug)
+from wslm import defaults
 from wslm.gui.background import BackgroundCall
 
 POLL_MS = 15000
@@ -35,7 +36,7 @@ class ShareService(QObject):
 
     def __init__(self, parent=None) -> None:
         super().__init__(parent)
-        self.port = 8000
+        self.port = defaults.PORT
         self.distro: str | None = None
         self.status: dict = {}
         self.busy = False

@@ -19,7 +19,7 @@ class Sidebar(QWidget):
         super().__init__(parent)
         self.setObjectName("Sidebar")
         self.setAttribute(Qt.WidgetAttribute.WA_StyledBackground, True)
-        self.setFixedWidth(176)
+        self.setFixedWidth(148)  # narrow enough for a 800 px wide window (issue 24: 887 px was the minimum)
         brand = QLabel("wslm", objectName="Brand")
         self.nav = QListWidget(objectName="Nav")
         for key, icon, label in PANELS:

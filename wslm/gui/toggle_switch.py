@@ -29,6 +29,6 @@ class ToggleSwitch(QAbstractButton):
         p.setPen(Qt.PenStyle.NoPen)
         p.setBrush(track)
         p.drawRoundedRect(r, 14, 14)
-        p.setBrush(QColor("#ffffff"))
+        p.setBrush(QColor("#ffffff" if self.isEnabled() else "#6b7280"))  # a white knob looked usable
         x = r.right() - 25 if on else r.left() + 3
         p.drawEllipse(QRectF(x, r.top() + 3, 22, 22))

@@ -11,7 +11,8 @@ for the fp32 loop and ~215 us for torch's kernel (exact=True keeps torch's math)
 
 The library is compiled on first use with -O3 -march=native (so AVX-512 / AVX2 are this CPU's own) into
 the user cache, keyed by source, compiler flags and CPU; a machine without a C compiler, or a build that
-fails, keeps torch's kernels (logged once). WSLM_CPU_KERNELS=0 turns them off."""
+fails, keeps torch's kernels (why_unavailable() says why; the engine logs it at start).
+WSLM_CPU_KERNELS=0 turns them off."""
 
 from __future__ import annotations
 
@@ -28,6 +29,8 @@ from pathlib import Path
 
 import torch
 
+from wslm import envs
+
 logger = logging.getLogger(__name__)
 ENV_VAR = "WSLM_CPU_KERNELS"
 # One library from these: cpu_layer.c (a whole decode row, cpu_native.py) calls cpu_gemv.c's products.
@@ -42,11 +45,15 @@ CFLAGS_VAR = "WSLM_CPU_KERNELS_CFLAGS"
 
 
 def _flags() -> list[str]:
-    return [*_FLAGS, *os.environ.get(CFLAGS_VAR, "").split()]
+    return [*_FLAGS, *envs.get(CFLAGS_VAR).split()]
+
+# What makes a compiler work here: gcc, libc's headers (build-essential); python3-dev for inductor's C++ too.
+INSTALL_FIX = "sudo apt-get install -y build-essential python3-dev"
 
 _lock = threading.Lock()
 _lib: ctypes.CDLL | None = None
 _tried = False
+_why: str | None = None  # why _lib is None, once tried
 
 
 def compiler() -> str | None:
@@ -93,20 +100,44 @@ def _build(cc: str) -> Path:
     raise RuntimeError(last or "the compiler failed")
 
 
+def check_build(cc: str) -> str | None:
+    """None when cc builds (or has built) a library that loads; else the compiler's or loader's error
+    (`wslm doctor` asks this; the library lands in the cache, so the first server start need not build)."""
+    try:
+        ctypes.CDLL(str(_build(cc)))
+    except Exception as exc:  # RuntimeError from the compiler, OSError from the loader, a timeout
+        return _one_line(exc)
+    return None
+
+
+def _one_line(exc: Exception) -> str:
+    """A compiler's stderr in one line: its first error (the rest of gcc's output is context for it)."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    line = next((x for x in lines if "error" in x.lower()), lines[-1] if lines else type(exc).__name__)
+    return line[:200]
+
+
+def why_unavailable() -> str | None:
+    """None when the C kernels are built and loaded here; else one line: why not, and the fix."""
+    library()
+    return _why
+
+
 def library() -> ctypes.CDLL | None:
-    """The built library, or None where it cannot be had (then callers use torch's kernels)."""
-    global _lib, _tried
+    """The built library, or None where it cannot be had (then callers use torch's kernels; why_unavailable()
+    says why: logged here at debug only, since the engine logs that line once at start)."""
+    global _lib, _tried, _why
     if _tried:
         return _lib
     with _lock:
         if _tried:
             return _lib
+        _why = None
         try:
-            setting = os.environ.get(ENV_VAR, "1").strip().lower()
-            if setting in ("0", "false", "no", "off"):
-                logger.info("CPU decode kernels off (%s=%s)", ENV_VAR, setting)
+            if not envs.get(ENV_VAR):
+                _why = f"{ENV_VAR}={envs.raw(ENV_VAR)} turns the C kernels off"
             elif (cc := compiler()) is None:
-                logger.info("CPU decode kernels not built: no C compiler (sudo apt-get install -y gcc)")
+                _why = f"no C compiler to build the C kernels (fix: {INSTALL_FIX})"
             else:
                 lib = ctypes.CDLL(str(_build(cc)))
                 fn = lib.wslm_int8_mm_bf16
@@ -121,8 +152,12 @@ def library() -> ctypes.CDLL | None:
                     ctypes.c_long] * 4 + [ctypes.c_int]  # fmt: skip
                 lib.wslm_int4_q8_native.restype = ctypes.c_int
                 _lib = lib
+        except envs.EnvError as exc:  # a typo in the variable: say so where the engine logs why, and serve
+            _why = f"{exc} (torch's kernels run meanwhile)"
         except Exception as exc:  # an optimisation: never a reason not to serve
-            logger.warning("CPU decode kernels not built (%s); torch's kernels run instead.", exc)
+            _why = f"building the C kernels failed ({_one_line(exc)}; fix: {INSTALL_FIX})"
+        if _why:
+            logger.debug("CPU decode kernels not in use: %s; torch's kernels run instead", _why)
         _tried = True
         return _lib
 

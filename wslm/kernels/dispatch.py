@@ -11,6 +11,8 @@ import os
 
 import torch
 
+from wslm import envs
+
 BACKENDS = ("triton", "torch")
 ENV_VAR = "WSLM_KERNEL_BACKEND"
 
@@ -30,12 +32,7 @@ def triton_version() -> str | None:
 
 
 def _env_backend() -> str | None:
-    value = os.environ.get(ENV_VAR, "").strip().lower()
-    if not value:
-        return None
-    if value not in BACKENDS:
-        raise ValueError(f"{ENV_VAR}={value!r} is not a kernel backend: use 'triton' or 'torch', or unset it.")
-    return value
+    return envs.get(ENV_VAR)  # EnvError (a ValueError) names the variable and 'triton' or 'torch'
 
 
 def selected_backend(device: torch.device | str | None) -> str:
@@ -91,7 +88,7 @@ def backend_description(device: torch.device | str | None) -> str:
         backend = selected_backend(dev)
     except ValueError as exc:
         return f"kernels: invalid {ENV_VAR} ({exc})"
-    why = f"{ENV_VAR}={os.environ[ENV_VAR].strip()}" if _env_backend() else "auto"
+    why = f"{ENV_VAR}={envs.raw(ENV_VAR)}" if _env_backend() else "auto"
     if backend == "triton":
         version = triton_version()
         if version is None:

@@ -5,8 +5,8 @@ prompt), as ``python -I elevated.py --plan FILE --result FILE --sha256 HEX``. It
 (standard library only, nothing imported from wslm) because an elevated process does not inherit the
 caller's environment or sys.path. It refuses a plan whose bytes do not match the SHA-256 given on
 its command line (the file sits in a user-writable folder) and any command outside the allow-list:
-netsh portproxy v4tov4 add/set/delete, netsh firewall add/delete of "wslm" rules, and the Hyper-V
-firewall cmdlets on "wslm" rules.
+netsh portproxy v4tov4 add/set/delete, netsh firewall add/delete of "wslm" rules, and the
+New-/Remove-NetFirewallRule and Hyper-V firewall cmdlets on "wslm" rules.
 
 If a step fails, the undo commands of the steps already applied run in reverse order, so a plan is
 applied completely or not at all.
@@ -28,6 +28,15 @@ _PS_ALLOWED = [
                r"-DisplayName '\1' -Direction Inbound -VMCreatorId '\{[0-9A-Fa-f-]{36}\}' -Protocol TCP "
                r"-LocalPorts \d{1,5} -Action Allow \| Out-Null$"),
     re.compile(r"^\$ErrorActionPreference='Stop'; Remove-NetFirewallHyperVRule -Name 'wslm[A-Za-z0-9_.-]*'$"),
+    re.compile(r"^\$ErrorActionPreference='Stop'; New-NetFirewallRule -Name '(wslm[A-Za-z0-9_.-]*)' -DisplayName '\1' "
+               r"-Direction (Inbound|Outbound) -Action (Allow|Block) -Protocol (TCP|UDP) -LocalPort \d{1,5} "
+               r"-Profile (Domain|Private|Public|Any)(,(Domain|Private|Public|Any))* "
+               r"-RemoteAddress (LocalSubnet|Any|[0-9A-Fa-f][0-9A-Fa-f.:/-]*)(,(LocalSubnet|Any|[0-9A-Fa-f][0-9A-Fa-f.:/-]*))* "
+               r"-Enabled (True|False) \| Out-Null$"),
+    re.compile(r"^\$ErrorActionPreference='Stop'; Remove-NetFirewallRule -Name 'wslm[A-Za-z0-9_.-]*'$"),
+    # A rule an older wslm made with netsh (GUID Name): removed only while its DisplayName is wslm's.
+    re.compile(r"^\$ErrorActionPreference='Stop'; Get-NetFirewallRule -Name '\{[0-9A-Fa-f-]{36}\}' \| "
+               r"Where-Object \{ \$_\.DisplayName -eq 'wslm[A-Za-z0-9_.-]*' \} \| Remove-NetFirewallRule$"),
 ]
 _NETSH_ARG = re.compile(r"^[A-Za-z]+=[A-Za-z0-9.,/_*-]+$")
 

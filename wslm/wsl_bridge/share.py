@@ -26,6 +26,7 @@ import urllib.error
 import urllib.request
 from dataclasses import asdict, dataclass, field
 
+from wslm import defaults
 from wslm.wsl_bridge import apikey, firewall, netinfo, portproxy, ports, state, winexec, wsl
 from wslm.wsl_bridge.errors import BridgeError, ShareConflictError, ValidationError
 from wslm.wsl_bridge.launcher import Target, listening_addresses, serve_args_for_share
@@ -33,7 +34,7 @@ from wslm.wsl_bridge.plan import Plan, Step, apply_plan
 from wslm.wsl_bridge.portproxy import ProxyRule
 from wslm.wsl_bridge.validate import validate_distro, validate_port
 
-DEFAULT_PORT = 8000
+DEFAULT_PORT = defaults.PORT
 LISTEN_ADDRESS = "0.0.0.0"
 HIDDEN = "<hidden>"
 
@@ -165,12 +166,12 @@ def _collect_rules(ctx: _Context, ports_of_interest: set[int]) -> tuple[list[Rul
             stale, detail = True, f"points at {live.connect_address}, WSL is now at {ctx.wsl_ip}; run `wslm share refresh`"
         rules.append(RuleInfo("portproxy", f"{live.listen_address}:{live.listen_port}", live.listen_address,
                               live.listen_port, live.connect_address, live.connect_port, stale, detail))
-    names = {o.name for o in ctx.owned.owned("firewall")} | {firewall.rule_name(p) for p in ports_of_interest}
-    for name in sorted(names):
-        fw = firewall.get_rule(name)
-        if fw:
+    names = {o.name.lower() for o in ctx.owned.owned("firewall")} | {firewall.rule_name(p) for p in ports_of_interest}
+    for fw in firewall.wslm_rules():  # one PowerShell run for all names
+        if fw.name.lower() in names:
+            legacy = " (made by netsh; `wslm share on` replaces it)" if fw.legacy_id else ""
             rules.append(RuleInfo("firewall", fw.name, "*", fw.port, "", None, False,
-                                  f"TCP {fw.port}, profile {fw.profile}, remote {fw.remoteip}"))
+                                  f"TCP {fw.port}, profile {fw.profile}, remote {fw.remoteip}{legacy}"))
     if ctx.mode == "mirrored" or ctx.owned.owned("hyperv"):
         for hv in firewall.hyperv_rules():
             rules.append(RuleInfo("hyperv", hv.name, "*", hv.port, "", None, False, "Hyper-V firewall, WSL VM"))
@@ -205,14 +206,14 @@ def share_status(port: int | None = None, distro: str | None = None) -> ShareSta
 
 # --- share on ---------------------------------------------------------------------------------------
 
-def _firewall_steps(current: firewall.FirewallRule | None, desired: firewall.FirewallRule) -> list[Step]:
-    if current is not None and current.matches(desired):
+def _firewall_steps(current: list[firewall.FirewallRule], desired: firewall.FirewallRule) -> list[Step]:
+    """Steps from the rules now called desired.name to exactly one rule, named by Name, like `desired`."""
+    if len(current) == 1 and not current[0].legacy_id and current[0].matches(desired):
         return []
     steps = []
-    if current is not None:
-        undo = firewall.add_argv(current) if current.port else None  # unknown properties: cannot restore
-        steps.append(Step(f"replace firewall rule {current.name} (its settings differ)",
-                          firewall.delete_argv(current.name), undo))
+    for r in current:
+        why = "made by netsh, found only by its display name" if r.legacy_id else "its settings differ"
+        steps.append(Step(f"replace firewall rule {r.name} ({why})", firewall.remove_argv(r), firewall.restore_argv(r)))
     steps.append(Step(f"allow inbound TCP {desired.port} from the local subnet on Private networks "
                       f"(firewall rule {desired.name})", firewall.add_argv(desired), firewall.delete_argv(desired.name)))
     return steps
@@ -254,7 +255,7 @@ def plan_share_on(ctx: _Context, take_over: bool = False) -> Plan:
         plan.steps.append(Step(f"remove portproxy {LISTEN_ADDRESS}:{port} (mirrored networking needs none)",
                                portproxy.delete_argv(live), portproxy.add_argv(live)))
     name = firewall.rule_name(port)
-    plan.steps += _firewall_steps(firewall.get_rule(name), firewall.FirewallRule(name=name, port=port))
+    plan.steps += _firewall_steps(firewall.get_rules(name), firewall.FirewallRule(name=name, port=port))
     if ctx.mode == "mirrored" and not any(h.name == name for h in firewall.hyperv_rules()):
         plan.steps.append(Step(f"allow inbound TCP {port} into the WSL VM (Hyper-V firewall rule {name})",
                                firewall.hyperv_add_argv(name, port), firewall.hyperv_delete_argv(name)))
@@ -373,14 +374,13 @@ def plan_share_off(port: int | None) -> tuple[Plan, list[state.OwnedRule]]:
                                    f"{live.connect_address}:{live.connect_port}",
                                    portproxy.delete_argv(live), portproxy.add_argv(live)))
         gone.append(o)
-    names = {o.name for o in st.owned("firewall", port)}
+    names = {o.name.lower() for o in st.owned("firewall", port)}
     if port is not None:
         names.add(firewall.rule_name(port))
-    for name in sorted(names):
-        fw = firewall.get_rule(name)
-        if fw:
-            plan.steps.append(Step(f"remove firewall rule {name}", firewall.delete_argv(name),
-                                   firewall.add_argv(fw) if fw.port else None))
+    for fw in firewall.wslm_rules() if names else []:
+        if fw.name.lower() in names:
+            plan.steps.append(Step(f"remove firewall rule {fw.name}", firewall.remove_argv(fw),
+                                   firewall.restore_argv(fw)))
     gone += st.owned("firewall", port)
     hv_names = {o.name for o in st.owned("hyperv", port)}
     if hv_names:

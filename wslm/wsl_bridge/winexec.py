@@ -16,6 +16,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from wslm import envs
 from wslm.wsl_bridge.errors import ElevationRequiredError, NotWindowsError, ToolNotFoundError
 
 TOOLS = ("wsl.exe", "netsh.exe", "powershell.exe")
@@ -23,8 +24,7 @@ ELEVATION_TEXT = "requires elevation"  # "The requested operation requires eleva
 
 
 def fake_bin_dir() -> Path | None:
-    env = os.environ.get("WSLM_WINDOWS_BIN")
-    return Path(env) if env else None
+    return envs.WSLM_WINDOWS_BIN
 
 
 def is_windows() -> bool:
@@ -42,7 +42,7 @@ def require_windows(what: str) -> None:
 
 def is_admin() -> bool:
     """Whether this process is elevated (WSLM_ASSUME_ADMIN=1 says yes, for tests)."""
-    if os.environ.get("WSLM_ASSUME_ADMIN") == "1":
+    if envs.WSLM_ASSUME_ADMIN:
         return True
     if os.name == "nt":
         try:

@@ -116,16 +116,9 @@ class LLM:
             raise ValueError(f"Got {len(prompts)} prompts but {len(params)} SamplingParams.")
         engine = self.llm_engine
         ids = [f"llm-{next(self._ids)}" for _ in prompts]
-        for p in params:  # grammars compile before any request is queued (cached; a bad one raises here)
-            if p.structured_outputs is not None:
-                engine.structured.compile(p.structured_outputs)
-        try:
-            for rid, prompt, p in zip(ids, prompts, params):
-                engine.add_request(rid, prompt, p.clone())
-        except ValueError:
-            engine.abort_request(ids)
-            engine.step()  # drain the abort outputs
-            raise
+        # Every request made ready (checked, grammar compiled) before any is queued: a bad one raises here.
+        for request in [engine.process(rid, prompt, p) for rid, prompt, p in zip(ids, prompts, params)]:
+            engine.add_engine_request(request)
         results: dict[str, RequestOutput] = {}
         while engine.has_unfinished_requests():
             for delta in engine.step():

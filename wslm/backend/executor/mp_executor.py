@@ -51,7 +51,7 @@ class MultiprocExecutor(TPExecutorBase):
         atexit.register(finalizer)
         self._finalizer = finalizer
         try:
-            self._start([(d,) for d in _device_names(config, self.size)])
+            self._start([(d,) for d in _device_names(config, self.size)], config, model_config)
         except BaseException:
             self.shutdown()
             raise

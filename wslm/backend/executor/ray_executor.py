@@ -62,7 +62,7 @@ class RayExecutor(TPExecutorBase):
             host, port = ray.get(self.actors[0].node_address.remote())
             self.init_method = f"tcp://{host}:{port}"
             device = "cuda" if use_gpu else "cpu"
-            self._start([(device, self.init_method)] * self.size)
+            self._start([(device, self.init_method)] * self.size, config, model_config)
         except BaseException:
             self.shutdown()
             raise

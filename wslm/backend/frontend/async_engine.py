@@ -13,10 +13,10 @@ import logging
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
-from wslm.backend.errors import EngineDeadError  # noqa: E402
+from wslm.backend.errors import EngineDeadError, ErrorKind
 from wslm.backend.frontend.metrics import ServerMetrics
 from wslm.backend.outputs import RequestOutput
 from wslm.backend.sampling_params import SamplingParams
@@ -34,7 +34,12 @@ class Aborted:
 
 
 class EngineFailure(RuntimeError):
-    """Queued to a request when the engine loop itself broke while running it."""
+    """Queued to a request when the engine loop itself broke while running it (or raised by a handler
+    for a request the engine failed); kind: why, typed (the server maps it to a status code)."""
+
+    def __init__(self, message: str, kind: ErrorKind = ErrorKind.ENGINE) -> None:
+        super().__init__(message)
+        self.kind = kind
 
 
 @dataclass(slots=True)
@@ -48,13 +53,10 @@ class _Tracked:
 
 @dataclass(slots=True)
 class _Add:
-    request_id: str
-    prompt: Any
-    params: SamplingParams
+    request: Any  # what engine.process() made: an EngineRequest (the encoder engine's own for BERT models)
     queue: asyncio.Queue
     tag: Any
     future: asyncio.Future
-    arrival: float = field(default_factory=time.monotonic)
 
 
 @dataclass(slots=True)
@@ -120,17 +122,22 @@ class AsyncEngine:
         timer.start()
 
     # ---- commands (any thread) ----
-    def submit(self, request_id: str, prompt: Any, params: SamplingParams, queue: asyncio.Queue, tag: Any
-               ) -> asyncio.Future:
-        """Queue a request; the future resolves (None, or the engine's ValueError) once the engine took it."""
+    async def submit(self, request_id: str, prompt: Any, params: SamplingParams, queue: asyncio.Queue, tag: Any,
+                     **names: Any) -> Any:
+        """Make the request ready (engine.process: tokenize, truncate, validate, grammar; once, in a worker
+        thread), then queue it; returns the processed request once the engine took it. Raises the
+        RequestError (a ValueError naming the field: names' what= and structured_param=) when it cannot be
+        served; nothing is queued then."""
         assert self._loop is not None, "AsyncEngine.start() was not called"
+        arrival = time.monotonic()
+        request = await asyncio.to_thread(self.engine.process, request_id, prompt, params, arrival, **names)
         if self.log_requests:
-            ids = prompt.get("prompt_token_ids") if isinstance(prompt, dict) else prompt
-            size = f"{len(ids)} prompt tokens" if isinstance(ids, list) else f"{len(str(prompt))} prompt characters"
-            log.info("Received request %s: %s, params: %s", request_id, size, params)
+            log.info("Received request %s: %d prompt tokens, params: %s", request_id,
+                     len(getattr(request, "prompt_token_ids", None) or getattr(request, "ids", [])), params)
         future = self._loop.create_future()
-        self._post(_Add(request_id, prompt, params, queue, tag, future))
-        return future
+        self._post(_Add(request, queue, tag, future))
+        await future
+        return request
 
     async def apply_chat_template(self, messages: list[dict], **kwargs: Any) -> list[int]:
         """The engine's chat rendering (LLMEngine.apply_chat_template, the same as LLM.chat), run in a worker
@@ -147,12 +154,6 @@ class AsyncEngine:
         enc = await asyncio.to_thread(tokenizer, text, add_special_tokens=add_special_tokens, truncation=True,
                                       max_length=max_length)
         return list(enc["input_ids"])
-
-    async def compile_structured(self, spec: Any) -> None:
-        """Compile a structured-output grammar in a worker thread (tens of ms for a large schema) so that
-        neither the event loop nor the engine thread waits; the engine's add_request then hits the cache.
-        Raises GrammarError for an invalid schema, regex or grammar."""
-        await asyncio.to_thread(self.engine.structured.compile, spec)
 
     def abort(self, request_ids: Sequence[str]) -> None:
         if request_ids:
@@ -205,12 +206,14 @@ class AsyncEngine:
         if isinstance(command, _Add):
             if command.future.cancelled():
                 return  # the client went away before we got to it
+            request = command.request
             try:
-                self.engine.add_request(command.request_id, command.prompt, command.params, command.arrival)
+                self.engine.add_engine_request(request)
             except Exception as exc:  # noqa: BLE001 - ValueError is the user's; anything else is reported too
                 deliveries.append((command.future, exc))
                 return
-            self._tracked[command.request_id] = _Tracked(command.queue, command.tag, command.arrival)
+            arrival = getattr(request, "arrival_time", None) or getattr(request, "arrival", time.monotonic())
+            self._tracked[request.request_id] = _Tracked(command.queue, command.tag, arrival)
             deliveries.append((command.future, None))
         elif isinstance(command, _Abort):
             ids = [rid for rid in command.request_ids if rid in self._tracked]
@@ -324,18 +327,18 @@ class RequestGroup:
         self.request_ids: list[str] = []
         self.unfinished: set[str] = set()
 
-    async def start(self, prompts: Sequence[Any], params: SamplingParams) -> None:
+    async def start(self, prompts: Sequence[Any], params: SamplingParams, **names: Any) -> list[list[int]]:
         """Submit one request per prompt (tag = its index) and wait until the engine accepted all of them;
-        re-raises the engine's ValueError (after aborting the others) if it refused one."""
-        futures = []
+        re-raises the engine's ValueError (after aborting the others) if it refused one. Returns each
+        prompt's token ids as the engine runs them (tokenized, truncated). names: see AsyncEngine.submit."""
+        submits = []
         for i, prompt in enumerate(prompts):
             rid = f"{self.base_id}-{i}"
             self.request_ids.append(rid)
             self.unfinished.add(rid)
-            # A copy each: the engine fills in max_tokens=None per prompt.
-            futures.append(self.engine.submit(rid, prompt, params.clone(), self.queue, i))
+            submits.append(self.engine.submit(rid, prompt, params, self.queue, i, **names))
         try:
-            results = await asyncio.gather(*futures, return_exceptions=True)
+            results = await asyncio.gather(*submits, return_exceptions=True)
         except BaseException:
             self.abort()
             raise
@@ -343,6 +346,7 @@ class RequestGroup:
             if isinstance(result, BaseException):
                 self.abort()
                 raise result
+        return [list(getattr(r, "prompt_token_ids", None) or getattr(r, "ids", [])) for r in results]
 
     async def next_items(self) -> list[tuple[int, Any]]:
         """Wait for the next item, then take whatever else is already queued (coalesced under load)."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from wslm import defaults
 from wslm.backend.errors import RequestError  # noqa: F401 - raised here, caught by importers
 from wslm.backend.sampling_params import SamplingParams
 
@@ -22,7 +23,7 @@ class RequestLimits:
     vocab_size: int
     max_num_seqs: int = MAX_N
     num_kv_blocks: int | None = None  # the KV pool; None: not checked (a stand-in engine)
-    block_size: int = 16
+    block_size: int = defaults.BLOCK_SIZE
     max_stop_strings: int = 64
     max_stop_string_length: int = 512
     max_completions_per_request: int = 1024  # prompts x n of one /v1/completions request
@@ -162,7 +163,7 @@ def check_request(
 
 
 def validate_prompt(
-    prompt, params: SamplingParams, tokenizer, limits: RequestLimits
+    prompt, params: SamplingParams, tokenizer, limits: RequestLimits, what: str = "prompt"
 ) -> tuple[str | None, list[int]]:
     """Returns (prompt text or None, token ids). Sets params.max_tokens when it was None."""
     text: str | None = None
@@ -191,8 +192,8 @@ def validate_prompt(
     ids = list(ids)
     if not ids:
         raise RequestError("The prompt is empty: send at least one token.", param="prompt")
-    check_token_ids(ids, limits.vocab_size)
-    check_request(ids, params, limits)
+    check_token_ids(ids, limits.vocab_size, what)
+    check_request(ids, params, limits, what)
     if params.max_tokens is None:
         params.max_tokens = limits.max_model_len - len(ids)
         if params.min_tokens > params.max_tokens:

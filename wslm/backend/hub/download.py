@@ -5,7 +5,11 @@ file download drops the partial file when interrupted. We stream each file ourse
 blobs/<etag>.incomplete, which survives a lost connection, Ctrl-C or SIGTERM: the next pull sends
 `Range: bytes=<size>-` and continues. Finished files are checked against their ETag (sha256 for LFS files,
 git's sha1 for small ones), moved to blobs/<etag> and linked from snapshots/<commit>/ the way
-huggingface_hub does, so transformers and the engine load them offline."""
+huggingface_hub does, so transformers and the engine load them offline.
+
+A resume also sends `If-Range` with the ETag the partial's bytes came with (kept in pull_state), so a
+file that changed meanwhile comes back whole (200) and is written from byte 0: a mirror whose ETags are
+not content hashes (nothing to verify the result against) never gets two versions spliced together."""
 
 from __future__ import annotations
 
@@ -56,6 +60,10 @@ class PullError(Exception):
         self.code = code
 
 
+class _FileChanged(Exception):
+    """The server now has another version of the file than the plan's HEAD saw: fetch its metadata again."""
+
+
 class Cancelled(BaseException):  # noqa: N818 - BaseException so no library `except Exception` swallows it
     """Raised (from a signal handler or a cancel event) to stop a download, leaving it resumable."""
 
@@ -67,6 +75,7 @@ class RemoteFile:
     etag: str | None = None
     url: str | None = None
     same_host: bool = True
+    direct: bool = False  # url is the resolve URL itself (no redirect): its ETag header is `etag`
 
 
 @dataclass
@@ -192,6 +201,8 @@ class Puller:
             self.token = get_token()
         self._last_emit = 0.0
         self._last_sent: tuple[str, int] | None = None
+        self._partials: dict[str, dict] = {}  # pull_state "partials" of this run (see pull_state)
+        self._state: dict = {}
 
     def resume_command(self) -> list[str]:
         """The command line that continues this pull (what `models list` offers for unfinished ones)."""
@@ -256,8 +267,9 @@ class Puller:
             )
         location = meta.location or url
         same = urlparse(location).netloc == urlparse(url).netloc
+        direct = urlparse(location)[:3] == urlparse(url)[:3]
         return RemoteFile(
-            name, meta.size if meta.size is not None else listed_size, meta.etag, location, same
+            name, meta.size if meta.size is not None else listed_size, meta.etag, location, same, direct
         )
 
     def _hub_errors(self, filename: str | None = None):
@@ -268,6 +280,8 @@ class Puller:
     def run(self, plan: PullPlan | None = None) -> dict:
         plan = plan or self.plan()
         snapshot = self.repo.folder / "snapshots" / plan.commit
+        self._partials = (pull_state.load(self.repo_id) or {}).get("partials") or {}
+        self._discard_stale_partials(plan)
         have = {f.name: self._present_bytes(f, snapshot) for f in plan.files}
         start = {
             "event": "start", "repo": plan.repo_id, "revision": plan.revision, "commit": plan.commit,
@@ -282,11 +296,13 @@ class Puller:
         self._check_disk(plan, have)
         self.on_event(start)
         hf_cache.write_ref(self.repo, plan.revision, plan.commit)
-        pull_state.save(self.repo_id, {
+        self._state = {
             "repo": plan.repo_id, "revision": plan.revision, "commit": plan.commit, "endpoint": plan.endpoint,
             "files": [f.name for f in plan.files], "patterns": self.patterns, "total_bytes": plan.total_bytes,
             "state": "in_progress", "started": time.time(), "command": self.resume_command(),
-        })  # fmt: skip
+            "partials": self._partials,
+        }  # fmt: skip
+        pull_state.save(self.repo_id, self._state)
         speed = _Speed()
         done_before = 0
         for f in plan.files:
@@ -322,34 +338,88 @@ class Puller:
                 "disk",
             )
 
-    def _fetch(self, plan: PullPlan, f: RemoteFile, snapshot: Path, done_before: int, speed: _Speed) -> None:
+    # --- partials: which server version the bytes of each blobs/<etag>.incomplete came from ------------
+
+    def _lock(self, etag: str):
         from huggingface_hub.utils import WeakFileLock
 
-        blob, part, pointer = self._paths(f, snapshot)
-        if pointer.exists():
-            return
-        blob.parent.mkdir(parents=True, exist_ok=True)
-        lock = self.cache_dir / ".locks" / self.repo.folder.name / f"{f.etag}.lock"
+        lock = self.cache_dir / ".locks" / self.repo.folder.name / f"{etag}.lock"
         lock.parent.mkdir(parents=True, exist_ok=True)
-        with WeakFileLock(lock):  # the same lock huggingface_hub takes: two pulls never write one file
-            if not blob.exists():
-                self._stream(plan, f, part, done_before, speed)
-                self._verify(f, part)
-                os.chmod(part, 0o666 & ~_umask())
-                os.replace(part, blob)
-            hf_cache.link_snapshot_file(blob, pointer)
+        return WeakFileLock(lock)  # the same lock huggingface_hub takes: two pulls never write one file
+
+    def _remember(self, f: RemoteFile, validator: str | None) -> None:
+        """Record the strong ETag the partial's bytes came with (None: no usable one)."""
+        if validator is None:
+            if self._partials.pop(f.name, None) is None:
+                return
+        else:
+            self._partials[f.name] = {"etag": f.etag, "validator": validator}
+        pull_state.save(self.repo_id, self._state)
+
+    def _validator(self, f: RemoteFile) -> str | None:
+        """The If-Range value for resuming f's partial, or None when nothing proves which version it holds."""
+        rec = self._partials.get(f.name)
+        if isinstance(rec, dict) and rec.get("etag") == f.etag and isinstance(rec.get("validator"), str):
+            return rec["validator"]
+        return f'"{f.etag}"' if f.direct else None
+
+    def _discard_stale_partials(self, plan: PullPlan) -> None:
+        """A partial of a version the hub no longer lists (its ETag changed) can never be finished: delete it."""
+        current = {f.etag for f in plan.files}
+        for f in plan.files:
+            rec = self._partials.get(f.name)
+            if not isinstance(rec, dict) or rec.get("etag") == f.etag:
+                continue
+            del self._partials[f.name]
+            old = str(rec.get("etag") or "")
+            if _SAFE_ETAG.match(old) and old not in current:
+                with self._lock(old):
+                    (self.repo.blobs / f"{old}.incomplete").unlink(missing_ok=True)
+                log.info("%s changed on the hub since the last pull: its partial download was discarded", f.name)
+
+    def _fetch(self, plan: PullPlan, f: RemoteFile, snapshot: Path, done_before: int, speed: _Speed) -> None:
+        for _ in range(3):
+            blob, part, pointer = self._paths(f, snapshot)
+            if pointer.exists():
+                return
+            blob.parent.mkdir(parents=True, exist_ok=True)
+            with self._lock(f.etag):
+                if not blob.exists():
+                    try:
+                        self._stream(plan, f, part, done_before, speed)
+                    except _FileChanged:
+                        part.unlink(missing_ok=True)
+                        self._remember(f, None)
+                        log.warning("%s changed on %s during the download: starting it again", f.name, plan.endpoint)
+                        fresh = self._head(f.name, plan.commit, None)
+                        f.size, f.etag, f.url, f.same_host, f.direct = (fresh.size, fresh.etag, fresh.url,
+                                                                          fresh.same_host, fresh.direct)
+                        continue
+                    self._verify(f, part)
+                    os.chmod(part, 0o666 & ~_umask())
+                    os.replace(part, blob)
+                    self._remember(f, None)
+                hf_cache.link_snapshot_file(blob, pointer)
+            return
+        raise PullError(
+            f"{f.name} keeps changing on {plan.endpoint} while it downloads. Try again later.", "network"
+        )
 
     def _stream(self, plan: PullPlan, f: RemoteFile, part: Path, done_before: int, speed: _Speed) -> None:
         import httpx2
         from huggingface_hub.utils import build_hf_headers, get_session, hf_raise_for_status
 
-        failures = 0
+        failures = restarts = 0
         while True:
             offset = hf_cache.file_size(part)
-            if f.size is not None and offset == f.size:
+            validator = self._validator(f)
+            if offset and f.size is not None and offset == f.size and (validator or _content_hash(f.etag)):
                 return
-            if f.size is not None and offset > f.size:
-                part.unlink()  # not ours to trust: start over
+            if offset and (
+                (f.size is not None and offset > f.size) or (validator is None and not _content_hash(f.etag))
+            ):
+                # Too long, or from an unknown version with no checksum to catch a splice: start over.
+                part.unlink()
                 offset = 0
             headers = build_hf_headers(token=self.token or False)
             if not f.same_host:
@@ -357,6 +427,8 @@ class Puller:
             headers["Accept-Encoding"] = "identity"
             if offset:
                 headers["Range"] = f"bytes={offset}-"
+                if validator:
+                    headers["If-Range"] = validator  # changed since? then the whole new file (200), not a range
             got_any = False
             try:
                 timeout = httpx2.Timeout(READ_TIMEOUT_S, connect=15.0)
@@ -370,8 +442,22 @@ class Puller:
                         with self._hub_errors(f.name):
                             hf_raise_for_status(r)
                     mode = "ab"
-                    if offset and r.status_code != 206:
-                        mode, offset = "wb", 0  # the server ignored Range: take the whole body again
+                    etag = r.headers.get("ETag")
+                    if offset and r.status_code == 206 and not _continues(r, offset, f.size, validator):
+                        # If-Range ignored and another version's bytes sent: never append those.
+                        restarts += 1
+                        if restarts > 3:
+                            raise PullError(f"{f.url} keeps sending ranges of another version of {f.name}; "
+                                            "try again later.", "network")  # fmt: skip
+                        part.unlink(missing_ok=True)
+                        self._remember(f, None)
+                        continue
+                    if r.status_code != 206:
+                        # The whole body: first request, Range ignored, or the file changed (If-Range).
+                        mode, offset = "wb", 0
+                        if f.direct and etag and _normalize_etag(etag) != f.etag:
+                            raise _FileChanged()
+                        self._remember(f, _strong(etag))
                     if f.size is None:
                         total = r.headers.get("Content-Range", "").rsplit("/", 1)[-1]
                         f.size = int(total) if total.isdigit() else _int(r.headers.get("Content-Length"))
@@ -542,6 +628,32 @@ class _HubErrors:
                 "network",
             )
         return None
+
+
+def _content_hash(etag: str | None) -> bool:
+    """Whether the ETag is a sha256 or git sha1 that _verify checks the finished file against."""
+    return bool(etag) and bool(_HEX64.match(etag.lower()) or _HEX40.match(etag.lower()))
+
+
+def _normalize_etag(etag: str) -> str:
+    return etag.strip().removeprefix("W/").strip('"')  # as huggingface_hub names blobs
+
+
+def _strong(etag: str | None) -> str | None:
+    """A quoted strong ETag usable in If-Range (RFC 9110 forbids weak ones there), else None."""
+    etag = (etag or "").strip()
+    return etag if re.fullmatch(r'"[\x21\x23-\x7e]*"', etag) else None
+
+
+def _continues(r, offset: int, size: int | None, validator: str | None) -> bool:
+    """Whether a 206 carries the bytes right after ours, of the version we have (same ETag and length)."""
+    etag = _strong(r.headers.get("ETag"))
+    if validator and etag and etag != validator:
+        return False
+    m = re.fullmatch(r"\s*bytes\s+(\d+)-(\d+)/(\d+|\*)\s*", r.headers.get("Content-Range", ""))
+    if m is None or int(m.group(1)) != offset:
+        return False
+    return size is None or m.group(3) == "*" or int(m.group(3)) == size
 
 
 def _umask() -> int:

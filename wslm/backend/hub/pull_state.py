@@ -1,6 +1,10 @@
 """What an unfinished `wslm models pull` was fetching, so `models list` can offer to resume it.
 
-Kept in wslm's data folder, not in the HF cache, so huggingface_hub never meets a file it does not know."""
+Kept in wslm's data folder, not in the HF cache, so huggingface_hub never meets a file it does not know.
+
+Besides the pull's command and files, "partials" maps a file name to {"etag": the hub's ETag when the
+partial blobs/<etag>.incomplete was started, "validator": the strong ETag header its bytes came with}:
+a resume sends the validator as If-Range, and a partial whose hub ETag has changed since is discarded."""
 
 from __future__ import annotations
 

@@ -15,20 +15,22 @@ import os
 import shutil
 from pathlib import Path
 
+from wslm import envs
+
 logger = logging.getLogger(__name__)
 
 
 def cache_root() -> Path:
-    env = os.environ.get("WSLM_CACHE_DIR")
+    env = envs.WSLM_CACHE_DIR
     if env:
-        return Path(env).expanduser() / "gguf"
+        return env / "gguf"
     import platformdirs
 
     return Path(platformdirs.user_cache_dir("wslm", appauthor=False)) / "gguf"
 
 
 def enabled() -> bool:
-    return os.environ.get("WSLM_GGUF_CACHE", "1") not in ("0", "false", "no")
+    return envs.WSLM_GGUF_CACHE
 
 
 def folder_for(gguf_path: Path) -> Path:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import logging
-import os
 import re
 
 import torch
 
+from wslm import envs
 from wslm.backend.config import EngineConfig
 from wslm.backend.modeling.config import ModelConfig
 from wslm.backend.platforms.cpu.kv_sizing import available_ram, default_cpu_kv_cache_bytes, kv_context
@@ -30,9 +30,9 @@ def parse_bytes(value: str | int) -> int:
 def _cpu_budget(config: EngineConfig, mc: ModelConfig) -> int:
     if config.kv_cache_memory is not None:
         return int(config.kv_cache_memory)
-    env = os.environ.get("WSLM_CPU_KVCACHE_SPACE")  # GiB, like vLLM's VLLM_CPU_KVCACHE_SPACE
-    if env:
-        return int(float(env) * (1 << 30))
+    gib = envs.WSLM_CPU_KVCACHE_SPACE  # like vLLM's VLLM_CPU_KVCACHE_SPACE
+    if gib is not None:
+        return int(gib * (1 << 30))
     # Sized for the context asked for (else the model's own), as `wslm models info` estimates it; when every
     # layer is windowed a sequence holds only its window's blocks (block_manager.py).
     context = kv_context(config.max_model_len or mc.max_position_embeddings, mc.uniform_sliding_window,

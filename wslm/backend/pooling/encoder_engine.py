@@ -93,6 +93,11 @@ class EncoderEngine:
     # ---- requests ------------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: str | list[int] | dict, params: PoolingParams | None = None,
                     arrival_time: float | None = None) -> None:
+        self.add_engine_request(self.process(request_id, prompt, params, arrival_time))
+
+    def process(self, request_id: str, prompt: str | list[int] | dict, params: PoolingParams | None = None,
+                arrival_time: float | None = None, **names) -> _Request:
+        """The request tokenized and checked (thread-safe: the server runs it in a worker thread)."""
         params = params.clone() if params is not None else PoolingParams()
         if not isinstance(params, PoolingParams):
             raise ValueError("This server runs an embedding model: it takes embedding requests (/v1/embeddings, "
@@ -104,11 +109,13 @@ class EncoderEngine:
             enc = self.tokenizer(prompt["text"], prompt["text_pair"], truncation="longest_first",
                                  max_length=self.max_model_len)
             ids, types = list(enc["input_ids"]), enc.get("token_type_ids")
-            self.waiting.append(_Request(request_id, ids, params, arrival, list(types) if types else None))
-            return
+            return _Request(request_id, ids, params, arrival, list(types) if types else None)
         ids = self.encode_prompt(prompt)
         check_dimensions(params.dimensions, self.model.hidden_size, self.pooler, self.model_name)
-        self.waiting.append(_Request(request_id, ids, params, arrival))
+        return _Request(request_id, ids, params, arrival)
+
+    def add_engine_request(self, req: _Request) -> None:
+        self.waiting.append(req)
 
     def encode_prompt(self, prompt: str | list[int] | dict) -> list[int]:
         """Token ids for a prompt: text is tokenized with the model's special tokens ([CLS] ... [SEP]);

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import mmap
-import os
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from wslm import envs
 from wslm.backend.quant.gguf_formats import DENSE_TYPES, INT4_TYPES, INT8_TYPES
 from wslm.backend.quant.int4 import Int4Codes
 from wslm.backend.quant.int8 import quantize_int8_chunks
@@ -56,7 +56,7 @@ logger = logging.getLogger(__name__)
 
 
 def dequantize_requested() -> bool:
-    return os.environ.get("WSLM_GGUF_DEQUANTIZE", "0") not in ("0", "", "false", "no")
+    return envs.WSLM_GGUF_DEQUANTIZE
 
 
 def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
@@ -146,11 +146,7 @@ def _drop_pages(reader, t) -> None:
 def _permute(weight, rows: torch.Tensor):
     if isinstance(weight, torch.Tensor):
         return weight[rows].contiguous()
-    if isinstance(weight, Int4Codes):
-        return Int4Codes(weight.codes[rows], weight.scales[rows], weight.zeros[rows], weight.group_size)
-    weight.qweight = weight.qweight[rows].contiguous()
-    weight.scales = weight.scales[rows].contiguous()
-    return weight
+    return weight.take_rows(rows)  # int4 codes, int8
 
 
 def _read_tensor(t, kind: str, dequant: bool, is_table: bool):

@@ -9,13 +9,16 @@ and the activations per call."""
 
 from __future__ import annotations
 
+import logging
+
 import torch
 import torch.nn.functional as F
 
 from wslm.backend.quant.int4_dense import DENSE_ROWS, dequantize_packed, pack_block
-from wslm.backend.quant.int8 import compute_dtype
+from wslm.backend.quant.int8 import Int8Weight, compute_dtype, quantize_int8
 from wslm.kernels import cpu_gemv
 
+logger = logging.getLogger("wslm.quant")
 GROUP_SIZES = (32, 64, 128, 256)
 
 
@@ -24,6 +27,7 @@ class Int4Codes:
 
     __slots__ = ("codes", "scales", "zeros", "group_size", "perm")
     bits = 4
+    kind = "int4_codes"  # a loading form, packed by to_runtime
 
     def __init__(self, codes, scales, zeros, group_size: int, perm: torch.Tensor | None = None) -> None:
         self.codes = codes  # [N, K] uint8, 0..15
@@ -47,6 +51,39 @@ class Int4Codes:
     def pack(self, device: torch.device, dtype: torch.dtype = torch.bfloat16) -> Int4Weight:
         return Int4Weight.from_codes(self, device, dtype)
 
+    def to_runtime(self, device: torch.device, dtype: torch.dtype) -> Int4Weight | Int8Weight:
+        """The runtime form on the engine's device (linear.finalize)."""
+        if self.shape[0] % 16:  # torch's int4 packing tiles 16 output rows; odd shapes go to int8
+            return quantize_int8(self.dequantize(torch.float32)).to_runtime(device, dtype)
+        return self.pack(device, dtype)
+
+    def take_rows(self, rows: torch.Tensor) -> Int4Codes:
+        """The codes with their rows reordered (GGUF's q/k permutation)."""
+        return Int4Codes(self.codes[rows], self.scales[rows], self.zeros[rows], self.group_size, self.perm)
+
+    def shard(self, dim: int, start: int, length: int) -> Int4Codes | Int8Weight:
+        """Output rows (dim 0) with their groups, or input columns (dim 1) holding whole groups (shard.py)."""
+        end = start + length
+        if dim == 0:
+            return Int4Codes(self.codes[start:end], self.scales[start:end], self.zeros[start:end],
+                             self.group_size, self.perm)  # fmt: skip
+        g = self.group_size
+        if start % g or end % g:
+            raise ValueError(
+                f"Tensor parallelism splits a 4-bit weight's {self.shape[1]} input columns into shards of "
+                f"{end - start}, which its quantization groups of {g} columns do not divide. Use a "
+                f"--tensor-parallel-size that leaves whole groups on each rank (the shard width must be a "
+                f"multiple of {g}), or a checkpoint quantized with smaller groups."
+            )
+        if self.perm is not None:  # act-order: the shard's columns are scattered over every group
+            logger.warning(
+                "An act-order (desc_act) GPTQ weight split by input columns is kept in int8 on each rank "
+                "(its groups cannot stay whole): exact values, twice the bytes of int4 for this layer."
+            )
+            return quantize_int8(self.dequantize(torch.float32)[:, start:end])
+        return Int4Codes(self.codes[:, start:end], self.scales[:, start // g : end // g],
+                         self.zeros[:, start // g : end // g], g)  # fmt: skip
+
 
 def cat_codes(parts: list[Int4Codes]) -> Int4Codes:
     first = parts[0]
@@ -63,6 +100,7 @@ class Int4Weight:
     __slots__ = ("packed", "scales_and_zeros", "group_size", "out_features", "in_features", "perm", "block_n",
                  "_ours")  # fmt: skip
     bits = 4
+    kind = "int4"  # registry.WEIGHT_CLASSES
 
     def __init__(
         self, packed, scales_and_zeros, group_size: int, out_features: int, in_features: int, perm
@@ -167,6 +205,26 @@ class Int4Weight:
                 and cpu_gemv.int4_mv_takes(self.packed, self.scales_and_zeros, self.group_size, self.block_n)
             )  # fmt: skip
         return self._ours
+
+    def decode_row_limit(self) -> int | None:
+        """Rows below which decode_rows is the kernel apply picks; None for act-order (apply permutes)."""
+        return None if self.perm is not None else DENSE_ROWS
+
+    def c_view(self) -> tuple | str:
+        """What the C decode step (platforms/cpu/decode_native.py) reads, or why it cannot."""
+        if not self.c_kernel():
+            return "an int4 weight the C kernel does not read (act-order, another pack)"
+        return ("int4", self.packed, self.scales_and_zeros, self.group_size, self.out_features, self.in_features,
+                self.block_n)  # fmt: skip
+
+    def graph_spec(self, bias: torch.Tensor | None, c_kernels: bool = True) -> tuple | None:
+        """(kind, tensors, extra) the compiled CPU decode graph multiplies by; extra's second item is the
+        pack's block rows where the graph calls cpu_gemv's kernel (c_kernels and the weight allows), else 0.
+        None for act-order weights."""
+        if self.perm is not None:
+            return None
+        block = self.block_n if c_kernels and self.c_kernel() else 0
+        return ("int4", (self.packed, self.scales_and_zeros, bias), (self.group_size, block))
 
     def _dense_packed_order(self, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
         """[N, K] in the pack's column order (act-order GPTQ: the sorted one)."""

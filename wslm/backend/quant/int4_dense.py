@@ -14,15 +14,15 @@ row count not a multiple of the block) keeps the kernel for every row count."""
 
 from __future__ import annotations
 
-import os
-
 import torch
+
+from wslm import envs
 
 BLOCKS = (64, 32)  # rows per pack block: AVX-512 torch, AVX2 torch
 # Rows from which expand-then-GEMM wins: the crossover is the expansion's cost over the kernel's per-row
 # cost, both memory-bound passes, so it moves little between CPUs (measured ~100 rows on an AMX Xeon).
 # WSLM_INT4_DENSE_ROWS overrides (0: always the kernel).
-DENSE_ROWS = int(os.environ.get("WSLM_INT4_DENSE_ROWS", "128")) or 1 << 62
+DENSE_ROWS = envs.WSLM_INT4_DENSE_ROWS or 1 << 62  # a constant: read on the hot path
 
 
 def unpack_codes(packed: torch.Tensor, n: int, k: int, block_n: int = 64) -> torch.Tensor:

@@ -8,19 +8,19 @@ dequantized per call (memory is still saved; the multiply is the model dtype's G
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import torch.nn.functional as F
 
+from wslm import envs
 from wslm.kernels import cpu_gemv
 
 # aten._weight_int8pack_mm runs one matrix-vector product per activation row (3072x576, one thread:
 # 0.17 ms at 1 row, 1.6 ms at 32, 6.3 ms at 128), while expanding the weight to bf16 and one GEMM costs
 # ~1.2 ms whatever the rows: from DENSE_ROWS rows (prefill, big decode batches) the GEMM runs.
 # WSLM_INT8_DENSE_ROWS overrides (0: always the kernel).
-_DENSE_ENV = os.environ.get("WSLM_INT8_DENSE_ROWS")
-DENSE_ROWS = int(_DENSE_ENV or "32") or 1 << 62
+_DENSE_ENV: int | None = envs.WSLM_INT8_DENSE_ROWS  # a constant: read on the hot path
+DENSE_ROWS = (32 if _DENSE_ENV is None else _DENSE_ENV) or 1 << 62
 _EXPAND_ROWS = 4096
 
 
@@ -35,6 +35,7 @@ def dense_rows() -> int:
 class Int8Weight:
     __slots__ = ("qweight", "scales", "out_features", "in_features", "_ours")
     bits = 8
+    kind = "int8"  # registry.WEIGHT_CLASSES
 
     def __init__(self, qweight: torch.Tensor, scales: torch.Tensor) -> None:
         self.qweight = qweight.contiguous()  # [N, K] int8
@@ -75,10 +76,49 @@ class Int8Weight:
         cpu_gemv's kernel up to its rows_limit() where it is built, else torch's. apply and the CPU fast decode
         path both call this, so they pick the same kernel."""
         if self._ours is None:
-            self._ours = cpu_gemv.int8_mm_takes(self.qweight, self.scales)
+            self._ours = self.c_kernel()
         if self._ours and 0 < x.shape[0] <= cpu_gemv.rows_limit():
             return cpu_gemv.int8_mm(x, self.qweight, self.scales)
         return torch.ops.aten._weight_int8pack_mm(x, self.qweight, self.scales)
+
+    def decode_row_limit(self) -> int:
+        """Rows below which decode_rows is the kernel apply picks (the CPU fast decode path binds it)."""
+        return dense_rows()
+
+    def c_kernel(self) -> bool:
+        """Whether cpu_gemv's int8 kernel takes this weight. Not cached: decode_rows keeps its own answer."""
+        return cpu_gemv.int8_mm_takes(self.qweight, self.scales)
+
+    def c_view(self) -> tuple | str:
+        """What the C decode step (platforms/cpu/decode_native.py) reads, or why it cannot."""
+        if not self.c_kernel() or not self.scales.is_contiguous():
+            return "an int8 weight the C kernel does not take"
+        return ("int8", self.qweight, self.scales, 0, self.out_features, self.in_features, 0)
+
+    def graph_spec(self, bias: torch.Tensor | None, c_kernels: bool = True) -> tuple:
+        """(kind, tensors, extra) the compiled CPU decode graph multiplies by (c_kernels: int4 only)."""
+        return ("int8", (self.qweight, self.scales, bias), None)
+
+    def shard(self, dim: int, start: int, length: int) -> Int8Weight:
+        """Output rows (dim 0) with their scales, or input columns (dim 1) with every row's scale."""
+        end = start + length
+        if dim == 0:
+            return Int8Weight(self.qweight[start:end], self.scales[start:end])
+        return Int8Weight(self.qweight[:, start:end], self.scales)
+
+    def append_zero_rows(self, missing: int) -> Int8Weight:
+        return Int8Weight(torch.cat([self.qweight, self.qweight.new_zeros(missing, self.shape[1])]),
+                          torch.cat([self.scales, self.scales.new_zeros(missing)]))  # fmt: skip
+
+    def take_rows(self, rows: torch.Tensor) -> Int8Weight:
+        """The weight with its rows reordered, in place (GGUF's q/k permutation)."""
+        self.qweight = self.qweight[rows].contiguous()
+        self.scales = self.scales[rows].contiguous()
+        return self
+
+    def to_runtime(self, device: torch.device, dtype: torch.dtype) -> Int8Weight:
+        """On the engine's device, scales in the kernels' dtype (linear.finalize)."""
+        return Int8Weight(self.qweight.to(device), self.scales.to(device, compute_dtype(device, dtype)))
 
     def _expanded_mm(self, x2: torch.Tensor) -> torch.Tensor:
         """x2 @ w.T with w expanded to x2's dtype (float32 on CPUs without native bf16 GEMMs)
@@ -108,7 +148,7 @@ def compute_dtype(device: torch.device, model_dtype: torch.dtype = torch.bfloat1
     GGUF; same under ATEN_CPU_CAPABILITY=avx2). WSLM_QUANT_FLOAT32=1 makes a float32 engine's quantized
     matmuls float32 end to end: nothing rounds to bf16, so tensor-parallel ranks' partial sums add up as one
     device's do (token-identical TP checks); read at load, so spawned TP workers inherit it."""
-    if device.type == "cpu" and model_dtype == torch.float32 and os.environ.get("WSLM_QUANT_FLOAT32") == "1":
+    if device.type == "cpu" and model_dtype == torch.float32 and envs.WSLM_QUANT_FLOAT32:
         return torch.float32
     return torch.bfloat16
 

@@ -6,7 +6,8 @@ import torch
 import torch.nn.functional as F
 
 from wslm.backend.quant.int4 import Int4Codes, Int4Weight, cat_codes, pick_group_size, quantize_int4_codes
-from wslm.backend.quant.int8 import Int8Weight, compute_dtype, quantize_int8
+from wslm.backend.quant.int8 import Int8Weight, quantize_int8
+from wslm.backend.quant.registry import quantizes_on_load
 
 QuantWeight = Int8Weight | Int4Weight
 
@@ -20,8 +21,9 @@ def apply_linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None) -> t
 def embedding(ids: torch.Tensor, weight, dtype: torch.dtype | None = None) -> torch.Tensor:
     if isinstance(weight, torch.Tensor):
         return F.embedding(ids, weight)
-    if isinstance(weight, Int8Weight):
-        return weight.embedding(ids, dtype or torch.float32)
+    rows = getattr(weight, "embedding", None)  # int8 tables
+    if rows is not None:
+        return rows(ids, dtype or torch.float32)
     raise TypeError(f"embedding tables are dense or int8, not {type(weight).__name__}")
 
 
@@ -56,6 +58,7 @@ class RowStack:
     """Weights fused by rows that must stay separate matmuls (outputs concatenated)."""
 
     __slots__ = ("parts",)
+    kind = "row_stack"
 
     def __init__(self, parts: list) -> None:
         self.parts = parts
@@ -79,21 +82,16 @@ class RowStack:
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         return torch.cat([p.dequantize(dtype) for p in self.parts])
 
+    def to_runtime(self, device: torch.device, dtype: torch.dtype) -> RowStack:
+        return RowStack([finalize(p, device, dtype) for p in self.parts])
+
 
 def finalize(weight, device: torch.device, dtype: torch.dtype):
     """The runtime form on the engine's device: dense tensors in the model dtype, int4 codes packed."""
-    if isinstance(weight, RowStack):
-        return RowStack([finalize(p, device, dtype) for p in weight.parts])
     if isinstance(weight, torch.Tensor):
         return weight.to(device=device, dtype=dtype)
-    if isinstance(weight, Int4Codes):
-        if weight.shape[0] % 16:  # torch's int4 packing tiles 16 output rows; odd shapes go to int8
-            weight = quantize_int8(weight.dequantize(torch.float32))
-        else:
-            return weight.pack(device, dtype)
-    if isinstance(weight, Int8Weight):
-        return Int8Weight(weight.qweight.to(device), weight.scales.to(device, compute_dtype(device, dtype)))
-    return weight
+    to_runtime = getattr(weight, "to_runtime", None)  # int4 codes, int8, RowStack; packed int4 is final
+    return weight if to_runtime is None else to_runtime(device, dtype)
 
 
 # Checkpoint names that the model fuses with siblings (q|k|v, gate|up): kept unpacked until all parts arrive.
@@ -104,7 +102,7 @@ _TABLES = ("embed_tokens.", "lm_head.")
 def prepare_weight(weight, method: str | None, name: str, device: torch.device, dtype: torch.dtype):
     """A checkpoint weight on its way into the model: quantized now when method asks (int8 / int4 on the
     fly), left unpacked when it still has to be fused with its siblings, else in its runtime form."""
-    if isinstance(weight, torch.Tensor) and method in ("int8", "int4"):
+    if isinstance(weight, torch.Tensor) and quantizes_on_load(method):
         weight = quantize_on_load(weight, method, is_table=any(t in name for t in _TABLES))
     if any(p in name for p in _FUSED_PARTS):
         return weight.to(device=device, dtype=dtype) if isinstance(weight, torch.Tensor) else weight

@@ -10,49 +10,18 @@ splits its scales (and zeros, groups) with the rows or input columns they belong
 
 from __future__ import annotations
 
-import logging
-
 import torch
-
-from wslm.backend.quant.int4 import Int4Codes
-from wslm.backend.quant.int8 import Int8Weight, quantize_int8
-
-logger = logging.getLogger("wslm.quant")
 
 
 def narrow(weight, dim: int, start: int, length: int):
-    """weight[start : start + length] along dim (0: output rows, 1: input columns), in weight's format."""
+    """weight[start : start + length] along dim (0: output rows, 1: input columns), in weight's format (each
+    quantized form slices itself: its shard method)."""
     if isinstance(weight, torch.Tensor):
         return weight.narrow(dim, start, length).contiguous()
-    end = start + length
-    if isinstance(weight, Int8Weight):
-        if dim == 0:
-            return Int8Weight(weight.qweight[start:end], weight.scales[start:end])
-        return Int8Weight(weight.qweight[:, start:end], weight.scales)
-    if isinstance(weight, Int4Codes):
-        if dim == 0:
-            return Int4Codes(weight.codes[start:end], weight.scales[start:end], weight.zeros[start:end],
-                             weight.group_size, weight.perm)  # fmt: skip
-        return _int4_columns(weight, start, end)
-    raise TypeError(f"cannot split a {type(weight).__name__} weight across tensor-parallel ranks")
-
-
-def _int4_columns(w: Int4Codes, start: int, end: int):
-    g = w.group_size
-    if start % g or end % g:
-        raise ValueError(
-            f"Tensor parallelism splits a 4-bit weight's {w.shape[1]} input columns into shards of "
-            f"{end - start}, which its quantization groups of {g} columns do not divide. Use a "
-            f"--tensor-parallel-size that leaves whole groups on each rank (the shard width must be a "
-            f"multiple of {g}), or a checkpoint quantized with smaller groups."
-        )
-    if w.perm is not None:  # act-order: the shard's columns are scattered over every group
-        logger.warning(
-            "An act-order (desc_act) GPTQ weight split by input columns is kept in int8 on each rank "
-            "(its groups cannot stay whole): exact values, twice the bytes of int4 for this layer."
-        )
-        return quantize_int8(w.dequantize(torch.float32)[:, start:end])
-    return Int4Codes(w.codes[:, start:end], w.scales[:, start // g : end // g], w.zeros[:, start // g : end // g], g)
+    shard = getattr(weight, "shard", None)
+    if shard is None:
+        raise TypeError(f"cannot split a {type(weight).__name__} weight across tensor-parallel ranks")
+    return shard(dim, start, length)
 
 
 def pad_rows(weight, rows: int):
@@ -63,10 +32,10 @@ def pad_rows(weight, rows: int):
         return weight
     if isinstance(weight, torch.Tensor):
         return torch.cat([weight, weight.new_zeros(missing, *weight.shape[1:])])
-    if isinstance(weight, Int8Weight):
-        return Int8Weight(torch.cat([weight.qweight, weight.qweight.new_zeros(missing, weight.shape[1])]),
-                          torch.cat([weight.scales, weight.scales.new_zeros(missing)]))  # fmt: skip
-    raise TypeError(f"cannot pad a {type(weight).__name__} weight")
+    append = getattr(weight, "append_zero_rows", None)
+    if append is None:
+        raise TypeError(f"cannot pad a {type(weight).__name__} weight")
+    return append(missing)
 
 
 def checkpoint_group_size(source, quantization: str | None) -> int | None:

@@ -10,12 +10,10 @@ Using it (what the server, LLM.generate and the tool-calling code do):
     params = SamplingParams(max_tokens=200, structured_outputs=StructuredOutputsParams(json=schema))
     # or regex=..., choice=[...], grammar="root ::= ...", json_object=True
 
-    engine.structured.compile(params.structured_outputs)   # optional: compile ahead (cached by value);
-    # raises GrammarError (a ValueError with .param) naming the problem for a bad schema/regex/grammar.
-
-Ahead-of-time compilation keeps the ~10-100 ms compile off the engine thread: the server calls
-`await async_engine.compile_structured(spec)` (runs in a worker thread) before it submits; LLM.generate
-compiles before add_request. add_request then finds the grammar in the cache.
+The engine's input processor (frontend/input_processor.py) compiles a request's grammar once, in the thread
+that processes the request: the server's worker thread (so the ~10-100 ms compile stays off the event loop
+and the engine thread), or LLM's caller. Compiled grammars are cached by value. A bad schema, regex or
+grammar raises GrammarError (a RequestError with .param) naming the problem.
 
 - StructuredOutputsParams (params.py): vLLM's class; GuidedDecodingParams is its older alias.
 - StructuredOutputCompiler (compiler.py): compile(spec), compile_json_schema(schema), compile_regex,

@@ -38,8 +38,13 @@ def _format(spec: StructuredOutputsParams) -> dict | None:
 
         schema = '{"type": "object"}' if kind == "json_object" else (
             spec.json if isinstance(spec.json, str) else json.dumps(spec.json))
-        grammar = xgr.Grammar.from_json_schema(schema, any_whitespace=not spec.disable_any_whitespace,
-                                               max_whitespace_cnt=MAX_WHITESPACE, strict_mode=kind == "json")
+        try:
+            grammar = xgr.Grammar.from_json_schema(schema, any_whitespace=not spec.disable_any_whitespace,
+                                                   max_whitespace_cnt=MAX_WHITESPACE, strict_mode=kind == "json")
+        except Exception as exc:  # noqa: BLE001 - xgrammar raises RuntimeError/ValueError for a bad schema
+            from wslm.backend.structured.compiler import GrammarError, _clean
+
+            raise GrammarError(f"Invalid JSON schema: {_clean(exc)}", param=kind) from None
         return {"type": "grammar", "grammar": str(grammar)}
     if kind == "regex":
         return {"type": "regex", "pattern": spec.regex}

@@ -10,7 +10,9 @@ from wslm.backend.modeling import get_model_class
 from wslm.backend.modeling.layers.attention import AttentionMetadata
 from wslm.backend.platforms.cpu.tuning import SMALL_STEP_ROWS, one_thread_when
 from wslm.backend.sequence import Sequence
-from wslm.backend.worker.step_inputs import StepInputs, prepare_step
+from wslm.backend.worker.prompt_logprobs import compute_prompt_logprobs
+from wslm.backend.worker.sampler import Sampler
+from wslm.backend.worker.step_inputs import ModelRunnerOutput, StepInputs, prepare_step
 
 logger = logging.getLogger(__name__)
 
@@ -158,3 +160,19 @@ class ModelRunner:
         prompt token of each sequence whose prompt this step completes (decoder_pooling.py)."""
         input_ids, positions, meta, done = self.prepare(scheduled)
         return self.model.forward_hidden(input_ids, positions, meta, self.kv_caches), done
+
+
+def finish_step(logits: torch.Tensor | None, num_sampled: int, sample_rows: list[int], seqs: list,
+                prompt_targets: list[tuple[list[int], int]], sampler: Sampler, vocab_size: int,
+                grammar_bitmask: tuple[list[int], torch.Tensor] | None = None) -> ModelRunnerOutput:
+    """The step's logits (sampled rows, then prompt_logprobs rows) -> its tokens and prompt_logprobs. seqs:
+    a Sequence or SampleRow per token to sample; sample_rows: the logits row of each (an n > 1 request's
+    siblings forked this step share their parent's)."""
+    prompt = compute_prompt_logprobs(prompt_targets, logits[num_sampled:], vocab_size) if prompt_targets else []
+    if not seqs:
+        return ModelRunnerOutput([], [], prompt)
+    rows = logits[:num_sampled]
+    if sample_rows != list(range(num_sampled)):
+        rows = rows.index_select(0, torch.tensor(sample_rows, device=rows.device))
+    result = sampler(rows, seqs, grammar_bitmask)
+    return ModelRunnerOutput(result.token_ids, result.logprobs, prompt)

@@ -23,25 +23,30 @@ def prompt_logprob_positions(seq: Sequence, num_new: int) -> range:
     return range(lo, hi) if hi > lo else range(0)
 
 
-def record_prompt_logprobs(rows: list[tuple[Sequence, range]], logits: torch.Tensor, tokenizer,
-                           vocab_size: int) -> None:
-    """rows and logits in the same order (what prepare_step appended after the sampled rows)."""
+def compute_prompt_logprobs(rows: list[tuple[list[int], int]], logits: torch.Tensor, vocab_size: int
+                            ) -> list[list[dict]]:
+    """rows: (the prompt tokens scored, top-k wanted) per prompt_logprobs row, in the order of the logits
+    rows (what prepare_step appended after the sampled rows). One list of {token id: Logprob} per row, the
+    decoded text left None (the front end has the tokenizer)."""
     logprobs = torch.log_softmax(logits[:, :vocab_size].float(), dim=-1)
+    out: list[list[dict]] = []
     r = 0
-    for seq, positions in rows:
-        count = len(positions)
+    for target_ids, k in rows:
+        count = len(target_ids)
         block = logprobs[r : r + count]
         r += count
-        targets = torch.tensor(seq.prompt_token_ids[positions.start + 1 : positions.stop + 1], device=block.device)
+        targets = torch.tensor(target_ids, device=block.device)
         chosen = block.gather(1, targets.unsqueeze(1)).squeeze(1)
         ranks = (block > chosen.unsqueeze(1)).sum(dim=-1) + 1
-        k = seq.params.prompt_logprobs
         k = vocab_size if k == -1 else min(k, vocab_size)
         top_vals, top_ids = block.topk(k, dim=-1) if k else (None, None)
-        for j, (target, value, rank) in enumerate(zip(targets.tolist(), chosen.tolist(), ranks.tolist())):
-            entry = {target: Logprob(value, rank, tokenizer.decode([target]))}
+        entries = []
+        for j, (target, value, rank) in enumerate(zip(target_ids, chosen.tolist(), ranks.tolist())):
+            entry = {target: Logprob(value, rank, None)}
             if k:
                 for rk, (tid, val) in enumerate(zip(top_ids[j].tolist(), top_vals[j].tolist()), start=1):
                     if tid not in entry:
-                        entry[tid] = Logprob(val, rk, tokenizer.decode([tid]))
-            seq.prompt_logprobs.append(entry)
+                        entry[tid] = Logprob(val, rk, None)
+            entries.append(entry)
+        out.append(entries)
+    return out

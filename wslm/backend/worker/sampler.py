@@ -27,7 +27,9 @@ class Sampler:
         self.grammar_masker = GrammarMasker(vocab_size)
 
     @torch.inference_mode()
-    def __call__(self, logits: torch.Tensor, seqs: list[Sequence]) -> SamplerOutput:
+    def __call__(self, logits: torch.Tensor, seqs: list[Sequence], grammar_bitmask=None) -> SamplerOutput:
+        """seqs: Sequences, or SampleRows on a tensor-parallel rank 0; grammar_bitmask: (rows, bitmask) the
+        engine filled from its grammar states (rank 0 holds none), instead of each seq's grammar."""
         logits = logits[:, : self.vocab_size].float()
         params = [s.params for s in seqs]
         want_logprobs = [p.logprobs is not None for p in params]
@@ -37,7 +39,10 @@ class Sampler:
             logits = self._apply_penalties(logits.clone(), seqs)
         logits = self._block_early_stop(logits, seqs)
         logits = apply_token_rules(logits, seqs)
-        logits = self._apply_grammars(logits, seqs)
+        if grammar_bitmask is not None:
+            logits = self.grammar_masker.apply_bitmask(logits, *grammar_bitmask)
+        else:
+            logits = self._apply_grammars(logits, seqs)
 
         greedy = [p.greedy for p in params]
         if all(greedy):

@@ -3,7 +3,8 @@ turns it into tensors, and tensor-parallel workers receive it as it is (it pickl
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 from wslm.backend.sequence import Sequence
 from wslm.backend.worker.prompt_logprobs import prompt_logprob_positions
@@ -54,3 +55,78 @@ def prepare_step(scheduled: list[tuple[Sequence, int]], block_size: int) -> tupl
     tables = [seq.block_table[:max_blocks] + [0] * (max_blocks - len(seq.block_table)) for seq, _ in scheduled]
     step = StepInputs(input_ids, positions, slots, cu, seq_lens, logits_idx + prompt_rows, tables, max_q)
     return step, sampled
+
+
+@dataclass(slots=True)
+class SchedulerOutput:
+    """What the engine core hands the executor for one step.
+
+    scheduled: each sequence with its number of new tokens this step. sample_seqs / sample_rows: who gets a
+    new token and from which of the step's sampled logits rows (an n > 1 request's siblings, forked this
+    step, share their first completion's row). prompt_rows: the sequences (and prompt positions) whose
+    prompt_logprobs this step computes, in the order prepare_step appends their rows."""
+
+    scheduled: list[tuple[Sequence, int]]
+    sample_seqs: list[Sequence]
+    sample_rows: list[int]
+    prompt_rows: list[tuple[Sequence, range]]
+    finished_seq_ids: list[int] = field(default_factory=list)  # since the last step: workers drop their state
+
+    def prompt_targets(self) -> list[tuple[list[int], int]]:
+        """Per prompt_logprobs row: the prompt tokens it scores and how many top entries it wants."""
+        return [(seq.prompt_token_ids[r.start + 1 : r.stop + 1], seq.params.prompt_logprobs)
+                for seq, r in self.prompt_rows]
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(n for _, n in self.scheduled)
+
+
+@dataclass(slots=True)
+class ModelRunnerOutput:
+    """What one step gives back: a token per sample_seqs entry (and its logprobs when asked for), and the
+    prompt_logprobs rows (one {token id: Logprob} per prompt position; decoded text filled in later by the
+    front end, which holds the tokenizer)."""
+
+    token_ids: list[int]
+    logprobs: list[tuple[float, int, list[int], list[float]] | None]
+    prompt_logprobs: list[list[dict]]
+
+
+@dataclass(slots=True)
+class SampleRow:
+    """What the sampler reads of one sequence, small enough to send to a tensor-parallel rank 0 every step:
+    token lists only when its settings read them (penalties, min_tokens, bad words)."""
+
+    seq_id: int
+    params: Any  # SamplingParams
+    eos_token_ids: frozenset[int]
+    num_output_tokens: int
+    output_token_ids: list[int]
+    prompt_token_ids: list[int]
+    token_rules: Any = None
+    generator: Any = None  # filled in by the worker that samples (seeded requests)
+    grammar: Any = None  # never sent: the engine sends the grammar's bitmask row instead
+
+    @classmethod
+    def of(cls, seq: Sequence) -> SampleRow:
+        p = seq.params
+        outputs = p.has_penalties or bool(p.min_tokens) or bool(seq.token_rules and seq.token_rules.bad_words)
+        return cls(seq.seq_id, p, seq.eos_token_ids, seq.num_output_tokens,
+                   list(seq.output_token_ids) if outputs else [],
+                   seq.prompt_token_ids if p.repetition_penalty != 1.0 else [], seq.token_rules)
+
+    def token_ids(self) -> list[int]:
+        return self.prompt_token_ids + self.output_token_ids
+
+
+@dataclass(slots=True)
+class SamplingBatch:
+    """What a tensor-parallel rank 0 needs to sample a step itself, so that only token ids come back."""
+
+    rows: list[SampleRow]
+    sample_rows: list[int]
+    prompt_targets: list[tuple[list[int], int]]
+    bitmask_rows: list[int]  # rows constrained by a grammar...
+    bitmask: Any = None  # ...and their xgrammar bitmask (int32 [len(bitmask_rows), vocab / 32]), or None
+    finished_seq_ids: list[int] = field(default_factory=list)

@@ -13,7 +13,9 @@ import torch
 from wslm.backend.config import EngineConfig
 from wslm.backend.distributed.parallel_state import destroy_tensor_parallel, init_tensor_parallel
 from wslm.backend.loader.model_source import ModelSource
-from wslm.backend.worker.step_inputs import StepInputs
+from wslm.backend.worker.model_runner import ModelRunner, finish_step
+from wslm.backend.worker.sampler import Sampler
+from wslm.backend.worker.step_inputs import ModelRunnerOutput, SamplingBatch, StepInputs
 
 logger = logging.getLogger("wslm.worker")
 
@@ -30,6 +32,8 @@ class Worker:
         self.device = torch.device("cpu")
         self.model = None
         self.runner = None
+        self.sampler = None  # rank 0 samples (init_cache makes it)
+        self._generators: dict[int, torch.Generator] = {}  # seeded sequences' own, by seq_id
 
     # ---- start-up, in the order the executor calls them --------------------------------------
     def node_address(self) -> tuple[str, int]:
@@ -78,17 +82,29 @@ class Worker:
 
     def init_cache(self, num_blocks: int) -> int:
         """Allocate this rank's KV slice; returns its bytes."""
-        from wslm.backend.worker.model_runner import ModelRunner
-
         self.runner = ModelRunner(self.model, self.config.block_size, num_blocks)
+        self.sampler = Sampler(self.mc.vocab_size, self.device, self.config.seed)
         return self.runner.kv_pool.numel() * self.runner.kv_pool.element_size()
 
     # ---- per step -----------------------------------------------------------------------------
-    def execute_step(self, step: StepInputs):
+    def execute_step(self, step: StepInputs, batch: SamplingBatch | None = None) -> ModelRunnerOutput | None:
+        """Run the step on this rank's shard. Rank 0 (every rank holds the gathered logits) samples and
+        answers for all: token ids and the logprobs asked for, never the logits."""
         logits = self.runner.execute_step(step)
-        if self.rank != 0 or logits is None:
-            return None  # every rank holds the gathered logits; rank 0 answers for all
-        return logits.cpu().numpy()  # numpy pickles as raw bytes: far cheaper than a tensor through a pipe
+        if self.rank != 0 or logits is None or batch is None:
+            return None
+        for seq_id in batch.finished_seq_ids:
+            self._generators.pop(seq_id, None)
+        for row in batch.rows:  # a seeded request draws from its own generator, kept here between steps
+            if row.params.seed is not None:
+                row.generator = self._generators.get(row.seq_id)
+                if row.generator is None:
+                    row.generator = self._generators[row.seq_id] = torch.Generator(device=logits.device)
+                    row.generator.manual_seed(row.params.seed)
+        num_sampled = logits.shape[0] - sum(len(targets) for targets, _ in batch.prompt_targets)
+        bitmask = (batch.bitmask_rows, batch.bitmask) if batch.bitmask is not None else None
+        return finish_step(logits, num_sampled, batch.sample_rows, batch.rows, batch.prompt_targets, self.sampler,
+                           self.mc.vocab_size, bitmask)
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         self.runner.copy_blocks(pairs)

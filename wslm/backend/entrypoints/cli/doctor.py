@@ -18,6 +18,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from wslm import envs
+
 OK, WARN, ERROR = "ok", "warn", "error"
 GIB = 1024**3
 WSL_LIB = "usr/lib/wsl/lib"
@@ -344,23 +346,42 @@ def check_qt_xcb(probe: Probe, gui_installed: Callable[[], bool] = _gui_installe
     )  # fmt: skip
 
 
-def check_compiler(probe: Probe) -> Check | None:
-    """A C++ compiler: the CPU decode step compiles with it (wslm/backend/platforms/cpu/decode_compiled.py, ~1.4-2.5x faster
-    CPU decoding), and the C decode kernels build with its C side (wslm/kernels/cpu_gemv.py); without one
-    the engine runs eagerly on torch's kernels."""
+def _build_c_kernels(cc: str) -> str | None:
+    from wslm.kernels import cpu_gemv
+
+    return cpu_gemv.check_build(cc)
+
+
+def check_compiler(probe: Probe, build: Callable[[str], str | None] = _build_c_kernels) -> Check | None:
+    """Compilers for the fast CPU path: a C compiler builds the C decode kernels (wslm/kernels/cpu_gemv.py:
+    int4/int8 rows and one-call decode steps), tried here for real (so a broken toolchain shows, and the
+    server then finds the library built); a C++ one compiles the decode step for batches
+    (wslm/backend/platforms/cpu/decode_compiled.py, ~1.4-2.5x faster). Without them CPU decoding runs on
+    torch's eager kernels."""
     if probe.system != "Linux":
         return None
-    found = next((probe.which(n) for n in ("g++", "c++", "clang++") if probe.which(n)), None)
-    if found:
+    from wslm.kernels.cpu_gemv import ENV_VAR, INSTALL_FIX
+
+    def first(*names: str | None) -> str | None:
+        return next((probe.which(n) for n in names if n and probe.which(n)), None)
+
+    cc, cxx = first(probe.env.get("CC"), "cc", "gcc", "clang"), first("g++", "c++", "clang++")
+    off = probe.env.get(ENV_VAR, "1").strip().lower() in ("0", "false", "no", "off")
+    error = None if cc is None or off else build(cc)
+    if cc is None or error:
+        why = "No C compiler" if cc is None else f"{cc} cannot build the C kernels ({error})"
+        eager = "" if cxx else "; no C++ compiler either, so the decode step runs eagerly"
+        return Check("compiler", WARN, f"{why}: the fast CPU path is off, CPU decoding runs on torch's slower "
+                     f"kernels{eager}.", INSTALL_FIX)  # fmt: skip
+    kernels = f"C kernels off ({ENV_VAR}=0)" if off else f"C compiler {cc} builds the C kernels"
+    if cxx is None:
         return Check(
-            "compiler", OK, f"C++ compiler {found}: the CPU decode step is compiled in the background"
-        )
-    return Check(
-        "compiler", WARN,
-        "No C++ compiler: on CPU the decode step runs eagerly (compiled, the demo model decodes ~1.4x faster "
-        "alone and ~2.5x faster at 32 chats).",
-        "sudo apt-get install -y g++ python3-dev",
-    )  # fmt: skip
+            "compiler", WARN,
+            f"{kernels}, but no C++ compiler: on CPU the decode step of batches runs eagerly (compiled, the demo "
+            "model decodes ~2.5x faster at 32 chats).",
+            INSTALL_FIX,
+        )  # fmt: skip
+    return Check("compiler", OK, f"{kernels}; C++ compiler {cxx}: the CPU decode step is compiled in the background")
 
 
 def check_disk(probe: Probe) -> Check:
@@ -485,8 +506,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def cmd_doctor(args: argparse.Namespace) -> int:
-    root = os.environ.get("WSLM_DOCTOR_ROOT")
-    checks = run_checks(Probe(root=Path(root)) if root else Probe())
+    root = envs.WSLM_DOCTOR_ROOT
+    checks = run_checks(Probe(root=root) if root else Probe())
     ok = not any(c.status == ERROR for c in checks)
     try:
         _report(checks, ok, args.json)

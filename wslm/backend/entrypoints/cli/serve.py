@@ -5,6 +5,14 @@ from __future__ import annotations
 
 import argparse
 
+from wslm import defaults
+from wslm.backend.entrypoints.cli import engine_flags
+from wslm.backend.entrypoints.openai.vllm_flags import add_no_effect_flags
+
+# EngineConfig fields whose flags --help lists under "vLLM flags"; the others are in the main list.
+VLLM_GROUP_FIELDS = ("task", "tokenizer", "revision", "download_dir", "trust_remote_code", "enforce_eager",
+                     "max_logprobs")
+
 
 def tool_parser_names() -> list[str]:
     from wslm.backend.entrypoints.openai.tool_parsers import (
@@ -28,45 +36,25 @@ def _reasoning_parser_name(name: str) -> str:
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser(
         "serve",
+        allow_abbrev=False,  # a misspelt or shortened flag is an error, never silently another flag
         help="run the OpenAI-compatible API server",
         description="Serve a model over an OpenAI-compatible HTTP API (flags as in `vllm serve`). Prints JSON "
         'lines on stdout: {"event": "loading"}, then {"event": "ready", "url": ...} or {"event": "error"}.',
     )
     p.add_argument("model_tag", nargs="?", default=None, help="the model (same as --model, as in `vllm serve MODEL`)")
-    p.add_argument("--model", default=None, help='"demo" (default), a HF folder, a .gguf file or a model id')
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    p.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000; 0 picks a free one)")
+    p.add_argument("--host", default=defaults.HOST, help=f"address to listen on (default {defaults.HOST})")
+    p.add_argument("--port", type=int, default=defaults.PORT,
+                   help=f"port to listen on (default {defaults.PORT}; 0 picks a free one)")
     p.add_argument("--api-key", default=None,
                    help="require `Authorization: Bearer KEY` on /v1/* (default: $WSLM_API_KEY)")
     p.add_argument("--served-model-name", nargs="+", default=None,
                    help="model name(s) in the API (default: the --model value); the first is reported")
-    p.add_argument("--max-model-len", default=None, help="context length in tokens (e.g. 4096 or 4k)")
-    p.add_argument("--max-num-seqs", type=int, default=None, help="most sequences in one batch")
-    p.add_argument("--max-num-batched-tokens", type=int, default=None, help="token budget per step")
-    p.add_argument("--long-prefill-token-threshold", type=int, default=None,
-                   help="while streams decode, prefill tokens per step at most this (fairness; default: "
-                        "max-num-batched-tokens / 8)")
-    p.add_argument("--fanout-per-step", type=int, default=None,
-                   help="new sequences one request (n > 1) may start per step (fairness; default 16)")
-    p.add_argument("--block-size", type=int, default=16, help="KV-cache block size in tokens")
-    p.add_argument("--gpu-memory-utilization", type=float, default=0.9, help="CUDA: share of the GPU to use")
-    p.add_argument("--kv-cache-memory", default=None, help="KV-cache size: bytes, or like 4GiB / 512MiB")
-    p.add_argument("--dtype", default="auto", help="auto, float32, float16 or bfloat16")
-    p.add_argument("--quantization", "-q", default=None, choices=["gguf", "awq", "gptq", "int8", "int4"],
-                   help="weights format; a GGUF file or an AWQ/GPTQ checkpoint needs no flag; int8/int4 quantize "
-                   "a 16-bit checkpoint while loading")
-    p.add_argument("--kv-cache-dtype", default="auto", choices=["auto", "fp8", "fp8_e4m3", "fp8_e5m2"],
-                   help="auto: the model dtype; fp8 (e4m3): one byte per cached value, twice the tokens in the same "
-                        "memory (vLLM's flag; e5m2 is not supported)")
-    p.add_argument("--device", default="auto", help="auto, cpu, cuda or cuda:N")
-    p.add_argument("--tensor-parallel-size", "-tp", type=int, default=1,
-                   help="split the model over N GPUs (or N CPU processes) with torch.distributed")
-    p.add_argument("--distributed-executor-backend", choices=["mp", "ray"], default=None,
-                   help="mp: one process per rank on this machine (default); ray: ranks on a Ray cluster")
-    p.add_argument("--enable-prefix-caching", action=argparse.BooleanOptionalAction, default=None,
-                   help="reuse the KV cache of shared prompt prefixes (default: on)")
-    p.add_argument("--chat-template", default=None, help="a Jinja chat template, or a path to one")
-    p.add_argument("--seed", type=int, default=0, help="random seed")
+    vllm_group = p.add_argument_group("vLLM flags")
+    engine_flags.add_engine_flags(dict.fromkeys(VLLM_GROUP_FIELDS, vllm_group), p, {
+        # Text, parsed at start-up (launcher.engine_config): 4k, 4GiB, and a bad value is an error event.
+        "max_model_len": {"type": None}, "kv_cache_memory": {"type": None},
+        "distributed_executor_backend": {"type": _executor_backend},
+    })
     p.add_argument("--shutdown-timeout", type=float, default=5.0,
                    help="seconds running requests get to finish after SIGTERM/SIGINT (default 5)")
     p.add_argument("--allowed-origins", default=None,
@@ -88,31 +76,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="longest `stop` string, in characters (default 512)")
     p.add_argument("--uvicorn-log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug", "trace"], help="uvicorn's log level")
-    _add_vllm_flags(p)
+    _add_vllm_flags(vllm_group)
+    add_no_effect_flags(p)  # last: it skips any flag defined above
     p.set_defaults(func=_serve)
 
 
-def _add_vllm_flags(p: argparse.ArgumentParser) -> None:
-    """vLLM's common `vllm serve` flags, doing what vLLM's do (the ones that cannot apply are in
-    server/vllm_flags.py: accepted, and logged as having no effect)."""
-    from wslm.backend.entrypoints.openai.vllm_flags import add_no_effect_flags
-
-    g = p.add_argument_group("vLLM flags")
-    g.add_argument("--task", default="auto", choices=["auto", "generate", "embed", "embedding", "score"],
-                   help="generate (text), embed (/v1/embeddings) or score (/rerank, /score: cross-encoders); "
-                        "auto: from the checkpoint (vLLM's --task)")
+def _add_vllm_flags(g: argparse._ArgumentGroup) -> None:
+    """vLLM's common `vllm serve` server flags, doing what vLLM's do (the engine's are EngineConfig's fields;
+    the ones that cannot apply are in openai/vllm_flags.py: accepted, and logged as having no effect)."""
     g.add_argument("--runner", default=None, choices=["auto", "generate", "pooling"],
                    help="vLLM's newer name for --task: pooling = embed")
-    g.add_argument("--tokenizer", default=None, help="a tokenizer folder or repo id other than the model's")
-    g.add_argument("--revision", default=None,
-                   help="which snapshot of a repo id in the HF cache to serve: a branch, tag or commit")
-    g.add_argument("--download-dir", default=None,
-                   help="the Hugging Face cache folder to find repo ids in (default: the usual HF cache)")
-    g.add_argument("--trust-remote-code", action="store_true",
-                   help="let transformers run the model repo's own code for its config and tokenizer")
-    g.add_argument("--enforce-eager", action="store_true", help="run eagerly: no CUDA graphs, no compiled CPU decode step")
-    g.add_argument("--max-logprobs", type=int, default=20,
-                   help="most top logprobs a request may ask for (default 20; -1: the whole vocabulary)")
     g.add_argument("--generation-config", default="auto",
                    help="default sampling values: auto = the model's generation_config.json (as vLLM), vllm = "
                         "none, or a folder holding a generation_config.json")
@@ -149,11 +122,16 @@ def _add_vllm_flags(p: argparse.ArgumentParser) -> None:
                    help="only 1: run one `wslm serve` per GPU (or replica) behind a load balancer instead")
     g.add_argument("--disable-uvicorn-access-log", action="store_true", help="no access log line per request")
     g.add_argument("--disable-fastapi-docs", action="store_true", help="no /docs, /redoc or /openapi.json")
-    add_no_effect_flags(p)
 
 
 def _serve(args: argparse.Namespace) -> int:
     from wslm.backend.entrypoints.openai.launcher import run
 
-    args.model = args.model or args.model_tag or "demo"
+    args.model = args.model or args.model_tag or engine_flags.default("model")
     return run(args)
+
+
+def _executor_backend(value: str) -> str:
+    if value in ("uni", "mp", "ray") or ":" in value:
+        return value
+    raise argparse.ArgumentTypeError(f"invalid choice: {value!r} (choose from uni, mp, ray, package.module:Class)")

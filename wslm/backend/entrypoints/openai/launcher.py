@@ -19,6 +19,8 @@ import threading
 from argparse import Namespace
 from typing import Any, TextIO
 
+from wslm import envs
+from wslm.backend.entrypoints.cli import engine_flags
 from wslm.backend.entrypoints.openai import vllm_flags
 from wslm.backend.frontend.chat import read_template
 
@@ -93,37 +95,11 @@ def engine_config(args: Namespace):
     except FileNotFoundError as exc:
         raise StartupError(f"--chat-template: no such file {args.chat_template!r}. Pass a path to a Jinja file "
                            "or the template text itself.") from exc
-    kwargs: dict[str, Any] = dict(
-        model=args.model,
-        max_model_len=parse_model_len(args.max_model_len),
-        block_size=args.block_size,
-        gpu_memory_utilization=args.gpu_memory_utilization,
-        dtype=args.dtype,
-        quantization=getattr(args, "quantization", None),
-        kv_cache_dtype=getattr(args, "kv_cache_dtype", "auto"),
-        chat_template=args.chat_template,
-        tensor_parallel_size=args.tensor_parallel_size,
-        distributed_executor_backend=getattr(args, "distributed_executor_backend", None),
-        kv_cache_memory=parse_size(args.kv_cache_memory),
-        device=args.device,
-        seed=args.seed,
-        tokenizer=getattr(args, "tokenizer", None),
-        revision=getattr(args, "revision", None),
-        download_dir=getattr(args, "download_dir", None),
-        trust_remote_code=bool(getattr(args, "trust_remote_code", False)),
-        enforce_eager=bool(getattr(args, "enforce_eager", False)),
-        max_logprobs=getattr(args, "max_logprobs", 20),
-        task=_task(args),
-    )
-    if args.max_num_seqs is not None:
-        kwargs["max_num_seqs"] = args.max_num_seqs
-    if args.max_num_batched_tokens is not None:
-        kwargs["max_num_batched_tokens"] = args.max_num_batched_tokens
-    for name in ("long_prefill_token_threshold", "fanout_per_step"):
-        if getattr(args, name, None) is not None:
-            kwargs[name] = getattr(args, name)
-    if args.enable_prefix_caching is not None:
-        kwargs["enable_prefix_caching"] = args.enable_prefix_caching
+    kwargs = engine_flags.given(args)  # by field name: every engine flag is an EngineConfig field
+    for name, parse in (("max_model_len", parse_model_len), ("kv_cache_memory", parse_size)):
+        if name in kwargs:
+            kwargs[name] = parse(kwargs[name])
+    kwargs["task"] = _task(args)
     try:
         return EngineConfig(**kwargs)
     except ValueError as exc:
@@ -285,7 +261,7 @@ def _serve(args: Namespace, engine: Any, sock: socket.socket) -> int:
 
     names = list(args.served_model_name or [args.model])
     metrics = ServerMetrics(names[0])
-    api_key = args.api_key or os.environ.get("WSLM_API_KEY") or None
+    api_key = args.api_key or envs.WSLM_API_KEY
     model_name = str(getattr(engine, "model_name", "") or args.model)
     defaults = getattr(args, "generation_defaults", None) or {}
     if defaults:

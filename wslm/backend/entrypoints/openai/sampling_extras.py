@@ -1,21 +1,11 @@
 """vLLM's response extras, shared by chat and completions: prompt_logprobs, echo with logprobs,
-return_token_ids, and truncate_prompt_tokens on the server side of the length check."""
+and return_token_ids."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from wslm.backend.entrypoints.openai.serving_base import _lp, completion_logprobs, token_text
-
-
-def truncate_prompt(ids: list[int], keep: int | None, max_model_len: int) -> list[int]:
-    """truncate_prompt_tokens: the last `keep` tokens (-1: as many as the context holds). The engine does
-    the same; doing it here first keeps the server's length check from refusing what would fit."""
-    if keep is None:
-        return ids
-    if keep == -1:
-        keep = max_model_len - 1
-    return ids[-keep:] if len(ids) > keep else ids
 
 
 def prompt_logprobs_json(tokenizer: Any, plps: list | None, as_ids: bool = False) -> list | None:

@@ -18,11 +18,12 @@ from starlette.types import Receive, Scope, Send
 
 from wslm.backend.entrypoints.openai.errors import APIError, bad_request, internal_error
 from wslm.backend.entrypoints.openai.http_limits import HTTPLimits
+from wslm.backend.errors import ErrorKind
 from wslm.backend.frontend import validation
 from wslm.backend.frontend.async_engine import Aborted, AsyncEngine, EngineFailure, RequestGroup
 from wslm.backend.frontend.metrics import ServerMetrics
 from wslm.backend.frontend.validation import RequestLimits
-from wslm.backend.outputs import OUT_OF_MEMORY_ERROR, Logprob, fold_completion
+from wslm.backend.outputs import Logprob, fold_completion
 
 
 @dataclass
@@ -113,10 +114,6 @@ class ServerState:
         with as_bad_request():
             validation.check_token_ids(ids, self.limits.vocab_size, param)
 
-    def check_request(self, prompt_ids: list[int], params: Any, what: str) -> None:
-        """The engine's own checks (validation.py), run before queueing so that the 400 comes at once."""
-        with as_bad_request():
-            validation.check_request(prompt_ids, params, self.limits, what)
 
 
 @contextmanager
@@ -228,7 +225,7 @@ def completion_logprobs(tokenizer: Any, token_ids: list[int], logprobs: list[dic
 
 def engine_failure(exc: EngineFailure) -> APIError:
     """The engine failed the request: 503 when it ran out of memory (retry later, or smaller), else 500."""
-    if str(exc).startswith(OUT_OF_MEMORY_ERROR):
+    if exc.kind is ErrorKind.OUT_OF_MEMORY:
         return APIError(str(exc), 503, type="server_error", code="out_of_memory")
     return APIError(str(exc), 500, type="server_error")
 
@@ -304,7 +301,7 @@ class Tracker:
                     self.unfinished.discard((p, i))
                 continue
             if item.error and all(c.finish_reason == "error" for c in item.outputs):
-                raise EngineFailure(item.error)
+                raise EngineFailure(item.error, item.error_kind or ErrorKind.ENGINE)
             if item.prompt_token_ids:
                 self.prompt_tokens[tag] = len(item.prompt_token_ids)
             self.cached_tokens[tag] = item.num_cached_tokens or 0
@@ -314,7 +311,8 @@ class Tracker:
                 if (tag, c.index) not in self.unfinished:
                     continue
                 if c.finish_reason == "error":
-                    raise EngineFailure(item.error or "The engine failed while generating this completion.")
+                    raise EngineFailure(item.error or "The engine failed while generating this completion.",
+                                        item.error_kind or ErrorKind.ENGINE)
                 fold_completion(merged.setdefault((tag, c.index), Delta(tag, c.index)), c)
                 self.completion_tokens += len(c.token_ids)
                 if c.finish_reason is not None:
@@ -342,12 +340,15 @@ async def collect(group: Any, tracker: Tracker) -> dict[tuple[int, int], Result]
     return results
 
 
-async def start_group(engine: Any, response_id: str, prompts: list[list[int]], params: Any) -> RequestGroup:
-    """Queue every (prompt, n) completion of one API request; a request the engine refuses is a 400."""
+async def start_group(engine: Any, response_id: str, prompts: list[Any], params: Any, **names: Any
+                      ) -> tuple[RequestGroup, list[list[int]]]:
+    """Queue every (prompt, n) completion of one API request; a request the engine refuses is a 400 (names:
+    the request fields to blame, see AsyncEngine.submit). Returns the group and each prompt's token ids as
+    the engine runs them (tokenized, truncated)."""
     group = RequestGroup(engine, response_id)
     with as_bad_request():
-        await group.start(prompts, params)
-    return group
+        prompt_ids = await group.start(prompts, params, **names)
+    return group, prompt_ids
 
 
 async def collect_all(request: Request, group: Any, tracker: Tracker) -> dict[tuple[int, int], Result] | None:

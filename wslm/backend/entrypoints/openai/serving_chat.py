@@ -17,7 +17,6 @@ from wslm.backend.entrypoints.openai.protocol import ChatCompletionRequest, Chat
 from wslm.backend.entrypoints.openai.sampling_extras import (
     ChatStreamExtras,
     chat_response_extras,
-    truncate_prompt,
 )
 from wslm.backend.entrypoints.openai.serving_base import (
     ChunkWriter,
@@ -32,7 +31,6 @@ from wslm.backend.entrypoints.openai.serving_base import (
     stream_deltas,
 )
 from wslm.backend.entrypoints.openai.serving_tools import ChatPlan, plan_chat
-from wslm.backend.entrypoints.openai.structured_request import compile_structured
 from wslm.backend.frontend.async_engine import RequestGroup
 from wslm.backend.sampling_params import SamplingParams
 
@@ -72,18 +70,27 @@ async def prepare_chat(state: ServerState, req: ChatCompletionRequest, top_n: in
                                      add_generation_prompt=req.add_generation_prompt,
                                      continue_final_message=req.continue_final_message,
                                      tools=plan.template_tools, chat_template_kwargs=req.chat_template_kwargs)
-    prompt_ids = truncate_prompt(prompt_ids, req.truncate_prompt_tokens, state.max_model_len)
-    plan.prompt_rendered(state.tokenizer, prompt_ids)
+    plan.prompt_rendered(state.tokenizer, prompt_ids)  # its last tokens: what truncation keeps
     # tool_choice's grammar (a tool's parameters schema is then at fault when it fails), or the client's.
-    spec, source = (plan.grammar, "tools") if plan.grammar is not None else (params.structured_outputs,
-                                                                               req.structured_source)
+    spec, plan.structured_param = (plan.grammar, "tools") if plan.grammar is not None else (
+        params.structured_outputs, req.structured_source)
     if spec is not None:
-        await compile_structured(state, spec, source)  # errors name the constraint as it was given
-        params.structured_outputs = await asyncio.to_thread(plan.after_reasoning, spec)  # builds a grammar
-        if params.structured_outputs is not spec:
-            await compile_structured(state, params.structured_outputs, source)
-    state.check_request(prompt_ids, params, "messages")
+        try:
+            params.structured_outputs = await asyncio.to_thread(plan.after_reasoning, spec)  # builds a grammar
+        except ValueError as exc:  # the constraint as it was given is at fault: name where it came from
+            raise bad_request(str(exc), param=plan.structured_param or "structured_outputs",
+                              code="invalid_structured_output") from exc
     return prompt_ids, params, plan
+
+
+async def start_chat(state: ServerState, response_id: str, prompt_ids: list[int], params: SamplingParams,
+                     plan: ChatPlan) -> tuple[RequestGroup, list[int]]:
+    """Queue a prepared chat: the engine's input processor truncates, checks and compiles its grammar
+    (once, for LLM.chat and the server alike); every problem is a 400 naming the field. Returns the group
+    and the prompt ids as the engine runs them."""
+    group, prompts = await start_group(state.engine, response_id, [prompt_ids], params, what="messages",
+                                       structured_param=plan.structured_param or "structured_outputs")
+    return group, prompts[0]
 
 
 async def create_chat_completion(state: ServerState, request: Request) -> Response:
@@ -97,7 +104,7 @@ async def create_chat_completion(state: ServerState, request: Request) -> Respon
     prompt_ids, params, plan = await prepare_chat(state, req, top_n)
 
     response_id = f"chatcmpl-{uuid.uuid4().hex}"
-    group = await start_group(state.engine, response_id, [prompt_ids], params)
+    group, prompt_ids = await start_chat(state, response_id, prompt_ids, params, plan)
     tracker = state.tracker(1, params.n, [len(prompt_ids)])
     created = int(time.time())
     if req.stream:

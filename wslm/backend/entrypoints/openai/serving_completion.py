@@ -16,7 +16,6 @@ from wslm.backend.entrypoints.openai.sampling_extras import (
     echo_logprobs,
     join_logprobs,
     prompt_logprobs_json,
-    truncate_prompt,
 )
 from wslm.backend.entrypoints.openai.serving_base import (
     ChunkWriter,
@@ -31,7 +30,6 @@ from wslm.backend.entrypoints.openai.serving_base import (
     start_group,
     stream_deltas,
 )
-from wslm.backend.entrypoints.openai.structured_request import compile_structured
 from wslm.backend.frontend import validation
 from wslm.backend.frontend.async_engine import RequestGroup
 
@@ -51,31 +49,17 @@ async def create_completion(state: ServerState, request: Request) -> Response:
     params = req.sampling_params(req.max_tokens, req.logprobs)
     if req.echo and req.logprobs is not None:  # the echoed prompt's tokens carry logprobs too
         params.prompt_logprobs = max(params.prompt_logprobs or 0, req.logprobs)
-    await compile_structured(state, params.structured_outputs, req.structured_source)
-    prompts_ids: list[list[int]] = []
-    prompt_texts: list[str] = []
     prompts = req.prompts()
     with as_bad_request():
         validation.check_batch(len(prompts), params.n, state.limits)
-    for p in prompts:
-        if isinstance(p, str):
-            ids = await state.engine.encode(p)
-            if not ids:
-                raise bad_request("prompt must not be empty.", param="prompt")
-            text = p
-        else:
-            ids = list(p)
-            state.check_token_ids(ids, "prompt")
-            text = state.tokenizer.decode(ids) if req.echo else ""
-        if req.truncate_prompt_tokens is not None:
-            ids = truncate_prompt(ids, req.truncate_prompt_tokens, state.max_model_len)
-            text = state.tokenizer.decode(ids) if req.echo else ""
-        state.check_request(ids, params, "prompt")
-        prompts_ids.append(ids)
-        prompt_texts.append(text)
-
     response_id = f"cmpl-{uuid.uuid4().hex}"
-    group = await start_group(state.engine, response_id, prompts_ids, params)
+    # The engine's input processor tokenizes, truncates, checks and compiles the grammar (once).
+    group, prompts_ids = await start_group(state.engine, response_id, [p if isinstance(p, str) else list(p)
+                                                                       for p in prompts], params, what="prompt",
+                                           structured_param=req.structured_source or "structured_outputs")
+    # The echoed prompt: the text as sent, or (token ids, truncation) what the model saw.
+    prompt_texts = [p if isinstance(p, str) and req.truncate_prompt_tokens is None else state.tokenizer.decode(ids)
+                    for p, ids in zip(prompts, prompts_ids)] if req.echo else []
     tracker = state.tracker(len(prompts_ids), params.n, [len(ids) for ids in prompts_ids])
     created = int(time.time())
     echo = prompt_texts if req.echo else None

@@ -52,7 +52,7 @@ async def create_embedding(state: ServerState, request: Request) -> Response:
             prompts.append(list(item)[-keep:] if keep else list(item))  # ids: the last `keep`, as vLLM
     params = PoolingParams(dimensions=req.dimensions, normalize=req.normalize)
     response_id = f"embd-{uuid.uuid4().hex}"
-    group = await start_group(state.engine, response_id, prompts, params)
+    group, _ = await start_group(state.engine, response_id, prompts, params)
     try:
         results = await until_disconnect(request, _collect(group, len(prompts)))
     except ClientGone:

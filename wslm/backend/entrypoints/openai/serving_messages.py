@@ -24,9 +24,8 @@ from wslm.backend.entrypoints.openai.serving_base import (
     Tracker,
     collect_all,
     engine_failure,
-    start_group,
 )
-from wslm.backend.entrypoints.openai.serving_chat import prepare_chat
+from wslm.backend.entrypoints.openai.serving_chat import prepare_chat, start_chat
 from wslm.backend.frontend.async_engine import EngineFailure, RequestGroup
 
 log = logging.getLogger("wslm.server")
@@ -104,7 +103,7 @@ async def _create_message(state: ServerState, request: Request) -> Response:
     chat = chat_request(req)
     prompt_ids, params, plan = await prepare_chat(state, chat, None)
     message_id = f"msg_{uuid.uuid4().hex}"
-    group = await start_group(state.engine, message_id, [prompt_ids], params)
+    group, prompt_ids = await start_chat(state, message_id, prompt_ids, params, plan)
     tracker = state.tracker(1, 1, [len(prompt_ids)])
     if req.stream:
         return EventStream(_stream(group, tracker, message_id, model, plan.new_reply()), group)

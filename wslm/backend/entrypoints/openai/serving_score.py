@@ -71,7 +71,7 @@ def _check(state: ServerState, requested: str | None) -> str:
 async def _score(state: ServerState, request: Request, response_id: str, pairs: list[tuple[str, str]]
                  ) -> tuple[list[float] | None, int]:
     prompts = [{"text": q, "text_pair": d} for q, d in pairs]
-    group = await start_group(state.engine, response_id, prompts, PoolingParams())
+    group, _ = await start_group(state.engine, response_id, prompts, PoolingParams())
     try:
         outputs = await until_disconnect(request, _collect(group, len(prompts)))
     except ClientGone:

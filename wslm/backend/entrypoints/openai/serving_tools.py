@@ -42,6 +42,7 @@ class ChatPlan:
     keep_special_tokens: bool = False  # the parser's markers are special tokens: keep them in the text
     think_opened: bool = False  # the rendered prompt ends inside an open think block
     think_closed: bool = False  # the prompt closed an empty think block (enable_thinking false): no reasoning
+    structured_param: str | None = None  # the request field the grammar came from (errors name it)
 
     def prompt_rendered(self, tokenizer: Any, prompt_ids: list[int]) -> None:
         if self.reasoning_parser:

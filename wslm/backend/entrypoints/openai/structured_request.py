@@ -70,13 +70,3 @@ def _from_response_format(rf: dict) -> dict | None:
         return {"json": schema}
     raise bad_request(f"response_format type {kind!r} is not supported; use \"text\", \"json_object\" or "
                       "\"json_schema\".", param="response_format")
-
-
-async def compile_structured(state: Any, spec: StructuredOutputsParams | None, param: str | None) -> None:
-    """Compile spec in a worker thread before the request is queued; an invalid one is a 400 naming it."""
-    if spec is None:
-        return
-    try:
-        await state.engine.compile_structured(spec)
-    except ValueError as exc:
-        raise bad_request(str(exc), param=param or "structured_outputs", code="invalid_structured_output") from exc

@@ -90,8 +90,9 @@ class QuantizedLinearMethod(LinearMethod):
         scale over all its columns). int4 groups are sized to this rank's input width, so they never
         straddle two ranks."""
         from wslm.backend.quant.linear import quantize_on_load
+        from wslm.backend.quant.registry import quantizes_on_load
 
-        if param == "weight" and isinstance(tensor, torch.Tensor) and self.quantization in ("int8", "int4"):
+        if param == "weight" and isinstance(tensor, torch.Tensor) and quantizes_on_load(self.quantization):
             return quantize_on_load(tensor, self.quantization, group_width=layer.input_size)
         return tensor
 

@@ -98,9 +98,10 @@ class FusedMoE:
 
     def _load_quantized_expert(self, expert: int, name: str, tensor) -> None:
         from wslm.backend.quant.linear import finalize, fuse_rows, quantize_on_load
+        from wslm.backend.quant.registry import quantizes_on_load
 
         down = name == "down_proj"
-        if isinstance(tensor, torch.Tensor) and self.quantization in ("int8", "int4"):
+        if isinstance(tensor, torch.Tensor) and quantizes_on_load(self.quantization):
             # Quantized whole, then split, as Linear.quantize_whole does: int4 groups sized to this rank's
             # input width so they never straddle two ranks.
             tensor = quantize_on_load(tensor, self.quantization, group_width=self.intermediate_size if down else None)

@@ -30,6 +30,7 @@ import time
 import torch
 import torch.nn.functional as F
 
+from wslm import envs
 from wslm.backend.modeling.layers.attention import AttentionMetadata
 from wslm.kernels import cpu_gemv
 from wslm.kernels.torch_paged_attention import _decode_blocks
@@ -47,14 +48,14 @@ AUTO_MAX_WEIGHT_BYTES = 1 << 30
 
 def why_not(cpu_decode, enforce_eager: bool = False, weight_bytes: int = 0) -> str | None:
     """None when the decode step of this model can be compiled here; else why not."""
-    setting = os.environ.get(ENV_VAR, "auto").strip().lower()
-    if setting in ("0", "false", "no", "off"):
-        return f"{ENV_VAR}={setting}"
+    setting = envs.get(ENV_VAR)  # None: auto
+    if setting is False:
+        return f"{ENV_VAR}={envs.raw(ENV_VAR)}"
     if enforce_eager:
         return "--enforce-eager"
     if cpu_decode is None:
         return "the model does not take the CPU fast decode path"
-    if setting not in ("1", "true", "yes", "on") and weight_bytes > AUTO_MAX_WEIGHT_BYTES:
+    if setting is None and weight_bytes > AUTO_MAX_WEIGHT_BYTES:
         return (f"weights of {weight_bytes / 2**30:.1f} GiB (each compiled graph keeps a copy; "
                 f"{ENV_VAR}=1 compiles anyway)")  # fmt: skip
     if not (shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++") or shutil.which("clang++")):
@@ -75,25 +76,16 @@ def _spec(fn) -> tuple | None:
 
 
 def _weight_spec(w, b=None, bias_after: bool = False) -> tuple | None:
-    from wslm.backend.quant.int4 import Int4Weight
-    from wslm.backend.quant.int8 import Int8Weight
-
     if isinstance(w, torch.Tensor):
         return ("dense", (w, b), bias_after)
-    if isinstance(w, Int4Weight) and w.perm is None:
-        return ("int4", (w.packed, w.scales_and_zeros, b), (w.group_size, _int4_ours(w)))
-    if isinstance(w, Int8Weight):
-        return ("int8", (w.qweight, w.scales, b), None)
-    return None
-
-
-def _int4_ours(w) -> int:
-    """The pack's block rows where the graph should multiply in cpu_gemv's kernel, else 0. Where the CPU has
-    AMX, inductor's own int4 templates beat it from a few rows; elsewhere (AVX-512 without AMX, as Zen 4;
-    AVX2) inductor calls torch's one-row-at-a-time kernel, and ours, which reads each weight block once for
-    all rows, is 1.4-1.8x faster (demo GGUF, 32 chats on a Zen 4 core: 158 tok/s compiled with torch's,
-    230 eager with ours)."""
-    return 0 if cpu_gemv.amx() or not w.c_kernel() else w.block_n
+    graph_spec = getattr(w, "graph_spec", None)  # quant.registry.QuantizedWeight's hook; None: not here
+    if graph_spec is None:
+        return None
+    # cpu_gemv's int4 kernel in the graph only without AMX: with it, inductor's own int4 templates beat it
+    # from a few rows; elsewhere (AVX-512 without AMX, as Zen 4; AVX2) inductor calls torch's
+    # one-row-at-a-time kernel, and ours, which reads each weight block once for all rows, is 1.4-1.8x
+    # faster (demo GGUF, 32 chats on a Zen 4 core: 158 tok/s compiled with torch's, 230 eager with ours).
+    return graph_spec(b, c_kernels=not cpu_gemv.amx())
 
 
 class _DecodeModule(torch.nn.Module):
@@ -211,9 +203,9 @@ class _DecodeModule(torch.nn.Module):
 
 
 def _head_after(head) -> bool:
-    from wslm.backend.quant.int8 import Int8Weight
+    from wslm.backend.quant.registry import weight_kind
 
-    return isinstance(head, Int8Weight) and cpu_gemv.int8_mm_takes(head.qweight, head.scales)
+    return weight_kind(head) == "int8" and head.c_kernel()
 
 
 def _weight_bytes(cpu_decode) -> int:

@@ -15,12 +15,12 @@ the general path. WSLM_CPU_FAST_DECODE=0 turns it off."""
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
 
+from wslm import envs
 from wslm.backend.modeling.layers.activation import silu_and_mul
 from wslm.backend.modeling.layers.attention import AttentionMetadata
 from wslm.backend.modeling.layers.norm import GemmaRMSNorm, HeadRMSNorm, RMSNorm
@@ -51,17 +51,14 @@ def _bias_after(layer) -> bool:
 
 
 def _bind_linear(layer, dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
-    from wslm.backend.quant.int4 import Int4Weight
-    from wslm.backend.quant.int4_dense import DENSE_ROWS as INT4_ROWS
-    from wslm.backend.quant.int8 import Int8Weight, dense_rows
-
     w, b = layer.weight, layer.bias
     if isinstance(w, torch.Tensor):
         if _bias_after(layer):
             return lambda x: F.linear(x, w) + b  # added after the (would-be) sum, rounded as the layer does
         return lambda x: F.linear(x, w, b)
-    if isinstance(w, (Int4Weight, Int8Weight)) and getattr(w, "perm", None) is None:
-        rows = INT4_ROWS if isinstance(w, Int4Weight) else dense_rows()
+    row_limit = getattr(w, "decode_row_limit", None)  # quant.registry.QuantizedWeight's decode hooks
+    rows = None if row_limit is None else row_limit()
+    if rows is not None:
         mm = w.decode_rows  # the kernel apply picks for these rows
         kd = _kernel_dtype(layer)
         if dtype != kd:  # a float32 engine over bf16 kernels (CPUs without bf16): converted as apply does
@@ -89,7 +86,7 @@ def why_not(model, kv_pool: torch.Tensor) -> str | None:
     from wslm.backend.distributed.parallel_state import get_tp_size
     from wslm.backend.modeling.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM
 
-    if os.environ.get(ENV_VAR, "1").strip() == "0":
+    if not envs.get(ENV_VAR):
         return f"{ENV_VAR}=0"
     if model.device.type != "cpu" or selected_backend(model.device) != "torch":
         return "not the CPU PyTorch kernels"

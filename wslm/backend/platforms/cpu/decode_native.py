@@ -20,10 +20,10 @@ from __future__ import annotations
 
 import ctypes
 import logging
-import os
 
 import torch
 
+from wslm import envs
 from wslm.backend.modeling.layers.attention import AttentionMetadata
 from wslm.kernels import cpu_gemv
 from wslm.kernels.torch_rotary import _cos_sin
@@ -31,6 +31,7 @@ from wslm.kernels.torch_rotary import _cos_sin
 logger = logging.getLogger(__name__)
 ENV_VAR = "WSLM_CPU_NATIVE_DECODE"
 INT4, INT8, BF16, F32 = 1, 2, 3, 4  # cpu_layer.c's weight kinds
+_QUANT = {"int4": INT4, "int8": INT8}  # the kinds of quantized weights' c_view
 _DENSE = {torch.bfloat16: BF16, torch.float32: F32}
 
 
@@ -54,20 +55,15 @@ def _plain(t: torch.Tensor | None, dtype: torch.dtype) -> bool:
 def _linear(fn, dtype: torch.dtype) -> tuple[_Linear, list[torch.Tensor]] | str:
     """The C view of one of cpu_decode's bound linears for activations of dtype (what it holds kept alive
     beside it), or why not."""
-    from wslm.backend.quant.int4 import Int4Weight
-    from wslm.backend.quant.int8 import Int8Weight
-
     w, bias = getattr(fn, "source_weight", None), getattr(fn, "source_bias", None)
     if w is None or not _plain(bias, dtype):
         return "a linear layer of another kind or a bias in another dtype"
-    if isinstance(w, Int4Weight):
-        if not w.c_kernel():
-            return "an int4 weight the C kernel does not read (act-order, another pack)"
-        spec = (INT4, w.packed, w.scales_and_zeros, w.group_size, w.out_features, w.in_features, w.block_n)
-    elif isinstance(w, Int8Weight):
-        if not cpu_gemv.int8_mm_takes(w.qweight, w.scales) or not w.scales.is_contiguous():
-            return "an int8 weight the C kernel does not take"
-        spec = (INT8, w.qweight, w.scales, 0, w.out_features, w.in_features, 0)
+    c_view = getattr(w, "c_view", None)  # quant.registry.QuantizedWeight's hook
+    if c_view is not None:
+        view = c_view()
+        if isinstance(view, str):
+            return view
+        spec = (_QUANT[view[0]], *view[1:])
     elif isinstance(w, torch.Tensor) and _plain(w, dtype) and w.dim() == 2:
         spec = (_DENSE[dtype], w, None, 0, w.shape[0], w.shape[1], 0)
     else:
@@ -80,7 +76,7 @@ def _linear(fn, dtype: torch.dtype) -> tuple[_Linear, list[torch.Tensor]] | str:
 
 def why_not(cpu_decode, kv_pool: torch.Tensor) -> str | None:
     """None when one-sequence decode steps can run in C here; else the reason they cannot."""
-    if os.environ.get(ENV_VAR, "1").strip().lower() in ("0", "false", "no", "off"):
+    if not envs.get(ENV_VAR):
         return f"{ENV_VAR}=0"
     if cpu_decode is None:
         return "the model does not take the CPU fast decode path"

@@ -15,6 +15,7 @@ import logging
 import os
 import sys
 
+from wslm import envs
 from wslm.kernels.cpu_features import cpu_flags
 
 logger = logging.getLogger(__name__)
@@ -66,7 +67,7 @@ def cpu_auto_dtype() -> tuple[str, str]:
 # a small step's hundreds of ops costs more than they add. Demo GGUF, 2 cores, idle: one chat 38 -> 71
 # tok/s eager, 40 -> 80 compiled; at 32 chats two threads stay faster (292 vs 247).
 # (Compiled graphs guard on the thread count: one size class, one count, or every step would recompile.)
-SMALL_STEP_ROWS = int(os.environ.get("WSLM_SMALL_STEP_ROWS", "1"))
+SMALL_STEP_ROWS: int = envs.WSLM_SMALL_STEP_ROWS  # a constant: read each step
 
 
 @contextlib.contextmanager

@@ -1,0 +1,44 @@
+"""UniProcExecutor: the model in this process, on one device (a CPU or one GPU)."""
+
+from __future__ import annotations
+
+import torch
+
+from wslm.backend.executor.abstract import Executor
+from wslm.backend.platforms.kv_cache import determine_num_blocks
+from wslm.backend.worker.model_runner import ModelRunner, finish_step, load_model
+from wslm.backend.worker.sampler import Sampler
+from wslm.backend.worker.step_inputs import ModelRunnerOutput, SchedulerOutput
+
+
+class UniProcExecutor(Executor):
+    def __init__(self, config, source, model_config, device: torch.device, embedding: bool = False) -> None:
+        self.config = config
+        self.device = device
+        self.embedding = embedding
+        self.vocab_size = model_config.vocab_size
+        model = load_model(source, model_config, device, embedding=embedding)
+        self.block_size = config.block_size
+        self.num_blocks = determine_num_blocks(config, model_config, device)
+        self.runner = ModelRunner(model, config.block_size, self.num_blocks)
+        self.kv_cache_bytes = self.runner.kv_cache_bytes
+        self.sampler = Sampler(model_config.vocab_size, device, config.seed)
+
+    def warm_up(self, max_num_seqs: int, max_model_len: int, enforce_eager: bool) -> None:
+        if self.embedding:
+            return  # CUDA graphs and the compiled CPU step serve decode steps, which an embedding model never runs
+        if self.device.type == "cuda" and not enforce_eager:
+            self.runner.enable_cuda_graphs(max_num_seqs, max_model_len)
+        if self.device.type == "cpu":
+            self.runner.enable_cpu_compile(enforce_eager)
+
+    def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        logits, sampled = self.runner.execute(so.scheduled)
+        return finish_step(logits, len(sampled), so.sample_rows, so.sample_seqs, so.prompt_targets(), self.sampler,
+                           self.vocab_size)
+
+    def execute_pooling(self, scheduled: list) -> tuple[torch.Tensor, list]:
+        return self.runner.execute_pooling(scheduled)
+
+    def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
+        self.runner.copy_blocks(pairs)

@@ -1,0 +1,84 @@
+"""InputProcessor: a request made ready for the engine core, once: the chat rendered, the prompt tokenized and
+truncated, every limit checked, the grammar compiled, the token rules built.
+
+It only reads the tokenizer, the template and the (thread-safe) grammar compiler, so the server runs it in a
+worker thread, off both the event loop and the engine thread; LLM runs it inline. Both get the same
+EngineRequest from the same input."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from wslm.backend.engine.core import EngineRequest
+from wslm.backend.errors import RequestError
+from wslm.backend.frontend.chat import read_template, render_chat
+from wslm.backend.frontend.validation import RequestLimits, validate_prompt
+from wslm.backend.pooling_params import PoolingParams
+from wslm.backend.sampling_params import SamplingParams
+from wslm.backend.structured.compiler import StructuredOutputCompiler
+from wslm.backend.worker.token_rules import TokenRules
+
+
+class InputProcessor:
+    def __init__(self, tokenizer, limits: RequestLimits, structured: StructuredOutputCompiler | None,
+                 chat_template: str | None, model_name: str) -> None:
+        self.tokenizer = tokenizer
+        self.limits = limits  # the server replaces it with one carrying its stop-list flags
+        self.structured = structured
+        self.chat_template = read_template(chat_template)
+        self.model_name = model_name
+
+    def render_chat(self, messages: list[dict], chat_template: str | None = None, add_generation_prompt: bool = True,
+                    **options: Any) -> list[int]:
+        """The prompt ids for a chat (chat.render_chat: the one path LLM.chat and the server share); options:
+        continue_final_message, tools, chat_template_kwargs."""
+        template = read_template(chat_template) or self.chat_template
+        return render_chat(self.tokenizer, messages, template, add_generation_prompt, self.model_name, **options)
+
+    def process(self, request_id: str, prompt: str | list[int] | dict, params: SamplingParams | None = None,
+                arrival_time: float | None = None, what: str = "prompt",
+                structured_param: str | None = None) -> EngineRequest:
+        """Raises RequestError (a ValueError carrying OpenAI's param and code) when the request cannot be
+        served. what: the request field the prompt came from (named in errors); structured_param: the field
+        the grammar came from (response_format, tools, structured_outputs)."""
+        arrival = time.monotonic() if arrival_time is None else arrival_time
+        # A private copy: validation fills in max_tokens, and callers may share one params object.
+        params = params.clone() if params is not None else SamplingParams()
+        if params.truncate_prompt_tokens is not None:
+            prompt = self.truncate(prompt, params.truncate_prompt_tokens)
+        text, ids = validate_prompt(prompt, params, self.tokenizer, self.limits, what)
+        grammar = None
+        if params.structured_outputs is not None:
+            if self.structured is None:
+                raise RequestError("This engine serves an embedding model: it has no structured output.")
+            try:
+                grammar = self.structured.compile(params.structured_outputs)
+            except RequestError as exc:
+                exc.param = structured_param or exc.param or "structured_outputs"
+                exc.code = exc.code or "invalid_structured_output"
+                raise
+        rules = TokenRules.build(params, self.tokenizer)
+        return EngineRequest(request_id, text, ids, params, arrival, grammar, rules)
+
+    def process_pooling(self, request_id: str, prompt: Any, params: PoolingParams,
+                        arrival_time: float | None = None) -> EngineRequest:
+        """An embedding request of a decoder model: its prompt checked as a generation prompt of one token."""
+        arrival = time.monotonic() if arrival_time is None else arrival_time
+        text, ids = validate_prompt(prompt, SamplingParams(max_tokens=1), self.tokenizer, self.limits)
+        return EngineRequest(request_id, text, ids, params.clone(), arrival)
+
+    def truncate(self, prompt: str | list[int] | dict, keep: int) -> str | list[int] | dict:
+        """truncate_prompt_tokens (vLLM's): keep the last `keep` tokens (-1: as many as the context holds)."""
+        if keep == -1:
+            keep = self.limits.max_model_len - 1
+        text = prompt.get("prompt") if isinstance(prompt, dict) else prompt if isinstance(prompt, str) else None
+        if isinstance(text, str):
+            ids = self.tokenizer.encode(text)
+        elif isinstance(prompt, dict):
+            ids = prompt.get("prompt_token_ids")
+        else:
+            ids = prompt
+        if not isinstance(ids, (list, tuple)) or len(ids) <= keep:
+            return prompt
+        return {"prompt_token_ids": list(ids)[-keep:]}
