@@ -4,9 +4,6 @@ copied once; LLM.chat takes the same path. Counted on a real engine (a tiny Llam
 
 from __future__ import annotations
 
-import socket
-import threading
-import time
 from collections import Counter
 
 import httpx
@@ -25,9 +22,8 @@ SCHEMA = {"type": "object", "properties": {"a": {"type": "integer"}}, "required"
 
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
-    import uvicorn
+    from test_server_helpers import serve_in_thread
 
-    from wslm.backend.entrypoints.openai.app import build_app
     from wslm.backend.entrypoints.openai.serving_base import ServerState
     from wslm.backend.frontend.async_engine import AsyncEngine
 
@@ -36,16 +32,8 @@ def served(tmp_path_factory):
                                     chat_template="{% for m in messages %}{{ m['content'] }}\n{% endfor %}"))
     state = ServerState(AsyncEngine(engine), engine.tokenizer, ["tiny"], engine.max_model_len,
                         limits=engine.limits, vocab_size=engine.model_config.vocab_size)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(build_app(state), log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 60
-    while not server.started:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    yield engine, f"http://127.0.0.1:{sock.getsockname()[1]}"
+    url, server, thread = serve_in_thread(state)
+    yield engine, url
     server.should_exit = True
     thread.join(30)
 

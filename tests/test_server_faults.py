@@ -7,8 +7,6 @@ step / has_unfinished_requests / apply_chat_template / get_stats) that fails on 
 
 from __future__ import annotations
 
-import socket
-import threading
 import time
 from types import SimpleNamespace
 
@@ -98,9 +96,8 @@ class FlakyEngine:
 
 
 def _serve_in_thread(on_death=None):
-    import uvicorn
+    from test_server_helpers import serve_in_thread
 
-    from wslm.backend.entrypoints.openai.app import build_app
     from wslm.backend.entrypoints.openai.serving_base import ServerState
     from wslm.backend.frontend.async_engine import AsyncEngine
     from wslm.backend.frontend.metrics import ServerMetrics
@@ -109,16 +106,7 @@ def _serve_in_thread(on_death=None):
     metrics = ServerMetrics("flaky")
     state = ServerState(AsyncEngine(engine, metrics), engine.tokenizer, ["flaky"], 512, metrics=metrics)
     state.engine.on_death = on_death
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(build_app(state), log_level="warning"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
-    return f"http://127.0.0.1:{sock.getsockname()[1]}", server, thread
+    return serve_in_thread(state)
 
 
 @pytest.fixture(scope="module")

@@ -91,6 +91,27 @@ class ServerProcess:
         return self.proc.returncode
 
 
+def serve_in_thread(state) -> tuple[str, object, threading.Thread]:
+    """The real app (build_app) for a ServerState, under uvicorn in a thread of this process, on a free
+    loopback port: (base URL, the uvicorn server, its thread). Stop with server.should_exit = True."""
+    import socket
+
+    import uvicorn
+
+    from wslm.backend.entrypoints.openai.app import build_app
+
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(build_app(state), log_level="warning"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not server.started:
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        time.sleep(0.05)
+    return f"http://127.0.0.1:{sock.getsockname()[1]}", server, thread
+
+
 def metric(text: str, name: str, labels: str = "") -> float:
     """The value of one sample in Prometheus text, e.g. metric(t, "wslm:num_requests_running")."""
     pattern = re.escape(name) + r"\{[^}]*" + re.escape(labels) + r"[^}]*\} (\S+)$"

@@ -34,6 +34,11 @@ def make_executor(config, source, model_config, device, embedding: bool = False)
         from wslm.backend.executor.uniproc import UniProcExecutor
 
         return UniProcExecutor(config, source, model_config, device, embedding)
+    from wslm.backend.distributed.parallel_state import check_divisible
+    from wslm.backend.quant.shard import checkpoint_group_size
+
+    # Before any worker starts: a size that does not split the heads (or a checkpoint's groups) fails here.
+    check_divisible(model_config, config.tensor_parallel_size, checkpoint_group_size(source, model_config.quantization))
     if backend == "ray":
         from wslm.backend.executor.ray_executor import RayExecutor
 

@@ -62,11 +62,6 @@ class LLMEngine:
         logger.info("Kernels: %s", kernels.backend_description(self.device))
         if self.device.type == "cpu" and (why := cpu_gemv.why_unavailable()):  # else ~2x slower, silently
             logger.warning("Fast CPU path off: %s; torch's slower kernels run instead", why)
-        if config.tensor_parallel_size > 1:
-            from wslm.backend.distributed.parallel_state import check_divisible
-            from wslm.backend.quant.shard import checkpoint_group_size
-
-            check_divisible(mc, config.tensor_parallel_size, checkpoint_group_size(source, mc.quantization))
         self.executor = make_executor(config, source, mc, self.device, embedding=self.pooling is not None)
         num_blocks = self.executor.num_blocks
         # Every layer windowed: the block manager frees blocks behind the window, so one sequence holds at most
