@@ -89,7 +89,8 @@ def test_settings_and_geometry_survive_restart(qtbot, tmp_path, monkeypatch):
     # The offscreen screen is 800x800 and Qt fits restored windows onto the screen, so only the
     # height (which fits) comes back exactly; a few pixels go to the (virtual) window frame.
     assert abs(w2.height() - 700) <= 4 and w2.settings.window_geometry
-    assert w2.stack.currentWidget() is w2.server_panel and w2.server_panel.port.value() == 8123
+    page = w2.stack.currentWidget()  # the Server panel, inside its scrolling page
+    assert page.widget() is w2.server_panel and w2.server_panel.port.value() == 8123
     assert w2.server.auto_restart is True
     w2.close()
     store.close()

@@ -14,7 +14,14 @@ import wslm.gui.qt_fix  # noqa: F401  (PySide6 6.12 emit() refcount bug)
 from wslm.gui.chat_errors import normalize_base_url
 from wslm.gui.chat_model import ConversationListModel, MessageListModel
 from wslm.gui.chat_store import ChatStore, Conversation, Message
-from wslm.gui.context_fit import DEFAULT_POLICY, STOP, Fit, context_from_error, fit_messages
+from wslm.gui.context_fit import (
+    DEFAULT_POLICY,
+    LENIENT_BYTES_PER_TOKEN,
+    STOP,
+    Fit,
+    context_from_error,
+    fit_messages,
+)
 from wslm.gui.stream_worker import ChatRequest, StreamWorker
 
 log = logging.getLogger(__name__)
@@ -132,7 +139,7 @@ class ChatSession(QObject):
         """`messages` made to fit the context window, as the overflow policy says."""
         strict = (self.base_url, self.model) in self._strict
         return fit_messages(messages, self.effective_context(), max_tokens, self.overflow_policy,
-                            bytes_per_token=1.0 if strict else 2.0)
+                            bytes_per_token=1.0 if strict else LENIENT_BYTES_PER_TOKEN)
 
     # Conversations
     @property

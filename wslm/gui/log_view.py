@@ -45,6 +45,7 @@ class LogView(QWidget):
         # scrolling only: the range grows in batches after the rows arrive (and not at all while the panel is
         # hidden), so comparing value and maximum on insert lost the bottom after a burst of lines.
         self.following = True
+        self._kept = 0  # the position the user scrolled to, while not following
         bar = self.list.verticalScrollBar()
         bar.actionTriggered.connect(lambda _a: QTimer.singleShot(0, self._on_user_scrolled))
         bar.sliderReleased.connect(self._on_user_scrolled)
@@ -55,10 +56,15 @@ class LogView(QWidget):
     def _on_user_scrolled(self) -> None:
         bar = self.list.verticalScrollBar()
         self.following = bar.value() >= bar.maximum() - max(1, bar.singleStep())
+        self._kept = bar.value()
 
     def _follow(self, *_args) -> None:
         if self.following:
             self.list.scrollToBottom()
+        elif self._kept <= self.list.verticalScrollBar().maximum():
+            # Reading further up: a new line re-lays the list out in batches, which shrinks the range for a
+            # moment and clamps the position; put it back where the user left it.
+            self.list.verticalScrollBar().setValue(self._kept)
 
     def showEvent(self, event) -> None:
         super().showEvent(event)
