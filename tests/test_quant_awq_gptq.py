@@ -102,6 +102,7 @@ def test_awq_gptq_checkpoints_match_their_dequantized_forward(tiny_models, tmp_p
         attn.o_proj.weight = r["self_attn.o_proj"]
         mlp.gate_up_proj.weight = torch.cat([r["mlp.gate_proj"], r["mlp.up_proj"]])
         mlp.down_proj.weight = r["mlp.down_proj"]
+    dense.llm_engine.executor.runner.weights_updated()
     prompt = dense.get_tokenizer().encode("The quick brown fox jumps over the lazy dog")
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
     ref = list(dense.generate([{"prompt_token_ids": prompt}], params)[0].outputs[0].token_ids)

@@ -74,6 +74,7 @@ def test_quantized_on_load_matches_its_dequantized_forward(tiny_models, method):
             dense_linears[name].weight = weight.dequantize(torch.float32)
     dmodel.embed_tokens.weight = qmodel.embed_tokens.weight.dequantize(torch.float32)
     dmodel.lm_head.weight = qmodel.lm_head.weight.dequantize(torch.float32)
+    dense.llm_engine.executor.runner.weights_updated()
     prompt = dense.get_tokenizer().encode("The quick brown fox jumps over the lazy dog")
     params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
     ref = dense.generate([{"prompt_token_ids": prompt}], params)[0].outputs[0]

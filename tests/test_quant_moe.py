@@ -129,6 +129,7 @@ def test_quantize_on_load_covers_moe_experts(moe, method, kind):
             getattr(dlayer.self_attn, name).weight = getattr(qlayer.self_attn, name).weight.dequantize(torch.float32)
     dmodel.embed_tokens.weight = qmodel.embed_tokens.weight.dequantize(torch.float32)
     dmodel.lm_head.weight = qmodel.lm_head.weight.dequantize(torch.float32)
+    dense.llm_engine.executor.runner.weights_updated()
     _assert_close_to(quant, dense, tok)
 
 

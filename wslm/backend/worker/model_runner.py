@@ -92,6 +92,18 @@ class ModelRunner:
         if self.compiled is not None and single:
             self.compiled.start()
 
+    def weights_updated(self) -> None:
+        """Call after replacing the model's weight tensors once loaded (a weight update; tests that swap in
+        another format's weights): the decode back ends bound the old tensors. They bind the new ones; the
+        compiled CPU graph and CUDA graphs, which froze the old ones, are dropped (eager serves)."""
+        if self.cpu_decode is not None:
+            self.cpu_decode.rebind()
+        if self.native is not None and not self.native.rebind():
+            self.native = None
+        if self.compiled is not None:
+            self.compiled.drop()
+        self.graphs = None
+
     def shutdown(self) -> None:
         pass  # one process: nothing to stop
 

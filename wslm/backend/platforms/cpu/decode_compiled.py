@@ -226,7 +226,7 @@ class CompiledDecode:
         self.module = _DecodeModule(model, cpu_decode).eval()
         self.single = single  # compile the one-sequence graph too (not when cpu_native.py runs those steps)
         self.cpu_decode = cpu_decode
-        self.bound = list(cpu_decode.layers)  # the graph froze these layers' weights
+        self.dropped = False  # weights replaced after the graph froze them (drop()): never used again
         self.kv_pool = kv_pool
         self.flat_pool = kv_pool.view(kv_pool.shape[0], 2, -1, *kv_pool.shape[4:])  # [L, k|v, slots, ...]
         self.block_size = kv_pool.shape[3]
@@ -247,6 +247,11 @@ class CompiledDecode:
             logger.info("CPU decode runs eagerly (not compiled): %s", reason)
             return None
         return cls(model, cpu_decode, kv_pool, single)
+
+    def drop(self) -> None:
+        """The graph froze the weights it was built with: after they are replaced, eager serves."""
+        self.dropped = True
+        self.compiled = None
 
     def start(self) -> None:
         """Compile in a background thread (once; later calls do nothing)."""
@@ -294,7 +299,7 @@ class CompiledDecode:
                 inputs = self._inputs_for(b, blocks_per_seq=5)
                 with torch.inference_mode():
                     compiled(*inputs)
-            self.compiled = compiled
+            self.compiled = None if self.dropped else compiled
             self.compile_seconds = time.monotonic() - start
             logger.info(
                 "CPU decode compiled in %.0f s: decode steps now run the compiled graph", self.compile_seconds
@@ -328,9 +333,6 @@ class CompiledDecode:
     ) -> torch.Tensor | None:
         """Logits of a pure decode step through the compiled graph, or None (not ready, or a padding slot)."""
         if self.compiled is None:
-            return None
-        if any(layer.stale() for layer in self.bound):  # weights replaced since (tests do): eager from now on
-            self.compiled = None
             return None
         slots = meta.slot_mapping
         b, bs = input_ids.shape[0], self.block_size

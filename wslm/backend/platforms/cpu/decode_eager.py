@@ -133,31 +133,12 @@ def why_not(model, kv_pool: torch.Tensor) -> str | None:
     return None
 
 
-def _bound_tensors(layer) -> tuple:
-    """The weight objects a _Layer binds: when one is replaced (tests swap in dequantized weights), the
-    binding is stale and is made again."""
-    attn, mlp = layer.self_attn, layer.mlp
-    out = [layer.input_layernorm.weight, layer.post_attention_layernorm.weight]
-    for lin in (
-        attn.qkv_proj,
-        attn.o_proj,
-        getattr(mlp, "gate_up_proj", None),
-        getattr(mlp, "down_proj", None),
-    ):
-        if lin is not None:
-            out += [lin.weight, lin.bias]
-    if attn.q_norm is not None:
-        out += [attn.q_norm.weight, attn.k_norm.weight]
-    return tuple(out)
-
-
 class _Layer:
-    __slots__ = ("source", "bound", "w_in", "w_post", "eps_in", "eps_post", "qkv", "o", "mlp", "gate_up", "down",
+    __slots__ = ("source", "w_in", "w_post", "eps_in", "eps_post", "qkv", "o", "mlp", "gate_up", "down",
                  "qk_norm_w", "qk_eps", "q_size", "kv_size", "heads", "kv_heads", "head_dim", "scale")  # fmt: skip
 
     def __init__(self, layer) -> None:
         self.source = layer
-        self.bound = _bound_tensors(layer)
         attn = layer.self_attn
         self.w_in, self.w_post = layer.input_layernorm.weight, layer.post_attention_layernorm.weight
         self.eps_in, self.eps_post = layer.input_layernorm.eps, layer.post_attention_layernorm.eps
@@ -177,9 +158,6 @@ class _Layer:
         self.mlp = None if plain else mlp
         self.gate_up = _linear_fn(mlp.gate_up_proj, dtype) if plain else None
         self.down = _linear_fn(mlp.down_proj, dtype) if plain else None
-
-    def stale(self) -> bool:
-        return any(a is not b for a, b in zip(_bound_tensors(self.source), self.bound))
 
 
 class CpuDecodePath:
@@ -203,6 +181,10 @@ class CpuDecodePath:
             return None
         return cls(model, kv_pool)
 
+    def rebind(self) -> None:
+        """Bind the layers' weights again (ModelRunner.weights_updated: they were replaced after loading)."""
+        self.layers = [_Layer(layer.source) for layer in self.layers]
+
     @torch.inference_mode()
     def run(
         self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
@@ -212,9 +194,6 @@ class CpuDecodePath:
         slots = meta.slot_mapping
         if not bool((slots >= 0).all()):
             return None
-        for i, layer in enumerate(self.layers):
-            if layer.stale():
-                self.layers[i] = _Layer(layer.source)
         model, dtype, bs = self.model, self.model.dtype, self.block_size
         b = input_ids.shape[0]
         cos2, sin2 = _cos_sin(positions, self.table, dtype, True)[2:]

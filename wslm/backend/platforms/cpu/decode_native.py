@@ -112,7 +112,6 @@ class NativeDecode:
         fn.restype = ctypes.c_int
         fn.argtypes = [ctypes.c_void_p] + [ctypes.c_int64] * 5 + [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 3 + [
             ctypes.c_int]  # fmt: skip
-        self.bound: list = []
         self._bind()
         self.steps = 0
 
@@ -124,10 +123,17 @@ class NativeDecode:
             return None
         return cls(cpu_decode, kv_pool)
 
+    def rebind(self) -> bool:
+        """After cpu_decode.rebind() (weights replaced): the C structs again; False when the new weights are
+        not for this path (then the runner drops it)."""
+        if why_not(self.cpu_decode, self.kv_pool) is not None:
+            return False
+        self._bind()
+        return True
+
     def _bind(self) -> None:
         """The C structs for the layers cpu_decode has bound now (and the tensors they point into)."""
         layers = self.cpu_decode.layers
-        self.bound = list(layers)
         self.keep: list[torch.Tensor] = []
         arr = (_LayerC * len(layers))()
         for i, layer in enumerate(layers):
@@ -160,13 +166,6 @@ class NativeDecode:
         if slot < 0:
             return None
         cpu = self.cpu_decode
-        for i, layer in enumerate(cpu.layers):  # weights replaced since binding (tests do): bind again
-            if layer.stale():
-                cpu.layers[i] = type(layer)(layer.source)
-        if any(a is not b for a, b in zip(cpu.layers, self.bound)):
-            if why_not(cpu, self.kv_pool) is not None:
-                return None
-            self._bind()
         model = cpu.model
         hidden = model.embed(input_ids).to(self.dtype).contiguous().clone()
         residual = torch.empty_like(hidden)
