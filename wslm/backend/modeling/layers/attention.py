@@ -70,6 +70,8 @@ class Attention:
         """q/k/v [num_tokens, heads * head_dim] (strided slices of a fused qkv are fine: the kernels take
         them as they are). Returns [num_tokens, num_heads * head_dim]."""
         n = q.shape[0]
+        if self.backend is None:  # chosen once (by device and WSLM_KERNEL_BACKEND), not on every call
+            self.backend = kernels.selected_backend(q.device)
         be = self.backend
         k_cache, v_cache = kv_cache
         q = q.view(n, self.num_heads, self.head_dim)

@@ -23,7 +23,13 @@ class RMSNorm:
         self.weight = tensor.to(device=self.device, dtype=self.dtype)
 
     def __call__(self, x: torch.Tensor, residual: torch.Tensor | None = None):
-        return kernels.rms_norm(x, self.weight, self.eps, residual=residual, backend=self.backend)
+        be = self.backend or self._bind(x.device)
+        return kernels.rms_norm(x, self.weight, self.eps, residual=residual, backend=be)
+
+    def _bind(self, device: torch.device) -> str:
+        # The kernel backend, chosen once (by device and WSLM_KERNEL_BACKEND), not re-read on every call.
+        self.backend = kernels.selected_backend(device)
+        return self.backend
 
 
 class GemmaRMSNorm(RMSNorm):

@@ -145,6 +145,8 @@ class RotaryEmbedding:
         self.backend = backend
 
     def __call__(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+        if self.backend is None:  # chosen once (by device and WSLM_KERNEL_BACKEND), not on every call
+            self.backend = kernels.selected_backend(q.device)
         return kernels.rotary_embedding(
             positions, q, k, self.cos_sin_cache, self.head_dim, self.is_neox_style, backend=self.backend
         )
