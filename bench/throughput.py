@@ -109,7 +109,10 @@ def main() -> int:
     import torch
 
     from wslm.backend import LLM, SamplingParams
-    from wslm.backend.loader.model_loader import resolve_dtype
+    try:
+        from wslm.backend.loader.model_loader import resolve_dtype
+    except ImportError:  # a checkout from before the backend's layer folders (before/after runs)
+        from wslm.backend.model_loader import resolve_dtype
 
     auto = str(resolve_dtype("auto", None, torch.device("cpu"))).removeprefix("torch.")
     dtypes = [args.dtype] if args.dtype != "auto" else (["auto", "float32"] if auto != "float32" else ["auto"])
