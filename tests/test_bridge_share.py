@@ -49,7 +49,10 @@ def ours(fw) -> tuple[list, list, list]:
             [r for r in st["hyperv"] if r != FOREIGN_HV])
 
 
-def test_on_status_off_round_trip_with_one_uac_prompt_each(fw, capsys) -> None:
+def test_on_status_off_round_trip_with_one_uac_prompt_each(fw, capsys, monkeypatch) -> None:
+    # The fake distro reads this machine's /proc/net/tcp: whatever else listens on 8000 here (a dev server,
+    # another test run) would count as its backend. This round trip is about a distro with none running.
+    monkeypatch.setattr(share, "listening_addresses", lambda target, port: [])
     rc, on = run_json(capsys, "on")
     assert rc == 0 and on["applied"] and uac_prompts(fw) == 1
     proxies, rules, hv = ours(fw)

@@ -20,23 +20,24 @@ WORDS = ("the cat sat on a mat dog ran in park sun is hot cold water blue sky re
 TEXTS = ["the cat sat on a mat", "a dog ran in the park", "what is the sky", "red apple tree"]
 
 
-def make_bert_tokenizer(folder):
+def make_bert_tokenizer(folder, words=WORDS):
     from transformers import BertTokenizerFast
 
     folder.mkdir(parents=True, exist_ok=True)
     letters = [chr(c) for c in range(ord("a"), ord("z") + 1)]
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS, *letters, *("##" + c for c in letters)]
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *words, *letters, *("##" + c for c in letters)]
     (folder / "vocab.txt").write_text("\n".join(dict.fromkeys(vocab)) + "\n")
     return BertTokenizerFast(str(folder / "vocab.txt"))
 
 
-def make_encoder(folder, kind: str, pooling: str, seed: int):
-    """A 2-layer random encoder saved as a sentence-transformers model (modules.json, 1_Pooling, 2_Normalize)."""
+def make_encoder(folder, kind: str, pooling: str, seed: int, words=WORDS):
+    """A 2-layer random encoder saved as a sentence-transformers model (modules.json, 1_Pooling, 2_Normalize);
+    `words`: its vocabulary (whole words; anything else is spelt out in letters)."""
     from sentence_transformers import SentenceTransformer, models
     from transformers import BertConfig, BertModel, XLMRobertaConfig, XLMRobertaModel
 
     torch.manual_seed(seed)
-    tok = make_bert_tokenizer(folder / "hf")
+    tok = make_bert_tokenizer(folder / "hf", words)
     common = dict(vocab_size=len(tok), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
                   intermediate_size=128, max_position_embeddings=130, initializer_range=0.2)
     if kind == "bert":

@@ -127,6 +127,16 @@ def test_streamed_deltas_never_split_a_character(demo_llm, text):
     assert "".join(deltas) == tok.decode(ids)
 
 
+def test_reply_cut_inside_a_character_never_ends_in_a_replacement_char(demo_tok):
+    # max_tokens can cut a multi-byte character: its bytes stay in the token ids, never U+FFFD in the text.
+    ids = demo_tok.encode("ok 🎉👩‍👩‍👧 你好", add_special_tokens=False)
+    for cut in range(1, len(ids) + 1):
+        deltas, seq = _stream(demo_tok, ids[:cut])
+        assert seq.finish_reason == "length" and seq.output_token_ids == ids[:cut]
+        assert all("\ufffd" not in d for d in deltas), cut
+        assert "".join(deltas) == seq.output_text == demo_tok.decode(ids[:cut]).rstrip("\ufffd")
+
+
 def test_stop_string_never_streamed_and_tail_released(demo_llm):
     tok = demo_llm.get_tokenizer()
     ids = tok.encode("alpha beta gamma STOP delta", add_special_tokens=False)

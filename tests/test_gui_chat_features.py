@@ -1,6 +1,7 @@
 """Chat power features on real widgets against a loopback OpenAI-style server that streams reasoning,
 tool calls and JSON: the reasoning shown folded and stored (not sent back), tool calls and JSON shown
-readably, regenerated replies kept as versions (‹ 1/2 ›), editing a sent message, export (Markdown, JSON)."""
+readably, regenerate and edit as branches (‹ 1/2 ›), Continue, sampling parameters, system-prompt presets, the
+context meter, export (Markdown, JSON)."""
 
 from __future__ import annotations
 
@@ -22,7 +23,8 @@ from wslm.gui.settings import Settings  # noqa: E402
 
 class Scripted(BaseHTTPRequestHandler):
     """Streams delta.reasoning_content, then content "Answer N" (N counts requests); a prompt with "weather"
-    gets a tool call in pieces, one with "json" a JSON object."""
+    gets a tool call in pieces, one with "json" a JSON object, one with "long" a reply cut at max tokens; a
+    continue_final_message request gets the rest. The usage says the prompt was 100 tokens."""
 
     requests: list[dict] = []
 
@@ -33,6 +35,7 @@ class Scripted(BaseHTTPRequestHandler):
         body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
         type(self).requests.append(body)
         last = body["messages"][-1]["content"]
+        finish = "stop"
         self.send_response(200)
         self.send_header("Content-Type", "text/event-stream")
         self.end_headers()
@@ -42,6 +45,11 @@ class Scripted(BaseHTTPRequestHandler):
                                         "function": {"name": "get_weather", "arguments": ""}}]},
                        {"tool_calls": [{"index": 0, "function": {"arguments": '{"city": '}}]},
                        {"tool_calls": [{"index": 0, "function": {"arguments": '"Paris"}'}}]}]
+        if body.get("continue_final_message"):
+            deltas = [{"content": " and the rest."}]
+        elif "long" in last:
+            deltas += [{"content": "The beginning"}]
+            finish = "length"
         elif "json" in last:
             deltas += [{"content": '{"name": "Ada", '}, {"content": '"age": 36}'}]
         else:
@@ -50,7 +58,9 @@ class Scripted(BaseHTTPRequestHandler):
             chunk = {"model": body["model"], "choices": [{"index": 0, "delta": d, "finish_reason": None}]}
             self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
             self.wfile.flush()
-        self.wfile.write(b'data: {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}\n\ndata: [DONE]\n\n')
+        end = {"choices": [{"index": 0, "delta": {}, "finish_reason": finish}],
+               "usage": {"prompt_tokens": 100, "completion_tokens": len(deltas)}}
+        self.wfile.write(f"data: {json.dumps(end)}\n\ndata: [DONE]\n\n".encode())
         self.wfile.flush()
 
 
@@ -114,31 +124,170 @@ def test_reasoning_tools_and_json_are_shown_readably(panel, qtbot, tmp_path):
     assert data["messages"][3]["tool_calls"][0]["function"]["name"] == "get_weather"
 
 
-def test_regenerate_keeps_versions_and_edit_reruns(panel, qtbot):
+def view_text(panel) -> str:
+    panel.view.render()
+    return panel.view.toPlainText()
+
+
+def shown(session) -> list[str]:
+    return [m.content for m in session.messages.messages()]
+
+
+def test_regenerate_and_edit_make_branches(panel, qtbot, tmp_path):
     session = panel.session
     ask(panel, qtbot, "hello")
+    ask(panel, qtbot, "more")
+    assert shown(session) == ["hello", "Answer 1", "more", "Answer 2"]
     with qtbot.waitSignal(session.reply_finished, timeout=10_000):
         panel._regenerate(1)
-    reply = session.messages.messages()[1]
-    assert reply.content == "Answer 2" and reply.stats["version"] == 1
-    assert [v["content"] for v in reply.stats["versions"]] == ["Answer 1", "Answer 2"]
-    assert reply.stats["versions"][0]["stats"].get("reasoning") == "Let me think."  # stats kept per version
-    panel.view.render()
-    assert "2/2" in panel.view.toPlainText()
+    # A new branch at the reply: what followed the old one is kept there, not shown.
+    assert shown(session) == ["hello", "Answer 3"] and "2/2" in view_text(panel)
+    assert Scripted.requests[-1]["messages"] == [{"role": "user", "content": "hello"}]
+    assert reply_stats_clean(session)
     panel.view._on_link(QUrl("ver:1:0"))  # ‹
-    panel.view.render()
-    assert session.messages.messages()[1].content == "Answer 1" and "1/2" in panel.view.toPlainText()
-    ask(panel, qtbot, "and then")
-    assert Scripted.requests[-1]["messages"][1]["content"] == "Answer 1"  # the version shown goes on
-    # The flip survives a reload from SQLite.
-    saved = session.store.messages(session.messages.conversation_id)[1]
-    assert saved.content == "Answer 1" and saved.stats["version"] == 0
+    assert shown(session) == ["hello", "Answer 1", "more", "Answer 2"] and "1/2" in view_text(panel)
+    ask(panel, qtbot, "and then")  # the shown branch goes on
+    assert [m["content"] for m in Scripted.requests[-1]["messages"]] == ["hello", "Answer 1", "more", "Answer 2",
+                                                                       "and then"]
+    conv_id = session.messages.conversation_id
+    assert [m.content for m in session.store.messages(conv_id)] == shown(session)  # the store's active path
 
     panel.view._on_link(QUrl("edit:0"))
     assert panel.input.toPlainText() == "hello" and panel.editing_row == 0
     panel.input.setPlainText("hello, edited")
     with qtbot.waitSignal(session.reply_finished, timeout=10_000):
         panel.send()
-    msgs = session.messages.messages()
-    assert [(m.role, m.content) for m in msgs] == [("user", "hello, edited"), ("assistant", "Answer 4")]
+    assert shown(session) == ["hello, edited", "Answer 5"] and "2/2" in view_text(panel)
     assert panel.editing_row == -1 and panel.input.toPlainText() == ""
+    panel.view._on_link(QUrl("ver:0:0"))  # back to the original question, with the branches chosen in it
+    assert shown(session) == ["hello", "Answer 1", "more", "Answer 2", "and then", "Answer 4"]
+    panel.view._on_link(QUrl("ver:1:1"))
+    assert shown(session) == ["hello", "Answer 3"]
+    assert len(session.store.all_messages(conv_id)) == 9  # nothing was dropped
+
+    # Export and a reopened store follow the shown path.
+    panel.export_chat(conv_id, str(tmp_path / "chat.json"))
+    data = json.loads((tmp_path / "chat.json").read_text(encoding="utf-8"))
+    assert [m["content"] for m in data["messages"]] == ["hello", "Answer 3"]
+    again = ChatStore(session.store.path)
+    assert [m.content for m in again.messages(conv_id)] == ["hello", "Answer 3"]
+    again.close()
+
+    # Deleting a branch's reply shows the other branch there.
+    panel.delete_message(1)
+    assert shown(session) == ["hello", "Answer 1", "more", "Answer 2", "and then", "Answer 4"]
+    assert "2/2" not in view_text(panel)
+
+
+def reply_stats_clean(session) -> bool:
+    """Regenerating no longer keeps versions inside a reply's stats (branches are messages)."""
+    return all("versions" not in m.stats for m in session.store.all_messages(session.messages.conversation_id))
+
+
+def test_continue_a_cut_reply(panel, qtbot):
+    session = panel.session
+    ask(panel, qtbot, "tell a long story")
+    reply = session.messages.messages()[-1]
+    assert reply.content == "The beginning" and reply.stats["finish_reason"] == "length"
+    assert "hit max tokens" in view_text(panel) and "Continue" in view_text(panel)
+    assert "continue:1" in panel.view.toHtml()
+    with qtbot.waitSignal(session.reply_finished, timeout=10_000):
+        panel.view._on_link(QUrl("continue:1"))
+    body = Scripted.requests[-1]
+    assert body["continue_final_message"] is True and body["add_generation_prompt"] is False
+    assert body["messages"][-1] == {"role": "assistant", "content": "The beginning"}
+    reply = session.messages.messages()[-1]
+    assert reply.content == "The beginning and the rest." and len(session.messages.messages()) == 2
+    assert reply.stats["finish_reason"] == "stop" and reply.stats["tokens"] == 4  # 3 before, 1 now
+    assert reply.stats["reasoning"] == "Let me think."  # the first part's thinking stays
+    saved = session.store.messages(session.messages.conversation_id)[-1]
+    assert saved.content == "The beginning and the rest." and "streaming" not in saved.stats
+    assert "Continue" not in view_text(panel)
+    # A finished reply, or one that is not the last, cannot be continued.
+    assert session.continue_reply(1) and not session.busy
+    assert Scripted.requests[0].get("continue_final_message") is None  # a normal send does not ask it
+
+
+def test_sampling_parameters_are_sent_only_when_set(panel, qtbot):
+    session = panel.session
+    ask(panel, qtbot, "hello")
+    optional = {"top_k", "min_p", "repetition_penalty", "seed", "stop", "response_format", "chat_template_kwargs"}
+    assert not optional & set(Scripted.requests[-1])
+    panel.top_k.setValue(40)
+    panel.min_p.setValue(0.05)
+    panel.repetition_penalty.setValue(1.1)
+    panel.seed.setValue(7)
+    panel.stop_strings.setText(r"###, \n\n, a\,b")
+    panel.json_mode.setChecked(True)
+    panel.reasoning.setCurrentIndex(panel.reasoning.findData(False))
+    ask(panel, qtbot, "json please")
+    body = Scripted.requests[-1]
+    assert body["top_k"] == 40 and body["min_p"] == pytest.approx(0.05) and body["seed"] == 7
+    assert body["repetition_penalty"] == pytest.approx(1.1)
+    assert body["stop"] == ["###", "\n\n", "a,b"]
+    assert body["response_format"] == {"type": "json_object"}
+    assert body["chat_template_kwargs"] == {"enable_thinking": False}
+    conv_id = session.messages.conversation_id
+    conv = session.store.get_conversation(conv_id)
+    assert conv.top_k == 40 and conv.stop == ["###", "\n\n", "a,b"] and conv.json_mode and conv.reasoning is False
+
+    # Per chat: a new chat starts unset; going back shows the chat's own values.
+    panel.new_chat()
+    assert panel.top_k.value() == 0 and panel.stop_strings.text() == "" and panel.reasoning.currentData() is None
+    session.open(conv_id)
+    assert panel.top_k.value() == 40 and panel.seed.value() == 7 and panel.json_mode.isChecked()
+    assert panel.stop_strings.text() == r"###, \n\n, a\,b" and panel.reasoning.currentData() is False
+    # Back to "off": not sent again.
+    panel.top_k.setValue(0)
+    panel.min_p.setValue(0.0)
+    panel.repetition_penalty.setValue(1.0)
+    panel.seed.setValue(-1)
+    panel.stop_strings.clear()
+    panel.json_mode.setChecked(False)
+    panel.reasoning.setCurrentIndex(0)
+    ask(panel, qtbot, "plain")
+    assert not optional & set(Scripted.requests[-1])
+
+
+def test_system_prompt_presets(panel, qtbot):
+    session = panel.session
+    panel.new_chat()
+    panel.system_prompt.setPlainText("Talk like a pirate.")
+    panel.save_preset("Pirate")
+    assert session.store.presets() == {"Pirate": "Talk like a pirate."}
+    assert panel.preset_combo.currentText() == "Pirate" and panel.preset_delete.isEnabled()
+    panel.system_prompt.setPlainText("Be terse.")
+    assert panel.preset_combo.currentData() == ""  # edited away: a custom prompt
+    panel.save_preset("Terse")
+    first = session.messages.conversation_id
+    ask(panel, qtbot, "hi")
+    panel.new_chat()
+    panel._preset_chosen(panel.preset_combo.findData("Pirate"))  # pick it for this chat
+    assert session.current().system_prompt == "Talk like a pirate." and session.current().id != first
+    ask(panel, qtbot, "ahoy")
+    assert Scripted.requests[-1]["messages"][0] == {"role": "system", "content": "Talk like a pirate."}
+    session.open(first)
+    assert panel.preset_combo.currentData() == "Terse"
+    panel._delete_preset()
+    assert session.store.presets() == {"Pirate": "Talk like a pirate."}
+    assert session.current().system_prompt == "Be terse."  # the chat keeps its prompt
+    assert panel.preset_combo.findData("Terse") < 0 and not panel.preset_delete.isEnabled()
+
+
+def test_context_meter(panel, qtbot):
+    session = panel.session
+    panel.new_chat()
+    assert panel.context_meter.text() == ""
+    ask(panel, qtbot, "hello " * 200)
+    # The server counted the prompt (100 tokens): the meter starts from it, plus the reply since.
+    used, window = session.context_usage()
+    assert used == 100 + 8 + len("Answer 1") * 2 // 7 and window is None
+    assert panel.context_meter.text() == f"≈{used} tokens"
+    session.context_len = 120  # the served model's context
+    panel.update_context_meter()
+    assert panel.context_meter.text() == f"≈{used} / 120" and "color" in panel.context_meter.styleSheet()
+    session.context_len = 4096
+    panel.update_context_meter()
+    assert panel.context_meter.text() == f"≈{used} / 4.1k" and panel.context_meter.styleSheet() == ""
+    panel.system_prompt.setPlainText("x" * 3500)  # the next request holds the system prompt too
+    assert session.context_usage()[0] == used + 1000 + 8

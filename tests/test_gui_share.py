@@ -13,6 +13,7 @@ from PySide6.QtGui import QGuiApplication  # noqa: E402
 from wslm.gui.chat_store import ChatStore  # noqa: E402
 from wslm.gui.main_window import MainWindow  # noqa: E402
 from wslm.gui.settings import Settings  # noqa: E402
+from wslm.wsl_bridge import share  # noqa: E402
 
 
 def our_proxies(fw) -> list[dict]:
@@ -23,6 +24,8 @@ def our_proxies(fw) -> list[dict]:
 def test_share_switch_on_refresh_off(qtbot, tmp_path, monkeypatch):
     fw = use(monkeypatch, tmp_path)
     monkeypatch.setenv("WSLM_ASSUME_ADMIN", "1")
+    # The fake distro reads this machine's /proc/net/tcp: anything else on 8000 here is not its backend.
+    monkeypatch.setattr(share, "listening_addresses", lambda target, port: [])
     window = MainWindow(Settings(first_run_done=True, port=8000), ChatStore(tmp_path / "c.sqlite3"), watch=False)
     qtbot.addWidget(window)
     window.show()

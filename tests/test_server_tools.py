@@ -354,7 +354,6 @@ CONVERSATION = [
     {"role": "assistant", "content": None, "tool_calls": [
         {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
     {"role": "tool", "tool_call_id": "call_1", "content": '{"sky": "clear"}'},
-    {"role": "critic", "content": "Keep it short."},  # any role reaches the template
     {"role": "developer", "content": "Answer in English."},
 ]
 
@@ -372,7 +371,7 @@ def test_llm_chat_and_server_render_the_same_prompt(tiny_folder, server, client)
                    chat_template_kwargs=kwargs)[0]
     ids = out.prompt_token_ids
     text = llm.get_tokenizer().decode(ids)
-    assert "Weather\nin Paris?" in text and "[for call_1]" in text and "<|im_start|>critic" in text
+    assert "Weather\nin Paris?" in text and "[for call_1]" in text
     assert '"arguments": {"city": "Paris"}' in text and '"name": "get_weather"' in text
     assert "<|im_start|>system\nAnswer in English." in text and "<think>" in text
     tokenized = httpx.post(server.url + "/tokenize", json={"messages": CONVERSATION, "tools": [WEATHER],

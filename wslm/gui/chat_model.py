@@ -165,12 +165,39 @@ class MessageListModel(QAbstractListModel):
         self.endResetModel()
 
     def append(self, role: str, content: str, error: str = "") -> int:
-        msg = self.store.add_message(self.conversation_id, role, content, error=error)
+        """Add a message after the last one shown (a new branch there when that one had replies)."""
+        parent = self._items[-1].id if self._items else None
+        msg = self.store.add_message(self.conversation_id, role, content, error=error, parent_id=parent)
         row = len(self._items)
         self.beginInsertRows(QModelIndex(), row, row)
         self._items.append(msg)
         self.endInsertRows()
         return row
+
+    def cut_view(self, row: int) -> None:
+        """Stop showing `row` and after, keeping them in the store: the next append starts a new branch at
+        `row` (edit, regenerate), and the old one stays one flip away."""
+        if row >= len(self._items):
+            return
+        self.beginRemoveRows(QModelIndex(), row, len(self._items) - 1)
+        del self._items[row:]
+        self.endRemoveRows()
+
+    def show_branch(self, row: int, msg_id: int) -> None:
+        """Show the branch `msg_id` (a sibling of the message at `row`) from `row` on, as the store keeps it."""
+        self.store.select_branch(msg_id)
+        self._reload_from(row)
+
+    def _reload_from(self, row: int) -> None:
+        fresh = self.store.messages(self.conversation_id)
+        if row < len(self._items):
+            self.beginRemoveRows(QModelIndex(), row, len(self._items) - 1)
+            del self._items[row:]
+            self.endRemoveRows()
+        if row < len(fresh):
+            self.beginInsertRows(QModelIndex(), row, len(fresh) - 1)
+            self._items.extend(fresh[row:])
+            self.endInsertRows()
 
     def attach_stream(self, message: Message) -> None:
         """Show `message` (a reply still streaming in memory) in place of its saved copy, as the
@@ -205,7 +232,7 @@ class MessageListModel(QAbstractListModel):
         self.dataChanged.emit(idx, idx)
 
     def remove_row(self, row: int) -> None:
-        """Delete one message (from SQLite too)."""
+        """Delete one message (from SQLite too); what followed it moves up in its place."""
         if not 0 <= row < len(self._items):
             return
         self.beginRemoveRows(QModelIndex(), row, row)
@@ -214,13 +241,12 @@ class MessageListModel(QAbstractListModel):
         if self.streaming_row > row:
             self.streaming_row -= 1
         self.endRemoveRows()
+        if self.streaming_row < 0:  # the path goes on with what followed it, or with a sibling branch
+            self._reload_from(row)
 
     def remove_from(self, row: int) -> None:
-        """Drop `row` and everything after it (regenerate)."""
+        """Delete `row` and everything after it, every branch from there included."""
         if row >= len(self._items):
             return
-        self.beginRemoveRows(QModelIndex(), row, len(self._items) - 1)
-        for msg in self._items[row:]:
-            self.store.delete_message(msg.id)
-        del self._items[row:]
-        self.endRemoveRows()
+        self.store.delete_branch(self._items[row].id)
+        self._reload_from(row)  # a sibling of the deleted, if any, now shows there

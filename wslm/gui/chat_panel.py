@@ -12,12 +12,14 @@ from PySide6.QtGui import QKeyEvent
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QButtonGroup,
+    QCheckBox,
     QComboBox,
     QDoubleSpinBox,
     QFileDialog,
     QFormLayout,
     QFrame,
     QHBoxLayout,
+    QInputDialog,
     QLabel,
     QLineEdit,
     QListView,
@@ -26,6 +28,7 @@ from PySide6.QtWidgets import (
     QPlainTextEdit,
     QPushButton,
     QRadioButton,
+    QScrollArea,
     QSpinBox,
     QSplitter,
     QStyledItemDelegate,
@@ -34,16 +37,22 @@ from PySide6.QtWidgets import (
 )
 
 import wslm.gui.qt_fix  # noqa: F401  (PySide6 6.12 emit() refcount bug)
+from wslm.gui.attachments import Attachments
+from wslm.gui.attachments_view import FILE_FILTER, AttachmentBar, DocumentSettings, paperclip_icon
 from wslm.gui.chat_errors import normalize_base_url
 from wslm.gui.chat_export import export_conversation
 from wslm.gui.chat_model import IdRole
-from wslm.gui.chat_session import ChatSession
+from wslm.gui.chat_session import ChatSession, format_stop, parse_stop
 from wslm.gui.chat_view import ChatView
 from wslm.gui.context_fit import POLICIES
 from wslm.gui.elided_label import ElidedLabel
 from wslm.gui.model_lister import ModelLister
 from wslm.gui.models_model import display_name
 from wslm.gui.settings import Settings
+
+
+def _short_count(n: int) -> str:
+    return f"{n / 1000:.1f}k" if n >= 1000 else str(n)
 
 
 class ChatInput(QPlainTextEdit):
@@ -108,6 +117,8 @@ class ChatPanel(QWidget):
         self._loading_params = True  # widgets being filled from the conversation: not a user edit
         self.lister = ModelLister(self)
         self.lister.listed.connect(self._on_models)
+        self.attachments = Attachments(session, settings, parent=self)  # the chats' documents (RAG)
+        self.attachments.failed.connect(self._show_error)
         self.lister.failed.connect(lambda err: self.model_combo.setToolTip(f"Could not list models: {err}"))
 
         split = QSplitter(Qt.Orientation.Horizontal, self)
@@ -135,10 +146,15 @@ class ChatPanel(QWidget):
         session.reply_failed.connect(self._on_failed)
         self.view.regenerate_requested.connect(self._regenerate)
         self.view.edit_requested.connect(self.edit_message)
-        self.view.version_requested.connect(self.session.show_version)
+        self.view.branch_requested.connect(self.show_branch)
+        self.view.continue_requested.connect(self.continue_reply)
         self.view.delete_requested.connect(self.delete_message)
         self.view.notice.connect(self.notice)
         session.conversations.dataChanged.connect(self._on_conversation_changed)
+        # The context meter follows what the next request would hold.
+        for sig in (session.messages.rowsInserted, session.messages.rowsRemoved, session.messages.modelReset,
+                    session.reply_finished, session.busy_changed):
+            sig.connect(self.update_context_meter)
         self._apply_connection()
         first = session.conversations.conversation(0)
         if first is not None and not session.messages.conversation_id:
@@ -195,8 +211,11 @@ class ChatPanel(QWidget):
         self.model_combo.setToolTip("The model this chat talks to")
         self.model_combo.currentTextChanged.connect(self._model_changed)
         self.model_combo.activated.connect(self._model_chosen)
+        # Tokens the next request would hold / the model's context (estimated; the server's count when known).
+        self.context_meter = QLabel(objectName="Muted")
         head.addWidget(self.title, 1)
         head.addWidget(self.model_combo, 2)
+        head.addWidget(self.context_meter)
         head.addWidget(self.connection_label)
         head.addWidget(self.settings_button)
         lay.addLayout(head)
@@ -219,8 +238,22 @@ class ChatPanel(QWidget):
         self.switch_note.hide()
         lay.insertWidget(1, self.switch_note)
         composer = QFrame(objectName="Card")
-        row = QHBoxLayout(composer)
-        row.setContentsMargins(8, 8, 8, 8)
+        stack = QVBoxLayout(composer)
+        stack.setContentsMargins(8, 8, 8, 8)
+        self.attachment_bar = AttachmentBar(self.attachments)
+        stack.addWidget(self.attachment_bar)
+        row = QHBoxLayout()
+        stack.addLayout(row)
+        self.attach_button = QPushButton(paperclip_icon(), "")
+        self.attach_button.setToolTip("Attach text, Markdown or PDF files to this chat: the model reads them "
+                                      "(small files whole, larger ones the passages nearest to each message)")
+        self.attach_button.setFocusPolicy(Qt.FocusPolicy.NoFocus)
+        self.attach_button.setStyleSheet("QPushButton { padding: 6px 8px; }")
+        self.attach_button.clicked.connect(self.attach_dialog)
+        attach_col = QVBoxLayout()
+        attach_col.addStretch(1)
+        attach_col.addWidget(self.attach_button)
+        row.addLayout(attach_col)
         self.input = ChatInput()
         self.input.setPlaceholderText("Send a message  (Enter to send, Shift+Enter for a new line)")
         self.input.setFixedHeight(76)
@@ -245,15 +278,30 @@ class ChatPanel(QWidget):
         return box
 
     def _build_params(self) -> QWidget:
-        box = QWidget()
-        box.setMinimumWidth(170)
-        lay = QVBoxLayout(box)
+        inner = QWidget()
+        lay = QVBoxLayout(inner)
         lay.setContentsMargins(6, 10, 10, 10)
         lay.addWidget(QLabel("System prompt", objectName="Muted"))
+        # Presets: named system prompts (kept in the chat store); picking one fills this chat's prompt.
+        presets = QHBoxLayout()
+        self.preset_combo = QComboBox()
+        self.preset_combo.setToolTip("Saved system prompts: pick one for this chat")
+        self.preset_combo.activated.connect(self._preset_chosen)
+        self.preset_save = QPushButton("Save…")
+        self.preset_save.setToolTip("Save this system prompt as a preset")
+        self.preset_save.clicked.connect(self._save_preset_dialog)
+        self.preset_delete = QPushButton("Delete")
+        self.preset_delete.setToolTip("Delete the chosen preset (chats keep their prompt)")
+        self.preset_delete.clicked.connect(self._delete_preset)
+        presets.addWidget(self.preset_combo, 1)
+        presets.addWidget(self.preset_save)
+        presets.addWidget(self.preset_delete)
+        lay.addLayout(presets)
         self.system_prompt = QPlainTextEdit()
         self.system_prompt.setTabChangesFocus(True)
         self.system_prompt.setFixedHeight(90)
         self.system_prompt.textChanged.connect(self._params_changed)
+        self.system_prompt.textChanged.connect(self._sync_preset)
         lay.addWidget(self.system_prompt)
         form = QFormLayout()
         self.temperature = QDoubleSpinBox(minimum=0.0, maximum=2.0, singleStep=0.05, decimals=2)
@@ -264,6 +312,32 @@ class ChatPanel(QWidget):
         form.addRow("Temperature", self.temperature)
         form.addRow("Top P", self.top_p)
         form.addRow("Max tokens", self.max_tokens)
+        # Optional sampling: at its "off"/"default" value it is left out of the request (the server's applies).
+        self.top_k = QSpinBox(minimum=0, maximum=100000, specialValueText="off")
+        self.min_p = QDoubleSpinBox(minimum=0.0, maximum=1.0, singleStep=0.01, decimals=2, specialValueText="off")
+        self.repetition_penalty = QDoubleSpinBox(minimum=1.0, maximum=2.0, singleStep=0.05, decimals=2,
+                                                 specialValueText="off")
+        self.seed = QSpinBox(minimum=-1, maximum=2**31 - 1, specialValueText="random")
+        self.stop_strings = QLineEdit(placeholderText="e.g. ###, \\n\\n")
+        self.stop_strings.setToolTip("Strings that end the reply: comma-separated; \\n is a new line, \\, a comma")
+        self.json_mode = QCheckBox("JSON mode")
+        self.json_mode.setToolTip("The reply is one JSON object (response_format json_object)")
+        self.reasoning = QComboBox()
+        for label, value in (("Model default", None), ("On", True), ("Off", False)):
+            self.reasoning.addItem(label, value)
+        self.reasoning.setToolTip("Whether a thinking model reasons first (chat_template_kwargs enable_thinking)")
+        for w in (self.top_k, self.min_p, self.repetition_penalty, self.seed):
+            w.valueChanged.connect(self._params_changed)
+        self.stop_strings.textChanged.connect(self._params_changed)
+        self.json_mode.toggled.connect(self._params_changed)
+        self.reasoning.currentIndexChanged.connect(self._params_changed)
+        form.addRow("Top K", self.top_k)
+        form.addRow("Min P", self.min_p)
+        form.addRow("Repeat penalty", self.repetition_penalty)
+        form.addRow("Seed", self.seed)
+        form.addRow("Stop", self.stop_strings)
+        form.addRow("Reasoning", self.reasoning)
+        form.addRow("", self.json_mode)
         lay.addLayout(form)
 
         lay.addSpacing(10)
@@ -299,7 +373,19 @@ class ChatPanel(QWidget):
         self.list_button = refresh
         for w in (self.use_server, self.use_custom, self.url, self.key, refresh):
             lay.addWidget(w)
+        lay.addSpacing(10)
+        self.document_settings = DocumentSettings(self.settings)
+        self.document_settings.changed.connect(self.settings_changed)
+        lay.addWidget(self.document_settings)
         lay.addStretch(1)
+        self._fill_presets()
+        # The column scrolls: all the parameters do not fit a short window.
+        box = QScrollArea()
+        box.setWidget(inner)
+        box.setWidgetResizable(True)
+        box.setFrameShape(QFrame.Shape.NoFrame)
+        box.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        box.setMinimumWidth(170)
         return box
 
     # Conversations
@@ -352,7 +438,16 @@ class ChatPanel(QWidget):
         self.temperature.setValue(conv.temperature if conv else self.settings.temperature)
         self.top_p.setValue(conv.top_p if conv else self.settings.top_p)
         self.max_tokens.setValue(conv.max_tokens if conv else self.settings.max_tokens)
+        src = conv.__dict__ if conv else self.session.defaults
+        self.top_k.setValue(src.get("top_k") or 0)
+        self.min_p.setValue(src.get("min_p") or 0.0)
+        self.repetition_penalty.setValue(src.get("repetition_penalty") or 1.0)
+        self.seed.setValue(-1 if src.get("seed") is None else src["seed"])
+        self.stop_strings.setText(format_stop(src.get("stop") or []))
+        self.json_mode.setChecked(bool(src.get("json_mode")))
+        self.reasoning.setCurrentIndex(max(0, self.reasoning.findData(src.get("reasoning"))))
         self._loading_params = False
+        self.update_context_meter()
         row = self.session.conversations.row_of(conv_id) if conv_id else -1
         if row >= 0:
             self.list.setCurrentIndex(self.session.conversations.index(row))
@@ -398,15 +493,21 @@ class ChatPanel(QWidget):
             return
         params = {"system_prompt": self.system_prompt.toPlainText(), "temperature": self.temperature.value(),
                   "top_p": self.top_p.value(), "max_tokens": self.max_tokens.value()}
+        sampling = {"top_k": self.top_k.value() or None, "min_p": self.min_p.value() or None,
+                    "repetition_penalty": self.repetition_penalty.value() if self.repetition_penalty.value() > 1.0
+                    else None, "seed": None if self.seed.value() < 0 else self.seed.value(),
+                    "stop": parse_stop(self.stop_strings.text()), "json_mode": self.json_mode.isChecked(),
+                    "reasoning": self.reasoning.currentData()}
         if self.session.current():
-            self.session.update_params(**params)
+            self.session.update_params(**params, **sampling)
         else:  # no chat yet: these become the defaults for new chats
             self.settings.system_prompt = params["system_prompt"]
             self.settings.temperature = params["temperature"]
             self.settings.top_p = params["top_p"]
             self.settings.max_tokens = params["max_tokens"]
-            self.session.defaults.update(params)
+            self.session.defaults.update(params, **sampling)
             self.settings_changed.emit()
+        self.update_context_meter()
 
     # Sending
     def send(self) -> None:
@@ -419,6 +520,10 @@ class ChatPanel(QWidget):
             return
         if not self.session.base_url:
             self._no_server(None if self.editing_row >= 0 else text)
+            return
+        reading = self.attachments.busy()
+        if reading:  # its passages are not stored yet: the message would go without them
+            self._show_error(f"Still reading {', '.join(reading)}: send when it is attached (your text is kept).")
             return
         if self.editing_row >= 0:
             if self.session.edit_and_rerun(self.editing_row, text):
@@ -435,6 +540,17 @@ class ChatPanel(QWidget):
     def stop(self) -> None:
         self.session.stop()
         self.input.setFocus()
+
+    # Documents
+    def attach_dialog(self) -> None:
+        paths, _ = QFileDialog.getOpenFileNames(self, "Attach documents", "", FILE_FILTER)
+        self.attach_files(paths)
+
+    def attach_files(self, paths: list[str]) -> None:
+        """Attach files to the open chat (a new chat when none is open); they are read in the background."""
+        if paths:
+            self.attachments.attach(paths)
+            self.input.setFocus()
 
     # Waiting for our server
     def _using_our_server(self) -> bool:
@@ -545,8 +661,8 @@ class ChatPanel(QWidget):
         self.editing_row = row
         self.input.setPlainText(msg.content)
         self.input.setFocus()
-        self._show_error("Editing a sent message: Send asks again from there (the replies after it are "
-                         "replaced); Esc cancels.")
+        self._show_error("Editing a sent message: Send asks again from there, as a new branch (the original "
+                         "and its replies stay, ‹ 1/2 › on the message); Esc cancels.")
 
     def cancel_edit(self) -> None:
         if self.editing_row >= 0:
@@ -575,6 +691,83 @@ class ChatPanel(QWidget):
             self._no_server(None, regen_row=row)
             return
         self.session.regenerate(row)
+
+    # Branches and Continue
+    def show_branch(self, row: int, index: int) -> None:
+        if not self.session.show_branch(row, index) and self.session.busy:
+            self._show_error("A reply is being written: stop it first, then switch branches.")
+
+    def continue_reply(self, row: int | None = None) -> None:
+        """Continue a cut reply (its Continue link)."""
+        if not self.session.base_url:
+            self._show_error("Nowhere to send to: start the server (Server panel) or set a URL under Connection.")
+            return
+        why = self.session.continue_reply(row)
+        if why:
+            self._show_error(why)
+        else:
+            self.error_label.hide()
+
+    # System-prompt presets
+    def _fill_presets(self) -> None:
+        combo = self.preset_combo
+        combo.blockSignals(True)
+        combo.clear()
+        combo.addItem("Custom prompt", "")
+        for name in self.session.store.presets():
+            combo.addItem(name, name)
+        combo.blockSignals(False)
+        self._sync_preset()
+
+    def _sync_preset(self) -> None:
+        """The picker names the preset that the prompt is (Custom once edited away from it)."""
+        text = self.system_prompt.toPlainText()
+        name = next((n for n, p in self.session.store.presets().items() if p == text), "")
+        self.preset_combo.setCurrentIndex(max(0, self.preset_combo.findData(name)))
+        self.preset_delete.setEnabled(bool(name))
+
+    def _preset_chosen(self, index: int) -> None:
+        name = str(self.preset_combo.itemData(index) or "")
+        prompt = self.session.store.presets().get(name)
+        if prompt is not None:
+            self.system_prompt.setPlainText(prompt)  # saved for the chat as any edit is
+
+    def save_preset(self, name: str) -> None:
+        name = name.strip()
+        if name:
+            self.session.store.save_preset(name, self.system_prompt.toPlainText())
+            self._fill_presets()
+            self.notice.emit(f"Saved the preset “{name}”")
+
+    def _save_preset_dialog(self) -> None:
+        current = str(self.preset_combo.currentData() or "")
+        name, ok = QInputDialog.getText(self, "Save system prompt", "Preset name:", text=current)
+        if ok:
+            self.save_preset(name)
+
+    def _delete_preset(self) -> None:
+        name = str(self.preset_combo.currentData() or "")
+        if name:
+            self.session.store.delete_preset(name)
+            self._fill_presets()
+
+    # Context meter
+    def update_context_meter(self, *_args) -> None:
+        used, window = self.session.context_usage() if self.session.current() else (0, None)
+        self.context_meter.setVisible(bool(used))  # an empty chat: no meter, and no gap in the header
+        if not used:
+            return
+        short = _short_count
+        color = ""
+        if window:
+            self.context_meter.setText(f"≈{short(used)} / {short(window)}")
+            color = "#f85149" if used >= window else "#d29922" if used >= 0.8 * window else ""
+        else:
+            self.context_meter.setText(f"≈{short(used)} tokens")
+        self.context_meter.setStyleSheet(f"color: {color};" if color else "")
+        self.context_meter.setToolTip(
+            f"About {used:,} tokens of {window:,} in the model's context (estimated: the chat so far and the "
+            "system prompt)" if window else f"About {used:,} tokens so far (the model's context size is not known)")
 
     def _on_busy(self, busy: bool) -> None:
         self.send_button.setVisible(not busy)
@@ -616,6 +809,7 @@ class ChatPanel(QWidget):
         self.server_url, self.server_model, self.server_key = url, model, api_key
         self.server_context = context_len
         self._apply_connection()
+        self.update_context_meter()
         if url:
             self._server_ready()
 

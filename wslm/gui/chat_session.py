@@ -1,4 +1,5 @@
-"""The chat's logic: current conversation, sending, streaming into the message model, stop, regenerate.
+"""The chat's logic: current conversation, sending, streaming into the message model, stop, regenerate and
+edit (as branches), continue a cut reply, the request's sampling, the context meter.
 
 Holds no widgets; the chat panel is a view over it."""
 
@@ -13,13 +14,15 @@ from PySide6.QtCore import QObject, Signal, Slot
 import wslm.gui.qt_fix  # noqa: F401  (PySide6 6.12 emit() refcount bug)
 from wslm.gui.chat_errors import normalize_base_url
 from wslm.gui.chat_model import ConversationListModel, MessageListModel
-from wslm.gui.chat_store import ChatStore, Conversation, Message
+from wslm.gui.chat_store import SAMPLING, ChatStore, Conversation, Message, is_cut_short
 from wslm.gui.context_fit import (
     DEFAULT_POLICY,
     LENIENT_BYTES_PER_TOKEN,
     STOP,
+    TYPICAL_BYTES_PER_TOKEN,
     Fit,
     context_from_error,
+    estimate_tokens,
     fit_messages,
 )
 from wslm.gui.stream_worker import ChatRequest, StreamWorker
@@ -35,12 +38,46 @@ def title_from(text: str) -> str:
     return line if len(line) <= TITLE_CHARS else line[: TITLE_CHARS - 1] + "…"
 
 
-def versions_of(msg: Message) -> list[dict]:
-    """A reply's versions so far (itself included), for the regenerated one to extend."""
-    if msg.stats.get("versions"):
-        return list(msg.stats["versions"])
-    own = {k: v for k, v in msg.stats.items() if k not in ("versions", "version")}
-    return [{"content": msg.content, "stats": own}]
+def sampling_extra(conv: Conversation | None) -> dict:
+    """The optional sampling a chat set, as request fields; what it left unset is not sent (the server's
+    default applies)."""
+    if conv is None:
+        return {}
+    out = {k: getattr(conv, k) for k in ("top_k", "min_p", "repetition_penalty", "seed") if getattr(conv, k) is not None}
+    if conv.stop:
+        out["stop"] = list(conv.stop)
+    if conv.json_mode:
+        out["response_format"] = {"type": "json_object"}
+    if conv.reasoning is not None:
+        out["chat_template_kwargs"] = {"enable_thinking": conv.reasoning}
+    return out
+
+
+_ESCAPES = {"n": "\n", "t": "\t"}
+
+
+def parse_stop(text: str) -> list[str]:
+    """Stop strings typed in one line: comma-separated, with \\n, \\t and \\, for a newline, a tab, a comma."""
+    out, cur, i = [], "", 0
+    while i < len(text):
+        c = text[i]
+        if c == "\\" and i + 1 < len(text):
+            cur += _ESCAPES.get(text[i + 1], text[i + 1])
+            i += 2
+            continue
+        if c == ",":
+            out.append(cur)
+            cur = ""
+        else:
+            cur += c
+        i += 1
+    out.append(cur)
+    return [t.strip(" ") for t in out if t.strip(" ")]
+
+
+def format_stop(stops: list[str]) -> str:
+    return ", ".join(t.replace("\\", "\\\\").replace(",", "\\,").replace("\n", "\\n").replace("\t", "\\t")
+                     for t in stops)
 
 
 @dataclass
@@ -55,25 +92,31 @@ class _Reply:
     ttft_s: float | None = None
     chunks: int = 0
     saved_at: float = field(default_factory=time.monotonic)  # when the text so far was last written to the store
-    versions: list[dict] = field(default_factory=list)  # earlier replies this one regenerates (kept as ‹ 1/2 ›)
+    prior: dict | None = None  # a continued reply: its stats before Continue (the counts add up)
+    prompt_estimate: int = 0  # the prompt's tokens as the context meter estimates them
     think_start: float | None = None
     think_end: float | None = None
     context_note: str = ""  # what was left out of the prompt to fit the context (shown under the reply)
 
     def final_stats(self, stats: dict) -> dict:
-        """The reply's stats plus what the chat keeps with it: the reasoning and the earlier versions."""
+        """The reply's stats plus what the chat keeps with it: the reasoning (and, continued, the earlier part's)."""
         out = dict(stats)
         if self.context_note:
             out["context_note"] = self.context_note
+        if out.get("prompt_tokens"):  # the server's count beside ours: the context meter corrects by the gap
+            out["prompt_estimate"] = self.prompt_estimate
         thought = self.message.stats.get("reasoning", "")
         if thought:
             end = self.think_end or time.monotonic()
             out["reasoning"] = thought
             out["reasoning_s"] = round(end - (self.think_start or end), 1)
-        if self.versions:
-            own = {k: v for k, v in out.items() if k not in ("versions", "version")}
-            out["versions"] = [*self.versions, {"content": self.message.content, "stats": own}]
-            out["version"] = len(out["versions"]) - 1
+        if self.message.stats.get("sources"):  # the attached documents' passages it was given (cited under it)
+            out["sources"] = self.message.stats["sources"]
+        if self.prior is not None:
+            if self.prior.get("tokens") and out.get("tokens") is not None:
+                out["tokens"] = self.prior["tokens"] + out["tokens"]
+            if self.think_start is None and "reasoning_s" in self.prior:
+                out["reasoning_s"] = self.prior["reasoning_s"]
         return out
 
     def partial_stats(self, interrupted: str = "") -> dict:
@@ -109,6 +152,9 @@ class ChatSession(QObject):
         self._strict: set[tuple[str, str]] = set()
         self._replies: dict[int, _Reply] = {}  # conversation id -> its streaming reply
         self._retired: list[StreamWorker] = []  # stopped workers still closing their connection
+        # The chat's attached documents (attachments.Attachments.plan): (chat id, messages, max tokens) -> a
+        # plan the stream worker runs before sending, or None when the chat has none.
+        self.documents = None
 
     # Endpoint
     def set_endpoint(self, base_url: str, api_key: str = "", model: str | None = None,
@@ -179,7 +225,8 @@ class ChatSession(QObject):
         current = self.current()
         if current is not None and not self.messages.rowCount():
             return current  # an empty chat is already open: no second empty one
-        params = {k: v for k, v in self.defaults.items() if k in ("system_prompt", "temperature", "top_p", "max_tokens")}
+        params = {k: v for k, v in self.defaults.items()
+                  if k in ("system_prompt", "temperature", "top_p", "max_tokens", *SAMPLING)}
         conv = self.conversations.create(**params)
         self._load(conv.id)
         return conv
@@ -232,7 +279,8 @@ class ChatSession(QObject):
         return True
 
     def regenerate(self, row: int | None = None) -> bool:
-        """Replace the assistant reply at `row` (default: the last one) and everything after it."""
+        """A new reply in place of the assistant's at `row` (default: the last one), as a new branch: the
+        old reply and what followed it stay one flip (‹ 1/2 ›) away."""
         if self.busy:
             return False
         items = self.messages.messages()
@@ -243,23 +291,21 @@ class ChatSession(QObject):
                 return True
         if not (0 <= row < len(items)) or items[row].role != "assistant":
             return False
-        old = items[row]
-        versions = versions_of(old) if old.content else []
-        self.messages.remove_from(row)
-        self._start_reply(versions)
+        if not items[row].content and row == len(items) - 1:
+            self.messages.remove_row(row)  # a failed or empty reply with nothing after it: replaced, not kept
+        else:
+            self.messages.cut_view(row)
+        self._start_reply()
         return True
 
-    def show_version(self, row: int, index: int) -> bool:
-        """Flip a regenerated reply to another of its versions (‹ 2/3 ›); the one shown is what the
-        conversation continues from."""
+    def show_branch(self, row: int, index: int) -> bool:
+        """Show another branch at `row` (‹ 2/3 ›): that message and the path that follows it; the chat goes on
+        from what is shown. Not while the open chat is streaming (its rows would change under the reply)."""
         msg = self.messages.message(row)
-        versions = (msg.stats.get("versions") or []) if msg else []
-        if not (0 <= index < len(versions)) or row == self.messages.streaming_row:
+        if self.busy or msg is None or not 0 <= index < len(msg.siblings):
             return False
-        chosen = versions[index]
-        msg.content = chosen["content"]
-        self.messages.finish(row, {**chosen.get("stats", {}), "versions": versions, "version": index},
-                             error=msg.error)
+        if msg.siblings[index] != msg.id:
+            self.messages.show_branch(row, msg.siblings[index])
         return True
 
     def delete_message(self, row: int) -> bool:
@@ -271,15 +317,37 @@ class ChatSession(QObject):
         return True
 
     def edit_and_rerun(self, row: int, text: str) -> bool:
-        """Replace the user's message at `row` with `text`, drop everything after it, and ask again."""
+        """Send `text` in place of the user's message at `row`, as a new branch there, and ask again; the
+        original and its replies stay one flip away."""
         text = text.strip()
         msg = self.messages.message(row)
         if self.busy or not text or msg is None or msg.role != "user":
             return False
-        self.messages.remove_from(row)
+        self.messages.cut_view(row)
         self.messages.append("user", text)
         self._start_reply()
         return True
+
+    def can_continue(self, row: int) -> bool:
+        """The reply at `row` was cut short and is the chat's last message: Continue can finish it."""
+        msg = self.messages.message(row)
+        return (not self.busy and msg is not None and msg.role == "assistant" and bool(msg.content)
+                and not msg.error and row == self.messages.rowCount() - 1 and is_cut_short(msg.stats))
+
+    def continue_reply(self, row: int | None = None) -> str:
+        """Ask the model to go on with the cut reply at `row` (default: the last message): it is sent as the
+        conversation's unfinished last turn (vLLM's continue_final_message) and the rest is appended to it.
+        Returns "" when it started, else why not (for the user)."""
+        row = self.messages.rowCount() - 1 if row is None else row
+        if not self.can_continue(row):
+            return "Only the last reply, cut short (stopped or at max tokens), can be continued."
+        conv = self.current()
+        fit = self.fit_request(self.request_messages(), conv.max_tokens if conv else 1024)
+        if fit.messages is None:
+            return fit.note
+        self.messages.streaming_row = row
+        self._stream(row, fit, continuing=True)
+        return ""
 
     def stop(self, conv_id: int | None = None, interrupted: str = "") -> None:
         """End the open chat's stream (or `conv_id`'s) now: the reply so far is kept with the stats
@@ -305,30 +373,55 @@ class ChatSession(QObject):
         for worker in self._retired:
             worker.wait(wait_ms)
 
+    def _sent(self, row: int, msg: Message) -> bool:
+        """Whether the message at `row` goes into the request: not the reply being written, nor a failed one."""
+        return row != self.messages.streaming_row and msg.role in ("user", "assistant") and bool(
+            msg.role == "user" or msg.content)
+
     def request_messages(self) -> list[dict]:
+        """The shown path (the active branches) as the request's messages, the system prompt first."""
         conv = self.current()
         out = []
         if conv and conv.system_prompt.strip():
             out.append({"role": "system", "content": conv.system_prompt})
-        for i, msg in enumerate(self.messages.messages()):
-            if i == self.messages.streaming_row or msg.role not in ("user", "assistant"):
-                continue
-            if msg.role == "assistant" and (msg.error and not msg.content or not msg.content):
-                continue
-            out.append({"role": msg.role, "content": msg.content})
+        out += [{"role": m.role, "content": m.content} for i, m in enumerate(self.messages.messages()) if self._sent(i, m)]
         return out
 
-    def _start_reply(self, versions: list[dict] | None = None) -> None:
-        conv = self.current()
+    def context_usage(self) -> tuple[int, int | None]:
+        """Tokens the open chat's next request would take, estimated, and the context window (None: unknown).
+        Where the server counted the latest reply's prompt, the estimate is off by what it was off then."""
+        history = self.request_messages()
+        if not history:
+            return 0, self.effective_context()
+        used = estimate_tokens(history, TYPICAL_BYTES_PER_TOKEN)
+        items = self.messages.messages()
+        counted = next((m.stats for i, m in reversed(list(enumerate(items)))
+                        if m.role == "assistant" and "prompt_estimate" in m.stats and self._sent(i, m)), None)
+        if counted is not None:
+            used += int(counted["prompt_tokens"]) - int(counted["prompt_estimate"])
+        return max(0, used), self.effective_context()
+
+    def _start_reply(self) -> None:
         row = self.messages.append("assistant", "")
         self.messages.streaming_row = row
-        max_tokens = conv.max_tokens if conv else 1024
-        fit = self.fit_request(self.request_messages(), max_tokens)
+        conv = self.current()
+        fit = self.fit_request(self.request_messages(), conv.max_tokens if conv else 1024)
         if fit.messages is None:  # policy "stop" (or nothing fits): said in place of the reply, nothing sent
             self.messages.finish(row, {"error_kind": "context"}, error=fit.note)
             self.reply_failed.emit("context", fit.note)
             return
+        self._stream(row, fit)
+
+    def _stream(self, row: int, fit: Fit, continuing: bool = False) -> None:
+        """Stream the reply at `row` (the streaming row) for `fit`'s messages; `continuing`: they end with
+        that very reply, cut short, which the model goes on with."""
+        conv = self.current()
+        max_tokens = conv.max_tokens if conv else 1024
         messages = fit.messages
+        plan = None if self.documents is None else self.documents(self.messages.conversation_id, messages, max_tokens)
+        extra = sampling_extra(conv)
+        if continuing:
+            extra.update(continue_final_message=True, add_generation_prompt=False)
         request = ChatRequest(
             base_url=self.base_url,
             api_key=self.api_key,
@@ -336,13 +429,17 @@ class ChatSession(QObject):
             messages=messages,
             temperature=conv.temperature if conv else 0.7,
             top_p=conv.top_p if conv else 0.95,
-            max_tokens=self.fitting_max_tokens(max_tokens, messages),
+            max_tokens=self.fitting_max_tokens(max_tokens, messages + (plan.padding() if plan else [])),
+            extra=extra,
+            prepare=plan,
         )
         worker = StreamWorker(request, self)
         worker.fit_key = (self.base_url, self.model)  # where a "too long" answer teaches the context's size
         worker.fit_context = self.effective_context()
-        reply = _Reply(self.messages.conversation_id, self.messages.message(row), worker, versions=versions or [],
-                       context_note=fit.note)
+        message = self.messages.message(row)
+        reply = _Reply(self.messages.conversation_id, message, worker, context_note=fit.note,
+                       prior=dict(message.stats) if continuing else None,
+                       prompt_estimate=estimate_tokens(messages, TYPICAL_BYTES_PER_TOKEN))
         if conv is not None and request.model != conv.model:
             self.store.update_conversation(conv.id, model=request.model)  # the chat remembers its model
         self.store.begin_reply(reply.message.id)
@@ -352,6 +449,7 @@ class ChatSession(QObject):
         worker.first_token.connect(self._on_first_token)
         worker.done.connect(self._on_done)
         worker.failed.connect(self._on_failed)
+        worker.prepared.connect(self._on_prepared)
         # A bound slot, not a lambda: QThread.finished is emitted on the worker thread, and only a
         # receiver living on the GUI thread makes the call queued (deleting the QThread object from
         # its own, still-running thread crashes).
@@ -375,7 +473,8 @@ class ChatSession(QObject):
         del self._replies[reply.conv_id]
         worker = reply.worker
         for sig, slot in ((worker.delta, self._on_delta), (worker.reasoning, self._on_reasoning), (worker.done, self._on_done),
-                          (worker.failed, self._on_failed), (worker.first_token, self._on_first_token)):
+                          (worker.failed, self._on_failed), (worker.first_token, self._on_first_token),
+                          (worker.prepared, self._on_prepared)):
             try:
                 sig.disconnect(slot)
             except (RuntimeError, TypeError):
@@ -421,6 +520,15 @@ class ChatSession(QObject):
         if now - reply.saved_at >= SAVE_EVERY_S:  # the reply so far survives the app being killed
             reply.saved_at = now
             self.store.save_partial(reply.message.id, reply.message.content)
+
+    def _on_prepared(self, info: dict) -> None:
+        """The documents' passages the request was given: kept with the reply (its "Sources:" line)."""
+        reply = self._reply_of_sender()
+        if reply is None or not info.get("sources"):
+            return
+        reply.message.stats["sources"] = info["sources"]
+        if self._shown(reply):
+            self.messages.touch_row(self.messages.streaming_row)
 
     def _on_reasoning(self, text: str) -> None:
         """The model's thinking: kept apart from the answer (shown folded, stored, never sent back)."""

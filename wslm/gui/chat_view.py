@@ -1,6 +1,6 @@
 """The transcript: renders the message model as HTML in a QTextBrowser, re-rendering (throttled) as it changes.
 
-Per-message actions are links (copy:ROW, regen:ROW) so the view stays one widget; only the streaming
+Per-message actions are links (copy:ROW, regen:ROW, ver:ROW:INDEX, …) so the view stays one widget; only the streaming
 message is re-converted from Markdown on each update, the others come from a cache."""
 
 from __future__ import annotations
@@ -14,7 +14,9 @@ from PySide6.QtWidgets import QTextBrowser, QWidget
 
 import wslm.gui.qt_fix  # noqa: F401  (PySide6 6.12 emit() refcount bug)
 from wslm.gui import theme
+from wslm.gui.attachments_view import sources_html
 from wslm.gui.chat_model import MessageListModel
+from wslm.gui.chat_store import is_cut_short
 from wslm.gui.markdown import code_blocks, render_markdown
 
 RENDER_DELAY_MS = 40
@@ -64,7 +66,8 @@ def pretty_arguments(arguments: str) -> str:
 class ChatView(QTextBrowser):
     regenerate_requested = Signal(int)
     edit_requested = Signal(int)  # a user message's row: put it back in the message box
-    version_requested = Signal(int, int)  # row, version index (‹ 2/3 ›)
+    branch_requested = Signal(int, int)  # row, index among the branches there (‹ 2/3 ›)
+    continue_requested = Signal(int)  # a cut reply's row: ask for the rest
     delete_requested = Signal(int)  # a message's row: delete it from the chat
     notice = Signal(str)  # a brief confirmation for the status bar ("Copied")
 
@@ -78,6 +81,7 @@ class ChatView(QTextBrowser):
         self.empty_hint = ""
         self.open_thoughts: set[int] = set()  # message ids whose reasoning is unfolded
         self.open_tools: set[tuple[int, int]] = set()  # (message id, call index) unfolded
+        self.open_sources: set[tuple[int, int]] = set()  # (message id, source index): its passage unfolded
         self._cache: dict[tuple[int, int, str], str] = {}
         self._timer = QTimer(self, singleShot=True, interval=RENDER_DELAY_MS)
         self._timer.timeout.connect(self.render)
@@ -142,6 +146,8 @@ class ChatView(QTextBrowser):
             body += f'<span style="color:{theme.ACCENT};">▍</span>' if msg.content else (
                 f'<p style="color:{theme.MUTED};">Thinking…</p>')
         body = self._thought_html(row, msg, streaming) + body + self._tools_html(row, msg)
+        if msg.role == "assistant" and msg.stats.get("sources"):
+            body += sources_html(row, msg.stats["sources"], {i for m, i in self.open_sources if m == msg.id})
         who = "You" if msg.role == "user" else "Assistant"
         bg = "#1a2130" if msg.role == "user" else theme.BG
         parts = [
@@ -153,6 +159,7 @@ class ChatView(QTextBrowser):
                 f'<table width="100%" cellpadding="10" style="background-color:#2a1517; margin-top:6px;"><tr><td>'
                 f'<span style="color:{theme.ERROR}; font-weight:600;">Error</span>&nbsp; '
                 f'<span style="color:#f0c4c1;">{html.escape(msg.error)}</span><br>'
+                f'{self._branch_links(row, msg)}'
                 f'<a href="regen:{row}" style="color:{theme.ACCENT};">Retry</a> &nbsp;·&nbsp; '
                 f'<a href="delete:{row}">Delete</a></td></tr></table>'
             )
@@ -160,21 +167,29 @@ class ChatView(QTextBrowser):
             footer = stats_line(msg.stats)
             links = (f'<a href="copy:{row}">Copy</a> &nbsp;·&nbsp; <a href="regen:{row}">Regenerate</a>'
                      f' &nbsp;·&nbsp; <a href="delete:{row}">Delete</a>')
-            versions = msg.stats.get("versions") or []
-            if len(versions) > 1:
-                at = int(msg.stats.get("version", len(versions) - 1))
-                prev = f'<a href="ver:{row}:{at - 1}">‹</a>' if at > 0 else "‹"
-                nxt = f'<a href="ver:{row}:{at + 1}">›</a>' if at < len(versions) - 1 else "›"
-                links = f"{prev} {at + 1}/{len(versions)} {nxt} &nbsp;·&nbsp; " + links
+            if msg.content and row == self.model.rowCount() - 1 and is_cut_short(msg.stats):
+                links = f'<a href="continue:{row}" style="color:{theme.ACCENT};">Continue</a> &nbsp;·&nbsp; ' + links
+            links = self._branch_links(row, msg) + links
             parts.append(
                 f'<p style="color:{theme.MUTED}; font-size:small; margin-top:6px;">'
                 f'{html.escape(footer)}{" &nbsp;·&nbsp; " if footer else ""}{links}</p>'
             )
         elif msg.role == "user":
-            parts.append(f'<p style="font-size:small; margin-top:4px;"><a href="copy:{row}">Copy</a>'
+            parts.append(f'<p style="font-size:small; margin-top:4px;">{self._branch_links(row, msg)}<a href="copy:{row}">Copy</a>'
                          f' &nbsp;·&nbsp; <a href="edit:{row}">Edit</a> &nbsp;·&nbsp; <a href="delete:{row}">Delete</a></p>')
         parts.append("</td></tr></table>")
         return "".join(parts)
+
+    @staticmethod
+    def _branch_links(row: int, msg) -> str:
+        """‹ 2/3 ›: the branches at this message (edits of it, regenerated replies), to flip between."""
+        count = len(msg.siblings)
+        if count < 2 or msg.id not in msg.siblings:
+            return ""
+        at = msg.siblings.index(msg.id)
+        prev = f'<a href="ver:{row}:{at - 1}">‹</a>' if at > 0 else "‹"
+        nxt = f'<a href="ver:{row}:{at + 1}">›</a>' if at < count - 1 else "›"
+        return f"{prev} {at + 1}/{count} {nxt} &nbsp;·&nbsp; "
 
     def _thought_html(self, row: int, msg, streaming: bool) -> str:
         """The model's reasoning, folded: "▸ Thought for 4.2 s" (click to open)."""
@@ -240,10 +255,10 @@ class ChatView(QTextBrowser):
                 QGuiApplication.clipboard().setText(blocks[int(idx)])
                 self.notice.emit("Code copied to the clipboard")
             return
-        if action in ("think", "tool", "ver"):
+        if action in ("think", "tool", "ver", "src"):
             self._fold_link(action, arg)
             return
-        if action not in ("copy", "regen", "edit", "delete") or not arg.isdigit():
+        if action not in ("copy", "regen", "edit", "delete", "continue") or not arg.isdigit():
             return
         row = int(arg)
         msg = self.model.message(row)
@@ -256,6 +271,8 @@ class ChatView(QTextBrowser):
             self.delete_requested.emit(row)
         elif action == "edit":
             self.edit_requested.emit(row)
+        elif action == "continue":
+            self.continue_requested.emit(row)
         else:
             self.regenerate_requested.emit(row)
 
@@ -268,7 +285,9 @@ class ChatView(QTextBrowser):
             self.open_thoughts ^= {msg.id}
         elif action == "tool" and sub.isdigit():
             self.open_tools ^= {(msg.id, int(sub))}
+        elif action == "src" and sub.isdigit():
+            self.open_sources ^= {(msg.id, int(sub))}
         elif action == "ver" and sub.lstrip("-").isdigit():
-            self.version_requested.emit(int(row_text), int(sub))
+            self.branch_requested.emit(int(row_text), int(sub))
             return
         self.render()

@@ -19,6 +19,7 @@ POLICIES = {
 DEFAULT_POLICY = DROP_OLDEST
 
 LENIENT_BYTES_PER_TOKEN = 2.0  # under-counts only text denser than 2 bytes a token (rare)
+TYPICAL_BYTES_PER_TOKEN = 3.5  # a likely count, for the context meter (English ~4, code and CJK ~3)
 MESSAGE_OVERHEAD = 8  # the chat template's markers around each message
 PROMPT_OVERHEAD = 32  # and around the whole prompt (generation prompt, BOS)
 CUT_MARK = "\n\n[… {n} characters left out to fit the model's context …]\n\n"

@@ -49,6 +49,14 @@ class Settings:
     system_prompt: str = "You are a helpful assistant."
     chat_settings_visible: bool = True  # the chat's right-hand settings column
     chat_context_overflow: str = "drop_oldest"  # a chat longer than the context: drop_oldest | truncate_middle | stop
+    # Documents attached to chats: where passages are embedded ("": the chat's own server and model), files
+    # small enough to go in whole, passages per message, a passage's size.
+    rag_embed_base_url: str = ""
+    rag_embed_api_key: str = ""
+    rag_embed_model: str = ""
+    rag_whole_file_tokens: int = 2000
+    rag_top_k: int = 4
+    rag_chunk_chars: int = 1000
     # Models.
     hub_endpoint: str = ""
     # Window.

@@ -9,6 +9,7 @@ import json
 import socket
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import httpx
@@ -28,6 +29,9 @@ class ChatRequest:
     top_p: float = 0.95
     max_tokens: int | None = 1024  # None: up to the end of the model's context (the server works it out)
     extra: dict = field(default_factory=dict)
+    # Run by the worker before sending (the chat's documents: embedding the message, picking passages):
+    # messages -> (the messages to send, what to report through `prepared`). Blocking, hence not on the GUI thread.
+    prepare: Callable[[list[dict]], tuple[list[dict], dict]] | None = None
 
     def body(self) -> dict:
         return {
@@ -66,6 +70,7 @@ class StreamWorker(QThread):
     first_token = Signal(float)  # seconds from send to the first content
     done = Signal(dict)  # stats: ttft_s, tokens, tokens_per_s, elapsed_s, finish_reason, stopped
     failed = Signal(str, str)  # kind, message (see chat_errors)
+    prepared = Signal(dict)  # what request.prepare reported (the documents' passages used), before sending
 
     def __init__(self, request: ChatRequest, parent=None) -> None:
         super().__init__(parent)
@@ -98,10 +103,21 @@ class StreamWorker(QThread):
         headers = {"Accept": "text/event-stream"}
         if req.api_key:
             headers["Authorization"] = f"Bearer {req.api_key}"
+        if req.prepare is not None:
+            try:
+                req.messages, info = req.prepare(req.messages)
+            except Exception as exc:  # noqa: BLE001 - said in place of the reply, as any failure
+                if not self._stop.is_set():
+                    self.failed.emit("documents", str(exc))
+                return
+            if self._stop.is_set():
+                return
+            self.prepared.emit(info)
         t0 = time.monotonic()
         ttft = None
         chunks = 0
         usage_tokens = None
+        prompt_tokens = None  # the server's count of the prompt: the chat's context meter starts from it
         finish_reason = None
         served_by = ""  # the model that answered (the chunk's "model"): shown under the reply
         tools = ToolCallAssembler()
@@ -136,6 +152,7 @@ class StreamWorker(QThread):
                         served_by = chunk.get("model") or served_by
                         if chunk.get("usage"):
                             usage_tokens = chunk["usage"].get("completion_tokens", usage_tokens)
+                            prompt_tokens = chunk["usage"].get("prompt_tokens", prompt_tokens)
                         for choice in chunk.get("choices") or []:
                             delta = choice.get("delta") or {}
                             thought = delta.get("reasoning_content") or delta.get("reasoning") or ""
@@ -173,5 +190,6 @@ class StreamWorker(QThread):
             "finish_reason": "stopped" if self._stop.is_set() else finish_reason,
             "stopped": self._stop.is_set(),
             "model": served_by,
+            **({"prompt_tokens": prompt_tokens} if prompt_tokens else {}),
             **({"tool_calls": tools.calls()} if tools.calls() else {}),
         })
