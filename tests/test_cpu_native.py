@@ -23,7 +23,8 @@ pytestmark = pytest.mark.skipif(
 def _one_step(llm: LLM, prompt: list[int]):
     """The inputs of a one-sequence decode step past a block boundary, with the pool as it stands then."""
     runner = llm.llm_engine.executor.runner
-    native, runner.native = runner.native, None
+    native = runner.native
+    runner.cpu_plan.set_native(None)  # the eager step runs: its inputs are captured
     captured = []
     prepare = runner.prepare
 
@@ -40,7 +41,7 @@ def _one_step(llm: LLM, prompt: list[int]):
         )
     finally:
         runner.prepare = prepare
-        runner.native = native
+        runner.cpu_plan.set_native(native)
     return captured[-1]
 
 

@@ -8,7 +8,6 @@ import torch
 
 from wslm.backend.modeling import get_model_class
 from wslm.backend.modeling.layers.attention import AttentionMetadata
-from wslm.backend.platforms.cpu.tuning import SMALL_STEP_ROWS, one_thread_when
 from wslm.backend.sequence import Sequence
 from wslm.backend.worker.prompt_logprobs import compute_prompt_logprobs
 from wslm.backend.worker.sampler import Sampler
@@ -60,17 +59,11 @@ class ModelRunner:
         self.kv_pool = torch.zeros((self.cfg.num_layers, 2, *shape), dtype=kv_dtype, device=self.device)
         self.kv_caches = [(self.kv_pool[i, 0], self.kv_pool[i, 1]) for i in range(self.cfg.num_layers)]
         self.graphs = None  # DecodeGraphs, when CUDA graphs are on
-        self.cpu_decode = None  # CpuDecodePath: pure decode steps on CPU with the fewest ops (cpu_decode.py)
+        self.cpu_plan = None  # CpuDecodePlan: pure decode steps on CPU through the fast back ends
         if self.device.type == "cpu":
-            from wslm.backend.platforms.cpu.decode_eager import CpuDecodePath
+            from wslm.backend.platforms.cpu.decode_plan import CpuDecodePlan
 
-            self.cpu_decode = CpuDecodePath.build(model, self.kv_pool)
-        self.native = None  # NativeDecode: one sequence's decode step in one C call (cpu_native.py)
-        if self.cpu_decode is not None:
-            from wslm.backend.platforms.cpu.decode_native import NativeDecode
-
-            self.native = NativeDecode.build(self.cpu_decode, self.kv_pool)
-        self.compiled = None  # CompiledDecode: the same step compiled by inductor (cpu_compiled.py)
+            self.cpu_plan = CpuDecodePlan.build(model, self.kv_pool)
         self.kv_cache_bytes = self.kv_pool.numel() * self.kv_pool.element_size()
 
     def enable_cuda_graphs(self, max_num_seqs: int, max_model_len: int) -> None:
@@ -81,27 +74,29 @@ class ModelRunner:
             self.graphs = graphs
 
     def enable_cpu_compile(self, enforce_eager: bool = False) -> None:
-        """Compile the CPU decode step in the background (cpu_compiled.py); eager until it is ready."""
-        from wslm.backend.platforms.cpu.decode_compiled import CompiledDecode
+        """Compile the CPU decode step in the background (decode_plan.py); eager until it is ready."""
+        if self.cpu_plan is not None:
+            self.cpu_plan.enable_compile(self.model, self.kv_pool, enforce_eager)
 
-        # One sequence's steps run in C where cpu_native.py takes them: then no graph (nor its weight copy) for
-        # those, and the batch graph compiles when the first batch comes: a lone chat, the desktop's common
-        # case, never shares the cores (and the GIL) with inductor nor pays for its copy of the weights.
-        single = self.native is None
-        self.compiled = CompiledDecode.build(self.model, self.cpu_decode, self.kv_pool, enforce_eager, single)
-        if self.compiled is not None and single:
-            self.compiled.start()
+    # The CPU decode back ends, for tests and benchmarks to read (the plan holds them).
+    @property
+    def cpu_decode(self):
+        return self.cpu_plan.eager if self.cpu_plan is not None else None
+
+    @property
+    def native(self):
+        return self.cpu_plan.native if self.cpu_plan is not None else None
+
+    @property
+    def compiled(self):
+        return self.cpu_plan.compiled if self.cpu_plan is not None else None
 
     def weights_updated(self) -> None:
         """Call after replacing the model's weight tensors once loaded (a weight update; tests that swap in
         another format's weights): the decode back ends bound the old tensors. They bind the new ones; the
         compiled CPU graph and CUDA graphs, which froze the old ones, are dropped (eager serves)."""
-        if self.cpu_decode is not None:
-            self.cpu_decode.rebind()
-        if self.native is not None and not self.native.rebind():
-            self.native = None
-        if self.compiled is not None:
-            self.compiled.drop()
+        if self.cpu_plan is not None:
+            self.cpu_plan.weights_updated()
         self.graphs = None
 
     def shutdown(self) -> None:
@@ -151,17 +146,8 @@ class ModelRunner:
         is_decode = meta.max_seqlen_q == 1 and len(sampled) == len(scheduled)
         if self.graphs is not None and is_decode and self.graphs.can_run(len(scheduled)):
             return self.graphs.run(input_ids, positions, meta), sampled
-        if self.cpu_decode is not None and is_decode:
-            with one_thread_when(len(scheduled) <= SMALL_STEP_ROWS):
-                logits = None
-                if self.native is not None and len(scheduled) == 1:
-                    logits = self.native.run(input_ids, positions, meta)
-                if logits is None and self.compiled is not None:
-                    if len(scheduled) > 1:
-                        self.compiled.start()  # where it waited for a batch (above); once
-                    logits = self.compiled.run(input_ids, positions, meta)
-                if logits is None:
-                    logits = self.cpu_decode.run(input_ids, positions, meta)
+        if self.cpu_plan is not None and is_decode:
+            logits = self.cpu_plan.run(input_ids, positions, meta)
             if logits is not None:
                 return logits, sampled
         logits = self.model.forward(input_ids, positions, meta, self.kv_caches)
