@@ -141,6 +141,24 @@ def test_stop_ends_stream_and_closes_connection(session, fake_server, qtbot):
     assert again[-1].content == partial.content
 
 
+def test_branches_wait_while_a_reply_streams(session, fake_server, qtbot):
+    session.set_endpoint(fake_server, "sk-test", "demo")
+    with qtbot.waitSignal(session.reply_finished, timeout=10000):
+        session.send("one")
+    FakeOpenAI.delay = 0.1
+    FakeOpenAI.repeat = 50
+    with qtbot.waitSignal(session.first_token, timeout=10000):
+        assert session.regenerate(1)
+    # Rows would change under the reply: no flip, delete or edit until it ends.
+    assert not session.show_branch(1, 0) and not session.delete_message(0)
+    assert not session.edit_and_rerun(0, "two") and session.continue_reply()
+    session.stop()
+    cut = session.messages.messages()[1]
+    assert cut.stats.get("stopped") and len(cut.siblings) == 2
+    assert session.show_branch(1, 0) and session.messages.messages()[1].content == "".join(WORDS)
+    assert session.show_branch(1, 1) and session.messages.messages()[1].content == cut.content
+
+
 def test_stop_before_the_first_token_returns_at_once(session, fake_server, qtbot):
     FakeOpenAI.first_delay = 5.0  # the server is busy with a long prompt
     session.set_endpoint(fake_server, "sk-test", "demo")

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import sqlite3
 
+from wslm.gui.chat_export import to_json
 from wslm.gui.chat_session import format_stop, parse_stop, sampling_extra
 from wslm.gui.chat_store import ChatStore, is_cut_short
 
@@ -108,6 +109,8 @@ def test_sampling_parameters_per_chat(tmp_path):
     conv = store.get_conversation(conv.id)
     assert sampling_extra(conv) == {"top_k": 40, "min_p": 0.1, "seed": 0, "response_format": {"type": "json_object"},
                                     "chat_template_kwargs": {"enable_thinking": False}}
+    params = json.loads(to_json(conv, []))["parameters"]
+    assert params["seed"] == 0 and params["reasoning"] is False and params["json_mode"] and "stop" not in params
     store.update_conversation(conv.id, top_k=None, min_p=None, seed=None, json_mode=False, reasoning=None)
     assert sampling_extra(store.get_conversation(conv.id)) == {}
     assert sampling_extra(None) == {}

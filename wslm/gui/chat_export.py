@@ -36,11 +36,23 @@ def to_json(conv: Conversation, messages: list[Message]) -> str:
         "title": conv.title,
         "model": conv.model,
         "created": conv.created,
-        "parameters": {"temperature": conv.temperature, "top_p": conv.top_p, "max_tokens": conv.max_tokens},
+        "parameters": {"temperature": conv.temperature, "top_p": conv.top_p, "max_tokens": conv.max_tokens,
+                       **_sampling_set(conv)},
         "messages": ([{"role": "system", "content": conv.system_prompt}] if conv.system_prompt.strip() else [])
         + [_message(m) for m in messages],
     }
     return json.dumps(data, indent=2, ensure_ascii=False) + "\n"
+
+
+def _sampling_set(conv: Conversation) -> dict:
+    """The optional sampling the chat set (what it left unset was the server's default)."""
+    out = {k: getattr(conv, k) for k in ("top_k", "min_p", "repetition_penalty", "seed", "reasoning")
+           if getattr(conv, k) is not None}
+    if conv.stop:
+        out["stop"] = list(conv.stop)
+    if conv.json_mode:
+        out["json_mode"] = True
+    return out
 
 
 def _message(msg: Message) -> dict:

@@ -287,12 +287,16 @@ class ChatPanel(QWidget):
         self.preset_combo = QComboBox()
         self.preset_combo.setToolTip("Saved system prompts: pick one for this chat")
         self.preset_combo.activated.connect(self._preset_chosen)
+        self.preset_combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+        self.preset_combo.setMinimumContentsLength(4)  # a long preset name must not widen the column
         self.preset_save = QPushButton("Save…")
         self.preset_save.setToolTip("Save this system prompt as a preset")
         self.preset_save.clicked.connect(self._save_preset_dialog)
-        self.preset_delete = QPushButton("Delete")
+        self.preset_delete = QPushButton("✕")  # one glyph: the row fits the narrow column
         self.preset_delete.setToolTip("Delete the chosen preset (chats keep their prompt)")
         self.preset_delete.clicked.connect(self._delete_preset)
+        for b in (self.preset_save, self.preset_delete):
+            b.setStyleSheet("QPushButton { padding: 6px 8px; }")
         presets.addWidget(self.preset_combo, 1)
         presets.addWidget(self.preset_save)
         presets.addWidget(self.preset_delete)
@@ -331,6 +335,9 @@ class ChatPanel(QWidget):
         self.stop_strings.textChanged.connect(self._params_changed)
         self.json_mode.toggled.connect(self._params_changed)
         self.reasoning.currentIndexChanged.connect(self._params_changed)
+        for w in (self.temperature, self.top_p, self.max_tokens, self.top_k, self.min_p, self.repetition_penalty,
+                  self.seed, self.stop_strings, self.reasoning):
+            w.setMinimumWidth(60)  # not as wide as their longest value: the column stays narrow
         form.addRow("Top K", self.top_k)
         form.addRow("Min P", self.min_p)
         form.addRow("Repeat penalty", self.repetition_penalty)
@@ -438,7 +445,7 @@ class ChatPanel(QWidget):
         self.temperature.setValue(conv.temperature if conv else self.settings.temperature)
         self.top_p.setValue(conv.top_p if conv else self.settings.top_p)
         self.max_tokens.setValue(conv.max_tokens if conv else self.settings.max_tokens)
-        src = conv.__dict__ if conv else self.session.defaults
+        src = vars(conv) if conv else self.session.defaults
         self.top_k.setValue(src.get("top_k") or 0)
         self.min_p.setValue(src.get("min_p") or 0.0)
         self.repetition_penalty.setValue(src.get("repetition_penalty") or 1.0)
@@ -713,7 +720,7 @@ class ChatPanel(QWidget):
         combo = self.preset_combo
         combo.blockSignals(True)
         combo.clear()
-        combo.addItem("Custom prompt", "")
+        combo.addItem("Custom", "")
         for name in self.session.store.presets():
             combo.addItem(name, name)
         combo.blockSignals(False)

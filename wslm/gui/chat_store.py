@@ -146,6 +146,9 @@ class ChatStore:
         self._db.executescript(SCHEMA)
         self._db.commit()
         self._migrate()
+        # After _migrate: an old file has the column only from there. Deletes look children up by it.
+        self._db.execute("CREATE INDEX IF NOT EXISTS messages_by_parent ON messages(parent_id)")
+        self._db.commit()
         self.recover_cut_replies()
 
     def close(self) -> None:
