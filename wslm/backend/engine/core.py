@@ -63,7 +63,6 @@ class EngineCoreFailure:
 class EngineCoreOutputs:
     tokens: list[EngineCoreOutput] = field(default_factory=list)
     failed: list[EngineCoreFailure] = field(default_factory=list)
-    scheduled: bool = False  # anything ran (or was retried smaller)
 
 
 class EngineCore:
@@ -106,7 +105,7 @@ class EngineCore:
                 seq.grammar = GrammarState(req.grammar) if req.grammar is not None else None
                 seq.token_rules = req.token_rules
                 seqs.append(seq)
-            # Siblings wait for the first completion's prompt, then share its KV blocks (see _fork_plan).
+            # Siblings wait for the first completion's prompt, then share its KV blocks (see _scheduler_output).
             seqs[0].pending_forks = seqs[1:]
         state = RequestState(req.request_id, req.prompt, req.prompt_token_ids, seqs, req.arrival_time)
         self.requests[req.request_id] = state
@@ -149,7 +148,6 @@ class EngineCore:
         sched = self.scheduler.schedule()
         if sched.is_empty():
             return out
-        out.scheduled = True
         try:
             so, forks = self._scheduler_output(sched.scheduled)
             result = self.executor.execute(so)

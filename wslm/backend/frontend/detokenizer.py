@@ -34,13 +34,19 @@ class Detokenizer:
             all_ids = all_ids[:-1]
         prefix_text = self._decode(seq, all_ids[seq.prefix_offset : seq.read_offset])
         new_text = self._decode(seq, all_ids[seq.prefix_offset :])
+        if final:
+            # The reply was cut inside a character (max_tokens, a stop token): its bytes cannot become text.
+            # The held-back tail is dropped (the token ids still carry it); a U+FFFD the model wrote as a
+            # whole character right at the end goes with it: the two cannot be told apart here.
+            new_text = new_text.rstrip("\ufffd")
         if len(new_text) > len(prefix_text) and (final or not new_text.endswith("\ufffd")):
             seq.output_text += new_text[len(prefix_text) :]
             seq.prefix_offset = seq.read_offset
             seq.read_offset = len(all_ids)
 
     def flush(self, seq: Sequence, hide_last: bool = False) -> None:
-        """At the end, release text held back for an unfinished character."""
+        """At the end, release text held back while a character was unfinished (what is still unfinished
+        is dropped)."""
         if seq.read_offset < seq.num_tokens - hide_last:
             self.update(seq, final=True, hide_last=hide_last)
 

@@ -70,6 +70,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                    help="largest request body accepted, in bytes (default 8 MiB; larger: 413)")
     p.add_argument("--max-json-depth", type=int, default=None,
                    help="deepest nesting of arrays/objects in a request body (default 64; deeper: 400)")
+    p.add_argument("--max-header-count", "--h11-max-header-count", type=int, default=None,
+                   help="most headers in one request (default 100; more: 431)")
+    p.add_argument("--max-header-bytes", "--h11-max-incomplete-event-size", type=int, default=None,
+                   help="largest request line plus headers, in bytes (default 16 KiB; larger: 431)")
+    p.add_argument("--request-head-timeout", type=float, default=None,
+                   help="seconds a connection gets to send each request's line and headers (default 10; then 408 "
+                        "and the connection is closed)")
     p.add_argument("--max-stop-strings", type=int, default=None,
                    help="most `stop` strings in one request (default 64)")
     p.add_argument("--max-stop-string-length", type=int, default=None,

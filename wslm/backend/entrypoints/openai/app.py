@@ -31,7 +31,7 @@ from wslm.backend.entrypoints.openai import (
     serving_vllm,
 )
 from wslm.backend.entrypoints.openai.errors import APIError, http_status_error, internal_error
-from wslm.backend.entrypoints.openai.http_limits import BodySizeLimitMiddleware
+from wslm.backend.entrypoints.openai.http_limits import BodySizeLimitMiddleware, HeaderLimitMiddleware
 from wslm.backend.entrypoints.openai.serving_base import ServerState
 
 log = logging.getLogger("wslm.server")
@@ -116,6 +116,7 @@ def build_app(state: ServerState, root_path: str = "", docs: bool = True) -> Fas
     app.add_middleware(security.OriginCheckMiddleware, allowed_origins=origins)
     if state.bound_host is not None and security.is_loopback(state.bound_host):
         app.add_middleware(security.HostCheckMiddleware, allowed_hosts=state.allowed_hosts)
+    app.add_middleware(HeaderLimitMiddleware, limits=state.http_limits)  # outermost: before any header is read
     return app
 
 

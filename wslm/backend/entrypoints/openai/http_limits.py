@@ -1,4 +1,6 @@
-"""Limits on the HTTP request itself, before any field is looked at: body size (413, enforced while the body
+"""Limits on the HTTP request itself, before any field is looked at: the request head (431 past
+--max-header-count headers or --max-header-bytes; http_protocol.py enforces it while the head arrives, the
+middleware here on a head that came whole), body size (413, enforced while the body
 is read, so a huge upload is cut off instead of buffered) and a JSON reader that refuses what Python's json
 would take but nothing downstream should see: nesting deeper than --max-json-depth (never a RecursionError
 500), NaN/Infinity and numbers that overflow to infinity, and lone UTF-16 surrogates (which tokenizers
@@ -18,12 +20,19 @@ from wslm.backend.entrypoints.openai.errors import APIError, bad_request
 
 DEFAULT_MAX_REQUEST_BODY_BYTES = 8 * 2**20  # a long chat with a 100k-token context is ~1 MB of JSON
 DEFAULT_MAX_JSON_DEPTH = 64  # deep enough for any JSON schema a client sends with tools / structured output
+# Browsers and SDKs send 10-30 headers in 1-4 KB; nginx and Node stop near these numbers too.
+DEFAULT_MAX_HEADER_COUNT = 100
+DEFAULT_MAX_HEADER_BYTES = 16 * 2**10
+DEFAULT_REQUEST_HEAD_TIMEOUT = 10.0  # seconds; a real client sends its head at once
 
 
 @dataclass(slots=True)
 class HTTPLimits:
     max_request_body_bytes: int = DEFAULT_MAX_REQUEST_BODY_BYTES
     max_json_depth: int = DEFAULT_MAX_JSON_DEPTH
+    max_header_count: int = DEFAULT_MAX_HEADER_COUNT
+    max_header_bytes: int = DEFAULT_MAX_HEADER_BYTES  # the request line and the header lines together
+    request_head_timeout: float = DEFAULT_REQUEST_HEAD_TIMEOUT
 
 
 # The process-wide limits, set once by build_app() from the server's flags: request parsers read them here.
@@ -37,6 +46,40 @@ def too_large(limit: int) -> APIError:
         413,
         code="request_too_large",
     )
+
+
+def head_too_large(count: int, size: int, limits: HTTPLimits) -> APIError | None:
+    """The 431 for a request head of `count` headers and `size` bytes, or None when it is within limits."""
+    if count > limits.max_header_count:
+        what = f"{count} headers; this server takes at most {limits.max_header_count} (--max-header-count)"
+    elif size > limits.max_header_bytes:
+        what = (f"{size} bytes of request line and headers; this server takes at most {limits.max_header_bytes} "
+                "(--max-header-bytes)")
+    else:
+        return None
+    return APIError(f"The request has {what}. Send fewer or shorter headers, or start the server with a larger "
+                    "limit.", 431, code="request_header_fields_too_large")
+
+
+class HeaderLimitMiddleware:
+    """431 for a request head over the limits. http_protocol.py refuses one while it is still arriving; a
+    head that came whole in one read was parsed before it could be counted, and is refused here."""
+
+    def __init__(self, app: ASGIApp, limits: HTTPLimits) -> None:
+        self.app = app
+        self.limits = limits
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            headers = scope["headers"]
+            # As sent: "METHOD target HTTP/1.1\r\n", then "name: value\r\n" per header, then "\r\n".
+            target = len(scope.get("raw_path") or b"") + len(scope.get("query_string") or b"") + 1
+            size = len(scope["method"]) + target + 12 + sum(len(n) + len(v) + 4 for n, v in headers) + 2
+            error = head_too_large(len(headers), size, self.limits)
+            if error is not None:
+                await error.response()(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
 
 
 class BodySizeLimitMiddleware:

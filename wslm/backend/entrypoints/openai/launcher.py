@@ -167,6 +167,50 @@ def _log_config(level: str) -> dict:
     return cfg
 
 
+_COMPILER_LOGGERS = ("torch._inductor", "torch._dynamo")
+
+
+class _CompilerNoise(logging.Filter):
+    """torch's compiler logs each autotuning choice that does not build (up to ~1,200 "C++ compile error"
+    lines at ERROR) and then uses another choice: nothing the user must act on. Its records are kept at
+    debug level; the first error is mentioned in one line. A compile that fails as a whole is logged by the
+    engine (decode keeps running eagerly)."""
+
+    def __init__(self, debug: bool) -> None:
+        super().__init__()
+        self.debug = debug
+        self.told = False
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not record.name.startswith(_COMPILER_LOGGERS):
+            return True
+        if self.debug:
+            record.levelno, record.levelname = logging.DEBUG, "DEBUG"
+            return True
+        if record.levelno >= logging.ERROR and not self.told:
+            self.told = True
+            log.info("torch's compiler reported errors while compiling (e.g. autotuning candidates that do not "
+                     "build; others are used): they are logged at debug level only (--uvicorn-log-level debug).")
+        return False
+
+
+def quiet_compiler_logs(debug: bool) -> _CompilerNoise:
+    """Put _CompilerNoise on every handler that torch's compiler records reach: torch's own (its loggers do
+    not propagate) and the root's."""
+    import torch  # noqa: F401 - its import installs the handlers filtered here
+
+    noise = _CompilerNoise(debug)
+    loggers = [logging.getLogger()]
+    for name in list(logging.root.manager.loggerDict):
+        if name == "torch" or name.startswith(_COMPILER_LOGGERS):
+            loggers.append(logging.getLogger(name))
+    for logger in loggers:
+        for handler in logger.handlers:
+            if not any(isinstance(f, _CompilerNoise) for f in handler.filters):
+                handler.addFilter(noise)
+    return noise
+
+
 def run(args: Namespace) -> int:
     _claim_stdout()
     emit("loading", model=args.model, pid=os.getpid())  # the pid: a GUI can stop us while we load
@@ -189,6 +233,8 @@ def run(args: Namespace) -> int:
         generation_defaults = load_generation_defaults(args)
         config = engine_config(args)
         sock = bind(args.host, args.port)
+        quiet_compiler_logs(getattr(args, "uvicorn_log_level", "info") in ("debug", "trace")
+                            or log.isEnabledFor(logging.DEBUG))
         engine = load_engine(config)
     except StartupError as exc:
         if sock is not None:
@@ -241,10 +287,22 @@ def check_limit_flags(args: Namespace) -> None:
         args.cors_headers = parse_list(getattr(args, "allowed_headers", None), "--allowed-headers") or ["*"]
     except ValueError as exc:
         raise StartupError(str(exc)) from exc
-    for flag in ("max_request_body_bytes", "max_json_depth", "max_stop_strings", "max_stop_string_length"):
+    for flag in ("max_request_body_bytes", "max_json_depth", "max_stop_strings", "max_stop_string_length",
+                 "max_header_count", "max_header_bytes"):
         value = getattr(args, flag, None)
         if value is not None and value < 1:
             raise StartupError(f"--{flag.replace('_', '-')} must be at least 1, got {value}.")
+    timeout = getattr(args, "request_head_timeout", None)
+    if timeout is not None and not 0 < timeout < float("inf"):
+        raise StartupError(f"--request-head-timeout must be a positive number of seconds, got {timeout}.")
+
+
+def http_limits_from(args: Namespace):
+    from wslm.backend.entrypoints.openai.http_limits import HTTPLimits
+
+    names = ("max_request_body_bytes", "max_json_depth", "max_header_count", "max_header_bytes",
+             "request_head_timeout")
+    return HTTPLimits(**{k: v for k in names if (v := getattr(args, k, None)) is not None})
 
 
 def _serve(args: Namespace, engine: Any, sock: socket.socket) -> int:
@@ -252,7 +310,7 @@ def _serve(args: Namespace, engine: Any, sock: socket.socket) -> int:
 
     from wslm.backend.entrypoints.openai import security
     from wslm.backend.entrypoints.openai.app import build_app
-    from wslm.backend.entrypoints.openai.http_limits import HTTPLimits
+    from wslm.backend.entrypoints.openai.http_protocol import h11_max_incomplete_event_size, protocol_class
     from wslm.backend.entrypoints.openai.parser_choice import choose_parsers
     from wslm.backend.entrypoints.openai.serving_base import ServerState
     from wslm.backend.frontend.async_engine import AsyncEngine
@@ -292,8 +350,7 @@ def _serve(args: Namespace, engine: Any, sock: socket.socket) -> int:
         task=getattr(engine, "task", "generate"),
         chat_template=getattr(engine, "chat_template", None),
         **parsers,
-        http_limits=HTTPLimits(**{k: v for k, v in (("max_request_body_bytes", args.max_request_body_bytes),
-                                                    ("max_json_depth", args.max_json_depth)) if v is not None}),
+        http_limits=http_limits_from(args),
     )
     app = build_app(state, root_path=getattr(args, "root_path", None) or "",
                     docs=not getattr(args, "disable_fastapi_docs", False))
@@ -320,6 +377,9 @@ def _serve(args: Namespace, engine: Any, sock: socket.socket) -> int:
         log_level=args.uvicorn_log_level,
         timeout_graceful_shutdown=int(args.shutdown_timeout) + 15,
         timeout_keep_alive=5,
+        # h11 always (httptools has no hook for the head limits and timeout): uvicorn's, with those guards.
+        http=protocol_class(state.http_limits),
+        h11_max_incomplete_event_size=h11_max_incomplete_event_size(state.http_limits),
         access_log=not getattr(args, "disable_uvicorn_access_log", False),
     )
     server = _Server(config, on_ready, on_signal)

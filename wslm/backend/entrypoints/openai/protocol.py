@@ -47,6 +47,11 @@ class ContentPart(_Request):
         return self
 
 
+# OpenAI's message roles ("function": its legacy tool results). OpenAI answers any other role with a 400; a
+# template would render it as text the model was never trained on.
+CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+
+
 class ChatMessage(_Request):
     role: str
     content: Union[str, list[ContentPart], None] = None
@@ -56,6 +61,13 @@ class ChatMessage(_Request):
     # Earlier reasoning sent back by the client: Qwen3's template keeps it for the turns of a tool loop.
     reasoning_content: str | None = None
     reasoning: str | None = None
+
+    @field_validator("role")
+    @classmethod
+    def _known_role(cls, value: str) -> str:
+        if value not in CHAT_ROLES:
+            raise ValueError(f"not a message role: use one of {', '.join(CHAT_ROLES)}")  # the 400 adds the value
+        return value
 
 
 class FunctionDefinition(_Request):
