@@ -48,6 +48,68 @@ console.log(squares); // [0, 4, 16, 36, 64]
 | expression | `map()` |"""
 
 
+NOTES = """# Kyoto trip notes
+
+## Temples
+Kinkaku-ji opens at 9:00; go early, before the tour buses. Fushimi Inari's gates are open all night.
+
+## Food
+Nishiki Market closes around 18:00. Try yudofu (simmered tofu) near Nanzen-ji."""
+
+RAG_REPLY = """Per your notes, go to **Kinkaku-ji right at 9:00**, when it opens and before the tour buses
+arrive. Fushimi Inari is open all night, so it fits an evening walk instead."""
+
+BRANCH_REPLIES = [
+    "A haiku about autumn:\n\n*Red maple leaves fall*\n*onto the temple's stone path*\n*a bell, then silence*",
+    "Here is another:\n\n*Cold moon on the pond*\n*a heron lifts from the reeds*\n*ripples reach the shore*",
+    "One more, lighter:\n\n*Chestnuts in the fire*\n*grandmother hums an old song*\n*the kettle joins in*",
+]
+
+
+def seed_feature_chats(store) -> tuple[int, int]:
+    """A chat answered from an attached document (its "Sources:" line, as the chat stores it) and one whose
+    reply was regenerated twice (three branches, the second shown: "‹ 2/3 ›"). Returns their ids."""
+    rag = store.create_conversation("When should I visit Kinkaku-ji?")
+    store.add_message(rag.id, "user", "When should I visit Kinkaku-ji?")
+    source = {"label": "kyoto-notes.md §2", "text": NOTES.split("## Food")[0].split("## Temples")[1].strip(),
+              "score": 0.82}
+    store.add_message(rag.id, "assistant", RAG_REPLY,
+                      stats={"tokens_per_s": 39.4, "tokens": 41, "ttft_s": 0.24, "sources": [source]})
+    branch = store.create_conversation("Write a haiku about autumn")
+    user = store.add_message(branch.id, "user", "Write a haiku about autumn")
+    replies = [store.add_message(branch.id, "assistant", text, parent_id=user.id,
+                                 stats={"tokens_per_s": 40.0 + i, "tokens": 30 + i, "ttft_s": 0.2})
+               for i, text in enumerate(BRANCH_REPLIES)]
+    store.select_branch(replies[1].id)
+    return rag.id, branch.id
+
+
+def feature_shots(w, out: Path) -> list[Path]:
+    """rag-chat.png, branches.png and dev-view.png, from the chats seed_feature_chats() made."""
+    from wslm.gui.app import process_events_for
+
+    rag, branch = (next(c.id for c in w.store.list_conversations() if c.title.startswith(t))
+                   for t in ("When should I visit", "Write a haiku"))
+    w.sidebar.select("chat")
+    shots = []
+    for conv_id, name in ((rag, "rag-chat"), (branch, "branches")):
+        w.session.open(conv_id)
+        process_events_for(0.5)
+        w.chat_panel.view.render()
+        process_events_for(0.3)
+        path = out / f"{name}.png"
+        w.grab().save(str(path))
+        shots.append(path)
+    dialog = w.chat_panel.dev_view()
+    dialog.show()
+    process_events_for(0.5)
+    path = out / "dev-view.png"
+    dialog.grab().save(str(path))
+    dialog.close()
+    shots.append(path)
+    return shots
+
+
 def seed_chats(cfg: Path) -> None:
     from wslm.gui.chat_store import ChatStore
 
@@ -62,6 +124,7 @@ def seed_chats(cfg: Path) -> None:
     s.add_message(c1.id, "assistant", CJK_REPLY, stats={"tokens_per_s": 41.7, "tokens": 143, "ttft_s": 0.21})
     s.add_message(c1.id, "user", "Can you do the same in JavaScript?")
     s.add_message(c1.id, "assistant", JS_REPLY, stats={"tokens_per_s": 40.3, "tokens": 96, "ttft_s": 0.17})
+    seed_feature_chats(s)
     s.close()
 
 
@@ -122,6 +185,8 @@ def main(out: Path) -> None:
     discover.hide()
     w.sidebar.select("chat")
     for path in screenshot(w, out):
+        print(path)
+    for path in feature_shots(w, out):
         print(path)
     for path in switch_sequence(w, cfg, out / "model-switch"):
         print(path)

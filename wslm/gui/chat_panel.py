@@ -45,9 +45,11 @@ from wslm.gui.chat_model import IdRole
 from wslm.gui.chat_session import ChatSession, format_stop, parse_stop
 from wslm.gui.chat_view import ChatView
 from wslm.gui.context_fit import POLICIES
+from wslm.gui.dev_view import DevViewDialog
 from wslm.gui.elided_label import ElidedLabel
 from wslm.gui.model_lister import ModelLister
-from wslm.gui.models_model import display_name
+from wslm.gui.model_picker import BROWSE, BROWSE_TEXT, DetailsRole, LoadedRole, ModelPickerDelegate
+from wslm.gui.models_model import display_name, is_model_file, picker_details
 from wslm.gui.settings import Settings
 
 
@@ -105,6 +107,8 @@ class ChatPanel(QWidget):
         self.server_key = ""
         self.installed: list[dict] = []  # `models list`, for the picker in wslm-server mode
         self.serve_choice = ""  # the server panel's model (what a start would load)
+        self.model_files: list[str] = []  # .gguf files chosen with "Browse…" (served by path)
+        self.server_path = lambda path: path  # a chosen file's path as the server sees it (WSL: /mnt/c/…)
         self.switching_to = ""  # a model switch in progress
         self.editing_row = -1  # a sent message being edited (Send re-runs the chat from it)
         self.server_state = "stopped"  # our server's state (set by the main window)
@@ -209,6 +213,7 @@ class ChatPanel(QWidget):
         self.model_combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
         self.model_combo.setMinimumContentsLength(5)  # grows with the window (stretch below)
         self.model_combo.setToolTip("The model this chat talks to")
+        self.model_combo.setItemDelegate(ModelPickerDelegate(self.model_combo))
         self.model_combo.currentTextChanged.connect(self._model_changed)
         self.model_combo.activated.connect(self._model_chosen)
         # Tokens the next request would hold / the model's context (estimated; the server's count when known).
@@ -217,6 +222,14 @@ class ChatPanel(QWidget):
         head.addWidget(self.model_combo, 2)
         head.addWidget(self.context_meter)
         head.addWidget(self.connection_label)
+        # The developer view: this chat's request as curl / Python, and the last reply's tokens and timings.
+        self.dev_button = QPushButton("</>")
+        self.dev_button.setToolTip("Developer view: this chat's request as curl and Python code, and the last "
+                                   "reply's token counts and timings")
+        self.dev_button.setFocusPolicy(Qt.FocusPolicy.NoFocus)
+        self.dev_button.setStyleSheet("QPushButton { padding: 6px 8px; }")
+        self.dev_button.clicked.connect(self.show_dev_view)
+        head.addWidget(self.dev_button)
         head.addWidget(self.settings_button)
         lay.addLayout(head)
         self.view = ChatView(self.session.messages)
@@ -787,6 +800,16 @@ class ChatPanel(QWidget):
         self.settings_button.blockSignals(False)
         self._settings_toggled(visible)
 
+    def dev_view(self) -> DevViewDialog:
+        """The developer view for the open chat, built from what its next request would send."""
+        return DevViewDialog(self.session.request_preview(), self.session.base_url,
+                             self.session.last_reply_stats(), self)
+
+    def show_dev_view(self) -> None:
+        dialog = self.dev_view()
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        dialog.show()
+
     def _settings_toggled(self, visible: bool) -> None:
         self.params_box.setVisible(visible)
         if self.settings.chat_settings_visible != visible:
@@ -846,6 +869,9 @@ class ChatPanel(QWidget):
         if not self.settings.chat_use_server:
             return
         model_id = str(self.model_combo.itemData(index) or "")
+        if model_id == BROWSE:
+            self._browse_model()
+            return
         served = self.server_model if self.server_url else ""
         streaming = len(self.session.streaming_ids)
         if model_id and model_id not in (served, self.switching_to) and streaming:
@@ -887,16 +913,50 @@ class ChatPanel(QWidget):
 
     def _fill_server_models(self) -> None:
         selected = self.switching_to or (self.server_model if self.server_url else "") or self.serve_choice
+        served = self.server_model if self.server_url else ""
         combo = self.model_combo
         combo.blockSignals(True)
         combo.setEditable(False)
         combo.clear()
         for m in self.installed:
             combo.addItem(display_name(m), m["id"])
-        if selected and combo.findData(selected) < 0:
-            combo.addItem(selected, selected)
-        combo.setCurrentIndex(max(0, combo.findData(selected)))
+            i = combo.count() - 1
+            combo.setItemData(i, picker_details(m), DetailsRole)
+            combo.setItemData(i, bool(served) and served in (m["id"], m.get("path")), LoadedRole)
+            combo.setItemData(i, "\n".join(t for t in (display_name(m), str(m.get("path") or ""),
+                                                         picker_details(m)) if t), Qt.ItemDataRole.ToolTipRole)
+        for extra in [selected, *self.model_files]:
+            if extra and combo.findData(extra) < 0:
+                combo.addItem(Path(extra.replace("\\", "/")).name if is_model_file(extra) else extra, extra)
+                i = combo.count() - 1
+                combo.setItemData(i, "file on disk" if is_model_file(extra) else "", DetailsRole)
+                combo.setItemData(i, extra == served, LoadedRole)
+                combo.setItemData(i, extra, Qt.ItemDataRole.ToolTipRole)
+        combo.addItem(BROWSE_TEXT, BROWSE)  # serve a .gguf from anywhere on disk, by its path
+        combo.setItemData(combo.count() - 1, "Pick a model file on disk to serve", Qt.ItemDataRole.ToolTipRole)
+        combo.setPlaceholderText("no model")
+        i = combo.findData(selected)
+        combo.setCurrentIndex(i if i >= 0 else (0 if combo.count() > 1 else -1))  # never "Browse…" itself
         combo.blockSignals(False)
+
+    def choose_model_file(self) -> str:
+        """Ask for a .gguf file to serve (tests replace this); "" when cancelled."""
+        path, _ = QFileDialog.getOpenFileName(self, "Serve a model file", str(Path.home()),
+                                              "GGUF models (*.gguf);;All files (*)")
+        return path
+
+    def _browse_model(self) -> None:
+        path = self.choose_model_file()
+        if not path:
+            self._fill_server_models()  # back to the model that was chosen
+            return
+        path = self.server_path(path)
+        if path not in self.model_files:
+            self.model_files.append(path)
+        self._fill_server_models()
+        i = self.model_combo.findData(path)
+        self.model_combo.setCurrentIndex(i)
+        self._model_chosen(i)
 
     def show_switch(self, model_id: str, state: str, detail: str) -> None:
         """Progress of a model switch, where the user chose it."""

@@ -387,6 +387,25 @@ class ChatSession(QObject):
         out += [{"role": m.role, "content": m.content} for i, m in enumerate(self.messages.messages()) if self._sent(i, m)]
         return out
 
+    def request_preview(self) -> dict:
+        """The body the open chat's next request would send (messages fitted to the context, the model,
+        sampling as set), for the developer view. Attached documents' passages are picked per message when
+        it is sent, so they are not in it."""
+        conv = self.current()
+        max_tokens = conv.max_tokens if conv else 1024
+        messages = self.fit_request(self.request_messages(), max_tokens).messages or self.request_messages()
+        return ChatRequest(
+            base_url=self.base_url, api_key=self.api_key,
+            model=self.model or (conv.model if conv else "") or "default", messages=messages,
+            temperature=conv.temperature if conv else 0.7, top_p=conv.top_p if conv else 0.95,
+            max_tokens=self.fitting_max_tokens(max_tokens, messages), extra=sampling_extra(conv),
+        ).body()
+
+    def last_reply_stats(self) -> dict:
+        """The stats of the open chat's latest finished reply (tokens, timings), {} when none."""
+        return next((dict(m.stats) for i, m in reversed(list(enumerate(self.messages.messages())))
+                     if m.role == "assistant" and i != self.messages.streaming_row and m.stats), {})
+
     def context_usage(self) -> tuple[int, int | None]:
         """Tokens the open chat's next request would take, estimated, and the context window (None: unknown).
         Where the server counted the latest reply's prompt, the estimate is off by what it was off then."""

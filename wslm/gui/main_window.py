@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import logging
+from pathlib import Path
 
 from PySide6.QtCore import QByteArray, Qt, QTimer
 from PySide6.QtGui import QAction, QCloseEvent, QKeySequence, QShortcut
@@ -23,7 +24,7 @@ from wslm.gui.backend_target import target_from_settings, target_label, target_t
 from wslm.gui.chat_panel import ChatPanel
 from wslm.gui.chat_session import ChatSession
 from wslm.gui.chat_store import ChatStore
-from wslm.gui.first_run import FirstRunDialog
+from wslm.gui.first_run import FirstRunDialog, _linux_path
 from wslm.gui.log_model import LogModel
 from wslm.gui.logs_panel import LogsPanel
 from wslm.gui.models_panel import ModelsPanel
@@ -74,6 +75,7 @@ class MainWindow(QMainWindow):
         self.monitor.set_target(self.target)
 
         self.chat_panel = ChatPanel(self.session, s)
+        self.chat_panel.server_path = self._server_path
         self.models_panel = ModelsPanel(self.models, s.hub_endpoint)
         self.server_panel = ServerPanel(self.server, s)
         self.share_panel = SharePanel(self.share)
@@ -105,6 +107,8 @@ class MainWindow(QMainWindow):
         self._restore_geometry()
         self.sidebar.select(s.last_panel if s.last_panel in self.panels else "chat")
         self.models.refresh()
+        if s.start_server_on_launch and s.first_run_done:
+            QTimer.singleShot(0, self._start_on_launch)  # once the window is up: a failure shows in it
         if watch:
             self.monitor.start()
             QTimer.singleShot(500, self._watch_share)
@@ -240,6 +244,11 @@ class MainWindow(QMainWindow):
         if not self.server.running:
             self.server_panel.start()
 
+    def _start_on_launch(self) -> None:
+        """The "Start the server when wslm opens" setting: the Server panel's own Start (it checks the fields)."""
+        if not self.server.running:
+            self.server_panel.start()
+
     def _on_server_ready(self, event: dict) -> None:
         self.share_panel.remove_note(SERVER_NOT_RUNNING)
         self.chat_panel.set_server(self.server.base_url, str(event.get("model") or self.server.config.model),
@@ -284,6 +293,10 @@ class MainWindow(QMainWindow):
             self.server_panel.restart()
         else:
             self.server_panel.start()
+
+    def _server_path(self, path: str) -> str:
+        """A file chosen on this machine as the backend's side sees it (WSL: C:\\x -> /mnt/c/x)."""
+        return _linux_path(Path(path)) if self.target.via_wsl else path
 
     def _on_share_off(self) -> None:
         """Share off: back to loopback only; a backend listening on the LAN restarts on 127.0.0.1."""

@@ -9,6 +9,9 @@ from __future__ import annotations
 import html
 import re
 
+from wslm.gui.syntax import highlight
+from wslm.gui.theme import LINK
+
 CODE_BG = "#15171c"
 CODE_FG = "#e6e6e6"
 INLINE_BG = "#2b2f38"
@@ -23,6 +26,17 @@ _RULE = re.compile(r"^\s*([-*_])(\s*\1){2,}\s*$")
 _TABLE_SEP = re.compile(r"^\s*\|?\s*:?-{2,}:?\s*(\|\s*:?-{2,}:?\s*)*\|?\s*$")
 
 
+# [text](url), or a bare URL (its trailing punctuation is the sentence's, not the link's).
+_URL_CHAR = r"(?:(?!&(?:#x27|quot|lt|gt);)[^\s<>\"])"  # (the text is escaped: a quote is &#x27; here)
+_LINKS = re.compile(r"\[([^\]]+)\]\((https?://[^)\s]+)\)|(https?://" + _URL_CHAR + r"*[^\s<>\".,;:!?)\]&])")
+LINK_STYLE = f"color:{LINK}; text-decoration:underline;"
+
+
+def _link(m: re.Match) -> str:
+    url = m.group(2) or m.group(3)
+    return f'<a href="{url}" style="{LINK_STYLE}">{m.group(1) or url}</a>'
+
+
 def _inline(text: str) -> str:
     """Inline code, bold, italic, strike, links; code spans first so their contents stay literal."""
     parts = re.split(r"(`[^`]+`)", text)
@@ -33,7 +47,7 @@ def _inline(text: str) -> str:
             out.append(f'<code style="background-color:{INLINE_BG}; font-family:{MONO};">&nbsp;{code}&nbsp;</code>')
             continue
         s = html.escape(part)
-        s = re.sub(r"\[([^\]]+)\]\((https?://[^)\s]+)\)", r'<a href="\2">\1</a>', s)
+        s = _LINKS.sub(_link, s)
         s = re.sub(r"\*\*(?=\S)(.+?)(?<=\S)\*\*", r"<b>\1</b>", s)
         s = re.sub(r"(?<![\w*])__(?=\S)(.+?)(?<=\S)__(?![\w*])", r"<b>\1</b>", s)
         s = re.sub(r"(?<!\*)\*(?=[^\s*])(.+?)(?<=[^\s*])\*(?!\*)", r"<i>\1</i>", s)
@@ -44,7 +58,7 @@ def _inline(text: str) -> str:
 
 
 def _code_block(lang: str, lines: list[str], open_fence: bool, copy_href: str = "") -> str:
-    code = html.escape("\n".join(lines))
+    code = highlight("\n".join(lines), lang)
     label = html.escape(lang) if lang else "code"
     tail = " …" if open_fence else ""
     copy = (f'</td><td align="right" style="font-size:small;"><a href="{html.escape(copy_href)}" '

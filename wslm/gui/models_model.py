@@ -109,3 +109,24 @@ class ModelsTableModel(QAbstractTableModel):
 
     def total_bytes(self) -> int:
         return sum(int(m.get("size_bytes") or 0) for m in self.models)
+
+
+def picker_details(model: dict) -> str:
+    """The chat picker's second line: parameters, quantization, size on disk, context ("1.5B · Q4_K_M ·
+    940.0 MiB · 32,768 ctx"); what the listing does not say is left out."""
+    parts = []
+    if model.get("num_params"):
+        parts.append(human_count(model["num_params"]))
+    quant = model.get("quantization") or model.get("dtype")
+    if quant:
+        parts.append(str(quant))
+    if model.get("size_bytes"):
+        parts.append(human_bytes(model["size_bytes"]))
+    if model.get("context_length"):
+        parts.append(f"{int(model['context_length']):,} ctx")
+    return " · ".join(parts)
+
+
+def is_model_file(text: str) -> bool:
+    """A model chosen by its file on disk (Browse…), not by a `models list` id."""
+    return text.lower().endswith(".gguf") and ("/" in text or "\\" in text)

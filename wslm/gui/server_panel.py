@@ -112,6 +112,10 @@ class ServerPanel(QWidget):
         self.auto_restart = QCheckBox("Restart automatically if it crashes")
         self.auto_restart.setChecked(settings.auto_restart)
         self.auto_restart.toggled.connect(self._save)
+        self.start_on_launch = QCheckBox("Start the server when wslm opens")
+        self.start_on_launch.setToolTip("Load the model above as soon as the app opens, so the chat is ready")
+        self.start_on_launch.setChecked(settings.start_server_on_launch)
+        self.start_on_launch.toggled.connect(self._save)
         # Engine options (vLLM's flags), offered with the values that fit; checked before a start.
         self.quantization = QComboBox()
         for label, value in QUANTIZATIONS:
@@ -145,6 +149,7 @@ class ServerPanel(QWidget):
         grid.addWidget(QLabel("Extra flags", objectName="Muted"), 5, 0)
         grid.addWidget(self.extra, 5, 1)
         grid.addWidget(self.auto_restart, 5, 2, 1, 2)
+        grid.addWidget(self.start_on_launch, 6, 2, 1, 2)
         for w in (self.quantization, self.kv_dtype, self.tp):
             w.currentIndexChanged.connect(self._save)
         grid.setColumnStretch(1, 1)
@@ -262,6 +267,7 @@ class ServerPanel(QWidget):
         s.model, s.port, s.max_model_len = self.model_id() or "demo", self.port.value(), self.context.value()
         s.gpu_memory_utilization, s.api_key = self.gpu.value(), self.api_key.text().strip()
         s.auto_restart = self.auto_restart.isChecked()
+        s.start_server_on_launch = self.start_on_launch.isChecked()
         s.quantization = str(self.quantization.currentData() or "")
         s.kv_cache_dtype = str(self.kv_dtype.currentData() or "auto")
         s.tensor_parallel_size = int(self.tp.currentData() or 1)

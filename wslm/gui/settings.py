@@ -34,6 +34,7 @@ class Settings:
     gpu_memory_utilization: float = defaults.GPU_MEMORY_UTILIZATION
     api_key: str = ""
     auto_restart: bool = False
+    start_server_on_launch: bool = False  # start the server with the Server panel's settings when the app opens
     quantization: str = ""  # --quantization ("": the model's own)
     kv_cache_dtype: str = defaults.KV_CACHE_DTYPE  # --kv-cache-dtype
     tensor_parallel_size: int = 1  # --tensor-parallel-size (offered with several GPUs)

@@ -20,6 +20,10 @@ MUTED = "#8d96a8"
 OK = "#3fb950"
 WARN = "#d29922"
 ERROR = "#f85149"
+LINK = "#6cb6ff"  # links in chat replies: blue and underlined, as links look
+# Code blocks' syntax colours (keywords, strings, comments, numbers and literals, function names).
+SYNTAX = {"keyword": "#c678dd", "string": "#98c379", "comment": "#7f848e", "number": "#d19a66",
+          "function": "#61afef"}
 
 # Latin first, then CJK families that Windows (YaHei, Meiryo, Malgun) and Linux (Noto CJK) ship.
 UI_FONTS = ["Segoe UI", "Inter", "Noto Sans", "DejaVu Sans", "Microsoft YaHei UI", "Noto Sans CJK SC",
