@@ -219,3 +219,15 @@ def test_windowed_models_are_estimated_with_the_pool_the_engine_reserves(tmp_pat
         assert meta.uniform_sliding_window == window, name
     assert kv_context(32768, 4096, DEFAULT_MAX_NUM_BATCHED_TOKENS) == 4096 + DEFAULT_MAX_NUM_BATCHED_TOKENS
     assert kv_context(32768, None, DEFAULT_MAX_NUM_BATCHED_TOKENS) == 32768
+
+
+def test_a_gguf_copied_into_the_models_folder_is_served_by_its_listed_name(models_dir, monkeypatch):
+    """`wslm models list` shows it as folder/file.gguf; the loader (serve, Chat's picker) takes that name too,
+    and a .gguf name that is neither a file nor listed still says what to check."""
+    from wslm.backend.loader.model_source import resolve_model as loader_resolve
+
+    monkeypatch.chdir(models_dir.parent)  # the name is no path from here
+    source = loader_resolve("lmstudio/tiny/tiny-Q8_0.gguf")
+    assert source.gguf_path == models_dir / "lmstudio/tiny/tiny-Q8_0.gguf"
+    with pytest.raises(FileNotFoundError, match="no model of that name in `wslm models list`"):
+        loader_resolve("mycopy/missing.Q4_1.gguf")

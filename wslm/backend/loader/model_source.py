@@ -49,11 +49,16 @@ def resolve_model(model: str, revision: str | None = None, download_dir: str | N
         )
     if path.exists():
         raise FileNotFoundError(f"{path} is not a model: give a model folder or a .gguf file.")
-    if model.startswith(("/", "./", "../", "~")) or model.endswith(".gguf") or "\\" in model:
+    if model.startswith(("/", "./", "../", "~")) or "\\" in model:
         raise FileNotFoundError(f"No such model file or folder: {path}. Check the path, or list models with `wslm models list`.")
+    # A name as `wslm models list` shows it: a GGUF copied into the models folder is listed as
+    # "folder/file.gguf", which is no path from here but is a model's name.
     found = _resolve_by_name(model, revision, download_dir)
     if found is not None:
         return resolve_model(str(found))
+    if model.endswith(".gguf"):
+        raise FileNotFoundError(f"No such model file: {path}, and no model of that name in `wslm models list`. "
+                                "Check the path or the name.")
     where = f"in {download_dir} (--download-dir)" if download_dir else "in the local Hugging Face cache"
     at = f" at revision {revision!r}" if revision else ""
     raise FileNotFoundError(
