@@ -222,14 +222,6 @@ class ChatPanel(QWidget):
         head.addWidget(self.model_combo, 2)
         head.addWidget(self.context_meter)
         head.addWidget(self.connection_label)
-        # The developer view: this chat's request as curl / Python, and the last reply's tokens and timings.
-        self.dev_button = QPushButton("</>")
-        self.dev_button.setToolTip("Developer view: this chat's request as curl and Python code, and the last "
-                                   "reply's token counts and timings")
-        self.dev_button.setFocusPolicy(Qt.FocusPolicy.NoFocus)
-        self.dev_button.setStyleSheet("QPushButton { padding: 6px 8px; }")
-        self.dev_button.clicked.connect(self.show_dev_view)
-        head.addWidget(self.dev_button)
         head.addWidget(self.settings_button)
         lay.addLayout(head)
         self.view = ChatView(self.session.messages)
@@ -393,6 +385,14 @@ class ChatPanel(QWidget):
         self.list_button = refresh
         for w in (self.use_server, self.use_custom, self.url, self.key, refresh):
             lay.addWidget(w)
+        # The developer view: this chat's request as curl / Python, and the last reply's tokens and timings
+        # (here, not in the chat's header: a header button cost the window 40 px of its minimum width).
+        lay.addSpacing(10)
+        self.dev_button = QPushButton("</> Developer view")
+        self.dev_button.setToolTip("This chat's request as curl and Python code, and the last reply's token counts "
+                                   "and timings")
+        self.dev_button.clicked.connect(self.show_dev_view)
+        lay.addWidget(self.dev_button)
         lay.addSpacing(10)
         self.document_settings = DocumentSettings(self.settings)
         self.document_settings.changed.connect(self.settings_changed)
@@ -984,7 +984,7 @@ class ChatPanel(QWidget):
         (a custom URL, whole in the tooltip) so it never sets the window's minimum width."""
         self.connection_label.setText(f"<span style='color:{color};'>●</span> {html.escape(text)}")
         width = self.connection_label.fontMetrics().horizontalAdvance(f"● {text}") + 4
-        self.connection_label.setMinimumWidth(min(width, 64))
+        self.connection_label.setMinimumWidth(min(width, 44))
         self.connection_label.setToolTip(text)
 
     def _apply_connection(self) -> None:
