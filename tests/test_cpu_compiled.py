@@ -37,6 +37,12 @@ def _logprobs(llm, tok) -> list:
 def test_compiled_decode_matches_eager_and_never_recompiles(dtype, tiny_models, demo_tok, monkeypatch):
     import torch._dynamo
 
+    from wslm.backend.platforms.cpu.tuning import cpu_auto_dtype
+
+    if dtype == "bfloat16" and cpu_auto_dtype()[0] != "bfloat16":
+        # Emulated bf16 (AVX2) rounds differently in oneDNN's and inductor's conversions, so greedy tokens
+        # part after 2-3 steps; dtype=auto never picks bf16 on such a CPU, so there is nothing to hold here.
+        pytest.skip(f"bfloat16 is not this CPU's compute dtype: {cpu_auto_dtype()[1]}")
     folder = str(tiny_models["llama"])
     eager = _engine(folder, monkeypatch, compile_=False, dtype=dtype)
     assert eager.llm_engine.executor.runner.compiled is None

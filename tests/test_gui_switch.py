@@ -1,26 +1,43 @@
-"""Model picker and live switch: two installed models (the demo and a tiny random Llama in the models
-folder), a real `wslm serve`, a chat reply from the demo, then the Chat panel's picker switches the server to
-the tiny model (stop, start, ready) and the next reply comes from it. The Models panel's estimate matches
-the KV pool the server reserves; quitting asks while it runs; no server process is left behind."""
+"""Model picker and switch, on a real `wslm serve` started by the app.
+
+With the model pool (the app starts the server with `--model-pool all`): a chat reply from the demo, then the
+Chat panel's picker loads a tiny random Llama from the models folder beside it (POST /v1/models/load, no
+restart: same process), the next reply comes from it, switching back needs no load, and a model whose file
+is broken shows the server's error while the chat stays with the model it had. The Models panel's estimate
+matches the KV pool the server reserves; quitting asks while it runs; no server process is left behind.
+
+Without a pool (an older wslm on the target, which refuses --model-pool): the app starts it without the flag,
+and the picker switches by restarting the server (stop, start, ready), as before the pool existed."""
 
 from __future__ import annotations
 
 import re
+import shutil
 import socket
+import sys
+import textwrap
 
 import psutil
 import pytest
 
 pytest.importorskip("PySide6")
 
-from engine_helpers import demo_tokenizer, make_tiny_model  # noqa: E402
+import test_gui_chat  # noqa: E402
+from test_gui_chat import FakeOpenAI  # noqa: E402
+from test_server_model_pool import make_tiny_chat_model  # noqa: E402
 
+from wslm.gui.chat_panel import ChatPanel  # noqa: E402
+from wslm.gui.chat_session import ChatSession  # noqa: E402
 from wslm.gui.chat_store import ChatStore  # noqa: E402
 from wslm.gui.main_window import MainWindow  # noqa: E402
-from wslm.gui.server_controller import CRASHED, READY, STOPPED  # noqa: E402
+from wslm.gui.model_picker import LoadedRole  # noqa: E402
+from wslm.gui.server_controller import CRASHED, READY, STOPPED, ServerConfig  # noqa: E402
 from wslm.gui.settings import Settings  # noqa: E402
+from wslm.wsl_bridge.launcher import Target  # noqa: E402
 
 KV_LINE = re.compile(r"KV cache: \d+ blocks of \d+ tokens = (\d+) tokens")
+LOAD_CALL = '"POST /v1/models/load HTTP/1.1" 200'
+fake_server = test_gui_chat.fake_server  # the loopback OpenAI-style streamer
 
 
 def free_port() -> int:
@@ -40,6 +57,10 @@ def serve_children() -> list[psutil.Process]:
     return out
 
 
+def alive(pid: int) -> bool:
+    return psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+
+
 def reply(window, qtbot, text: str) -> dict:
     chat = window.chat_panel
     chat.input.setPlainText(text)
@@ -48,60 +69,193 @@ def reply(window, qtbot, text: str) -> dict:
     return done.args[0]
 
 
-@pytest.mark.timeout(400)
-def test_switch_model_from_chat(qtbot, tmp_path, monkeypatch):
+def badges(combo) -> dict[str, bool]:
+    return {combo.itemData(i): bool(combo.itemData(i, LoadedRole)) for i in range(combo.count())}
+
+
+def open_window(qtbot, tmp_path, monkeypatch, **settings) -> tuple[MainWindow, ChatStore]:
     monkeypatch.setenv("WSLM_CONFIG_DIR", str(tmp_path / "config"))
     monkeypatch.setenv("WSLM_MODELS_DIR", str(tmp_path / "models"))
+    store = ChatStore(tmp_path / "chats.sqlite3")
+    window = MainWindow(Settings(first_run_done=True, port=free_port(), max_tokens=6, system_prompt="", **settings),
+                        store, watch=False)
+    qtbot.addWidget(window)
+    window.show()
+    return window, store
+
+
+def close(window, store) -> None:
+    # Closing with the server running asks; "Cancel" keeps both; "Yes" stops it and leaves nothing behind.
+    window.confirm_close = lambda: False
+    assert not window.close() and window.server.state == READY
+    window.confirm_close = lambda: True
+    assert window.close()
+    assert window.server.state == STOPPED and not serve_children()
+    store.close()
+
+
+@pytest.mark.timeout(300)
+def test_switch_model_loads_it_beside_the_running_one(qtbot, tmp_path, monkeypatch):
     # The demo served as the app serves it: GGUF weights kept quantized, dtype=auto (bf16 on CPUs with
     # avx512_bf16/AMX), not the dequantized form the parity tests load.
     monkeypatch.setenv("WSLM_GGUF_DEQUANTIZE", "0")
-    make_tiny_model(tmp_path / "models" / "tiny-llama", "llama", demo_tokenizer())
-    settings = Settings(first_run_done=True, port=free_port(), model="demo", max_model_len=512,
-                        serve_extra_args="--max-num-seqs 4", max_tokens=6, system_prompt="")
-    store = ChatStore(tmp_path / "chats.sqlite3")
-    window = MainWindow(settings, store, watch=False)
-    qtbot.addWidget(window)
-    window.show()
+    tiny = make_tiny_chat_model(tmp_path / "models" / "tiny")
+    shutil.copytree(tiny, tmp_path / "models" / "broken")  # listed, but its weights are cut short
+    (tmp_path / "models" / "broken" / "model.safetensors").write_bytes((tiny / "model.safetensors").read_bytes()[:1000])
+    window, store = open_window(qtbot, tmp_path, monkeypatch, model="demo", max_model_len=512,
+                                serve_extra_args="--max-num-seqs 4")
     chat, server = window.chat_panel, window.server
-    qtbot.waitUntil(lambda: "tiny-llama" in window.models.table.ids(), timeout=90_000)
+    combo = chat.model_combo
+    window.server_panel.start()  # while the models are listed (both take seconds)
+    qtbot.waitUntil(lambda: {"tiny", "broken"} <= set(window.models.table.ids()), timeout=90_000)
     # Both pickers list the installed models (not free text), by the names users know.
-    assert window.server_panel.model.findData("tiny-llama") >= 0 and not window.server_panel.model.isEditable()
-    assert chat.model_combo.findData("demo") >= 0 and chat.model_combo.findData("tiny-llama") >= 0
-    assert chat.model_combo.itemText(chat.model_combo.findData("demo")).endswith(".gguf")
-
-    window.server_panel.start()
+    assert window.server_panel.model.findData("tiny") >= 0 and not window.server_panel.model.isEditable()
+    assert combo.findData("demo") >= 0 and combo.findData("tiny") >= 0
+    assert combo.itemText(combo.findData("demo")).endswith(".gguf")
     qtbot.waitUntil(lambda: server.state in (READY, CRASHED), timeout=180_000)
     assert server.state == READY, window.logs.text()[-3000:]
+    assert "--model demo" in window.logs.text() and "--model-pool all" in window.logs.text()  # the command line
     # The Models panel's estimate counts the KV pool this server reserved (same context, same function).
     demo = next(m for m in window.models.table.models if m["id"] == "demo")
     tokens = int(KV_LINE.search(window.logs.text()).group(1))
     reserved = tokens * demo["kv_bytes_per_token"]
     assert abs(demo["kv_cache_bytes"] - reserved) <= 0.1 * reserved
     assert demo["memory_estimate_bytes"] >= demo["weights_memory_bytes"] + reserved
+    # The pool as /v1/models says it: every installed model servable, the demo loaded.
+    qtbot.waitUntil(lambda: window.pool.pooled, timeout=30_000)
+    assert window.pool.state("demo") == "loaded" and window.pool.state("tiny") == "not-loaded"
+    assert badges(combo)["demo"] and not badges(combo)["tiny"]
     first = reply(window, qtbot, "Say hi.")
     assert first["model"] == "demo" and first["tokens"] > 0
-    demo_pid = int(server.ready_event["pid"])
+    pid = int(server.ready_event["pid"])
 
+    # Pick the tiny model: it is loaded beside the demo, no restart.
     states = []
     server.state_changed.connect(lambda s, _d: states.append(s))
-    chat.choose_model("tiny-llama")
-    assert "Switching to tiny-llama" in chat.switch_note.text() and not chat.switch_note.isHidden()
+    chat.choose_model("tiny")
+    assert "Loading tiny" in chat.switch_note.text() and not chat.switch_note.isHidden()
+    assert "loading" in chat.connection_label.text() and "tiny (loading…)" in window.status.model.text()
     chat.input.setPlainText("too early")
     chat.send()
     assert chat.error_label.isVisible() and chat.input.toPlainText() == "too early"  # kept, not sent
-    qtbot.waitUntil(lambda: server.state == READY and server.config.model == "tiny-llama", timeout=180_000)
-    assert states[:2] == ["stopping", "stopped"] and "loading" in states and states[-1] == READY
-    assert not psutil.pid_exists(demo_pid) or psutil.Process(demo_pid).status() == psutil.STATUS_ZOMBIE
-    assert window.server_panel.model_id() == "tiny-llama" and chat.switch_note.isHidden()
-    assert chat.model_combo.currentData() == "tiny-llama" and "tiny-llama" in chat.connection_label.toolTip()
+    qtbot.waitUntil(lambda: chat.server_model == "tiny" and not chat.switching_to, timeout=60_000)
+    assert LOAD_CALL in window.logs.text()  # the app asked the server to load it
+    assert states == [] and server.state == READY and int(server.ready_event["pid"]) == pid and alive(pid)
+    assert chat.switch_note.isHidden() and combo.currentData() == "tiny" and "tiny" in chat.connection_label.toolTip()
+    assert window.session.context_len == 512 and window.status.model.text() == "Model: tiny"
     second = reply(window, qtbot, "Hello again")
-    assert second["model"] == "tiny-llama"
-    assert [m.role for m in window.session.messages.messages()] == ["user", "assistant"] * 2
+    assert second["model"] == "tiny"  # the server's response names the model that answered
+    # Both are loaded now: both carry the badge (the reply's end read /v1/models again).
+    qtbot.waitUntil(lambda: badges(combo)["demo"] and badges(combo)["tiny"], timeout=30_000)
 
-    # Closing with the server running asks; "Cancel" keeps both; "Yes" stops it and leaves nothing behind.
-    window.confirm_close = lambda: False
-    assert not window.close() and server.state == READY
-    window.confirm_close = lambda: True
-    assert window.close()
-    assert server.state == STOPPED and not serve_children()
+    # Back to the demo: still loaded, its chat goes on, the same process.
+    chat.choose_model("demo")
+    qtbot.waitUntil(lambda: chat.server_model == "demo" and not chat.switching_to, timeout=30_000)
+    assert window.session.context_len == 512 and combo.currentData() == "demo"
+    third = reply(window, qtbot, "And you?")
+    assert third["model"] == "demo" and third["tokens"] > 0
+
+    # A model that fails to load: the server's error in the chat, the chat stays with the demo.
+    chat.choose_model("broken")
+    qtbot.waitUntil(lambda: not chat.switching_to, timeout=60_000)
+    error = chat.error_label.text()
+    assert chat.error_label.isVisible() and "Could not load the model `broken`" in error
+    assert "SafetensorError" in error and "The chat stays with SmolLM2-135M-Instruct.Q4_1.gguf." in error
+    assert combo.currentData() == "demo" and chat.server_model == "demo" and window.session.model == "demo"
+    assert window.session.current().model == "demo" and chat.model_hint.isHidden()
+    fourth = reply(window, qtbot, "Still there?")
+    assert fourth["model"] == "demo"
+    assert states == [] and int(server.ready_event["pid"]) == pid and alive(pid)
+    assert [m.role for m in window.session.messages.messages()] == ["user", "assistant"] * 4
+    close(window, store)
+
+
+OLD_WSLM = textwrap.dedent("""
+    # A wslm from before --model-pool (a WSL install the app's update did not reach): argparse refuses it.
+    import os, sys
+    args = sys.argv[1:]
+    if "--model-pool" in args:
+        sys.stderr.write("usage: wslm serve [-h] [--model MODEL] ...\\n"
+                         "wslm serve: error: unrecognized arguments: --model-pool all\\n")
+        sys.exit(2)
+    os.execv(sys.executable, [sys.executable, "-m", "wslm", *args])
+""")
+
+
+@pytest.mark.timeout(300)
+def test_switch_restarts_a_server_without_a_pool(qtbot, tmp_path, monkeypatch):
+    for name in ("tiny-a", "tiny-b"):
+        make_tiny_chat_model(tmp_path / "models" / name)
+    script = tmp_path / "old_wslm.py"
+    script.write_text(OLD_WSLM)
+    window, store = open_window(qtbot, tmp_path, monkeypatch, model="tiny-a")
+    window.server.target = Target.local(wslm_command=[sys.executable, str(script)])
+    chat, server = window.chat_panel, window.server
+    states = []
+    server.state_changed.connect(lambda s, _d: states.append(s))
+    window.server_panel.start()  # while the models are listed (both take seconds)
+    qtbot.waitUntil(lambda: {"tiny-a", "tiny-b"} <= set(window.models.table.ids()), timeout=90_000)
+    qtbot.waitUntil(lambda: server.state in (READY, CRASHED), timeout=180_000)
+    assert server.state == READY, window.logs.text()[-3000:]
+    # It refused the flag: started again without it, and no crash was shown for that.
+    assert server.pool_refused and "has no --model-pool" in window.logs.text() and CRASHED not in states
+    qtbot.waitUntil(lambda: bool(window.pool.cards), timeout=30_000)
+    assert not window.pool.pooled and not window.pool.can_load("tiny-b")  # one model, no `state`
+    assert reply(window, qtbot, "Hi")["model"] == "tiny-a"
+    pid = int(server.ready_event["pid"])
+
+    states.clear()
+    chat.choose_model("tiny-b")  # the fallback: stop, start with the new model, ready
+    assert "Switching to tiny-b" in chat.switch_note.text() and not chat.switch_note.isHidden()
+    qtbot.waitUntil(lambda: server.state == READY and server.config.model == "tiny-b", timeout=180_000)
+    assert states[:2] == ["stopping", "stopped"] and "loading" in states and states[-1] == READY
+    assert not alive(pid) and int(server.ready_event["pid"]) != pid
+    assert "--model-pool" not in server.config.serve_args()
+    assert window.server_panel.model_id() == "tiny-b" and chat.switch_note.isHidden()
+    assert chat.model_combo.currentData() == "tiny-b"
+    assert reply(window, qtbot, "Hello again")["model"] == "tiny-b"
+    assert LOAD_CALL not in window.logs.text()
+    close(window, store)
+
+
+def test_serve_args_ask_for_the_pool_unless_the_extra_flags_name_one():
+    args = ServerConfig(model="demo", model_pool=["all"]).serve_args()
+    assert args[:2] == ["--model", "demo"] and args[args.index("--model-pool") + 1] == "all"
+    assert "--model-pool" not in ServerConfig(model="demo").serve_args()
+    own = ServerConfig(model="demo", model_pool=["all"], extra_args=["--model-pool", "small=./s.gguf"]).serve_args()
+    assert own.count("--model-pool") == 1 and own[-2:] == ["--model-pool", "small=./s.gguf"]
+
+
+def test_a_pool_switch_leaves_a_streaming_reply_alone(qtbot, tmp_path, fake_server):
+    """Loading another model beside the running one cuts nothing: no question, the reply streams on; a failed
+    load leaves the chat on its model. (The question for a restart: test_gui_newuser_a.)"""
+    FakeOpenAI.delay, FakeOpenAI.repeat = 0.02, 20
+    store = ChatStore(tmp_path / "chats.sqlite3")
+    session = ChatSession(store, {"system_prompt": "", "max_tokens": 64})
+    panel = ChatPanel(session, Settings(chat_use_server=True, system_prompt=""))
+    qtbot.addWidget(panel)
+    panel.set_installed_models([{"id": "demo", "format": "gguf", "path": "/m/demo.gguf"},
+                                {"id": "tiny", "format": "hf", "path": "/m/tiny"}], "demo")
+    panel.set_server(fake_server, "demo", "sk-test", 4096)
+    panel.live_switch = lambda model_id: model_id == "tiny"
+    switched = []
+    panel.model_switch_requested.connect(switched.append)
+    panel.confirm_switch = lambda n: pytest.fail("a pool switch cuts no reply: nothing to ask")
+    panel.input.setPlainText("Tell me a story")
+    panel.send()
+    qtbot.waitUntil(lambda: len(session.messages.messages()[-1].content) > 10, timeout=10_000)
+    panel.choose_model("tiny")
+    assert switched == ["tiny"] and session.busy
+    panel.show_load("tiny", "loading")
+    assert "Loading tiny" in panel.switch_note.text() and panel.model_combo.currentData() == "tiny"
+    panel.set_pool_states({"demo"}, "tiny")
+    assert badges(panel.model_combo) == {"demo": True, "tiny": False, "\x00browse": False}
+    with qtbot.waitSignal(session.reply_finished, timeout=10_000) as done:
+        pass
+    assert not done.args[0].get("stopped") and "interrupted" not in session.messages.messages()[-1].stats
+    panel.show_load("tiny", "failed", "Not enough memory to load the model `tiny`.")
+    assert panel.model_combo.currentData() == "demo" and session.model == "demo" and panel.switch_note.isHidden()
+    assert "Not enough memory to load the model `tiny`. The chat stays with demo.gguf." in panel.error_label.text()
+    assert session.current().model == "demo"  # the chat never talked to tiny
+    session.shutdown()
     store.close()

@@ -150,8 +150,12 @@ VARIABLES: tuple[EnvVar, ...] = (
     EnvVar("WSLM_GGUF_CACHE", "bool", True, "`0`: no converted copy of a GGUF is written or read.",
            (_E,), _TUNING),
     EnvVar("WSLM_QUANT_FLOAT32", "bool", False,
-           "`1`: int4/int8 weights multiply in float32 on CPU when the model runs float32 (bit-for-bit "
-           "tensor-parallel parity; torch's float32 kernels are 10-30x slower, so bf16 is the default).",
+           "`1`: with a float32 model on CPU, quantized weights reproduce the file's values exactly and multiply "
+           "in float32: int4 keeps float32 scales (expanded to float32 for one GEMM per call), and the GGUF "
+           "types the default would re-quantize to int8 (Q5_*, Q6_K, Q8_0, Q2_K/Q3_K, 4-bit embedding tables) "
+           "load dequantized to float32 (4x those tensors' int8 size). Token for token with transformers' "
+           "dequantized model, and bit-for-bit tensor-parallel parity; several times slower than the bf16 "
+           "kernels, which are the default.",
            (_E,), _TUNING),
     EnvVar("WSLM_CPU_COMPILE", "auto_bool", None,
            "`auto`: compile the CPU decode step with torch.compile in the background when a C++ compiler exists "

@@ -41,7 +41,8 @@ class EngineConfig:
     dtype: str = _flag("auto", "auto, float32, float16 or bfloat16")
     gpu_memory_utilization: float = _flag(defaults.GPU_MEMORY_UTILIZATION, "CUDA: share of the GPU to use")
     # CPU: bytes for the KV pool (None: from free RAM)
-    kv_cache_memory: int | None = _flag(None, "KV-cache size: bytes, or like 4GiB / 512MiB")
+    kv_cache_memory: int | None = _flag(None, "KV-cache size: bytes, or like 4GiB / 512MiB",
+                                        aliases=("--kv-cache-memory-bytes",))  # vLLM's name
     num_gpu_blocks_override: int | None = _flag(
         None, "exact KV-cache size in blocks, instead of sizing it from memory (tests, tuning)")
     chat_template: str | None = _flag(None, "a Jinja chat template, or a path to one")

@@ -35,6 +35,10 @@ class SamplingParams:
     bad_words: list[str] | None = None  # words never generated (as whole token sequences)
     prompt_logprobs: int | None = None  # top-N logprobs for every prompt token (besides the prompt's own)
     truncate_prompt_tokens: int | None = None  # keep only the last k prompt tokens (-1: the context length)
+    truncation_side: str | None = None  # vLLM's: "left" (the default) keeps the last k tokens, "right" the first k
+    # vLLM's: logprobs of exactly these ids at each generated position (besides the sampled token's), instead
+    # of the top `logprobs` (scoring a fixed label set without asking for the whole vocabulary).
+    logprob_token_ids: list[int] | None = None
     structured_outputs: StructuredOutputsParams | None = None  # JSON schema / regex / choice / grammar
     guided_decoding: GuidedDecodingParams | None = None  # vLLM's older name; moved to structured_outputs
     extra: dict = field(default_factory=dict)
@@ -104,6 +108,12 @@ class SamplingParams:
         t = self.truncate_prompt_tokens
         if t is not None and (isinstance(t, bool) or not isinstance(t, int) or (t < 1 and t != -1)):
             raise ValueError(f"truncate_prompt_tokens must be a positive integer or -1, got {t!r}.")
+        if self.truncation_side not in (None, "left", "right"):
+            raise ValueError(f'truncation_side must be "left" or "right", got {self.truncation_side!r}.')
+        ids = self.logprob_token_ids
+        if ids is not None and (not ids or not isinstance(ids, list)
+                                or any(isinstance(t, bool) or not isinstance(t, int) for t in ids)):
+            raise ValueError(f"logprob_token_ids must be a non-empty list of token ids, got {ids!r}.")
         if self.structured_outputs is not None and not isinstance(self.structured_outputs, StructuredOutputsParams):
             raise ValueError("structured_outputs must be a StructuredOutputsParams.")
 

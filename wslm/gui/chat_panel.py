@@ -48,7 +48,14 @@ from wslm.gui.context_fit import POLICIES
 from wslm.gui.dev_view import DevViewDialog
 from wslm.gui.elided_label import ElidedLabel
 from wslm.gui.model_lister import ModelLister
-from wslm.gui.model_picker import BROWSE, BROWSE_TEXT, DetailsRole, LoadedRole, ModelPickerDelegate
+from wslm.gui.model_picker import (
+    BROWSE,
+    BROWSE_TEXT,
+    DetailsRole,
+    LoadedRole,
+    LoadingRole,
+    ModelPickerDelegate,
+)
 from wslm.gui.models_model import display_name, is_model_file, picker_details
 from wslm.gui.settings import Settings
 
@@ -73,6 +80,16 @@ class ChatInput(QPlainTextEdit):
         super().keyPressEvent(event)
 
 
+class PickerCombo(QComboBox):
+    """The model picker; says when its list opens (the server's loaded models are then read anew)."""
+
+    opening = Signal()
+
+    def showPopup(self) -> None:
+        self.opening.emit()
+        super().showPopup()
+
+
 class RenameDelegate(QStyledItemDelegate):
     """The rename box covers the whole row, and is never shorter than a line edit wants: the list's item
     padding would otherwise leave it a text-high strip that clips the letters (top and bottom)."""
@@ -93,7 +110,8 @@ class RenameDelegate(QStyledItemDelegate):
 
 class ChatPanel(QWidget):
     settings_changed = Signal()
-    model_switch_requested = Signal(str)  # an installed model's id: serve it instead (stop, start, ready)
+    model_switch_requested = Signal(str)  # an installed model's id: serve it instead (pool load, or restart)
+    picker_opened = Signal()  # the model list opens: a moment to read which models the server has loaded
     start_server_requested = Signal()  # the user took the offer to start our server (it was not running)
     notice = Signal(str)  # a brief confirmation (copied, exported) for the status bar
 
@@ -110,6 +128,11 @@ class ChatPanel(QWidget):
         self.model_files: list[str] = []  # .gguf files chosen with "Browse…" (served by path)
         self.server_path = lambda path: path  # a chosen file's path as the server sees it (WSL: /mnt/c/…)
         self.switching_to = ""  # a model switch in progress
+        # Set by the main window: whether our server switches to a model without a restart (its model pool
+        # holds it), so a switch leaves the replies being written alone.
+        self.live_switch = lambda model_id: False
+        self.loaded_models: set[str] = set()  # what our server has loaded (/v1/models `state`): "loaded" badges
+        self.loading_model = ""  # what it is loading
         self.editing_row = -1  # a sent message being edited (Send re-runs the chat from it)
         self.server_state = "stopped"  # our server's state (set by the main window)
         self.server_coming = False  # our server is starting, loading or restarting: it will be ready
@@ -209,7 +232,8 @@ class ChatPanel(QWidget):
         self.settings_button.toggled.connect(self._settings_toggled)
         # The model picker: installed models (wslm server: choosing one switches the server to it), or the
         # models an OpenAI-compatible URL serves (free text allowed there).
-        self.model_combo = QComboBox()
+        self.model_combo = PickerCombo()
+        self.model_combo.opening.connect(self.picker_opened)
         self.model_combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
         self.model_combo.setMinimumContentsLength(5)  # grows with the window (stretch below)
         self.model_combo.setToolTip("The model this chat talks to")
@@ -482,8 +506,9 @@ class ChatPanel(QWidget):
             self.model_hint.hide()
             return
         name = html.escape(display_name(chat_model))
-        self.model_hint.setText(f"This chat was with {name}. <a href='{html.escape(conv.model)}'>Switch to it</a> "
-                                "(the server reloads), or just write: the model above answers.")
+        how = "" if self.live_switch(conv.model) else " (the server reloads)"
+        self.model_hint.setText(f"This chat was with {name}. <a href='{html.escape(conv.model)}'>Switch to it</a>"
+                                f"{how}, or just write: the model above answers.")
         self.model_hint.show()
 
     def _overflow_changed(self, _index: int) -> None:
@@ -535,7 +560,7 @@ class ChatPanel(QWidget):
         if not text.strip() or self.session.busy:
             return
         if self.switching_to and self.settings.chat_use_server:
-            self._show_error("The new model is still loading: send when the server is ready (your text is kept).",
+            self._show_error("The new model is still loading: send when it is ready (your text is kept).",
                              server=True)
             return
         if not self.session.base_url:
@@ -874,7 +899,8 @@ class ChatPanel(QWidget):
             return
         served = self.server_model if self.server_url else ""
         streaming = len(self.session.streaming_ids)
-        if model_id and model_id not in (served, self.switching_to) and streaming:
+        # A model loaded beside the running one (the server's pool) leaves the replies being written alone.
+        if model_id and model_id not in (served, self.switching_to) and streaming and not self.live_switch(model_id):
             # The switch stops the server under the replies being written: ask, and keep their text.
             if not self.confirm_switch(streaming):
                 self._fill_server_models()  # back to the model that is writing them
@@ -922,7 +948,9 @@ class ChatPanel(QWidget):
             combo.addItem(display_name(m), m["id"])
             i = combo.count() - 1
             combo.setItemData(i, picker_details(m), DetailsRole)
-            combo.setItemData(i, bool(served) and served in (m["id"], m.get("path")), LoadedRole)
+            combo.setItemData(i, bool(served) and served in (m["id"], m.get("path")) or m["id"] in self.loaded_models,
+                              LoadedRole)
+            combo.setItemData(i, m["id"] == self.loading_model, LoadingRole)
             combo.setItemData(i, "\n".join(t for t in (display_name(m), str(m.get("path") or ""),
                                                          picker_details(m)) if t), Qt.ItemDataRole.ToolTipRole)
         for extra in [selected, *self.model_files]:
@@ -930,7 +958,8 @@ class ChatPanel(QWidget):
                 combo.addItem(Path(extra.replace("\\", "/")).name if is_model_file(extra) else extra, extra)
                 i = combo.count() - 1
                 combo.setItemData(i, "file on disk" if is_model_file(extra) else "", DetailsRole)
-                combo.setItemData(i, extra == served, LoadedRole)
+                combo.setItemData(i, extra == served or extra in self.loaded_models, LoadedRole)
+                combo.setItemData(i, extra == self.loading_model, LoadingRole)
                 combo.setItemData(i, extra, Qt.ItemDataRole.ToolTipRole)
         combo.addItem(BROWSE_TEXT, BROWSE)  # serve a .gguf from anywhere on disk, by its path
         combo.setItemData(combo.count() - 1, "Pick a model file on disk to serve", Qt.ItemDataRole.ToolTipRole)
@@ -978,6 +1007,58 @@ class ChatPanel(QWidget):
         self.view.set_empty_hint(f"Loading {name}… the chat can continue once it is ready.")
         self._fill_server_models()
         self._show_model_hint()
+
+    def set_pool_states(self, loaded: set[str], loading: str = "") -> None:
+        """Which models our server has loaded, and which one it is loading (its /v1/models `state`): the
+        picker's badges. Marked in place: an open list stays open."""
+        self.loaded_models, self.loading_model = set(loaded), loading
+        if not self.settings.chat_use_server:
+            return
+        served = self.server_model if self.server_url else ""
+        combo = self.model_combo
+        for i in range(combo.count()):
+            model_id = combo.itemData(i)
+            if not model_id or model_id == BROWSE:
+                continue
+            m = next((m for m in self.installed if m["id"] == model_id), {})
+            combo.setItemData(i, bool(served) and served in (model_id, m.get("path")) or model_id in self.loaded_models,
+                              LoadedRole)
+            combo.setItemData(i, model_id == loading, LoadingRole)
+
+    def show_load(self, model_id: str, state: str, error: str = "") -> None:
+        """A model loaded beside the running one (the server's pool), where the user picked it: `state` as
+        /v1/models says while it loads ("loading", "not-loaded": waiting its turn), then "loaded" or
+        "failed" (`error`: the server's words; the chat stays with the model it had)."""
+        name = next((display_name(m) for m in self.installed if m.get("id") == model_id), model_id)
+        if state in ("loading", "not-loaded"):
+            self.switching_to = model_id
+            self.loading_model = model_id
+            self._set_connection("#d29922", "loading…")
+            how = "the server is loading it" if state == "loading" else "waiting for the server to load it"
+            self.switch_note.setText(f"<span style='color:#d29922;'>●</span> Loading {html.escape(name)}… ({how}; "
+                                     "the current model keeps answering until then)")
+            self.switch_note.show()
+            self.view.set_empty_hint(f"Loading {name}… the chat can continue once it is ready.")
+            self._fill_server_models()
+            self._show_model_hint()
+            return
+        self.switching_to = ""
+        if self.loading_model == model_id:
+            self.loading_model = ""
+        self.switch_note.hide()
+        self._apply_connection()  # the picker back on the model the chat talks to (the new one once loaded)
+        if state == "failed":
+            kept = next((display_name(m) for m in self.installed if m.get("id") == self.server_model),
+                        self.server_model)
+            conv = self.session.current()
+            if conv is not None and conv.model == model_id and self.server_model:
+                self.session.store.update_conversation(conv.id, model=self.server_model)  # it never talked to it
+            said = error.strip() or "no reason given"
+            text = said if model_id in said or name in said else f"Could not load {name}: {said}"
+            self._show_error(f"{text.rstrip('.')}.{f' The chat stays with {kept}.' if kept else ''}")
+            self._show_model_hint()
+        elif not self._server_note:
+            self.error_label.hide()
 
     def _set_connection(self, color: str, text: str) -> None:
         """The dot and a few words beside the picker: shown whole when short ("wslm server"), cut when long

@@ -29,6 +29,7 @@ from wslm.gui.log_model import LogModel
 from wslm.gui.logs_panel import LogsPanel
 from wslm.gui.models_panel import ModelsPanel
 from wslm.gui.models_service import ModelsService
+from wslm.gui.pool_client import ModelPoolClient
 from wslm.gui.resource_monitor import ResourceMonitor
 from wslm.gui.scroll_page import ScrollPage
 from wslm.gui.server_controller import CRASHED, LOADING, READY, STARTING, STOPPED, STOPPING, ServerController
@@ -65,6 +66,7 @@ class MainWindow(QMainWindow):
         self.server = ServerController(self.logs, self)
         self.server.target = self.target
         self.server.auto_restart = s.auto_restart
+        self.pool = ModelPoolClient(self)  # the running server's other models (--model-pool): switch without restart
         self.models = ModelsService(self.logs, self)
         self.models.target = self.target
         self.models.context = s.max_model_len
@@ -76,6 +78,7 @@ class MainWindow(QMainWindow):
 
         self.chat_panel = ChatPanel(self.session, s)
         self.chat_panel.server_path = self._server_path
+        self.chat_panel.live_switch = self._live_switch
         self.models_panel = ModelsPanel(self.models, s.hub_endpoint)
         self.server_panel = ServerPanel(self.server, s)
         self.share_panel = SharePanel(self.share)
@@ -123,6 +126,11 @@ class MainWindow(QMainWindow):
         self.server_panel.change_target.connect(self.choose_target)
         self.models.listed.connect(self._on_models_listed)
         self.chat_panel.model_switch_requested.connect(self.switch_model)
+        self.chat_panel.picker_opened.connect(self.pool.refresh)
+        self.pool.changed.connect(lambda: self.chat_panel.set_pool_states(self.pool.loaded_models(), self.pool.loading))
+        self.pool.load_progress.connect(self._on_pool_progress)
+        self.pool.loaded.connect(self._on_pool_loaded)
+        self.pool.load_failed.connect(self._on_pool_failed)
         self.chat_panel.start_server_requested.connect(self._start_for_chat)
         self.models_panel.use_model.connect(self._serve_model)
         self.models_panel.endpoint_changed.connect(self._remember_endpoint)
@@ -134,6 +142,7 @@ class MainWindow(QMainWindow):
         # The status bar's tok/s is the last reply's own figure (the one under the message), not the
         # server-wide rate, which mixes in idle time and other clients.
         self.session.reply_finished.connect(self._on_reply_finished)
+        self.session.reply_finished.connect(lambda _stats: self.pool.refresh() if self.pool.pooled else None)
         self.chat_panel.notice.connect(self.toast)  # copied, exported: a brief word, not silence
         self.server_panel.settings_changed.connect(self.chat_panel.refresh_connection)
         self.server_panel.settings_changed.connect(self._server_settings_changed)
@@ -221,6 +230,8 @@ class MainWindow(QMainWindow):
         self.setWindowTitle(f"wslm — {model}" if state == READY else f"wslm — server {words}")
         self.status.set_model((self.server.ready_event.get("model") or self.server.config.model) if state == READY else "")
         if state != READY:
+            if self.pool.base_url:
+                self.pool.set_server("")  # a load still running is reported failed (the server went)
             self.chat_panel.set_server("", "", "")
             self.status.set_kv(None)
             self.status.set_speed(None)
@@ -253,6 +264,7 @@ class MainWindow(QMainWindow):
         self.share_panel.remove_note(SERVER_NOT_RUNNING)
         self.chat_panel.set_server(self.server.base_url, str(event.get("model") or self.server.config.model),
                                    self.server.config.api_key, event.get("max_model_len"))
+        self.pool.set_server(self.server.base_url, self.server.config.api_key)  # which models it serves, loaded or not
 
     def _on_metrics(self, m: dict) -> None:
         self.status.set_kv(m.get("kv_cache_usage"))
@@ -277,9 +289,24 @@ class MainWindow(QMainWindow):
     def _on_models_listed(self, _ids: list) -> None:
         self.server_panel.set_models(self.models.table.models)
         self.chat_panel.set_installed_models(self.models.table.models, self.server_panel.model_id())
+        if self.pool.pooled:
+            self.pool.refresh()  # `--model-pool all` serves a model pulled since start: the server rescans
 
-    # Model switch (Chat's model picker): stop, start with the new model, wait for ready, with progress.
+    # Model switch (Chat's model picker). With a model pool that holds the model: load it beside the running
+    # one (POST /v1/models/load) and talk to it, no restart. Else: stop, start with the new model, wait for
+    # ready, with progress.
+    def _live_switch(self, model_id: str) -> bool:
+        return self.server.state == READY and self.settings.chat_use_server and self.pool.can_load(model_id)
+
     def switch_model(self, model_id: str) -> None:
+        if self._live_switch(model_id):
+            if self.pool.loading:
+                self.chat_panel.show_load(model_id, "failed", f"{self.pool.loading} is still loading; pick "
+                                          f"{model_id} again when it is ready")
+                self.chat_panel.show_load(self.pool.loading, self.pool.state(self.pool.loading) or "loading")
+            elif model_id != self.chat_panel.server_model:
+                self.pool.load(model_id)
+            return
         if self.server.state == READY and self.server.config.model == model_id:
             return
         self.server_panel.set_model(model_id)
@@ -293,6 +320,34 @@ class MainWindow(QMainWindow):
             self.server_panel.restart()
         else:
             self.server_panel.start()
+
+    def _on_pool_progress(self, model_id: str, state: str) -> None:
+        self.chat_panel.show_load(model_id, state)
+        self.status.set_model(f"{model_id} (loading…)")
+        self.setWindowTitle(f"wslm — loading {model_id}")
+
+    def _on_pool_loaded(self, model_id: str, card: dict) -> None:
+        """The chosen model is loaded: the chat talks to it from now on (same server, same URL)."""
+        if self.server.state != READY:
+            return
+        context = card.get("max_model_len")
+        self.chat_panel.set_server(self.server.base_url, model_id, self.server.config.api_key,
+                                   int(context) if context else None)
+        self.chat_panel.show_load(model_id, "loaded")
+        self.chat_panel.set_pool_states(self.pool.loaded_models(), self.pool.loading)
+        self.status.set_model(model_id)
+        self.setWindowTitle(f"wslm — {model_id}")
+        self.logs.add("server", f"switched the chat to {model_id} (loaded beside the others, no restart)")
+
+    def _on_pool_failed(self, model_id: str, message: str) -> None:
+        """The load failed (out of memory, a broken file, ...): the chat keeps the model it had."""
+        self.chat_panel.show_load(model_id, "failed", message)
+        self.chat_panel.set_pool_states(self.pool.loaded_models(), self.pool.loading)
+        self.logs.add("server", f"loading {model_id} failed: {message}")
+        if self.server.state == READY:
+            kept = self.chat_panel.server_model
+            self.status.set_model(kept)
+            self.setWindowTitle(f"wslm — {kept}")
 
     def _server_path(self, path: str) -> str:
         """A file chosen on this machine as the backend's side sees it (WSL: C:\\x -> /mnt/c/x)."""
@@ -333,6 +388,7 @@ class MainWindow(QMainWindow):
         self.target = target
         self.settings.target = target_to_settings(target)
         self.server.target = target
+        self.server.pool_refused = False  # that target's wslm may know --model-pool
         self.models.target = target
         self.monitor.set_target(target)
         self.share.distro = target.distro if target.via_wsl else None

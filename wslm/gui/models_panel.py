@@ -143,7 +143,8 @@ class ModelsPanel(QWidget):
         if m.get("memory_estimate_bytes"):
             ctx = m.get("estimate_context") or m.get("context_length")
             parts.append(f"needs about {human_bytes(m['memory_estimate_bytes'])} "
-                         f"(weights + KV cache{f' at {ctx:,} tokens' if ctx else ''}) · "
+                         f"(weights + KV cache{f' at {ctx:,} tokens' if ctx else ''} + runtime, as "
+                         f"`wslm models info` counts) · "
                          f"fits GPU: <span style='color:{color};'>{fit}</span>")
         if not m.get("supported", True):
             parts.append(f"<span style='color:#f85149;'>not supported: {html.escape(str(m.get('unsupported_reason')))}</span>")

@@ -54,6 +54,9 @@ class ServerConfig:
     quantization: str = ""  # "": the checkpoint's own
     kv_cache_dtype: str = defaults.KV_CACHE_DTYPE
     tensor_parallel_size: int = 1
+    # --model-pool: more models the server loads on request (["all"]: every installed one), so the chat's
+    # picker switches models without a restart. [] : one model, as before.
+    model_pool: list[str] = field(default_factory=list)
     extra_args: list[str] = field(default_factory=list)  # any other `wslm serve` flags
 
     def serve_args(self) -> list[str]:
@@ -68,7 +71,13 @@ class ServerConfig:
             args += ["--kv-cache-dtype", self.kv_cache_dtype]
         if int(self.tensor_parallel_size) > 1:
             args += ["--tensor-parallel-size", str(int(self.tensor_parallel_size))]
+        if self.model_pool and not self.user_pool():
+            args += ["--model-pool", *self.model_pool]
         return args + list(self.extra_args)
+
+    def user_pool(self) -> bool:
+        """The extra flags name their own --model-pool: theirs wins."""
+        return any(a == "--model-pool" or a.startswith("--model-pool=") for a in self.extra_args)
 
     def env(self) -> dict[str, str]:
         """Our environment plus WSLM_API_KEY (passed into WSL through WSLENV): a key on the command line
@@ -84,6 +93,7 @@ class ServerConfig:
         return "127.0.0.1" if self.host in ("0.0.0.0", "::", "") else self.host
 
 
+_NO_POOL_FLAG = re.compile(r"unrecognized arguments:.*--model-pool")
 _CLI_ADVICE = re.compile(r"`|(^|\s)--[a-z]")
 
 
@@ -125,6 +135,7 @@ class ServerController(QObject):
         self._restart_after_stop = False
         self._stop_pending = False
         self._backend_pid = 0  # from the loading event
+        self.pool_refused = False  # the target's wslm predates --model-pool: started without it since
         self._health_failures = 0
         self._net = QNetworkAccessManager(self)
         self._health_timer = QTimer(self, interval=HEALTH_INTERVAL_MS)
@@ -169,6 +180,8 @@ class ServerController(QObject):
         self.cause = None
         self._health_failures = 0
         self._log_mark = self.logs.added
+        if self.pool_refused and self.config.model_pool:
+            self.config.model_pool = []
         argv = self.target.wslm_argv(["serve", *self.config.serve_args()])
         shown = ["<hidden>" if i and argv[i - 1] == "--api-key" else a for i, a in enumerate(argv)]
         self.logs.add("server", "$ " + " ".join(shown))
@@ -273,6 +286,16 @@ class ServerController(QObject):
             if self._restart_after_stop:
                 self._restart_after_stop = False
                 QTimer.singleShot(0, self.start)
+            return
+        if was == STARTING and self.config.model_pool and not self.config.user_pool() \
+                and _NO_POOL_FLAG.search(tail + "\n" + "\n".join(self.last_lines)):
+            # An older wslm on the target (WSL installs update apart from the app): serve one model, as it
+            # can; the chat's picker then switches models by restarting it.
+            self.pool_refused = True
+            self.logs.add("server", "this wslm has no --model-pool (update it for switching models without a "
+                                    "restart): starting without it")
+            self.state = STOPPED  # not announced: the start that follows says "starting" again
+            QTimer.singleShot(0, self.start)
             return
         self.cause = crash_cause(code, [*self.last_lines, *tail.splitlines()], self._error_message)
         said = app_wording(self._error_message)

@@ -116,6 +116,13 @@ class ServerPanel(QWidget):
         self.start_on_launch.setToolTip("Load the model above as soon as the app opens, so the chat is ready")
         self.start_on_launch.setChecked(settings.start_server_on_launch)
         self.start_on_launch.toggled.connect(self._save)
+        self.model_pool = QCheckBox("Switch models without restarting")
+        self.model_pool.setToolTip(
+            "--model-pool all: picking another installed model in the chat loads it beside this one instead of "
+            "restarting the server (two models loaded at most; on a GPU each gets half of the GPU memory share). "
+            "Takes effect at the next start.")
+        self.model_pool.setChecked(settings.model_pool)
+        self.model_pool.toggled.connect(self._save)
         # Engine options (vLLM's flags), offered with the values that fit; checked before a start.
         self.quantization = QComboBox()
         for label, value in QUANTIZATIONS:
@@ -149,6 +156,7 @@ class ServerPanel(QWidget):
         grid.addWidget(QLabel("Extra flags", objectName="Muted"), 5, 0)
         grid.addWidget(self.extra, 5, 1)
         grid.addWidget(self.auto_restart, 5, 2, 1, 2)
+        grid.addWidget(self.model_pool, 6, 0, 1, 2)
         grid.addWidget(self.start_on_launch, 6, 2, 1, 2)
         for w in (self.quantization, self.kv_dtype, self.tp):
             w.currentIndexChanged.connect(self._save)
@@ -260,6 +268,7 @@ class ServerPanel(QWidget):
                             quantization=str(self.quantization.currentData() or ""),
                             kv_cache_dtype=str(self.kv_dtype.currentData() or "auto"),
                             tensor_parallel_size=int(self.tp.currentData() or 1),
+                            model_pool=["all"] if self.model_pool.isChecked() else [],
                             extra_args=self.extra_args() or [])
 
     def _save(self, *_args) -> None:
@@ -268,6 +277,7 @@ class ServerPanel(QWidget):
         s.gpu_memory_utilization, s.api_key = self.gpu.value(), self.api_key.text().strip()
         s.auto_restart = self.auto_restart.isChecked()
         s.start_server_on_launch = self.start_on_launch.isChecked()
+        s.model_pool = self.model_pool.isChecked()
         s.quantization = str(self.quantization.currentData() or "")
         s.kv_cache_dtype = str(self.kv_dtype.currentData() or "auto")
         s.tensor_parallel_size = int(self.tp.currentData() or 1)

@@ -39,6 +39,8 @@ class Settings:
     kv_cache_dtype: str = defaults.KV_CACHE_DTYPE  # --kv-cache-dtype
     tensor_parallel_size: int = 1  # --tensor-parallel-size (offered with several GPUs)
     serve_extra_args: str = ""  # more `wslm serve` flags, shell-quoted
+    # --model-pool all: the chat's picker loads another installed model beside the running one (no restart).
+    model_pool: bool = True
     # Chat: against our server, or any OpenAI-compatible URL.
     chat_use_server: bool = True
     chat_base_url: str = defaults.base_url()

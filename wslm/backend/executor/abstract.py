@@ -56,6 +56,10 @@ class Executor(ABC):
         """Once max_model_len is known (nothing to do by default)."""
         return None
 
+    def start_background_compile(self) -> None:
+        """Start compiling, in the background, what warm_up() left for later (nothing by default)."""
+        return None
+
     def check_health(self) -> None:
         """Raises EngineDeadError when the workers are gone."""
         return None

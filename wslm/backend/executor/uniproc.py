@@ -32,6 +32,10 @@ class UniProcExecutor(Executor):
         if self.device.type == "cpu":
             self.runner.enable_cpu_compile(enforce_eager)
 
+    def start_background_compile(self) -> None:
+        if not self.embedding:
+            self.runner.start_cpu_compile()
+
     def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
         logits, sampled = self.runner.execute(so.scheduled)
         return finish_step(logits, len(sampled), so.sample_rows, so.sample_seqs, so.prompt_targets(), self.sampler,

@@ -46,7 +46,7 @@ class InputProcessor:
         # A private copy: validation fills in max_tokens, and callers may share one params object.
         params = params.clone() if params is not None else SamplingParams()
         if params.truncate_prompt_tokens is not None:
-            prompt = self.truncate(prompt, params.truncate_prompt_tokens)
+            prompt = self.truncate(prompt, params.truncate_prompt_tokens, params.truncation_side)
         text, ids = validate_prompt(prompt, params, self.tokenizer, self.limits, what)
         grammar = None
         if params.structured_outputs is not None:
@@ -68,8 +68,9 @@ class InputProcessor:
         text, ids = validate_prompt(prompt, SamplingParams(max_tokens=1), self.tokenizer, self.limits)
         return EngineRequest(request_id, text, ids, params.clone(), arrival)
 
-    def truncate(self, prompt: str | list[int] | dict, keep: int) -> str | list[int] | dict:
-        """truncate_prompt_tokens (vLLM's): keep the last `keep` tokens (-1: as many as the context holds)."""
+    def truncate(self, prompt: str | list[int] | dict, keep: int, side: str | None = None) -> str | list[int] | dict:
+        """truncate_prompt_tokens (vLLM's): keep the last `keep` tokens (-1: as many as the context holds), or
+        the first ones with truncation_side "right"."""
         if keep == -1:
             keep = self.limits.max_model_len - 1
         text = prompt.get("prompt") if isinstance(prompt, dict) else prompt if isinstance(prompt, str) else None
@@ -81,4 +82,4 @@ class InputProcessor:
             ids = prompt
         if not isinstance(ids, (list, tuple)) or len(ids) <= keep:
             return prompt
-        return {"prompt_token_ids": list(ids)[-keep:]}
+        return {"prompt_token_ids": list(ids)[:keep] if side == "right" else list(ids)[-keep:]}

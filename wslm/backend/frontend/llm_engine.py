@@ -266,6 +266,11 @@ class LLMEngine:
         """Stop the tensor-parallel workers, if any (idempotent; also runs at exit)."""
         self.executor.shutdown()
 
+    def start_background_compile(self) -> None:
+        """Start the compile that would otherwise wait for the first batch (the CPU decode step): the server
+        calls it once ready, so that its first concurrent requests find the compile under way or done."""
+        self.executor.start_background_compile()
+
     def check_health(self) -> None:
         """Raises EngineDeadError when the model's workers are gone."""
         self.executor.check_health()

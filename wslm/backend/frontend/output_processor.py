@@ -56,10 +56,12 @@ class OutputProcessor:
         return True
 
     def _add_logprobs(self, seq: Sequence, token: int, info) -> None:
-        chosen, rank, top_ids, top_vals = info
+        chosen, rank, top_ids, top_vals, *wanted_ranks = info
         decode = self.tokenizer.decode
         entry = {token: Logprob(chosen, rank, decode([token]))}
-        for r, (tid, val) in enumerate(zip(top_ids, top_vals), start=1):
+        # The top ids rank 1, 2, ...; requested ids (logprob_token_ids) come with their own ranks.
+        ranks = wanted_ranks[0] if wanted_ranks else range(1, len(top_ids) + 1)
+        for r, tid, val in zip(ranks, top_ids, top_vals):
             if tid not in entry:
                 entry[tid] = Logprob(val, r, decode([tid]))
         seq.logprobs.append(entry)

@@ -42,8 +42,8 @@ def check_token_ids(ids: list[int], vocab_size: int, param: str = "prompt") -> N
             raise RequestError(f"Token ids must be integers, got {t!r}.", param=param)
         if not 0 <= t < vocab_size:
             raise RequestError(
-                f"Token id {t} is out of range: this model's vocabulary has {vocab_size} tokens "
-                f"(ids 0..{vocab_size - 1}).",
+                f"Token id {t} is out of vocabulary (out of range): this model's vocabulary has {vocab_size} "
+                f"tokens (ids 0..{vocab_size - 1}).",
                 param=param,
             )
 
@@ -115,6 +115,14 @@ def check_sampling(params: SamplingParams, limits: RequestLimits) -> None:
     check_token_ids(params.stop_token_ids or [], limits.vocab_size, "stop_token_ids")
     check_token_ids(list(params.logit_bias or {}), limits.vocab_size, "logit_bias")
     check_token_ids(params.allowed_token_ids or [], limits.vocab_size, "allowed_token_ids")
+    wanted = params.logprob_token_ids or []
+    check_token_ids(wanted, limits.vocab_size, "logprob_token_ids")
+    if limits.max_logprobs != -1 and len(wanted) > limits.max_logprobs:
+        raise RequestError(
+            f"logprob_token_ids lists {len(wanted)} ids; this server reports at most {limits.max_logprobs} per "
+            "position (its --max-logprobs flag; -1 lifts the limit).",
+            param="logprob_token_ids",
+        )
 
 
 def check_batch(num_prompts: int, n: int, limits: RequestLimits) -> None:

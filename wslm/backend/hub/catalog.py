@@ -26,9 +26,10 @@ from wslm.backend.platforms.cpu.kv_sizing import (
     kv_context,
     runtime_value_bytes,
 )
+from wslm.backend.platforms.cpu.server_memory import cpu_server_overhead_bytes
 
 DEFAULT_ESTIMATE_CONTEXT = 4096
-FIXED_OVERHEAD_BYTES = 256 * 1024**2  # CUDA context, activations, sampler buffers
+FIXED_OVERHEAD_BYTES = 256 * 1024**2  # on a GPU: CUDA context, activations, sampler buffers
 _NATIVE_GGUF_TYPES = {"F32", "F16", "BF16"}
 
 
@@ -56,6 +57,7 @@ class ModelInfo:
     estimate_context: int | None = None
     weights_memory_bytes: int | None = None
     kv_cache_bytes: int | None = None
+    runtime_memory_bytes: int | None = None  # the server's own: runtime, compiled step (or GPU context)
     kv_bytes_per_token: int | None = None
     num_layers: int | None = None
     num_attention_heads: int | None = None
@@ -334,8 +336,9 @@ def _describe(entry: _Entry, context: int | None = None) -> ModelInfo:
 
 
 def _estimate_memory(info: ModelInfo, meta: ModelMetadata, context: int | None) -> None:
-    """Weights at 16 bits + the default KV pool for `context` tokens + a fixed overhead: what the server
-    takes when started with that context (on CPU; on a GPU it reserves its --gpu-memory-utilization)."""
+    """The weights as the engine keeps them + the default KV pool for `context` tokens + the server's own
+    memory: what `wslm serve` takes when started with that context (on CPU, resident; on a GPU, of its
+    memory, where the server reserves its --gpu-memory-utilization)."""
     if not info.complete:
         return
     if meta.elements_by_type:  # GGUF: kept quantized, at each storage type's runtime size
@@ -354,11 +357,20 @@ def _estimate_memory(info: ModelInfo, meta: ModelMetadata, context: int | None) 
     per_token = meta.kv_bytes_per_token(runtime_value_bytes())  # the KV cache is kept in the compute dtype
     # The KV pool `wslm serve` reserves on CPU by default (the same function), not just one sequence.
     kv = default_cpu_kv_cache_bytes(per_token, held, available_ram()) if per_token else 0
+    if _has_gpu():  # GPU memory: the CUDA context, activations, sampler buffers
+        runtime = int(FIXED_OVERHEAD_BYTES + 0.05 * weights)
+    else:  # the server process: its own memory, and the compiled decode step's (server_memory, measured)
+        runtime = cpu_server_overhead_bytes(int(weights))
     info.weights_memory_bytes = int(weights)
     info.kv_bytes_per_token = per_token
     info.kv_cache_bytes = kv
+    info.runtime_memory_bytes = runtime
     info.estimate_context = ctx
-    info.memory_estimate_bytes = int(weights + kv + FIXED_OVERHEAD_BYTES + 0.05 * weights)
+    info.memory_estimate_bytes = int(weights + kv + runtime)
+
+
+def _has_gpu() -> bool:
+    return os.path.exists("/dev/nvidia0") or os.path.exists("/dev/dxg")  # as runtime_value_bytes decides
 
 
 # --- public API --------------------------------------------------------------------------------------

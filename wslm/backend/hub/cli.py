@@ -93,12 +93,13 @@ def _json_error(message: str, code: str) -> None:
 
 
 def human_size(n: float | None) -> str:
+    """Binary units, named as such (MiB, GiB), as the GUI writes them (wslm.gui.format.human_bytes)."""
     if n is None:
         return "-"
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
+        n /= 1024
     return "-"
 
 
@@ -196,8 +197,9 @@ def cmd_info(args: argparse.Namespace) -> int:
     if info.kv_bytes_per_token:
         print(f"{'KV cache:':16}{human_size(info.kv_bytes_per_token)} per token")
     if info.memory_estimate_bytes:
-        print(f"{'Memory:':16}~{human_size(info.memory_estimate_bytes)} at {info.estimate_context} tokens "
-              f"(weights {human_size(info.weights_memory_bytes)}, KV {human_size(info.kv_cache_bytes)})")  # fmt: skip
+        print(f"{'Memory:':16}needs about {human_size(info.memory_estimate_bytes)} at {info.estimate_context} "
+              f"tokens (weights {human_size(info.weights_memory_bytes)}, KV {human_size(info.kv_cache_bytes)}, "
+              f"runtime {human_size(info.runtime_memory_bytes)})")  # fmt: skip
     print(f"{'Chat template:':16}{'yes' if info.has_chat_template else 'no'}")
     print(f"{'Supported:':16}{'yes' if info.supported else 'no: ' + str(info.unsupported_reason)}")
     if info.partial_bytes:

@@ -15,84 +15,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from wslm.backend.quant.gguf_file import GGUFFile
+
 # Whether the top-k routing weights are renormalised, as llama.cpp runs each family (Qwen3-MoE configs say
 # norm_topk_prob: true, Qwen1.5/Qwen2-MoE false; transformers' default is false for both).
 _MOE_NORM = {"qwen3moe": True, "qwen2moe": False}
 # Layer counts of the 27B models, whose query scale is 1/sqrt(hidden / heads) (llama.cpp decides the same way).
 _GEMMA_27B_LAYERS = {"gemma2": 46, "gemma3": 62}
-
-
-_SCALARS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f", 7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-_STRING, _ARRAY = 8, 9
-_F32 = 0  # ggml type id of float32 tensors
-
-
-class _Header:
-    """A GGUF's metadata and tensor index, read in one pass that skips over long arrays (a 262k-token
-    vocabulary): gguf.GGUFReader parses every entry, which takes seconds, and the loader reads the file
-    several times already. Keeps scalars, strings and short arrays."""
-
-    def __init__(self, path: str | Path) -> None:
-        import mmap
-
-        with open(path, "rb") as f:
-            self.buf = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        self.pos = 0
-        if self.buf[:4] != b"GGUF":
-            raise ValueError(f"{path} is not a GGUF file")
-        self.pos = 8  # magic, version
-        n_tensors, n_kv = self._unpack("<Q"), self._unpack("<Q")
-        self.values: dict[str, object] = {}
-        for _ in range(n_kv):
-            key = self._string()
-            self.values[key] = self._value(self._unpack("<I"))
-        self.tensors: dict[str, tuple[tuple[int, ...], int, int]] = {}
-        for _ in range(n_tensors):
-            name = self._string()
-            dims = tuple(self._unpack("<Q") for _ in range(self._unpack("<I")))
-            self.tensors[name] = (dims, self._unpack("<I"), self._unpack("<Q"))
-        align = int(self.values.get("general.alignment") or 32)
-        self.data_start = -(-self.pos // align) * align
-
-    def _unpack(self, fmt: str):
-        import struct
-
-        (value,) = struct.unpack_from(fmt, self.buf, self.pos)
-        self.pos += struct.calcsize(fmt)
-        return value
-
-    def _string(self) -> str:
-        n = self._unpack("<Q")
-        self.pos += n
-        return self.buf[self.pos - n : self.pos].decode("utf-8", errors="replace")
-
-    def _value(self, kind: int):
-        import struct
-
-        if kind == _STRING:
-            return self._string()
-        if kind != _ARRAY:
-            return self._unpack(_SCALARS[kind])
-        item, n = self._unpack("<I"), self._unpack("<Q")
-        if item in _SCALARS:  # fixed size: kept when short, else stepped over at once
-            size = struct.calcsize(_SCALARS[item])
-            if n > 1024:
-                self.pos += n * size
-                return None
-            return [self._value(item) for _ in range(n)]
-        values = [self._value(item) for _ in range(n)]  # strings (or nested arrays): walked one by one
-        return values if n <= 1024 else None
-
-    def f32_tensor(self, name: str) -> list[float] | None:
-        import numpy as np
-
-        entry = self.tensors.get(name)
-        if entry is None or entry[1] != _F32:
-            return None
-        dims, _, offset = entry
-        count = int(np.prod(dims))
-        start = self.data_start + offset
-        return np.frombuffer(self.buf, dtype="<f4", count=count, offset=start).astype(float).tolist()
 
 
 def complete_config(hf_config, gguf_path: str | Path) -> None:
@@ -101,7 +30,7 @@ def complete_config(hf_config, gguf_path: str | Path) -> None:
 
     if gguf_architecture(getattr(hf_config, "model_type", "")) not in ("phi3", *_GEMMA_27B_LAYERS, *_MOE_NORM):
         return  # nothing to add
-    header = _Header(gguf_path)
+    header = GGUFFile(gguf_path)
     try:
         arch = header.values.get("general.architecture")
         if arch == "phi3":
@@ -111,7 +40,7 @@ def complete_config(hf_config, gguf_path: str | Path) -> None:
         elif arch in _MOE_NORM:
             _moe(hf_config, header, arch)
     finally:
-        header.buf.close()
+        header.close()
 
 
 def _rope_dict(hf_config) -> dict:
@@ -119,7 +48,7 @@ def _rope_dict(hf_config) -> dict:
     return dict(params) if isinstance(params, dict) else {}
 
 
-def _phi3(cfg, header: _Header) -> None:
+def _phi3(cfg, header: GGUFFile) -> None:
     get = header.values.get
     head_dim = cfg.hidden_size // cfg.num_attention_heads
     rope = _rope_dict(cfg)
@@ -143,7 +72,7 @@ def _phi3(cfg, header: _Header) -> None:
     cfg.rope_parameters = rope
 
 
-def _gemma(cfg, header: _Header, arch: str) -> None:
+def _gemma(cfg, header: GGUFFile, arch: str) -> None:
     get = header.values.get
     head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
     big = cfg.num_hidden_layers == _GEMMA_27B_LAYERS[arch]
@@ -163,7 +92,7 @@ def _gemma(cfg, header: _Header, arch: str) -> None:
         cfg.rope_parameters = rope
 
 
-def _moe(cfg, header: _Header, arch: str) -> None:
+def _moe(cfg, header: GGUFFile, arch: str) -> None:
     get = header.values.get
     inner = get(f"{arch}.expert_feed_forward_length")
     if inner:

@@ -1,8 +1,10 @@
-"""GGUF weights read one tensor at a time (memory-mapped by gguf.GGUFReader) and repacked, never
+"""GGUF weights read one tensor at a time (memory-mapped, gguf_file.py) and repacked, never
 dequantized whole (MoE experts too, one expert at a time): Q4_0, Q4_1 and Q4_K go to int4 groups of 32
 exactly (same codes, same scales up to bf16 rounding); Q5_0/Q5_1/Q5_K/Q6_K/Q8_0/Q2_K/Q3_K go to int8 per
-output channel (no fewer bits than the source); F32/F16/BF16 stay dense. Names come out as HF's, with llama.cpp's q/k row permutation undone, so
-the model code loads them like a safetensors checkpoint.
+output channel (no fewer bits than the source; at most half a row step off); F32/F16/BF16 stay dense. A
+float32 model under WSLM_QUANT_FLOAT32=1 gets the file's values exactly (dequantize_mode). Names come out
+as HF's, with llama.cpp's q/k row permutation undone, so the model code loads them like a safetensors
+checkpoint.
 
 WSLM_GGUF_DEQUANTIZE=1 yields every weight dequantized (float32) instead, as transformers does — for
 exact comparisons with HF, which the tests make."""
@@ -10,7 +12,6 @@ exact comparisons with HF, which the tests make."""
 from __future__ import annotations
 
 import logging
-import mmap
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,6 +20,7 @@ import numpy as np
 import torch
 
 from wslm import envs
+from wslm.backend.quant.gguf_file import GGUFFile
 from wslm.backend.quant.gguf_formats import DENSE_TYPES, INT4_TYPES, INT8_TYPES
 from wslm.backend.quant.int4 import Int4Codes
 from wslm.backend.quant.int8 import quantize_int8_chunks
@@ -59,6 +61,18 @@ def dequantize_requested() -> bool:
     return envs.WSLM_GGUF_DEQUANTIZE
 
 
+def dequantize_mode(dtype: torch.dtype | None = None) -> bool | str:
+    """True: every quantized tensor dequantized to float32 (WSLM_GGUF_DEQUANTIZE=1, as transformers loads
+    them). "exact": a float32 model under WSLM_QUANT_FLOAT32=1 keeps the int4 types packed (their codes and
+    float32 scales reproduce the file exactly) and dequantizes what the int8 form would re-quantize (Q5_*,
+    Q6_K, Q8_0, the K-quants below 4 bits, 4-bit embedding tables): per-row int8 moves those weights by up
+    to half a row step (~3% of a Q8_0 block's largest value on the demo), enough to part from transformers
+    within 40 tokens. False: the default, int4 exact, the rest to int8 (docs/benchmarks.md, fidelity)."""
+    if dequantize_requested():
+        return True
+    return "exact" if dtype == torch.float32 and envs.WSLM_QUANT_FLOAT32 else False
+
+
 def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
     m = re.fullmatch(r"blk\.(\d+)\.(\w+)\.(weight|bias)", gguf_name)
     if m:
@@ -69,31 +83,30 @@ def hf_name(gguf_name: str, arch: str = "llama") -> str | None:
     return f"{top}.{kind}" if top else None
 
 
-def _field(reader, key: str):
-    f = reader.fields.get(key)
-    if f is None:
-        return None
-    return f.parts[f.data[0]].tolist()[0] if f.types and f.data else None
-
-
 def _unpermute_rows(n_rows: int, n_head: int) -> torch.Tensor:
     """Row order that undoes llama.cpp's q/k permutation (transformers' reverse_permute_weights)."""
     dim = n_rows // n_head // 2
     return torch.arange(n_rows).reshape(n_head, dim, 2).transpose(1, 2).reshape(-1)
 
 
-def iter_gguf_weights(path: str | Path) -> Iterator[tuple[str, object]]:
-    """(hf_name, weight) for each tensor: a dense tensor, Int4Codes or Int8Weight."""
-    import gguf
+def iter_gguf_weights(path: str | Path, dtype: torch.dtype | None = None) -> Iterator[tuple[str, object]]:
+    """(hf_name, weight) for each tensor: a dense tensor, Int4Codes or Int8Weight (dtype: the model's,
+    which decides dequantize_mode)."""
+    # Not gguf.GGUFReader: it parses the vocabulary into arrays 1.6x the file's size (gguf_file.py).
+    reader = GGUFFile(path)
+    arch = str(reader.values["general.architecture"])
+    n_head = _first(reader.values.get(f"{arch}.attention.head_count"))
+    n_kv = _first(reader.values.get(f"{arch}.attention.head_count_kv")) or n_head
+    dequant = dequantize_mode(dtype)
+    yield from _iter_tensors(reader, arch, n_head, n_kv, dequant)
+    reader.close()
 
-    reader = gguf.GGUFReader(str(path), "r")
-    arch = str(bytes(reader.fields["general.architecture"].parts[-1]), "utf-8")
-    n_head = _field(reader, f"{arch}.attention.head_count")
-    n_kv = _field(reader, f"{arch}.attention.head_count_kv") or n_head
-    dequant = dequantize_requested()
-    # The parsed metadata (the vocabulary as thousands of small arrays, ~1.6x the file for a 49k vocab)
-    # is not needed for the weights: free it before they load.
-    reader.fields.clear()
+
+def _first(value):
+    return value[0] if isinstance(value, list) else value
+
+
+def _iter_tensors(reader: GGUFFile, arch: str, n_head, n_kv, dequant: bool | str) -> Iterator[tuple[str, object]]:
     for t in reader.tensors:
         m = re.fullmatch(r"blk\.(\d+)\.(ffn_\w+_exps)\.weight", t.name)
         if m and m.group(2) in _EXPERT_NAMES:
@@ -119,7 +132,7 @@ def iter_gguf_weights(path: str | Path) -> Iterator[tuple[str, object]]:
         yield name, weight
 
 
-def _expert_slices(t, dequant: bool = False) -> Iterator[object]:
+def _expert_slices(t, dequant: bool | str = False) -> Iterator[object]:
     """Each expert's [rows, cols] weight of a stacked MoE tensor, one at a time, repacked as a dense
     layer's weight of the same type is (layers/moe.py keeps them so): int4 codes for Q4_0/Q4_1/Q4_K, int8
     for the other quantized types, the tensor itself when dense. Only one expert is ever unpacked."""
@@ -132,15 +145,7 @@ def _expert_slices(t, dequant: bool = False) -> Iterator[object]:
 def _drop_pages(reader, t) -> None:
     """Give back the page cache of a tensor already repacked: the file is mapped, and its pages would
     otherwise count in this process's resident memory until the kernel needs them."""
-    mm = getattr(reader.data, "_mmap", None)
-    if mm is None or not hasattr(mm, "madvise") or not hasattr(mmap, "MADV_DONTNEED"):
-        return
-    start = (int(t.data_offset) // mmap.PAGESIZE) * mmap.PAGESIZE
-    end = int(t.data_offset) + int(t.n_bytes)
-    try:
-        mm.madvise(mmap.MADV_DONTNEED, start, end - start)
-    except (OSError, ValueError):
-        pass
+    reader.drop_pages(t)
 
 
 def _permute(weight, rows: torch.Tensor):
@@ -149,13 +154,14 @@ def _permute(weight, rows: torch.Tensor):
     return weight.take_rows(rows)  # int4 codes, int8
 
 
-def _read_tensor(t, kind: str, dequant: bool, is_table: bool):
+def _read_tensor(t, kind: str, dequant: bool | str, is_table: bool):
     shape = tuple(int(d) for d in reversed(t.shape))  # GGUF lists the fastest dimension first
     return _convert(t.data, t.tensor_type, shape, dequant, is_table, t.name)
 
 
-def _convert(data, qtype, shape: tuple[int, ...], dequant: bool, is_table: bool, name: str):
-    """One tensor's raw GGUF data (a whole tensor, or one expert's rows of a stacked one) in its runtime form."""
+def _convert(data, qtype, shape: tuple[int, ...], dequant: bool | str, is_table: bool, name: str):
+    """One tensor's raw GGUF data (a whole tensor, or one expert's rows of a stacked one) in its runtime
+    form. dequant: dequantize_mode's answer."""
     import gguf
 
     kind = qtype.name
@@ -166,7 +172,7 @@ def _convert(data, qtype, shape: tuple[int, ...], dequant: bool, is_table: bool,
         else:
             tensor = torch.from_numpy(arr.copy())
         return tensor.reshape(shape)
-    if dequant:
+    if dequant is True:
         return torch.from_numpy(gguf.quants.dequantize(data, qtype).reshape(shape))
     if kind in INT4_TYPES and not is_table:
         return _int4_codes(np.asarray(data), kind, shape)
@@ -175,6 +181,8 @@ def _convert(data, qtype, shape: tuple[int, ...], dequant: bool, is_table: bool,
             f"GGUF tensor {name} is {kind}, which wslm cannot load yet (supported: "
             f"{', '.join(DENSE_TYPES + INT4_TYPES + INT8_TYPES)}). Pick a file with one of these types."
         )
+    if dequant == "exact":  # int8 per row would re-quantize these
+        return torch.from_numpy(gguf.quants.dequantize(data, qtype).reshape(shape))
     data = np.asarray(data).reshape(shape[0], -1)  # one row of blocks per weight row
     chunks = (
         torch.from_numpy(gguf.quants.dequantize(data[i : i + _ROWS_PER_CHUNK], qtype).reshape(-1, shape[1]))

@@ -32,13 +32,39 @@ def unpack_codes(packed: torch.Tensor, n: int, k: int, block_n: int = 64) -> tor
     return codes.reshape(n // block_n, k, block_n).transpose(1, 2).reshape(n, k)
 
 
+# Rows packed (and checked) at a time: a multiple of every block, so that the pieces are the whole's pack.
+_PACK_ROWS = 256
+
+
+def pack_cpu(codes: torch.Tensor) -> torch.Tensor:
+    """torch's CPU int4 pack of [n, k] codes, _PACK_ROWS rows at a time: the op takes the codes as int32, 8x
+    the packed bytes, which for a whole fused gate|up was most of a GGUF load's peak over its weights. Each
+    block of rows is packed on its own (pack_block checks the result against the codes)."""
+    n, k = codes.shape
+    packed = None
+    for r in range(0, n, _PACK_ROWS):
+        part = torch.ops.aten._convert_weight_to_int4pack_for_cpu(codes[r : r + _PACK_ROWS].to(torch.int32), 1)
+        if packed is None:
+            if part.shape[0] == n:  # one piece: the whole pack
+                return part
+            packed = part.new_empty((n, *part.shape[1:]))
+        packed[r : r + part.shape[0]] = part
+    return packed
+
+
 def pack_block(packed: torch.Tensor, codes: torch.Tensor) -> int:
-    """The pack's rows per block (64 or 32) where it reads back to codes exactly, else 0."""
+    """The pack's rows per block (64 or 32) where it reads back to codes exactly, else 0 (compared
+    _PACK_ROWS rows at a time: the unpacked copies stay small)."""
     n, k = codes.shape
     if packed.numel() * packed.element_size() != n * k // 2:
         return 0
+    rows = packed.view(torch.uint8).reshape(n, k // 2)
     for block_n in BLOCKS:
-        if n % block_n == 0 and torch.equal(unpack_codes(packed, n, k, block_n), codes.to(torch.uint8)):
+        if n % block_n == 0 and all(
+            torch.equal(unpack_codes(rows[r : r + _PACK_ROWS], min(_PACK_ROWS, n - r), k, block_n),
+                        codes[r : r + _PACK_ROWS].to(torch.uint8))
+            for r in range(0, n, _PACK_ROWS)
+        ):  # fmt: skip
             return block_n
     return 0
 

@@ -156,10 +156,18 @@ def compute_dtype(device: torch.device, model_dtype: torch.dtype = torch.bfloat1
 def quantize_int8(w: torch.Tensor, device: torch.device | None = None) -> Int8Weight:
     """Symmetric per-output-channel int8 of a dense [N, K] weight."""
     w = w.float()
-    scales = w.abs().amax(dim=1).clamp(min=1e-12) / 127.0
+    scales = bf16_ceil(w.abs().amax(dim=1).clamp(min=1e-12) / 127.0)
     q = torch.round(w / scales.unsqueeze(1)).clamp(-127, 127).to(torch.int8)
     device = device or w.device
     return Int8Weight(q.to(device), scales.to(device=device, dtype=compute_dtype(device)))
+
+
+def bf16_ceil(x: torch.Tensor) -> torch.Tensor:
+    """Positive float32 values rounded up to the nearest bfloat16 value (as float32). The kernels read
+    bf16 scales: a scale chosen in bf16 before the codes are is kept exactly, where rounding it after them
+    moved every weight of its row by up to 2^-8 of the row's largest (twice int8's own half step)."""
+    bits = x.float().contiguous().view(torch.int32)
+    return ((bits + 0xFFFF) & ~0xFFFF).view(torch.float32)
 
 
 def quantize_int8_chunks(chunks, shape: tuple[int, int], device: torch.device) -> Int8Weight:

@@ -43,6 +43,10 @@ def fuse_rows(parts: list) -> object:
         # Act-order GPTQ sorts each linear's input columns its own way: parts that disagree cannot share
         # one activation permutation, so they stay separate matmuls.
         return RowStack(parts)
+    if any(isinstance(p, torch.Tensor) and p.dtype == torch.float32 for p in parts):
+        # float32 parts beside quantized ones come from GGUF's exact float32 switch (gguf_weights.
+        # dequantize_mode): int8 would re-quantize every part, so all stay dense and exact.
+        return torch.cat([_dense(p) for p in parts]).contiguous()
     as_int8 = [p if isinstance(p, Int8Weight) else quantize_int8(_dense(p)) for p in parts]
     dtype = as_int8[0].scales.dtype
     return Int8Weight(

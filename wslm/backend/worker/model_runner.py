@@ -19,30 +19,18 @@ logger = logging.getLogger(__name__)
 def load_model(source, mc, device: torch.device, embedding: bool = False):
     """Build the model for mc (its family's class) and load its weights (this rank's shard under tensor
     parallelism). embedding: an embedding checkpoint, which may be a bare decoder body (decoder_pooling.py)."""
-    from wslm.backend.loader.model_loader import decoder_body_weights, iter_weights
+    from wslm.backend.loader.model_loader import decoder_body_weights, iter_weights, return_freed_heap
 
     model = get_model_class(mc.architecture)(mc, device)
     weights = iter_weights(source, mc.dtype, getattr(mc, "quantization", None))
     if embedding:
         weights = decoder_body_weights(weights)
     model.load_weights(weights)
-    _return_freed_heap()
+    # Loading makes many short-lived buffers (each tensor, or MoE expert, being repacked), and glibc keeps
+    # freed heap mapped: resident memory after a quantized load stayed near its peak (measured: +100 MB on
+    # a 250 MB MoE GGUF). GGUF weights are trimmed after each tensor already; safetensors at the end.
+    return_freed_heap()
     return model
-
-
-def _return_freed_heap() -> None:
-    """Loading makes many short-lived buffers (each tensor, or MoE expert, being repacked), and glibc keeps
-    freed heap mapped: resident memory after a quantized load stayed near its peak (measured: +100 MB on a
-    250 MB MoE GGUF). malloc_trim hands it back to the system."""
-    import ctypes
-    import sys
-
-    if not sys.platform.startswith("linux"):
-        return
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc (musl): nothing to trim
-        pass
 
 
 class ModelRunner:
@@ -77,6 +65,11 @@ class ModelRunner:
         """Compile the CPU decode step in the background (decode_plan.py); eager until it is ready."""
         if self.cpu_plan is not None:
             self.cpu_plan.enable_compile(self.model, self.kv_pool, enforce_eager)
+
+    def start_cpu_compile(self) -> None:
+        """Start the background compile now rather than at the first batch (the server, once it is ready)."""
+        if self.cpu_plan is not None:
+            self.cpu_plan.start_compile()
 
     # The CPU decode back ends, for tests and benchmarks to read (the plan holds them).
     @property

@@ -14,8 +14,9 @@ from wslm.backend.worker.token_rules import apply_token_rules
 @dataclass(slots=True)
 class SamplerOutput:
     token_ids: list[int]
-    # Per row, only when asked: (sampled logprob, sampled rank, top ids, top logprobs).
-    logprobs: list[tuple[float, int, list[int], list[float]] | None]
+    # Per row, only when asked: (sampled logprob, sampled rank, top ids, top logprobs), plus the ranks of
+    # those ids when they are the request's logprob_token_ids rather than the top ones.
+    logprobs: list[tuple | None]
 
 
 class Sampler:
@@ -143,7 +144,8 @@ class Sampler:
             return [None] * len(tokens)
         result = []
         # -1: the whole vocabulary (allowed only when the server's --max-logprobs is -1).
-        top_n = max((self.vocab_size if p.logprobs == -1 else p.logprobs or 0) for p in params)
+        top_n = max(((self.vocab_size if p.logprobs == -1 else p.logprobs or 0) for p in params
+                     if not p.logprob_token_ids), default=0)
         top_vals, top_ids = raw.topk(max(top_n, 1), dim=-1) if top_n else (None, None)
         chosen = raw.gather(1, torch.tensor(tokens, device=raw.device).unsqueeze(1)).squeeze(1)
         ranks = (raw > chosen.unsqueeze(1)).sum(dim=-1) + 1
@@ -151,6 +153,12 @@ class Sampler:
         for i, p in enumerate(params):
             if not want[i]:
                 result.append(None)
+                continue
+            if p.logprob_token_ids:  # exactly these ids, with their true ranks
+                wanted = torch.tensor(p.logprob_token_ids, device=raw.device)
+                vals_t = raw[i, wanted]
+                wanted_ranks = ((raw[i].unsqueeze(0) > vals_t.unsqueeze(1)).sum(dim=-1) + 1).tolist()
+                result.append((chosen_l[i], ranks_l[i], list(p.logprob_token_ids), vals_t.tolist(), wanted_ranks))
                 continue
             n = self.vocab_size if p.logprobs == -1 else p.logprobs or 0
             ids = top_ids[i, :n].tolist() if n else []

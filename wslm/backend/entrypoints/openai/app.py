@@ -21,11 +21,13 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from wslm import __version__
 from wslm.backend.entrypoints.openai import (
     http_limits,
+    model_pool,
     security,
     serving_chat,
     serving_completion,
     serving_embedding,
     serving_messages,
+    serving_responses,
     serving_score,
     serving_tokens,
     serving_vllm,
@@ -45,18 +47,24 @@ def build_app(state: ServerState, root_path: str = "", docs: bool = True) -> Fas
     @asynccontextmanager
     async def lifespan(app: FastAPI):
         state.engine.start(asyncio.get_running_loop())
+        if state.model_pool is not None:
+            state.model_pool.start()
         try:
             yield
         finally:
+            if state.model_pool is not None:
+                state.model_pool.stop()
             state.engine.stop()
 
     app = FastAPI(title="wslm", version=__version__, lifespan=lifespan, docs_url="/docs" if docs else None,
                   redoc_url=None, openapi_url="/openapi.json" if docs else None, root_path=root_path)
     app.state.wslm = state
 
-    def route(handler: Handler) -> Callable[[Request], Awaitable[Response]]:
+    def route(handler: Handler, by_model: bool = True) -> Callable[[Request], Awaitable[Response]]:
         async def endpoint(request: Request) -> Response:
             try:
+                if state.model_pool is not None and by_model:  # --model-pool: the body's `model` picks the state
+                    return await state.model_pool.serve(handler, request)
                 return await handler(state, request)
             except APIError as exc:
                 return exc.response()
@@ -71,10 +79,19 @@ def build_app(state: ServerState, root_path: str = "", docs: bool = True) -> Fas
     app.add_api_route("/v1/completions", route(serving_completion.create_completion), methods=["POST"])
     app.add_api_route("/v1/messages", route(serving_messages.create_message), methods=["POST"])
     app.add_api_route("/v1/messages/count_tokens", route(serving_messages.count_tokens), methods=["POST"])
+    app.add_api_route("/v1/responses", route(serving_responses.create_response), methods=["POST"])
+    app.add_api_route("/v1/responses/{response_id}", route(serving_responses.get_response), methods=["GET"])
+    app.add_api_route("/v1/responses/{response_id}", route(serving_responses.delete_response), methods=["DELETE"])
+    app.add_api_route("/v1/responses/{response_id}/cancel", route(serving_responses.cancel_response),
+                      methods=["POST"])
     app.add_api_route("/tokenize", route(serving_tokens.tokenize), methods=["POST"])
     app.add_api_route("/detokenize", route(serving_tokens.detokenize), methods=["POST"])
     app.add_api_route("/v1/models", route(_list_models), methods=["GET"])
     app.add_api_route("/v1/models/{model_id:path}", route(_get_model), methods=["GET"])
+    if state.model_pool is not None:  # load/unload by hand (a GUI's model picker), model_pool.py
+        state.model_pool.describe, state.model_pool.created = _model_card, _STARTED
+        app.add_api_route("/v1/models/load", route(model_pool.load_model, by_model=False), methods=["POST"])
+        app.add_api_route("/v1/models/unload", route(model_pool.unload_model, by_model=False), methods=["POST"])
     app.add_api_route("/health", route(_health), methods=["GET"])
     app.add_api_route("/version", route(_version), methods=["GET"])
     app.add_api_route("/metrics", route(_metrics), methods=["GET"])
@@ -95,6 +112,8 @@ def build_app(state: ServerState, root_path: str = "", docs: bool = True) -> Fas
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if exc.status_code == 404 and exc.detail in (None, "Not Found"):
+            return unknown_route(get_route_path(request), request.method, app).response()
         return http_status_error(exc.status_code, exc.detail).response()
 
     @app.exception_handler(APIError)
@@ -106,7 +125,8 @@ def build_app(state: ServerState, root_path: str = "", docs: bool = True) -> Fas
     if state.enable_server_load_tracking:
         app.add_middleware(serving_vllm.LoadTrackingMiddleware, state=state)
     if state.api_key:  # outside the body limit: a client without the key is refused before any reading
-        app.add_middleware(APIKeyMiddleware, api_key=state.api_key)
+        guarded = _GUARDED + (UTILITY_PATHS if state.guard_utility_endpoints else ())
+        app.add_middleware(APIKeyMiddleware, api_key=state.api_key, guarded=guarded)
     # Outside the key check, so that 401s carry CORS headers too. Loopback pages and --allowed-origins only:
     # any other web page is refused by OriginCheckMiddleware (security.py says why).
     origins = state.allowed_origins or []
@@ -120,21 +140,38 @@ def build_app(state: ServerState, root_path: str = "", docs: bool = True) -> Fas
     return app
 
 
+def unknown_route(path: str, method: str, app: FastAPI) -> APIError:
+    """The 404 for a path no route serves: under /v1, the endpoints this server has; elsewhere, where the
+    API lives (clients configured without /v1 land here)."""
+    if not (path == "/v1" or path.startswith("/v1/")):
+        return http_status_error(404)
+    served = [f"{m} {r.path.replace(':path', '')}" for r in app.routes if getattr(r, "path", "").startswith("/v1/")
+              for m in sorted(getattr(r, "methods", None) or ()) if m != "HEAD"]
+    return APIError(f"Unknown endpoint: {method} {path}. This server serves {', '.join(served)}.", 404,
+                    code="unknown_endpoint")
+
+
 _GUARDED = ("/v1", "/v2", "/invocations", "/score", "/rerank", "/pooling", "/classify")
+# Open without the key on loopback, as vLLM's; guarded too when the server listens beyond loopback (unless
+# --public-utility-endpoints): /tokenize renders the chat template over large bodies for anyone, /metrics
+# and /docs describe the server. /health and /version stay open for probes and load balancers.
+UTILITY_PATHS = ("/tokenize", "/detokenize", "/tokenizer_info", "/metrics", "/load", "/docs", "/redoc",
+                 "/openapi.json")
 
 
 class APIKeyMiddleware:
     """401 on the model endpoints (/v1/*, /invocations, /score, /rerank, ...) without `Authorization: Bearer
-    <key>`; /health, /metrics, /version stay open (as vLLM). Paths are taken after --root-path, so a
-    prefixed path is checked the same."""
+    <key>`; /health, /metrics, /version stay open (as vLLM), unless `guarded` names them (UTILITY_PATHS).
+    Paths are taken after --root-path, so a prefixed path is checked the same."""
 
-    def __init__(self, app: ASGIApp, api_key: str) -> None:
+    def __init__(self, app: ASGIApp, api_key: str, guarded: tuple[str, ...] = _GUARDED) -> None:
         self.app = app
         self.key = api_key.encode()
+        self.guarded = guarded
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = get_route_path(scope) if scope["type"] == "http" else ""
-        if scope["type"] != "http" or scope["method"] == "OPTIONS" or not path.startswith(_GUARDED):
+        if scope["type"] != "http" or scope["method"] == "OPTIONS" or not path.startswith(self.guarded):
             await self.app(scope, receive, send)
             return
         given = b""
@@ -167,6 +204,7 @@ def _model_card(state: ServerState, name: str) -> dict:
         "root": state.model_path or name,
         "parent": None,
         "max_model_len": state.max_model_len,
+        "permission": [serving_vllm.model_permission(_STARTED)],  # vLLM's ModelPermission list
         # What the model can do (the GUI and clients pick endpoints by it): vLLM's task name, and the API
         # capabilities it gives.
         "task": state.task,
@@ -176,7 +214,7 @@ def _model_card(state: ServerState, name: str) -> dict:
 
 def _generate_capabilities(state: ServerState) -> list[str]:
     """A generating model's APIs, plus tool calls with tool_choice "auto" and reasoning when a parser is on."""
-    caps = ["completion", "chat", "messages"]
+    caps = ["completion", "chat", "messages", "responses"]
     if state.enable_auto_tool_choice and state.tool_call_parser:
         caps.append("tool_calls")
     if state.reasoning_parser:
@@ -189,10 +227,15 @@ _CAPABILITIES = {"embed": ["embeddings"], "score": ["score", "rerank"]}
 
 
 async def _list_models(state: ServerState, request: Request) -> Response:
+    if state.model_pool is not None:  # every servable model, loaded or not, with its `state`
+        await state.model_pool.rescan()
+        return JSONResponse({"object": "list", "data": state.model_pool.cards()})
     return JSONResponse({"object": "list", "data": [_model_card(state, n) for n in state.served_model_names]})
 
 
 async def _get_model(state: ServerState, request: Request) -> Response:
+    if state.model_pool is not None and (entry := await state.model_pool.find(request.path_params["model_id"])):
+        return JSONResponse(state.model_pool.card(entry))
     name = state.check_model(request.path_params["model_id"])
     return JSONResponse(_model_card(state, name))
 
@@ -211,4 +254,6 @@ async def _version(state: ServerState, request: Request) -> Response:
 
 async def _metrics(state: ServerState, request: Request) -> Response:
     text = state.metrics.render() if state.metrics is not None else ""
+    if state.model_pool is not None:  # every loaded model's, each under its model_name label
+        text = state.model_pool.render_metrics()
     return PlainTextResponse(text, media_type="text/plain; version=0.0.4; charset=utf-8")

@@ -229,13 +229,16 @@ def run(args: Namespace) -> int:
             raise StartupError(f"--shutdown-timeout must not be negative, got {args.shutdown_timeout}.")
         check_limit_flags(args)
         check_parallel_flags(args)
+        check_model_pool_flags(args)
+        check_ssl_flags(args)
+        use_hf_token(args)
         vllm_flags.log_no_effect(args)
         generation_defaults = load_generation_defaults(args)
         config = engine_config(args)
         sock = bind(args.host, args.port)
         quiet_compiler_logs(getattr(args, "uvicorn_log_level", "info") in ("debug", "trace")
                             or log.isEnabledFor(logging.DEBUG))
-        engine = load_engine(config)
+        engine = load_engine(pool_engine_config(config, args))
     except StartupError as exc:
         if sock is not None:
             sock.close()
@@ -275,6 +278,41 @@ def check_parallel_flags(args: Namespace) -> None:
     if getattr(args, "data_parallel_size", 1) != 1:
         raise StartupError(f"--data-parallel-size {args.data_parallel_size} is not supported: start one `wslm serve` "
                            "per replica (each on its own --port) behind a load balancer.")
+
+
+def check_ssl_flags(args: Namespace) -> None:
+    """--ssl-keyfile/--ssl-certfile (vLLM's, passed to uvicorn): both or neither, and loadable, so that a bad
+    file is a start-up error naming it instead of a server that never answers."""
+    import ssl
+
+    key, cert, ca = (getattr(args, k, None) for k in ("ssl_keyfile", "ssl_certfile", "ssl_ca_certs"))
+    if not key and not cert:
+        if ca or getattr(args, "ssl_cert_reqs", 0):
+            raise StartupError("--ssl-ca-certs and --ssl-cert-reqs need HTTPS: pass --ssl-keyfile and --ssl-certfile.")
+        return
+    if not (key and cert):
+        raise StartupError("HTTPS needs both --ssl-keyfile (the private key) and --ssl-certfile (the certificate), "
+                           "as PEM files.")
+    for flag, path in (("--ssl-keyfile", key), ("--ssl-certfile", cert), ("--ssl-ca-certs", ca)):
+        if path and not os.path.isfile(path):
+            raise StartupError(f"{flag}: no such file {path!r}.")
+    try:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(cert, key)
+        if ca:
+            context.load_verify_locations(ca)
+    except (ssl.SSLError, OSError, ValueError) as exc:
+        raise StartupError(f"Cannot use --ssl-certfile {cert!r} with --ssl-keyfile {key!r}: {exc}. Pass a PEM "
+                           "certificate and the unencrypted private key that belongs to it.") from exc
+
+
+def use_hf_token(args: Namespace) -> None:
+    """--hf-token TOKEN: the hub calls of this process (tokenizer or config by repo id) use it; a bare
+    --hf-token means the token `huggingface-cli login` stored, which huggingface_hub reads anyway."""
+    token = getattr(args, "hf_token", None)
+    if isinstance(token, str) and token.strip():
+        os.environ["HF_TOKEN"] = token.strip()
+    args.hf_token = None  # never kept where a log or an error report could show it
 
 
 def check_limit_flags(args: Namespace) -> None:
@@ -346,17 +384,24 @@ def _serve(args: Namespace, engine: Any, sock: socket.socket) -> int:
         enable_force_include_usage=bool(getattr(args, "enable_force_include_usage", False)),
         enable_server_load_tracking=bool(getattr(args, "enable_server_load_tracking", False)),
         enable_tokenizer_info_endpoint=bool(getattr(args, "enable_tokenizer_info_endpoint", False)),
+        return_tokens_as_token_ids=bool(getattr(args, "return_tokens_as_token_ids", False)),
         default_sampling=defaults,
         task=getattr(engine, "task", "generate"),
         chat_template=getattr(engine, "chat_template", None),
         **parsers,
         http_limits=http_limits_from(args),
+        response_role=getattr(args, "response_role", None) or "assistant",
+        max_stored_responses=getattr(args, "max_stored_responses", 1000),
+        guard_utility_endpoints=bool(api_key) and not security.is_loopback(sock.getsockname()[0])
+        and not getattr(args, "public_utility_endpoints", False),
     )
+    state.model_pool = make_model_pool(args, state)  # None without --model-pool
     app = build_app(state, root_path=getattr(args, "root_path", None) or "",
                     docs=not getattr(args, "disable_fastapi_docs", False))
     host, port = sock.getsockname()[:2]
     shown_host = f"[{host}]" if ":" in host else host
-    url = f"http://{shown_host}:{port}"
+    tls = bool(getattr(args, "ssl_certfile", None))
+    url = f"{'https' if tls else 'http'}://{shown_host}:{port}"
 
     warning = security.exposure_warning(host, api_key)
 
@@ -367,9 +412,12 @@ def _serve(args: Namespace, engine: Any, sock: socket.socket) -> int:
         extra = {"warning": warning} if warning else {}
         emit("ready", url=url, host=host, port=port, model=names[0], pid=os.getpid(),
              max_model_len=state.max_model_len, api_key_required=bool(api_key), task=state.task, **extra)
+        start_background_compile(engine)
 
     def on_signal() -> None:
         state.engine.begin_drain(args.shutdown_timeout)
+        if state.model_pool is not None:
+            state.model_pool.begin_drain(args.shutdown_timeout)
 
     config = uvicorn.Config(
         app,
@@ -381,6 +429,11 @@ def _serve(args: Namespace, engine: Any, sock: socket.socket) -> int:
         http=protocol_class(state.http_limits),
         h11_max_incomplete_event_size=h11_max_incomplete_event_size(state.http_limits),
         access_log=not getattr(args, "disable_uvicorn_access_log", False),
+        # vLLM's TLS flags, as vLLM passes them to uvicorn (check_ssl_flags checked the files).
+        ssl_keyfile=getattr(args, "ssl_keyfile", None),
+        ssl_certfile=getattr(args, "ssl_certfile", None),
+        ssl_ca_certs=getattr(args, "ssl_ca_certs", None),
+        ssl_cert_reqs=int(getattr(args, "ssl_cert_reqs", 0) or 0),
     )
     server = _Server(config, on_ready, on_signal)
     died: list[str] = []
@@ -404,6 +457,172 @@ def _serve(args: Namespace, engine: Any, sock: socket.socket) -> int:
         emit("error", message="The HTTP server could not start; see the log above (stderr).")
         return 1
     return 1 if died else 0
+
+
+# --- --model-pool: more models behind the port, loaded on request (model_pool.py) ---------------------------
+
+# Flags that describe the --model model and not the others: a pool model uses its own files' values.
+_MODEL_SPECIFIC = ("tokenizer", "chat_template", "revision", "quantization", "max_model_len", "served_model_name",
+                   "tool_call_parser", "reasoning_parser", "task", "runner", "num_gpu_blocks_override")
+
+
+def check_model_pool_flags(args: Namespace) -> None:
+    """--model-pool, --max-loaded-models, --model-ttl, --model-load-timeout: checked before the slow load,
+    each pool model found on disk (a typo is a start-up error, not a 500 on the first request)."""
+    from wslm.backend.entrypoints.openai.model_pool import parse_keep_alive, parse_pool_spec
+    from wslm.backend.loader.model_source import resolve_model
+
+    specs = getattr(args, "model_pool", None) or []
+    try:
+        args.model_ttl_seconds = parse_keep_alive(getattr(args, "model_ttl", "300"), "--model-ttl")
+    except ValueError as exc:
+        raise StartupError(str(exc)) from exc
+    timeout = getattr(args, "model_load_timeout", 600.0)
+    if not 0 < timeout < float("inf"):
+        raise StartupError(f"--model-load-timeout must be a positive number of seconds, got {timeout}.")
+    args.model_pool_all = "all" in specs
+    args.model_pool_specs = []
+    if not specs:
+        return
+    if getattr(args, "max_loaded_models", 2) < 2:
+        raise StartupError(f"--max-loaded-models must be at least 2 with --model-pool (the --model model stays "
+                           f"loaded, and one more is loaded on request), got {args.max_loaded_models}.")
+    names: set[str] = set()
+    for spec in specs:
+        if spec == "all":
+            continue
+        name, model = parse_pool_spec(spec)
+        if name in names:
+            raise StartupError(f"--model-pool names `{name}` twice; give each model its own name (NAME=MODEL).")
+        names.add(name)
+        try:
+            resolve_model(model)
+        except FileNotFoundError as exc:
+            raise StartupError(f"--model-pool {spec}: {exc}") from exc
+        args.model_pool_specs.append((name, model))
+
+
+def local_models(exclude: str) -> list[tuple[str, str]]:
+    """`--model-pool all`: every runnable model `wslm models list` shows, by its id, but the --model one."""
+    from pathlib import Path
+
+    from wslm.backend.hub.catalog import list_models
+    from wslm.backend.loader.model_source import resolve_model
+
+    try:
+        source = resolve_model(exclude)
+        skip = source.gguf_path or source.folder
+    except FileNotFoundError:
+        skip = None
+    return [(m.id, m.id) for m in list_models() if m.supported and m.complete and Path(m.path) != skip]
+
+
+def pool_engine_config(config: Any, args: Namespace) -> Any:
+    """With --model-pool on a GPU, --gpu-memory-utilization is what all loaded models use together: each one
+    takes an equal share, u / --max-loaded-models of the card (weights and KV cache), on top of what is in use
+    when it loads (the engine's budget is u times the card minus all memory in use), never beyond u. On CPU
+    each model's KV cache is --kv-cache-memory (or the default sized from the RAM free when it loads)."""
+    if not getattr(args, "model_pool_specs", None) and not getattr(args, "model_pool_all", False):
+        return config
+    if config.num_gpu_blocks_override is not None or str(config.device) == "cpu":
+        return config
+    import torch
+
+    if not torch.cuda.is_available():
+        return config
+    device = torch.device(config.device if str(config.device).startswith("cuda") else "cuda")
+    free, total = torch.cuda.mem_get_info(device)
+    share = config.gpu_memory_utilization / max(1, getattr(args, "max_loaded_models", 2))
+    used = (total - free) / total
+    util = min(config.gpu_memory_utilization, used + share)
+    log.info("--model-pool: %s gets %.0f%% of the GPU (--gpu-memory-utilization %.2f shared by "
+             "--max-loaded-models %d); %.0f%% was in use before it.", config.model, 100 * (util - used),
+             config.gpu_memory_utilization, getattr(args, "max_loaded_models", 2), 100 * used)
+    import dataclasses
+
+    return dataclasses.replace(config, gpu_memory_utilization=util)
+
+
+def pool_model_args(args: Namespace, model: str, name: str) -> Namespace:
+    """The flags for a pool model: the server's, minus those that describe the --model model."""
+    margs = Namespace(**vars(args))
+    for key in _MODEL_SPECIFIC:
+        if hasattr(margs, key):
+            setattr(margs, key, None)
+    margs.model, margs.served_model_name = model, [name]
+    if getattr(margs, "generation_config", "auto") not in ("auto", "vllm"):
+        margs.generation_config = "auto"  # a folder given for the --model model
+    return margs
+
+
+def make_model_pool(args: Namespace, default: Any) -> Any:
+    """The ModelPool for --model-pool (None without it): its loader builds a pool model's ServerState the
+    way _serve builds the default one, sharing the server-wide settings."""
+    if not getattr(args, "model_pool_specs", None) and not getattr(args, "model_pool_all", False):
+        return None
+    import dataclasses
+
+    from wslm.backend.entrypoints.openai.model_pool import ModelPool
+    from wslm.backend.entrypoints.openai.parser_choice import choose_parsers
+    from wslm.backend.frontend.async_engine import AsyncEngine
+    from wslm.backend.frontend.chat import template_text
+    from wslm.backend.frontend.metrics import ServerMetrics
+
+    def load(model: str, name: str) -> Any:
+        margs = pool_model_args(args, model, name)
+        defaults = load_generation_defaults(margs)
+        engine = load_engine(pool_engine_config(engine_config(margs), args))
+        template = getattr(engine, "chat_template", None) or getattr(engine.tokenizer, "chat_template", None)
+        metrics = ServerMetrics(name)
+        state = dataclasses.replace(
+            default,
+            engine=AsyncEngine(engine, metrics, log_requests=bool(getattr(args, "log_requests", False))),
+            tokenizer=engine.tokenizer,
+            served_model_names=[name],
+            max_model_len=int(engine.model_config.max_model_len),
+            model_path=str(getattr(engine, "model_name", "") or model),
+            metrics=metrics,
+            aliases=set(),
+            vocab_size=getattr(engine.model_config, "vocab_size", None),
+            limits=request_limits(margs, engine),
+            default_sampling=defaults,
+            task=getattr(engine, "task", "generate"),
+            chat_template=getattr(engine, "chat_template", None),
+            **choose_parsers(margs, template_text(template)),
+            server_load=0,
+            model_pool=None,
+        )
+        if hasattr(default, "responses"):  # one /v1/responses store: GET /v1/responses/{id} finds any model's
+            from wslm.backend.entrypoints.openai.serving_responses import store_of
+
+            state.responses = store_of(default)
+        start_background_compile(engine)
+        return state
+
+    specs = list(args.model_pool_specs)
+    if args.model_pool_all:
+        known = {name for name, _ in specs}
+        specs += [(n, m) for n, m in local_models(args.model) if n not in known]
+    pool = ModelPool(default, load, specs, max_loaded=args.max_loaded_models, ttl=args.model_ttl_seconds,
+                     load_timeout=args.model_load_timeout,
+                     refresh=(lambda: args.model_pool_specs + local_models(args.model)) if args.model_pool_all else None)
+    log.info("--model-pool: %d more models servable on request (%s); at most %d loaded at once, unloaded after "
+             "%s idle.", len(pool.entries), ", ".join(pool.entries) or "none yet",
+             args.max_loaded_models, "never" if args.model_ttl_seconds is None else f"{args.model_ttl_seconds:g} s")
+    return pool
+
+
+def start_background_compile(engine: Any) -> None:
+    """Once the server answers: start what the engine compiles in the background (the CPU decode step for
+    batches), so that the first concurrent requests find it compiled (or compiling) instead of starting it.
+    Never in the way of serving: a failure is logged and eager steps keep serving."""
+    start = getattr(engine, "start_background_compile", None)
+    if start is None:
+        return
+    try:
+        start()
+    except Exception:  # noqa: BLE001 - an optimisation only
+        log.exception("could not start the background compile; decode keeps running eagerly")
 
 
 def _make_server_class():

@@ -111,9 +111,12 @@ class _SamplingFields(_Request):
     allowed_token_ids: list[int] | None = None
     bad_words: list[str] | None = None
     prompt_logprobs: int | None = None
+    # Logprobs of these ids at each generated position (with logprobs on), instead of the top ones.
+    logprob_token_ids: list[int] | None = None
     truncate_prompt_tokens: int | None = None
+    truncation_side: Literal["left", "right"] | None = None  # left (default): keep the last tokens
     return_token_ids: bool = False
-    return_tokens_as_token_ids: bool = False
+    return_tokens_as_token_ids: bool | None = None  # None: the server's --return-tokens-as-token-ids
     # Structured output (structured_request.py): OpenAI's response_format, vLLM's structured_outputs and
     # its older guided_* extras.
     response_format: dict[str, Any] | None = None
@@ -161,7 +164,9 @@ class _SamplingFields(_Request):
                 allowed_token_ids=self.allowed_token_ids,
                 bad_words=self.bad_words,
                 prompt_logprobs=self.prompt_logprobs,
+                logprob_token_ids=self.logprob_token_ids,
                 truncate_prompt_tokens=self.truncate_prompt_tokens,
+                truncation_side=self.truncation_side,
                 structured_outputs=structured,
             )
         except (ValueError, TypeError) as exc:
@@ -187,6 +192,16 @@ class _SamplingFields(_Request):
     def check_stream_options(self) -> None:
         if self.stream_options is not None and not self.stream:
             raise bad_request("Stream options can only be defined when `stream=True`.", param="stream_options")
+
+    def check_logprob_token_ids(self, logprobs_on: bool) -> None:
+        """vLLM's rules for logprob_token_ids: a non-empty list, and logprobs turned on."""
+        if self.logprob_token_ids is None:
+            return
+        if not self.logprob_token_ids:
+            raise bad_request("`logprob_token_ids` must not be an empty list.", param="logprob_token_ids")
+        if not logprobs_on:
+            raise bad_request("when using `logprob_token_ids`, `logprobs` must be set to true.",
+                              param="logprob_token_ids")
 
     @property
     def include_usage(self) -> bool:
@@ -233,6 +248,7 @@ class ChatCompletionRequest(_SamplingFields):
         return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
 
     def requested_logprobs(self) -> int | None:
+        self.check_logprob_token_ids(bool(self.logprobs))
         if self.top_logprobs is not None:
             if not self.logprobs:
                 raise bad_request("when using `top_logprobs`, `logprobs` must be set to true.", param="top_logprobs")
@@ -243,7 +259,8 @@ class ChatCompletionRequest(_SamplingFields):
 
 
 class CompletionRequest(_SamplingFields):
-    prompt: Union[str, list[str], list[int], list[list[int]]]
+    prompt: Union[str, list[str], list[int], list[list[int]], None] = None
+    prompt_embeds: Any = None  # vLLM's; wslm takes text or token ids only
     max_tokens: int | None = 16
     logprobs: int | None = None
     echo: bool = False
@@ -259,6 +276,8 @@ class CompletionRequest(_SamplingFields):
         found = self._common_unsupported()
         if self.suffix:
             found.append(("suffix", "suffix (fill-in-the-middle) is not supported"))
+        if self.prompt_embeds not in (None, [], ""):
+            found.append(("prompt_embeds", "prompt_embeds are not supported: send the prompt as text or token ids"))
         if self.best_of is not None and self.best_of != self.n:
             found.append(("best_of", "best_of other than n is not supported (as in vLLM's V1 engine)"))
         return found
@@ -271,9 +290,10 @@ class CompletionRequest(_SamplingFields):
         elif p and all(isinstance(x, int) for x in p):
             items = [list(p)]  # type: ignore[arg-type]
         else:
-            items = list(p)  # type: ignore[arg-type]
-        if not items or any(len(x) == 0 for x in items):
-            raise bad_request("prompt must not be empty.", param="prompt")
+            items = list(p or [])  # type: ignore[arg-type]
+        if not items:  # (an empty prompt inside the list is validation.validate_prompt's to refuse)
+            raise bad_request("Either prompt or prompt_embeds must be provided and non-empty. Send `prompt` as "
+                              "text, token ids, or a list of either.", param="prompt")
         return items
 
 

@@ -55,17 +55,16 @@ def chat_response_extras(body: dict, req: Any, tracker: Any, prompt_ids: list[in
 
 
 class ChatStreamExtras:
-    """The same extras on a chat stream: token_ids on each content chunk, prompt_token_ids on the role
-    chunks, prompt_logprobs on the first content chunk (the engine reports them with the first token)."""
+    """The same extras on a chat stream: token_ids on each content chunk, prompt_token_ids at the top of the
+    stream's first chunk only (vLLM's shape), prompt_logprobs on the first content chunk (the engine reports
+    them with the first token)."""
 
     def __init__(self, req: Any, tracker: Any, prompt_ids: list[int], tokenizer: Any) -> None:
         self.req, self.tracker, self.prompt_ids, self.tokenizer = req, tracker, prompt_ids, tokenizer
         self.sent_prompt_logprobs = req.prompt_logprobs is None
 
-    def role_chunk(self, choice: dict) -> dict:
-        if self.req.return_token_ids:
-            choice["prompt_token_ids"] = self.prompt_ids
-        return choice
+    def first_chunk_fields(self) -> dict | None:
+        return {"prompt_token_ids": self.prompt_ids} if self.req.return_token_ids else None
 
     def content_chunk(self, choice: dict, token_ids: list[int]) -> dict:
         if self.req.return_token_ids:

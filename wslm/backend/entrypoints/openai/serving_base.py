@@ -50,6 +50,7 @@ class ServerState:
     enable_force_include_usage: bool = False  # usage on streams even without stream_options.include_usage
     enable_server_load_tracking: bool = False  # GET /load counts requests in flight
     enable_tokenizer_info_endpoint: bool = False
+    return_tokens_as_token_ids: bool = False  # logprob tokens as "token_id:N" unless a request says otherwise
     default_sampling: dict[str, Any] = field(default_factory=dict)  # --generation-config: request defaults
     chat_template: str | None = None  # the template in use (GET /tokenizer_info shows it)
     server_load: int = 0  # requests in flight (with --enable-server-load-tracking)
@@ -59,6 +60,17 @@ class ServerState:
     reasoning_parser: str | None = None
     exclude_tools_when_tool_choice_none: bool = False
     task: str = "generate"  # what the model serves: "generate" (chat, completions) or "embed" (embeddings)
+    response_role: str = "assistant"  # --response-role: the role of chat replies
+    # With an API key on a non-loopback address (and no --public-utility-endpoints), the key guards /tokenize,
+    # /metrics, /docs, ... too (app.py's UTILITY_PATHS).
+    guard_utility_endpoints: bool = False
+    # /v1/responses (serving_responses.py): how many stored responses are kept (--max-stored-responses), and
+    # the store itself, made on first use.
+    max_stored_responses: int = 1000
+    responses: Any = None
+
+    # --model-pool (model_pool.ModelPool): more models behind this port, loaded on request; None: this one only.
+    model_pool: Any = None
 
     @property
     def model_name(self) -> str:
@@ -70,7 +82,8 @@ class ServerState:
             return requested or self.model_name
         if requested in self.aliases:
             return self.model_name
-        served = ", ".join(f"`{n}`" for n in self.served_model_names)
+        names = self.model_pool.names() if self.model_pool is not None else self.served_model_names
+        served = ", ".join(f"`{n}`" for n in names)
         raise APIError(
             f"The model `{requested}` does not exist. This server serves {served} (see GET /v1/models).",
             404,
@@ -92,7 +105,10 @@ class ServerState:
 
     def apply_generation_defaults(self, req: Any) -> None:
         """--generation-config: the model's recommended sampling values fill the fields a request left unset
-        (as vLLM's default_sampling_params); anything the client sent wins."""
+        (as vLLM's default_sampling_params); anything the client sent wins. So does the server's
+        --return-tokens-as-token-ids."""
+        if getattr(req, "return_tokens_as_token_ids", False) is None:
+            req.return_tokens_as_token_ids = self.return_tokens_as_token_ids
         sent = req.model_fields_set
         for name, value in self.default_sampling.items():
             if name == "max_tokens":
@@ -215,9 +231,10 @@ def completion_logprobs(tokenizer: Any, token_ids: list[int], logprobs: list[dic
         out["token_logprobs"].append(_lp(sampled.logprob) if sampled is not None else -9999.0)
         out["text_offset"].append(offset)
         offset += len(text)
-        top = {}
+        # The sampled token first (as vLLM: clients read the first key as the token), then the top ones.
+        top = {text: out["token_logprobs"][-1]} if sampled is not None else {}
         for tid, e in sorted(entries.items(), key=lambda kv: kv[1].rank):
-            if top_n < 0 or e.rank <= top_n or tid == token_id:
+            if tid != token_id and (top_n < 0 or e.rank <= top_n):
                 top[token_text(tokenizer, tid, e, as_ids)] = _lp(e.logprob)
         out["top_logprobs"].append(top)
     return out
@@ -370,15 +387,17 @@ class ChunkWriter:
     def __init__(self, head: dict, tracker: Tracker, req: Any) -> None:
         self.head = head
         self.tracker = tracker
-        # --enable-force-include-usage: as if every stream asked for stream_options.include_usage.
+        # --enable-force-include-usage: usage on every chunk, running totals (vLLM's should_include_usage).
         self.include_usage = bool(req.include_usage) or tracker.force_usage
-        self.continuous = self.include_usage and bool(req.stream_options and req.stream_options.continuous_usage_stats)
+        self.continuous = tracker.force_usage or (
+            self.include_usage and bool(req.stream_options and req.stream_options.continuous_usage_stats))
 
-    def choice(self, choice: dict, finish: str | None = None, stop: Any = None) -> str:
+    def choice(self, choice: dict, finish: str | None = None, stop: Any = None, top: dict | None = None) -> str:
+        """One chunk holding one choice; top: fields at the chunk's top level (vLLM's prompt_token_ids)."""
         choice["finish_reason"] = finish
         if finish is not None:
             choice["stop_reason"] = stop
-        body = {**self.head, "choices": [choice]}
+        body = {**self.head, **(top or {}), "choices": [choice]}
         if self.include_usage:
             body["usage"] = self.tracker.usage() if self.continuous else None
         return sse(body)

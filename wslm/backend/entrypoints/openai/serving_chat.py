@@ -121,11 +121,11 @@ async def create_chat_completion(state: ServerState, request: Request) -> Respon
         reply.feed(r.text, final=True)
         choices.append({
             "index": i,
-            "message": reply.message(),
-            "logprobs": {"content": chat_logprobs(state.tokenizer, r.token_ids, r.logprobs or [], top_n,
+            "message": {**_message(plan, reply, r.finish_reason), "role": reply_role(state, req)},
+            "logprobs": {"content": chat_logprobs(state.tokenizer, r.token_ids, r.logprobs or [], _top_n(req, top_n),
                                                   req.return_tokens_as_token_ids)}
             if top_n is not None else None,
-            "finish_reason": reply.finish_reason(r.finish_reason),
+            "finish_reason": _finish_reason(plan, reply, r.finish_reason),
             "stop_reason": r.stop_reason,
         })
     body = {
@@ -140,6 +140,39 @@ async def create_chat_completion(state: ServerState, request: Request) -> Respon
     return JSONResponse(chat_response_extras(body, req, tracker, prompt_ids, state.tokenizer, token_ids))
 
 
+def _top_n(req: ChatCompletionRequest, top_n: int | None) -> int | None:
+    """The top_logprobs each token reports: with logprob_token_ids, every id asked for (and the sampled one)."""
+    return -1 if req.logprob_token_ids and top_n is not None else top_n
+
+
+def _message(plan: ChatPlan, reply: Any, engine_finish: str | None) -> dict:
+    """A whole reply's message. A forced tool call (tool_choice "required" or named) has content "" (vLLM's);
+    one that max_tokens cut is no call at all: no tool_calls, finish_reason "length" (as OpenAI and vLLM)."""
+    msg = reply.message()
+    if plan.grammar is None:
+        return msg
+    if engine_finish == "length":
+        msg.pop("tool_calls", None)
+        return {**msg, "content": ""}
+    return {**msg, "content": msg.get("content") or ""}
+
+
+def _finish_reason(plan: ChatPlan, reply: Any, engine_finish: str | None) -> str | None:
+    """OpenAI's: "tool_calls" after calls the model chose (auto, required), "stop" after a named function."""
+    finish = reply.finish_reason(engine_finish)
+    return "stop" if finish == "tool_calls" and plan.named else finish
+
+
+def reply_role(state: ServerState, req: ChatCompletionRequest) -> str:
+    """--response-role; without a generation prompt the reply continues the last message, so its role (vLLM)."""
+    if not req.add_generation_prompt and req.messages:
+        last = req.messages[-1]
+        role = last.get("role") if isinstance(last, dict) else getattr(last, "role", None)
+        if isinstance(role, str):
+            return role
+    return state.response_role
+
+
 def _stream(state: ServerState, group: RequestGroup, tracker: Tracker, response_id: str, created: int,
             model: str, req: ChatCompletionRequest, top_n: int | None, plan: ChatPlan,
             extras: ChatStreamExtras) -> AsyncIterator[str]:
@@ -151,23 +184,28 @@ def _stream(state: ServerState, group: RequestGroup, tracker: Tracker, response_
         out = ""
         lp = None
         if top_n is not None and d.token_ids:
-            lp = {"content": chat_logprobs(state.tokenizer, d.token_ids, d.logprobs or [], top_n,
+            lp = {"content": chat_logprobs(state.tokenizer, d.token_ids, d.logprobs or [], _top_n(req, top_n),
                                            req.return_tokens_as_token_ids)}
         reply = replies[d.index]
         deltas = reply.feed(d.text, final=d.finish_reason is not None)
         if (lp is not None or (d.token_ids and req.return_token_ids)) and not deltas:
             deltas = [{"content": ""}]
         ids = d.token_ids
-        for delta in deltas:
-            out += writer.choice(extras.content_chunk({"index": d.index, "delta": delta, "logprobs": lp}, ids))
+        # finish_reason rides on the step's last chunk (vLLM's shape: with continuous usage, every chunk that
+        # carries a choice adds tokens); an empty delta carries it only when the step produced nothing else.
+        finish = _finish_reason(plan, reply, d.finish_reason) if d.finish_reason is not None else None
+        for k, delta in enumerate(deltas):
+            last = k == len(deltas) - 1
+            out += writer.choice(extras.content_chunk({"index": d.index, "delta": delta, "logprobs": lp}, ids),
+                                 finish if last else None, d.stop_reason)
             lp, ids = None, []  # the token logprobs and ids ride on the first chunk of this step
-        if d.finish_reason is not None:
-            out += writer.choice({"index": d.index, "delta": {}, "logprobs": None},
-                                 reply.finish_reason(d.finish_reason), d.stop_reason)
+        if finish is not None and not deltas:
+            out += writer.choice({"index": d.index, "delta": {}, "logprobs": None}, finish, d.stop_reason)
         return out
 
     # The first delta of each choice carries the role, as OpenAI's do.
-    first = "".join(writer.choice(extras.role_chunk({"index": i, "delta": {"role": "assistant", "content": ""},
-                                                     "logprobs": None}))
+    role = reply_role(state, req)
+    first = "".join(writer.choice({"index": i, "delta": {"role": role, "content": ""}, "logprobs": None},
+                                  top=extras.first_chunk_fields() if i == 0 else None)
                     for i in range(tracker.n))
     return stream_deltas(group, tracker, writer, response_id, first, render)

@@ -46,6 +46,7 @@ async def create_completion(state: ServerState, request: Request) -> Response:
     check_max_tokens(req.max_tokens, "max_tokens")
     if req.logprobs is not None and req.logprobs < -1:
         raise bad_request(f"logprobs must be -1 (all) or more, got {req.logprobs}.", param="logprobs")
+    req.check_logprob_token_ids(req.logprobs is not None)
     params = req.sampling_params(req.max_tokens, req.logprobs)
     if req.echo and req.logprobs is not None:  # the echoed prompt's tokens carry logprobs too
         params.prompt_logprobs = max(params.prompt_logprobs or 0, req.logprobs)
@@ -76,7 +77,7 @@ async def create_completion(state: ServerState, request: Request) -> Response:
             lp = None
             as_ids = req.return_tokens_as_token_ids
             if req.logprobs is not None:
-                lp = completion_logprobs(state.tokenizer, r.token_ids, r.logprobs or [], req.logprobs, len(prefix),
+                lp = completion_logprobs(state.tokenizer, r.token_ids, r.logprobs or [], _top_n(req), len(prefix),
                                          as_ids)
                 if echo:
                     lp = join_logprobs(echo_logprobs(state.tokenizer, prompts_ids[p], tracker.prompt_logprobs[p],
@@ -98,6 +99,11 @@ async def create_completion(state: ServerState, request: Request) -> Response:
         "choices": choices,
         "usage": tracker.usage(),
     })
+
+
+def _top_n(req: CompletionRequest) -> int:
+    """How many logprobs each generated token reports: all the engine gave for logprob_token_ids."""
+    return -1 if req.logprob_token_ids else req.logprobs
 
 
 def _add_extras(choice: dict, state: ServerState, req: CompletionRequest, tracker: Tracker, p: int,
@@ -137,16 +143,15 @@ def _stream(state: ServerState, group: RequestGroup, tracker: Tracker, response_
         first = index not in started
         started.add(index)
         lp = None
-        if req.logprobs is not None and d.token_ids:
-            lp = completion_logprobs(state.tokenizer, d.token_ids, d.logprobs or [], req.logprobs,
+        if req.logprobs is not None:  # every chunk carries its (maybe empty) logprobs, as vLLM's
+            lp = completion_logprobs(state.tokenizer, d.token_ids, d.logprobs or [], _top_n(req),
                                      offsets.get(index, 0), as_ids)
-        if d.text or lp is not None or (first and (req.prompt_logprobs is not None or req.return_token_ids)):
-            choice = {"index": index, "text": d.text, "logprobs": lp}
-            _add_extras(choice, state, req, tracker, d.prompt, prompts_ids[d.prompt], d.token_ids, first)
-            out += writer.choice(choice)
+        # One chunk per delta; the last one also carries finish_reason (vLLM's shape: every chunk has its
+        # text, token ids and logprobs, so clients can add them up chunk by chunk).
+        choice = {"index": index, "text": d.text, "logprobs": lp}
+        _add_extras(choice, state, req, tracker, d.prompt, prompts_ids[d.prompt], d.token_ids, first)
+        out += writer.choice(choice, d.finish_reason, d.stop_reason)
         offsets[index] = offsets.get(index, 0) + len(d.text)
-        if d.finish_reason is not None:
-            out += writer.choice({"index": index, "text": "", "logprobs": None}, d.finish_reason, d.stop_reason)
         return out
 
     first = ""

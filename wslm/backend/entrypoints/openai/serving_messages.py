@@ -230,7 +230,53 @@ def _json_object(text: str) -> Any:
     try:
         return json.loads(text)
     except ValueError:
-        return {}  # a call cut short by max_tokens; its stop_reason says so
+        return partial_json_object(text)  # a call cut short by max_tokens; its stop_reason says so
+
+
+def partial_json_object(text: str) -> dict:
+    """What can be read of a JSON object cut short (a tool call that max_tokens ended): its complete members,
+    and a string or number at the end kept as far as it goes (as Anthropic's SDKs read partial input JSON);
+    a key without its value, or a literal cut short (`tru`), is left out. {} when nothing is readable."""
+    stack: list[str] = []  # the open containers: "{" or "["
+    cuts: list[tuple[int, str]] = []  # (end of a prefix, the closers it needs), latest last
+    in_string = escaped = False
+    for i, ch in enumerate(text):
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+                cuts.append((i + 1, _closers(stack)))
+            continue
+        if ch == '"':
+            in_string = True
+        elif ch in "{[":
+            stack.append(ch)
+            cuts.append((i + 1, _closers(stack)))
+        elif ch in "}]":
+            if stack:
+                stack.pop()
+            cuts.append((i + 1, _closers(stack)))
+        elif ch == ",":
+            cuts.append((i, _closers(stack)))  # before the comma: what came before it is whole
+        elif ch not in " \t\r\n:":
+            cuts.append((i + 1, _closers(stack)))  # a number or literal so far (kept only if it parses)
+    candidates = [(text[:-1] if escaped else text) + '"' + _closers(stack)] if in_string else []
+    candidates += [text[:end] + closers for end, closers in reversed(cuts)]
+    for candidate in candidates:
+        try:
+            value = json.loads(candidate)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            return value
+    return {}
+
+
+def _closers(stack: list[str]) -> str:
+    return "".join("}" if c == "{" else "]" for c in reversed(stack))
 
 
 def _stop_reason(reply: ChatReply, finish: str | None, stop: Any) -> tuple[str, str | None]:

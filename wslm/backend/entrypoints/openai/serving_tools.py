@@ -43,6 +43,7 @@ class ChatPlan:
     think_opened: bool = False  # the rendered prompt ends inside an open think block
     think_closed: bool = False  # the prompt closed an empty think block (enable_thinking false): no reasoning
     structured_param: str | None = None  # the request field the grammar came from (errors name it)
+    named: bool = False  # tool_choice names one function (OpenAI then finishes with "stop", not "tool_calls")
 
     def prompt_rendered(self, tokenizer: Any, prompt_ids: list[int]) -> None:
         if self.reasoning_parser:
@@ -110,7 +111,7 @@ def plan_chat(state: Any, req: Any) -> ChatPlan:
     reasoning = getattr(state, "reasoning_parser", None)
     if reasoning and any(is_special_token(tokenizer, m) for m in REASONING_PARSERS[reasoning].markers):
         keep = True  # harmony's channel markers are special tokens
-    return ChatPlan(tools, grammar, parser, parallel, reasoning, keep)
+    return ChatPlan(tools, grammar, parser, parallel, reasoning, keep, named=isinstance(choice, dict))
 
 
 def required_schema(tools: list[dict], parallel: bool) -> dict:

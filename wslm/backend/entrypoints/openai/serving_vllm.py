@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from starlette.requests import Request
@@ -36,6 +37,15 @@ class LoadTrackingMiddleware:
             await self.app(scope, receive, send)
         finally:
             self.state.server_load -= 1
+
+
+def model_permission(created: int) -> dict:
+    """The one entry of a /v1/models card's `permission` list, in vLLM's shape: a local server grants all
+    its clients the same (sampling, logprobs, viewing; no fine-tuning)."""
+    return {"id": f"modelperm-{uuid.uuid4().hex}", "object": "model_permission", "created": created,
+            "allow_create_engine": False, "allow_sampling": True, "allow_logprobs": True,
+            "allow_search_indices": False, "allow_view": True, "allow_fine_tuning": False, "organization": "*",
+            "group": None, "is_blocking": False}
 
 
 async def get_load(state: ServerState, request: Request) -> Response:

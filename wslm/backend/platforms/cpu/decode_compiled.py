@@ -20,18 +20,21 @@ or WSLM_CPU_COMPILE=0; results match the eager path to bf16 rounding (not bit fo
 
 from __future__ import annotations
 
+import atexit
+import ctypes
 import logging
 import os
-import shutil
 import sys
 import threading
 import time
+import weakref
 
 import torch
 import torch.nn.functional as F
 
 from wslm import envs
 from wslm.backend.modeling.layers.attention import AttentionMetadata
+from wslm.backend.platforms.cpu.server_memory import AUTO_MAX_WEIGHT_BYTES, has_cxx_compiler
 from wslm.kernels import cpu_gemv
 from wslm.kernels.torch_paged_attention import _decode_blocks
 from wslm.kernels.torch_rotary import _cos_sin, neox_rotated
@@ -40,10 +43,34 @@ logger = logging.getLogger(__name__)
 ENV_VAR = "WSLM_CPU_COMPILE"
 
 
-# By default only models up to this many weight bytes compile: each graph keeps its own repacked copy of
+# By default only models up to AUTO_MAX_WEIGHT_BYTES compile: each graph keeps its own repacked copy of
 # the weights (measured ~0.9x the weights per graph, two graphs), which small models afford and which
 # matters most for them (their steps are overhead, not bandwidth). WSLM_CPU_COMPILE=1 compiles any size.
-AUTO_MAX_WEIGHT_BYTES = 1 << 30
+# (server_memory.py holds the rule, which `wslm models` memory estimates count with.)
+# How long exit waits for a cancelled compile to stop (it stops at its next Python line; a C++ compiler
+# run under way finishes first).
+_CANCEL_WAIT_S = 60.0
+
+
+class _Cancelled(BaseException):
+    """Raised inside the compile thread by cancel(); a BaseException, so no `except Exception` in torch
+    turns it into a failed (logged) compile."""
+
+
+_running: weakref.WeakSet[CompiledDecode] = weakref.WeakSet()  # compiles whose thread is under way
+
+
+def _cancel_at_exit() -> None:
+    for compiled in list(_running):
+        compiled.cancel()
+
+
+# Before the atexit handlers, which the compile's own modules register (inductor's, dynamo's) and which
+# tear down what a running compile uses: threading's exit hooks run first (concurrent.futures uses them).
+try:
+    threading._register_atexit(_cancel_at_exit)  # type: ignore[attr-defined]
+except (AttributeError, RuntimeError):  # another Python; or imported while the interpreter exits
+    atexit.register(_cancel_at_exit)
 
 
 def why_not(cpu_decode, enforce_eager: bool = False, weight_bytes: int = 0) -> str | None:
@@ -58,7 +85,7 @@ def why_not(cpu_decode, enforce_eager: bool = False, weight_bytes: int = 0) -> s
     if setting is None and weight_bytes > AUTO_MAX_WEIGHT_BYTES:
         return (f"weights of {weight_bytes / 2**30:.1f} GiB (each compiled graph keeps a copy; "
                 f"{ENV_VAR}=1 compiles anyway)")  # fmt: skip
-    if not (shutil.which(os.environ.get("CXX", "g++")) or shutil.which("c++") or shutil.which("clang++")):
+    if not has_cxx_compiler():
         return "no C++ compiler (install g++: sudo apt install g++)"
     for layer in cpu_decode.layers:
         if layer.mlp is not None:
@@ -237,6 +264,9 @@ class CompiledDecode:
         self.threads = torch.get_num_threads()  # the engine's (OpenMP settings are per thread)
         self.steps = 0
         self._thread: threading.Thread | None = None
+        self._start_lock = threading.Lock()
+        self._done_lock = threading.Lock()
+        self._done = False  # the compile thread has ended, or been told to (cancel)
 
     @classmethod
     def build(
@@ -255,8 +285,14 @@ class CompiledDecode:
 
     def start(self) -> None:
         """Compile in a background thread (once; later calls do nothing)."""
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._compile, name="wslm-compile", daemon=True)
+        with self._start_lock:  # the server's start and the engine's first batch may both ask
+            if self._thread is not None:
+                return
+            self._thread = threading.Thread(target=self._run, name="wslm-compile", daemon=True)
+            _running.add(self)
+            graphs = "one-sequence and batch graphs" if self.single else "batch graph"
+            logger.info("CPU decode compile started in the background (the %s; typically 1-2 minutes on 2 "
+                        "cores): decode steps run eagerly until it ends", graphs)
             self._thread.start()
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -265,6 +301,36 @@ class CompiledDecode:
         self.start()
         self.ready.wait(timeout)
         return self.compiled is not None
+
+    def cancel(self, timeout: float = _CANCEL_WAIT_S) -> bool:
+        """Stop a compile under way and wait for its thread (True: none left running). At interpreter exit
+        (atexit below): CPython ends a daemon thread that wants the GIL back after finalization began with
+        pthread_exit, and one coming back from torch's C++ (a kernel, pybind11's GIL release) unwinds
+        through noexcept frames there: "terminate called without an active exception", the process aborted
+        (exit 134) however the program ended. The compile is Python (dynamo, inductor) between such calls, so
+        an exception raised in its thread stops it within a call's time."""
+        thread = self._thread
+        if thread is None:
+            return True
+        with self._done_lock:
+            if not self._done and thread.is_alive():
+                self.dropped = True  # whatever it still makes is never used
+                ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(_Cancelled))
+                self._done = True  # one exception only
+        thread.join(timeout)
+        return not thread.is_alive()
+
+    def _run(self) -> None:
+        try:
+            try:
+                self._compile()
+            finally:
+                with self._done_lock:
+                    self._done = True
+        except _Cancelled:  # cancel(): the process is exiting
+            self.ready.set()
+        finally:
+            _running.discard(self)
 
     def _compile(self) -> None:
         start = time.monotonic()
@@ -302,11 +368,15 @@ class CompiledDecode:
             self.compiled = None if self.dropped else compiled
             self.compile_seconds = time.monotonic() - start
             logger.info(
-                "CPU decode compiled in %.0f s: decode steps now run the compiled graph", self.compile_seconds
+                "CPU decode compile ended in %.1f s: decode steps now run the compiled graph", self.compile_seconds
             )
         except Exception as exc:  # an optimisation: never a reason not to serve
             self.failed = f"{type(exc).__name__}: {exc}"
-            logger.warning("CPU decode compile failed (%s); decode keeps running eagerly.", self.failed[:500])
+            self.compile_seconds = time.monotonic() - start
+            if self._done:  # cancelled (the process exits) and torch turned that into its own error
+                return
+            logger.warning("CPU decode compile failed after %.1f s (%s); decode keeps running eagerly.",
+                           self.compile_seconds, self.failed[:500])
         finally:
             sys.setswitchinterval(interval)
             self.ready.set()

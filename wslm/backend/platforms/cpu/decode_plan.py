@@ -40,13 +40,19 @@ class CpuDecodePlan:
         from wslm.backend.platforms.cpu.decode_compiled import CompiledDecode
 
         # One sequence's steps run in C where C takes them: then no graph (nor its weight copy) for those,
-        # and the batch graph compiles when the first batch comes: a lone chat, the desktop's common case,
-        # never shares the cores (and the GIL) with inductor nor pays for its copy of the weights.
+        # and the batch graph compiles when the first batch comes, or when start_compile() asks (the server,
+        # once ready): offline, a lone chat never shares the cores (and the GIL) with inductor.
         single = self.native is None
         self.compiled = CompiledDecode.build(model, self.eager, kv_pool, enforce_eager, single)
         if self.compiled is not None and single:
             self.compiled.start()
         self._order.clear()
+
+    def start_compile(self) -> None:
+        """Compile the batch graph now instead of at the first batch: a server does once it is ready, so
+        that its first concurrent requests do not wait a minute at eager speed for the compile to begin."""
+        if self.compiled is not None:
+            self.compiled.start()
 
     def backends(self, n: int) -> tuple:
         """The back ends offered a decode step of n sequences, in order (decided once per n)."""
