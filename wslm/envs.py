@@ -7,10 +7,11 @@ takes effect, and a bad value raises EnvError naming the variable and what it al
 counts as unset. docs/environment.md's tables are generated from this one
 (`python -m wslm.envs --write docs/environment.md`; tests/test_envs.py checks they match).
 
-OMP_WAIT_POLICY: `import wslm` sets it to PASSIVE unless it is set already (wslm/__init__.py), for every
-user of the package, library callers included: it must be in place before torch loads libgomp, and the
-CLI, the server and `LLM()` all benefit (spinning OpenMP threads make a CPU engine up to 10x slower when
-anything else competes for the cores). Set OMP_WAIT_POLICY=ACTIVE before importing wslm to opt out.
+OMP_WAIT_POLICY: importing the engine (`wslm.backend`, which loads no torch by itself) sets it to PASSIVE
+unless it is set already (wslm/backend/__init__.py): it must be in place before torch loads libgomp, and
+the CLI, the server and `LLM()` all benefit (spinning OpenMP threads make a CPU engine up to 10x slower
+when anything else competes for the cores). `import wslm`, the GUI and the Windows bridge leave it alone.
+Set OMP_WAIT_POLICY=ACTIVE before importing wslm.backend (or torch) to opt out.
 
 Standard library only, and cheap to import: the GUI and the Windows bridge read it too."""
 
@@ -205,7 +206,7 @@ VARIABLES: tuple[EnvVar, ...] = (
            "add (a lone chat on 2 cores: 38 -> 74 tok/s eager). `0` turns it off. Read at import.",
            (_E,), _TUNING, minimum=0),
     EnvVar("OMP_WAIT_POLICY", "choice", "PASSIVE",
-           "`import wslm` sets `PASSIVE` unless you set it: spinning OpenMP threads collapse when another "
+           "importing the engine (`wslm.backend`) sets `PASSIVE` unless you set it: spinning OpenMP threads collapse when another "
            "process competes for the cores; `ACTIVE` is faster on an idle machine.",
            (_E,), _TUNING, choices=("passive", "active"), read_here=False),
     # Windows bridge and diagnostics

@@ -4,7 +4,14 @@ Imports are lazy so that `import wslm.backend.sampling_params` (or the CLI) does
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
+
+# OpenMP threads that spin while waiting make a CPU engine up to 10x slower whenever anything else runs on
+# the machine (the GUI, a second server, a test client). Must be set before torch loads libgomp, so it is
+# set when the engine package is first imported (which pulls in no torch), not for `import wslm`: the GUI
+# and the Windows bridge leave the environment alone. Documented in wslm/envs.py.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from wslm.backend.config import EngineConfig
 from wslm.backend.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
