@@ -18,6 +18,7 @@ def fresh(monkeypatch, tmp_path):
     """A library state of its own, built into a temporary cache."""
     monkeypatch.setattr(cpu_gemv, "_tried", False)
     monkeypatch.setattr(cpu_gemv, "_lib", None)
+    monkeypatch.setattr(cpu_gemv, "_why", None)
     monkeypatch.setattr(cpu_gemv, "_cache_dir", lambda: tmp_path)
     return tmp_path
 
