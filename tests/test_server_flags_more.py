@@ -143,7 +143,7 @@ def _serve_parser():
 def test_flags_that_cannot_apply_are_one_line_errors(tmp_path, capsys):
     bad = tmp_path / "bad.yaml"
     bad.write_text("max_model_len: 64\nno_such_flag: 1\n")
-    for argv, words in ((["--enable-lora", "--lora-modules", "a=/x"], "--enable-lora is not supported: LoRA"),
+    for argv, words in ((["--qlora-adapter-name-or-path", "x"], "--qlora-adapter-name-or-path is not supported"),
                         (["--cpu-offload-gb", "4"], "--cpu-offload-gb is not supported"),
                         (["--guided-decoding-backend", "outlines"], "xgrammar"),
                         (["--structured-outputs-config.backend", "guidance"], "xgrammar"),

@@ -24,9 +24,9 @@ ROOT = "/llm"
 
 @pytest.fixture(scope="module")
 def server():
-    srv = ServerProcess("demo", "--port", "0", *SMALL, "--root-path", ROOT, "--api-key", KEY,
-                        "--enable-server-load-tracking", "--enable-tokenizer-info-endpoint",
-                        "--enable-force-include-usage")
+    # The key from vLLM's environment variable, as a vLLM launch script sets it.
+    srv = ServerProcess("demo", "--port", "0", *SMALL, "--root-path", ROOT, "--enable-server-load-tracking",
+                        "--enable-tokenizer-info-endpoint", "--enable-force-include-usage", env={"VLLM_API_KEY": KEY})
     yield srv
     srv.stop()
 

@@ -121,6 +121,10 @@ VARIABLES: tuple[EnvVar, ...] = (
            "the key `wslm serve` requires on `/v1/*` when `--api-key` is not given. The GUI passes its key this "
            "way (into WSL through `WSLENV`) so it never shows in `ps` or a log.",
            (_E,), _EVERYDAY),
+    EnvVar("VLLM_API_KEY", "str", None,
+           "vLLM's name for the same key: `wslm serve` requires it when neither `--api-key` nor `WSLM_API_KEY` "
+           "is given, so a vLLM launch script's environment keeps its server closed.",
+           (_E,), _EVERYDAY),
     EnvVar("WSLM_CONFIG_DIR", "path", None,
            "moves the config folder (settings, `share.json`); data and models follow it unless set apart.",
            (_E, _G, _B), _EVERYDAY, default_doc="the user config folder (platformdirs)"),

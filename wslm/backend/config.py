@@ -76,6 +76,11 @@ class EngineConfig:
         "the checkpoint (vLLM's --task)", choices=("auto", "generate", "embed", "embedding", "score"))
     max_logprobs: int = _flag(
         20, "most top logprobs a request may ask for (default 20; -1: the whole vocabulary)")
+    # One LoRA adapter merged into the weights at load (loader/lora.py); the server's --lora-modules serves
+    # several by name, each an engine of the model pool.
+    lora_path: str | None = _flag(
+        None, "a LoRA adapter folder (PEFT's format) merged into the model's 16/32-bit weights as they load "
+        "(`wslm serve --lora-modules NAME=PATH` serves adapters by name)")
 
     def __post_init__(self) -> None:
         if self.tensor_parallel_size < 1:
@@ -101,6 +106,9 @@ class EngineConfig:
             raise ValueError(f"fanout_per_step must be at least 1, got {self.fanout_per_step}.")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:
             raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}.")
+        if self.lora_path and self.tensor_parallel_size > 1:
+            raise ValueError("a LoRA adapter (lora_path) cannot be merged under tensor parallelism yet: serve it at "
+                             "--tensor-parallel-size 1, or merge it with peft (merge_and_unload) first.")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"max_model_len must be positive, got {self.max_model_len}.")
         from wslm.backend.quant import check_quantization

@@ -16,9 +16,10 @@ from wslm.backend.worker.step_inputs import ModelRunnerOutput, StepInputs, prepa
 logger = logging.getLogger(__name__)
 
 
-def load_model(source, mc, device: torch.device, embedding: bool = False):
+def load_model(source, mc, device: torch.device, embedding: bool = False, lora_path: str | None = None):
     """Build the model for mc (its family's class) and load its weights (this rank's shard under tensor
-    parallelism). embedding: an embedding checkpoint, which may be a bare decoder body (decoder_pooling.py)."""
+    parallelism). embedding: an embedding checkpoint, which may be a bare decoder body (decoder_pooling.py).
+    lora_path: a LoRA adapter merged into the weights (loader/lora.py)."""
     from wslm.backend.loader.model_loader import decoder_body_weights, iter_weights, return_freed_heap
 
     model = get_model_class(mc.architecture)(mc, device)
@@ -26,6 +27,10 @@ def load_model(source, mc, device: torch.device, embedding: bool = False):
     if embedding:
         weights = decoder_body_weights(weights)
     model.load_weights(weights)
+    if lora_path:
+        from wslm.backend.loader.lora import merge_lora
+
+        logger.info("LoRA adapter %s merged into %d projections", lora_path, merge_lora(model, lora_path))
     # Loading makes many short-lived buffers (each tensor, or MoE expert, being repacked), and glibc keeps
     # freed heap mapped: resident memory after a quantized load stayed near its peak (measured: +100 MB on
     # a 250 MB MoE GGUF). GGUF weights are trimmed after each tensor already; safetensors at the end.

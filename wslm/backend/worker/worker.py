@@ -69,7 +69,7 @@ class Worker:
     def load_model(self) -> None:
         from wslm.backend.worker.model_runner import load_model
 
-        self.model = load_model(self.source, self.mc, self.device)
+        self.model = load_model(self.source, self.mc, self.device, lora_path=self.config.lora_path)
 
     def determine_num_blocks(self) -> int:
         import dataclasses

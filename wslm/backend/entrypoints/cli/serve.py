@@ -107,6 +107,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--uvicorn-log-level", default="info",
                    choices=["critical", "error", "warning", "info", "debug", "trace"], help="uvicorn's log level")
     _add_model_pool_flags(p)
+    _add_lora_flags(p)
     _add_vllm_flags(vllm_group)
     add_no_effect_flags(p)  # last: it skips any flag defined above
     add_not_supported_flags(p)
@@ -187,6 +188,19 @@ def _add_model_pool_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model-load-timeout", type=float, default=600.0, metavar="SECONDS",
                    help="with --model-pool, how long a request waits for its model to load before a 503 with "
                         "Retry-After (the load goes on; default 600)")
+
+
+def _add_lora_flags(p: argparse.ArgumentParser) -> None:
+    """vLLM's LoRA flags. Each adapter is served by name as a model of the pool: the base model with the
+    adapter merged in (loader/lora.py), loaded when a request names it."""
+    p.add_argument("--enable-lora", action=argparse.BooleanOptionalAction, default=False,
+                   help="serve the --lora-modules adapters (vLLM's switch; --lora-modules alone serves them too)")
+    p.add_argument("--lora-modules", nargs="+", default=None, metavar="NAME=PATH",
+                   help="LoRA adapters (PEFT folders) on the --model model, each served under its NAME: NAME=PATH "
+                        "or vLLM's JSON {\"name\": ..., \"path\": ...}. Each loads on its first request as a model "
+                        "of the pool (--max-loaded-models, --model-ttl)")
+    p.add_argument("--max-lora-rank", type=int, default=16, metavar="R",
+                   help="highest adapter rank served (default 16, vLLM's); a higher one is a start-up error")
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -230,6 +230,7 @@ def run(args: Namespace) -> int:
         check_limit_flags(args)
         check_parallel_flags(args)
         check_model_pool_flags(args)
+        check_lora_flags(args)
         check_ssl_flags(args)
         use_hf_token(args)
         vllm_flags.log_no_effect(args)
@@ -357,7 +358,7 @@ def _serve(args: Namespace, engine: Any, sock: socket.socket) -> int:
 
     names = list(args.served_model_name or [args.model])
     metrics = ServerMetrics(names[0])
-    api_key = args.api_key or envs.WSLM_API_KEY
+    api_key = args.api_key or envs.WSLM_API_KEY or envs.VLLM_API_KEY
     model_name = str(getattr(engine, "model_name", "") or args.model)
     defaults = getattr(args, "generation_defaults", None) or {}
     if defaults:
@@ -502,6 +503,59 @@ def check_model_pool_flags(args: Namespace) -> None:
         args.model_pool_specs.append((name, model))
 
 
+def check_lora_flags(args: Namespace) -> None:
+    """--lora-modules: each adapter checked before the slow load (a folder with adapter_config.json and its
+    weights, rank within --max-lora-rank, a base whose 16/32-bit weights it can merge into), then added to
+    the pool under its name: the --model model with the adapter merged in (loader/lora.py)."""
+    import json
+
+    from wslm.backend.loader.lora import check_adapter
+
+    args.lora_adapters = {}  # name -> (base model's served name, adapter folder)
+    specs = getattr(args, "lora_modules", None) or []
+    if not specs:
+        return
+    base = (getattr(args, "served_model_name", None) or [args.model])[0]
+    from wslm.backend.loader.model_source import resolve_model
+
+    try:
+        gguf = resolve_model(args.model).gguf_path is not None and not envs.WSLM_GGUF_DEQUANTIZE
+    except FileNotFoundError:
+        gguf = False  # the load says what is missing
+    if getattr(args, "quantization", None) or gguf:
+        raise StartupError("--lora-modules: adapters merge into a model's 16/32-bit weights, and "
+                           f"{args.model} is held quantized; serve its 16-bit checkpoint (a Hugging Face folder or "
+                           "repo id) with the adapters, load a GGUF dequantized (WSLM_GGUF_DEQUANTIZE=1), or merge "
+                           "the adapter with peft (merge_and_unload) first.")
+    if getattr(args, "tensor_parallel_size", 1) not in (None, 1):
+        raise StartupError("--lora-modules needs --tensor-parallel-size 1: adapters are merged into one device's "
+                           "weights.")
+    if getattr(args, "max_loaded_models", 2) < 2:
+        raise StartupError(f"--max-loaded-models must be at least 2 with --lora-modules (the --model model stays "
+                           f"loaded, and an adapter loads beside it), got {args.max_loaded_models}.")
+    taken = {name for name, _ in args.model_pool_specs} | {base}
+    for spec in specs:
+        if spec.lstrip().startswith("{"):
+            try:
+                item = json.loads(spec)
+                name, path = item["name"], item["path"]
+            except (ValueError, KeyError, TypeError):
+                raise StartupError(f"--lora-modules {spec}: JSON needs \"name\" and \"path\".") from None
+        else:
+            name, sep, path = spec.partition("=")
+            if not sep or not name or not path:
+                raise StartupError(f"--lora-modules {spec}: give NAME=PATH (or vLLM's JSON with name and path).")
+        if name in taken:
+            raise StartupError(f"--lora-modules: the name `{name}` is taken already; give each adapter its own.")
+        try:
+            check_adapter(path, getattr(args, "max_lora_rank", 16))
+        except (ValueError, OSError) as exc:
+            raise StartupError(f"--lora-modules {name}: {exc}.") from exc
+        taken.add(name)
+        args.lora_adapters[name] = (base, path)
+        args.model_pool_specs.append((name, args.model))
+
+
 def local_models(exclude: str) -> list[tuple[str, str]]:
     """`--model-pool all`: every runnable model `wslm models list` shows, by its id, but the --model one."""
     from pathlib import Path
@@ -568,8 +622,14 @@ def make_model_pool(args: Namespace, default: Any) -> Any:
     from wslm.backend.frontend.chat import template_text
     from wslm.backend.frontend.metrics import ServerMetrics
 
+    adapters = getattr(args, "lora_adapters", {})
+
     def load(model: str, name: str) -> Any:
-        margs = pool_model_args(args, model, name)
+        if name in adapters:  # the --model model itself, with its flags, and the adapter merged in
+            margs = Namespace(**vars(args))
+            margs.served_model_name, margs.lora_path = [name], adapters[name][1]
+        else:
+            margs = pool_model_args(args, model, name)
         defaults = load_generation_defaults(margs)
         engine = load_engine(pool_engine_config(engine_config(margs), args))
         template = getattr(engine, "chat_template", None) or getattr(engine.tokenizer, "chat_template", None)
@@ -606,6 +666,8 @@ def make_model_pool(args: Namespace, default: Any) -> Any:
     pool = ModelPool(default, load, specs, max_loaded=args.max_loaded_models, ttl=args.model_ttl_seconds,
                      load_timeout=args.model_load_timeout,
                      refresh=(lambda: args.model_pool_specs + local_models(args.model)) if args.model_pool_all else None)
+    for name, (parent, path) in adapters.items():  # vLLM's card of an adapter: its base and its folder
+        pool.entries[name].parent, pool.entries[name].root = parent, path
     log.info("--model-pool: %d more models servable on request (%s); at most %d loaded at once, unloaded after "
              "%s idle.", len(pool.entries), ", ".join(pool.entries) or "none yet",
              args.max_loaded_models, "never" if args.model_ttl_seconds is None else f"{args.model_ttl_seconds:g} s")

@@ -96,6 +96,8 @@ class PoolModel:
     waiting: int = 0  # requests waiting for it to load
     last_used: float = 0.0
     keep_alive: float | None = None  # seconds idle before unloading (None: no limit)
+    parent: str | None = None  # a LoRA adapter's base model (--lora-modules), as vLLM's /v1/models says
+    root: str | None = None  # and the adapter's folder
     loads: int = 0  # how many times it was loaded (shown in /v1/models)
     error: str | None = None  # why the last load failed
     load_started: float | None = None
@@ -403,6 +405,8 @@ class ModelPool:
         else:
             out = {"id": entry.name, "object": "model", "created": self.created, "owned_by": "wslm",
                    "root": entry.model, "parent": None}
+        if entry.parent is not None:
+            out["parent"], out["root"] = entry.parent, entry.root
         out["state"] = entry.status
         if entry.keep_alive is not None and entry.state is not None:
             out["expires_in"] = max(0, round(entry.last_used + entry.keep_alive - self.clock()))

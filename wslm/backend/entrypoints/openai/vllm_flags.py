@@ -76,24 +76,22 @@ NO_EFFECT: dict[str, tuple[str, str]] = {
     "--data-parallel-address": ("value", "data parallelism is one `wslm serve` per replica (--data-parallel-size)"),
     "--data-parallel-rpc-port": ("value", "data parallelism is one `wslm serve` per replica (--data-parallel-size)"),
     "--data-parallel-backend": ("value", "data parallelism is one `wslm serve` per replica (--data-parallel-size)"),
+    "--max-loras": ("value", "each --lora-modules adapter is a model of the pool with its adapter merged in: "
+                              "--max-loaded-models bounds how many are loaded at once"),
+    "--max-cpu-loras": ("value", "adapters are read from disk when a request first names them (--model-ttl unloads)"),
+    "--lora-dtype": ("value", "an adapter is merged in float32 and kept in the model's dtype"),
+    "--fully-sharded-loras": ("bool", "adapters are merged into the weights before any sharding"),
     "--enable-ssl-refresh": ("flag", "the certificate is read at start: restart the server after renewing it"),
 }
 
-_LORA = ("LoRA adapters are not served yet (the engine runs one set of weights); merge the adapter into the "
-         "model (peft's merge_and_unload) and serve the merged folder")
+_QLORA = ("a QLoRA base (bitsandbytes 4-bit) is not loaded here; serve the 16-bit base with --lora-modules, "
+          "or a GGUF / int4 model with the adapter merged in first (peft's merge_and_unload)")
 _CONFIG = "the model's config.json is used as it is: change it in a copy of the model folder instead"
 
 # flag -> (kind as NO_EFFECT's, why it cannot be honoured here and what to do instead). The --no- form of a
 # "bool" flag is accepted silently (it asks for what wslm does anyway), as is a value in HARMLESS.
 NOT_SUPPORTED: dict[str, tuple[str, str]] = {
-    "--enable-lora": ("bool", _LORA),
-    "--lora-modules": ("list", _LORA),
-    "--max-loras": ("value", _LORA),
-    "--max-lora-rank": ("value", _LORA),
-    "--max-cpu-loras": ("value", _LORA),
-    "--lora-dtype": ("value", _LORA),
-    "--fully-sharded-loras": ("bool", _LORA),
-    "--qlora-adapter-name-or-path": ("value", _LORA),
+    "--qlora-adapter-name-or-path": ("value", _QLORA),
     "--cpu-offload-gb": ("value", "wslm keeps a model's weights on one device; for a model larger than the GPU's "
                                   "memory serve a smaller quantized file (GGUF, int4) or run it on the CPU "
                                   "(--device cpu)"),
