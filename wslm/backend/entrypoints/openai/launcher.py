@@ -464,7 +464,7 @@ def _serve(args: Namespace, engine: Any, sock: socket.socket) -> int:
 
 # Flags that describe the --model model and not the others: a pool model uses its own files' values.
 _MODEL_SPECIFIC = ("tokenizer", "chat_template", "revision", "quantization", "max_model_len", "served_model_name",
-                   "tool_call_parser", "reasoning_parser", "task", "runner", "num_gpu_blocks_override")
+                   "tool_call_parser", "reasoning_parser", "task", "runner", "num_gpu_blocks_override", "lora_path")
 
 
 def check_model_pool_flags(args: Namespace) -> None:
