@@ -52,6 +52,8 @@ def run_wslm(ids: list[int], args) -> dict:
 
 
 def run_llama_cpp(ids: list[int], args) -> dict:
+    if args.llama_no_extra_bufts:
+        machine.llama_cpp_without_repack()
     from llama_cpp import Llama
 
     llm = Llama(model_path=args.model_path, n_threads=args.threads, n_threads_batch=args.threads,
@@ -73,7 +75,8 @@ def run_llama_cpp(ids: list[int], args) -> dict:
         for _ in range(args.decode_tokens):  # greedy, as wslm's temperature 0
             llm.eval([llm.sample(temp=0.0)])
         best = min(best, time.perf_counter() - t)
-    return {"prefill": len(short) / prefill, "decode": args.decode_tokens / best, "dtype": "Q4_1/Q8_0"}
+    dtype = "Q4_1/Q8_0" + (" (no repack buffers)" if args.llama_no_extra_bufts else "")
+    return {"prefill": len(short) / prefill, "decode": args.decode_tokens / best, "dtype": dtype}
 
 
 def child(args) -> int:
@@ -99,6 +102,8 @@ def spawn(name: str, threads: int, ids_file: str, args) -> dict | None:
     cmd = [python, __file__, "--child", name, "--ids", ids_file, "--threads", str(threads),
            "--prefill-tokens", str(args.prefill_tokens), "--context-tokens", str(args.context_tokens),
            "--decode-tokens", str(args.decode_tokens)]  # fmt: skip
+    if getattr(args, "llama_no_extra_bufts", False):
+        cmd.append("--llama-no-extra-bufts")
     if name == "llama.cpp":
         from wslm.demo import demo_model_path
 
@@ -121,6 +126,7 @@ def main() -> int:
     p.add_argument("--llama-python", default="/work/llama-venv/bin/python")
     p.add_argument("--no-write", action="store_true", help="print the table only")
     p.add_argument("--child", help=argparse.SUPPRESS)
+    p.add_argument("--llama-no-extra-bufts", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--ids", help=argparse.SUPPRESS)
     p.add_argument("--model-path", help=argparse.SUPPRESS)
     args = p.parse_args()
@@ -142,11 +148,16 @@ def main() -> int:
     rows = []
     for threads in args.threads:
         ours, theirs = spawn("wslm", threads, f.name, args), spawn("llama.cpp", threads, f.name, args)
+        if theirs is None and not args.llama_no_extra_bufts:  # a segfault in its AMX repack buffers: without them
+            args.llama_no_extra_bufts = True
+            theirs = spawn("llama.cpp", threads, f.name, args)
         rows.append((threads, ours, theirs))
     os.unlink(f.name)
     lines = [f"Demo GGUF (Q4_1), wslm kept quantized at dtype=auto vs llama-cpp-python on the same file. Prefill: "
              f"a {args.prefill_tokens}-token prompt to its first token; long decode: {args.decode_tokens} tokens after "
-             f"a {args.context_tokens}-token prompt, first token to last. Best of {REPEATS}.", "",
+             f"a {args.context_tokens}-token prompt, first token to last. Best of {REPEATS}."
+             + (" llama.cpp without its repacked (AMX) weight buffers, which crash in this build here."
+                if args.llama_no_extra_bufts else ""), "",
              "| threads | wslm prefill tok/s | llama.cpp prefill tok/s | ratio | wslm decode @ctx tok/s | "
              "llama.cpp decode @ctx tok/s | ratio | wslm dtype |",
              "|---|---|---|---|---|---|---|---|"]  # fmt: skip

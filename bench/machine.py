@@ -47,3 +47,18 @@ def append_section(title: str, body: str) -> Path:
     with path.open("a", encoding="utf-8") as f:
         f.write(f"\n## {stamp} — {title}\n\nMachine: {describe()}\n\n{body.rstrip()}\n")
     return path
+
+
+def llama_cpp_without_repack() -> None:
+    """llama-cpp-python's repacked (AMX) weight buffers off for the next model it loads: some builds
+    segfault in them on AMX CPUs. Runs in llama.cpp's own venv (no wslm there)."""
+    import llama_cpp.llama_cpp as lib
+
+    defaults = lib.llama_model_default_params
+
+    def params():
+        p = defaults()
+        p.use_extra_bufts = False
+        return p
+
+    lib.llama_model_default_params = params

@@ -93,16 +93,7 @@ def run_wslm(name: str, tokens: int, concurrent: int) -> dict:
 
 def run_llama_cpp(tokens: int, threads: int, model_path: str, extra_bufts: bool = True) -> dict:
     if not extra_bufts:  # llama.cpp's repacked (AMX) weight buffers off: some builds crash in them
-        import llama_cpp.llama_cpp as lib
-
-        defaults = lib.llama_model_default_params
-
-        def params():
-            p = defaults()
-            p.use_extra_bufts = False
-            return p
-
-        lib.llama_model_default_params = params
+        machine.llama_cpp_without_repack()
     from llama_cpp import Llama
 
     start = time.perf_counter()

@@ -100,6 +100,53 @@ def test_c_step_with_qk_norm(demo_tok, tmp_path):
     assert logit_err < 0.05 and kv_err < 0.05
 
 
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("arch,kw", [("llama", {"quantization": "int4"}), ("qwen2", {"quantization": "int8"}),
+                                     ("llama", {})])  # fmt: skip
+def test_a_team_of_threads_gives_the_one_thread_step(arch, kw, dtype, tiny_models, demo_tok):
+    """With threads the step runs as one team (products split by rows, attention by head and, in a long
+    context, by stretches merged after): a short context gives the one-thread step's bits; a long one the
+    same logits and keys and values to rounding."""
+    llm = LLM(str(tiny_models[arch]), dtype=dtype, kv_cache_memory=16 << 20, block_size=8,
+              max_model_len=256, enforce_eager=True, **kw)  # fmt: skip
+    runner = llm.llm_engine.executor.runner
+    for prompt, exact in ((demo_tok.encode(PROMPT), True), ([(i * 97) % 900 + 5 for i in range(200)], False)):
+        step = _one_step(llm, prompt)
+        before = runner.kv_pool.clone()
+        results = []
+        for threads in (1, 2, 3):
+            runner.kv_pool.copy_(before)
+            results.append((runner.native.run(*step, threads=threads), runner.kv_pool.clone()))
+        (one, pool), teams = results[0], results[1:]
+        for logits, team_pool in teams:
+            if exact:
+                assert torch.equal(logits, one) and torch.equal(team_pool, pool)
+            else:  # later layers' keys follow the earlier layers' attention, merged in another order
+                assert float((logits - one).abs().max() / one.abs().max()) < 0.02
+                assert float((team_pool - pool).abs().max() / pool.abs().max()) < 0.02
+
+
+def test_the_thread_count_follows_what_the_steps_measure():
+    from wslm.backend.platforms.cpu.tuning import StepThreads
+
+    def run(chooser, cost, steps):
+        used = []
+        for _ in range(steps):
+            n = chooser.pick(2)
+            chooser.record(n, cost[n])
+            used.append(n)
+        return used
+
+    chooser = StepThreads()
+    assert run(chooser, {1: 1.0, 2: 0.6}, 40)[-10:] == [2] * 10  # idle machine: the team
+    used = run(chooser, {1: 1.0, 2: 3.0}, 60)  # then something else keeps a core busy: one slow step, a try
+    assert used[4:20] == [1] * 16 and used.count(2) <= 1 + 2 * StepThreads.TRIES
+    busy = run(chooser, {1: 1.0, 2: 3.0}, 3000)
+    assert busy.count(2) < 40  # losing tries wait longer each time
+    assert run(chooser, {1: 1.0, 2: 0.6}, 3000)[-10:] == [2] * 10  # idle again: back to the team
+    assert StepThreads().pick(1) == 1
+
 @pytest.mark.parametrize("dtype", ["auto", "float32"])
 def test_lone_chats_take_it_and_agree_with_the_dequantized_demo(dtype, demo_llm, monkeypatch):
     monkeypatch.setenv("WSLM_GGUF_DEQUANTIZE", "0")
@@ -217,3 +264,46 @@ def test_the_avx2_build_gives_the_same_results(tiny_models, tmp_path):
     logit_err, kv_err = map(float, lines["step errors"].split())
     assert logit_err < 0.05 and kv_err < 0.05
     assert list((tmp_path / "cache").rglob("cpu_gemv-*.so"))  # built apart from the user's own library
+
+
+_PLAIN_CHILD = """
+import sys
+from transformers import AutoTokenizer
+from wslm.backend import LLM
+from wslm.kernels import cpu_gemv
+import test_cpu_native as t
+
+assert not cpu_gemv.int4_q8(), "built with vector loops"
+tok = AutoTokenizer.from_pretrained(sys.argv[1])
+for dtype in ("bfloat16", "float32"):
+    llm = LLM(sys.argv[1], dtype=dtype, quantization="int4", kv_cache_memory=16 << 20, block_size=8,
+              max_model_len=256, enforce_eager=True)
+    runner = llm.llm_engine.executor.runner
+    assert runner.native is not None
+    print(dtype, "step errors:", *t._compare(llm, tok.encode(t.PROMPT)))
+    step = t._one_step(llm, [(i * 97) % 900 + 5 for i in range(200)])
+    one, team = runner.native.run(*step, threads=1), runner.native.run(*step, threads=2)
+    print(dtype, "team error:", float((team - one).abs().max() / one.abs().max()))
+"""
+
+
+def test_the_plain_c_build_gives_the_same_results(tiny_models, tmp_path):
+    """A CPU with neither AVX2 nor AVX-512 (or a compiler that targets none) gets the kernels' plain C
+    loops: built here with -march=x86-64, the C step still agrees with the eager one, alone and as a team."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    tests = Path(__file__).parent
+    env = dict(os.environ, WSLM_CPU_KERNELS_CFLAGS="-march=x86-64", XDG_CACHE_HOME=str(tmp_path / "cache"),
+               PYTHONPATH=os.pathsep.join([str(tests), os.environ.get("PYTHONPATH", "")]))  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", _PLAIN_CHILD, str(tiny_models["llama"])], env=env,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    for line in done.stdout.splitlines():
+        if "step errors:" in line:
+            assert all(float(v) < 0.05 for v in line.split(":")[1].split())
+        if "team error:" in line:
+            assert float(line.split(":")[1]) < 0.02
+    assert done.stdout.count("errors:") == 2 and done.stdout.count("team error:") == 2

@@ -638,3 +638,43 @@ int wslm_int4_mv_q8(const uint16_t *x, const uint8_t *packed, const uint16_t *sz
                     long N, long K, long G, long BN, int threads) {
     return wslm_int4_mm_q8(x, 1, packed, sz, out, N, K, G, BN, threads);
 }
+
+/* ---- one team's share: rows [n0, n1) of a one-row product, with no threads of its own ---------------
+   cpu_layer.c runs a whole decode step in one parallel region (one wake-up of the other threads a step
+   instead of one per product); each thread computes its rows with these. n0, n1: multiples of BN (int4)
+   or of ROWS (int8). scratch: WSLM_ROW_SCRATCH(K) bytes of the caller's, per thread. The bits are the
+   whole call's: the row is rounded the same way by every thread, and a row's sums do not depend on the
+   split. */
+int wslm_int4_mv_q8_rows(const uint16_t *x, const uint8_t *packed, const uint16_t *sz, uint16_t *out,
+                         long N, long K, long G, long BN, long n0, long n1, void *scratch) {
+#if defined(Q8_256)
+    long nb = K / 32;
+    float *xd = (float *)scratch, *xs = xd + nb;
+    int8_t *xq = (int8_t *)(xs + nb), *xp = xq + K;
+    q8_rows(x, 1, K, xq, xp, xd, xs);
+    if (BN == 32) { q8_blocks_256_32(xp, xd, xs, packed, sz, out, N, K, G, n0 / BN, n1 / BN); return 0; }
+#if defined(Q8_512)
+    q8_blocks_512(xq, xd, xs, packed, sz, out, N, K, G, n0 / BN, n1 / BN);
+#else
+    q8_blocks_256_64(xq, xd, xs, packed, sz, out, N, K, G, n0 / BN, n1 / BN);
+#endif
+    return 0;
+#else
+    float *xf = (float *)scratch, *xsum = xf + K;
+    for (long g = 0; g < K / G; g++) {
+        float t = 0.0f;
+        for (long k = g * G; k < (g + 1) * G; k++) { xf[k] = bf2f(x[k]); t += xf[k]; }
+        xsum[g] = t;
+    }
+    int4_blocks(xf, xsum, packed, sz, out, N, K, G, BN, n0 / BN, n1 / BN);
+    return 0;
+#endif
+}
+
+int wslm_int8_mv_rows(const uint16_t *x, const int8_t *w, const uint16_t *scale, uint16_t *out, long N, long K,
+                      long n0, long n1, void *scratch) {
+    float *xf = (float *)scratch;
+    for (long i = 0; i < K; i++) xf[i] = bf2f(x[i]);
+    rows_range(x, xf, 1, w, scale, out, N, K, n0, n1);
+    return 0;
+}

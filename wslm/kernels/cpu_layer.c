@@ -11,6 +11,7 @@
    ones (wslm_decode_row_f32) for the float32 engine dtype=auto picks on CPUs without bf16 arithmetic
    (AVX2-only desktops); there int4/int8 products still take bf16 rows, as the torch path converts them. */
 #include "cpu_kernels.h"
+#include <sched.h>
 
 enum { LIN_INT4 = 1, LIN_INT8 = 2, LIN_BF16 = 3, LIN_F32 = 4 };
 
@@ -217,6 +218,61 @@ static float exp_shifted(float *sc, long n, float top) {
 }
 
 static long max_l(long a, long b) { return a > b ? a : b; }
+
+/* ---- a team: every thread of the step in one parallel region ----------------------------------------
+   With OMP_WAIT_POLICY=PASSIVE (wslm's default: a server's other threads need the cores too) each
+   `omp parallel` wakes the sleeping threads through the kernel, ~20-60 us, and a step of a small model has
+   ~120 products: a second thread cost more than it gave (docs/benchmarks.md). So a step with threads runs
+   as one region: one wake-up a step, and between its phases a barrier that spins, briefly, as llama.cpp's
+   threads do, then yields the core (a busy machine: the thread it waits for may need it). */
+#if defined(_OPENMP)
+static float max_f(float a, float b) { return a > b ? a : b; }
+
+typedef struct {
+    int count, sense, n;
+} team_bar;
+
+#ifndef TEAM_SPINS
+#define TEAM_SPINS 20000
+#endif
+static void team_wait(team_bar *b, int *sense) {
+    int s = !*sense;
+    *sense = s;
+    if (__atomic_add_fetch(&b->count, 1, __ATOMIC_ACQ_REL) == b->n) {
+        __atomic_store_n(&b->count, 0, __ATOMIC_RELAXED);
+        __atomic_store_n(&b->sense, s, __ATOMIC_RELEASE);
+        return;
+    }
+    for (long spins = 0; __atomic_load_n(&b->sense, __ATOMIC_ACQUIRE) != s; spins++) {
+        if (spins < TEAM_SPINS) {
+#if defined(__x86_64__) || defined(__i386__)
+            __builtin_ia32_pause();
+#endif
+        } else
+            sched_yield();
+    }
+}
+
+/* the rows [*n0, *n1) of an n-row product that thread t of nt computes: whole pack blocks for int4, whole
+   groups of 4 otherwise (the kernels' units), the last thread taking any rest */
+static void team_rows(const wslm_linear *l, int t, int nt, long *n0, long *n1) {
+    long unit = l->kind == LIN_INT4 ? l->block : 4, units = l->n / unit;
+    *n0 = units * t / nt * unit;
+    *n1 = t == nt - 1 ? l->n : units * (t + 1) / nt * unit;
+}
+
+/* rows [n0, n1) of a bf16 product: x, out bf16; scratch: WSLM_ROW_SCRATCH(k) */
+static int team_bf16_rows(const wslm_linear *l, const uint16_t *x, uint16_t *out, long n0, long n1, void *scratch) {
+    if (n0 >= n1) return 0;
+    if (l->kind == LIN_INT4)
+        return wslm_int4_mv_q8_rows(x, (const uint8_t *)l->w, l->scales, out, l->n, l->k, l->group, l->block, n0, n1,
+                                    scratch);
+    if (l->kind == LIN_INT8)
+        return wslm_int8_mv_rows(x, (const int8_t *)l->w, l->scales, out, l->n, l->k, n0, n1, scratch);
+    if (l->kind == LIN_BF16) { dense_rows_bf16(x, l->w, out, l->k, n0, n1); return 0; }
+    return -2;
+}
+#endif
 
 /* The step in bf16: every op's result rounded to bf16, as the bf16 torch ops round theirs. */
 #define ACT_BF16 1

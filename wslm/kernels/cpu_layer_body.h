@@ -93,62 +93,247 @@ static void NAME(rotate)(T *x, long rows, long hd, const T *cos2, const T *sin2)
     }
 }
 
-/* softmax(q k^T * scale) v for one new token over the len keys of its sequence (paged, block by block).
-   The q heads that share a key/value head are done together, so each key and value row is read (and
-   converted) once. work: group * (len + hd) + hd floats. */
-static void NAME(attend)(const T *q, const wslm_layer *l, long heads, long kvh, long hd, const int32_t *table,
-                         long bs, long len, T *out, float *work) {
-    long group = heads / kvh, row = kvh * hd;
-    float *scores = work, *acc = work + group * len, *vf = acc + group * hd, scale = (float)l->scale;
+/* Ask for the key or value row of one head at token t (its block from the table) ahead of its use: a
+   head's rows lie a whole slot apart, and the hardware prefetchers alone left attention waiting on
+   memory (2/3 of a 4k-context step's time). */
+#ifndef ATT_AHEAD
+#define ATT_AHEAD 32
+#endif
+static inline void NAME(fetch_row)(const T *cache, const int32_t *table, long bs, long row, long kh, long hd,
+                                   long t) {
+    const char *p = (const char *)(cache + ((long)table[t / bs] * bs + t % bs) * row + kh * hd);
+    for (long b = 0; b < (long)sizeof(T) * hd; b += 64) prefetch(p + b);
+}
+
+/* softmax(q k^T * scale) v, unnormalised, for one key/value head's q heads over the keys [ta, tb) of the
+   sequence (paged, block by block): for each q head g of the group, top[g] (the largest score), sum[g]
+   (of e^(score - top)) and acc[g * hd ...] (of e^(score - top) v). The q heads that share the key/value
+   head are done together, so each key and value row is read (and converted) once.
+   work: group * (tb - ta) + hd floats. */
+static void NAME(attend_part)(const T *q, const wslm_layer *l, long kh, long group, long kvh, long hd,
+                              const int32_t *table, long bs, long ta, long tb, float *work, float *top,
+                              float *sum, float *acc) {
+    long row = kvh * hd, n = tb - ta;
+    float *scores = work, *vf = work + group * n, scale = (float)l->scale;
     const T *kc = (const T *)l->k_cache, *vc = (const T *)l->v_cache;
-    for (long kh = 0; kh < kvh; kh++) {
-        const T *qh = q + kh * group * hd;  /* q heads kh * group ... are this key head's */
-        for (long t0 = 0; t0 < len; t0 += bs) {
-            const T *kp = kc + (long)table[t0 / bs] * bs * row + kh * hd;
-            for (long t = t0; t < t0 + bs && t < len; t++, kp += row)
-                for (long g = 0; g < group; g++) scores[g * len + t] = NAME(dot_qk)(kp, qh + g * hd, hd) * scale;
+    const T *qh = q + kh * group * hd;  /* q heads kh * group ... are this key head's */
+    for (long t = ta; t < tb;) {
+        long end = (t / bs + 1) * bs < tb ? (t / bs + 1) * bs : tb;
+        const T *kp = kc + ((long)table[t / bs] * bs + t % bs) * row + kh * hd;
+        for (; t < end; t++, kp += row) {
+            if (t + ATT_AHEAD < tb) NAME(fetch_row)(kc, table, bs, row, kh, hd, t + ATT_AHEAD);
+            for (long g = 0; g < group; g++) scores[g * n + t - ta] = NAME(dot_qk)(kp, qh + g * hd, hd) * scale;
         }
-        float sum[64];  /* group <= 64 (the caller checks) */
-        for (long g = 0; g < group; g++) {
-            float *sc = scores + g * len, top = -INFINITY;
-            for (long t = 0; t < len; t++) top = sc[t] > top ? sc[t] : top;
-            sum[g] = exp_shifted(sc, len, top);
-        }
-        for (long i = 0; i < group * hd; i++) acc[i] = 0.0f;
-        for (long t0 = 0; t0 < len; t0 += bs) {
-            const T *vp = vc + (long)table[t0 / bs] * bs * row + kh * hd;
-            for (long t = t0; t < t0 + bs && t < len; t++, vp += row) {
-                NAME(to_f32)(vp, vf, hd);
-                for (long g = 0; g < group; g++) {
-                    float p = scores[g * len + t], *a = acc + g * hd;
-                    for (long i = 0; i < hd; i++) a[i] += p * vf[i];
-                }
+    }
+    for (long g = 0; g < group; g++) {
+        float *sc = scores + g * n, m = -INFINITY;
+        for (long t = 0; t < n; t++) m = sc[t] > m ? sc[t] : m;
+        top[g] = m;
+        sum[g] = n ? exp_shifted(sc, n, m) : 0.0f;
+    }
+    for (long i = 0; i < group * hd; i++) acc[i] = 0.0f;
+    for (long t = ta; t < tb;) {
+        long end = (t / bs + 1) * bs < tb ? (t / bs + 1) * bs : tb;
+        const T *vp = vc + ((long)table[t / bs] * bs + t % bs) * row + kh * hd;
+        for (; t < end; t++, vp += row) {
+            if (t + ATT_AHEAD < tb) NAME(fetch_row)(vc, table, bs, row, kh, hd, t + ATT_AHEAD);
+            NAME(to_f32)(vp, vf, hd);
+            for (long g = 0; g < group; g++) {
+                float p = scores[g * n + t - ta], *a = acc + g * hd;
+                for (long i = 0; i < hd; i++) a[i] += p * vf[i];
             }
         }
+    }
+}
+
+/* softmax(q k^T * scale) v for one new token over the len keys of its sequence, one thread.
+   work: group * (len + hd + 2) + hd floats. */
+static void NAME(attend)(const T *q, const wslm_layer *l, long heads, long kvh, long hd, const int32_t *table,
+                         long bs, long len, T *out, float *work) {
+    long group = heads / kvh;
+    float *top = work, *sum = top + group, *acc = sum + group, *rest = acc + group * hd;
+    for (long kh = 0; kh < kvh; kh++) {
+        NAME(attend_part)(q, l, kh, group, kvh, hd, table, bs, 0, len, rest, top, sum, acc);
         for (long g = 0; g < group; g++)
             for (long i = 0; i < hd; i++) out[(kh * group + g) * hd + i] = ST(acc[g * hd + i] / sum[g]);
     }
 }
 
+/* The phases of a layer that one thread does (the products and attention are split in a team). */
+
+/* residual += hidden (the first layer: residual = hidden), then x = the norm of it */
+static void NAME(add_norm)(long li, const T *hidden, T *residual, const T *w, double eps, long d, T *x) {
+    if (li == 0) memcpy(residual, hidden, sizeof(T) * (size_t)d);
+    else for (long i = 0; i < d; i++) residual[i] = ST(LD(hidden[i]) + LD(residual[i]));
+    NAME(rms_norm)(residual, w, eps, d, x);
+}
+
+/* q/k norm, rotary, and this token's key and value into the cache */
+static void NAME(rope_store)(const wslm_layer *l, T *qkv, long heads, long kvh, long hd, const T *cos2,
+                             const T *sin2, long slot) {
+    long q_size = heads * hd, kv_size = kvh * hd;
+    if (l->qk_norm)
+        for (long r = 0; r < heads + kvh; r++)
+            NAME(rms_norm)(qkv + r * hd, (const T *)l->qk_norm + r * hd, l->qk_eps, hd, qkv + r * hd);
+    NAME(rotate)(qkv, heads + kvh, hd, cos2, sin2);
+    memcpy((T *)l->k_cache + slot * kv_size, qkv + q_size, sizeof(T) * (size_t)kv_size);
+    memcpy((T *)l->v_cache + slot * kv_size, qkv + q_size + kv_size, sizeof(T) * (size_t)kv_size);
+}
+
+/* act[i] = silu(gate[i]) * up[i] for i in [i0, i1) */
+static void NAME(silu_mul)(const T *gu, T *act, long inter, long i0, long i1) {
+    for (long i = i0; i < i1; i++) {
+        float g = LD(gu[i]);
+        act[i] = ST(RND(g / (1.0f + expf(-g))) * LD(gu[inter + i]));
+    }
+}
+
+static long NAME(widest)(const wslm_layer *layers, long n_layers, long *qkv_n, long *gu_n) {
+    long widest = 0;
+    *qkv_n = *gu_n = 0;
+    for (long i = 0; i < n_layers; i++) {
+        const wslm_linear *ls[4] = {&layers[i].qkv, &layers[i].o, &layers[i].gate_up, &layers[i].down};
+        *qkv_n = max_l(*qkv_n, layers[i].qkv.n);
+        *gu_n = max_l(*gu_n, layers[i].gate_up.n);
+        for (int j = 0; j < 4; j++) widest = max_l(widest, max_l(ls[j]->n, ls[j]->k));
+    }
+    return widest;
+}
+
+#if defined(_OPENMP)
+/* A team thread's rows of out = x @ w.T (+ bias): x whole, out shared (each thread writes its rows).
+   The float32 build rounds x to bf16 in its own xb and takes its rows through the shared ob. */
+static void NAME(team_linear)(const wslm_linear *l, const T *x, T *out, int t, int nt, void *scratch, uint16_t *xb,
+                              uint16_t *ob) {
+    long n0, n1;
+    team_rows(l, t, nt, &n0, &n1);
+#if ACT_BF16
+    (void)xb, (void)ob;
+    team_bf16_rows(l, x, out, n0, n1, scratch);
+#else
+    if (l->kind == LIN_F32) dense_rows_f32(x, l->w, out, l->k, n0, n1);
+    else {
+        for (long i = 0; i < l->k; i++) xb[i] = f2bf(x[i]);
+        team_bf16_rows(l, xb, ob, n0, n1, scratch);
+        for (long i = n0; i < n1; i++) out[i] = bf2f(ob[i]);
+    }
+#endif
+    if (l->bias) {
+        const T *b = (const T *)l->bias;
+        for (long i = n0; i < n1; i++) out[i] = ST(LD(out[i]) + LD(b[i]));
+    }
+}
+
+/* The step with threads: one parallel region; every product split by rows, attention by key/value head
+   and, past a short context, by stretches of the context (flash-decoding: each stretch's softmax kept
+   unnormalised with its top score, the stretches merged after); the small phases on thread 0. */
+static int NAME(step_team)(const wslm_layer *layers, long n_layers, long d, long heads, long kvh, long hd,
+                           T *hidden, T *residual, const T *cos2, const T *sin2, const int32_t *table, long bs,
+                           long len, long slot, int threads) {
+    for (long i = 0; i < n_layers; i++) {  /* every kind known before the team starts: no errors inside */
+        const wslm_linear *ls[4] = {&layers[i].qkv, &layers[i].o, &layers[i].gate_up, &layers[i].down};
+        for (int j = 0; j < 4; j++) {
+            long k = ls[j]->kind;
+            if (!(k == LIN_INT4 || k == LIN_INT8 || k == (ACT_BF16 ? LIN_BF16 : LIN_F32))) return -2;
+        }
+    }
+    long qkv_n, gu_n, widest = NAME(widest)(layers, n_layers, &qkv_n, &gu_n);
+    long q_size = heads * hd, group = heads / kvh;
+    long most = threads < 64 ? threads : 64;  /* stretches of one head at most */
+    size_t shared = sizeof(T) * (size_t)(d + qkv_n + q_size + gu_n + gu_n / 2)
+                    + sizeof(float) * (size_t)(kvh * most * group * (hd + 2)) + sizeof(uint16_t) * (size_t)widest;
+    size_t own = WSLM_ROW_SCRATCH(widest) + sizeof(float) * (size_t)(group * (len + hd) + hd)
+                 + sizeof(uint16_t) * (size_t)widest;
+    own = (own + 63) & ~(size_t)63;
+    shared = (shared + 63) & ~(size_t)63;
+    char *mem = (char *)aligned_alloc(64, shared + own * (size_t)threads);
+    if (!mem) return -1;
+    T *x = (T *)mem, *qkv = x + d, *att = qkv + qkv_n, *gu = att + q_size, *act = gu + gu_n;
+    float *part = (float *)(act + gu_n / 2);
+    uint16_t *ob = (uint16_t *)(part + kvh * most * group * (hd + 2));
+    team_bar bar = {0, 0, 1};
+#pragma omp parallel num_threads(threads)
+    {
+        int t = omp_get_thread_num(), nt = omp_get_num_threads(), sense = 0;
+#pragma omp single
+        bar.n = nt;  /* (the implied barrier publishes it) */
+        char *mine = mem + shared + own * (size_t)t;
+        void *scratch = mine;
+        float *work = (float *)(mine + WSLM_ROW_SCRATCH(widest));
+        uint16_t *xb = (uint16_t *)(work + group * (len + hd) + hd);
+        /* attention units: (key/value head, stretch); one stretch unless the context is long enough to share */
+        long stretches = len >= 64 * nt ? (nt < most ? nt : most) : 1, units = kvh * stretches;
+        long u0 = units * t / nt, u1 = units * (t + 1) / nt, h0 = heads * t / nt, h1 = heads * (t + 1) / nt;
+        for (long li = 0; li < n_layers; li++) {
+            const wslm_layer *l = layers + li;
+            if (t == 0) NAME(add_norm)(li, hidden, residual, (const T *)l->w_in, l->eps_in, d, x);
+            team_wait(&bar, &sense);
+            NAME(team_linear)(&l->qkv, x, qkv, t, nt, scratch, xb, ob);
+            team_wait(&bar, &sense);
+            if (t == 0) NAME(rope_store)(l, qkv, heads, kvh, hd, cos2, sin2, slot);
+            team_wait(&bar, &sense);
+            for (long u = u0; u < u1; u++) {
+                long kh = u / stretches, c = u % stretches;
+                float *top = part + u * group * (hd + 2), *sum = top + group, *acc = sum + group;
+                NAME(attend_part)(qkv, l, kh, group, kvh, hd, table, bs, len * c / stretches,
+                                  len * (c + 1) / stretches, work, top, sum, acc);
+            }
+            team_wait(&bar, &sense);
+            for (long h = h0; h < h1; h++) {  /* merge the stretches of q head h */
+                long kh = h / group, g = h % group;
+                float m = -INFINITY, total = 0.0f, w[64];
+                for (long c = 0; c < stretches; c++) m = max_f(m, part[(kh * stretches + c) * group * (hd + 2) + g]);
+                for (long c = 0; c < stretches; c++) {
+                    const float *top = part + (kh * stretches + c) * group * (hd + 2);
+                    w[c] = stretches == 1 ? 1.0f : expf(top[g] - m);
+                    total += top[group + g] * w[c];
+                }
+                for (long i = 0; i < hd; i++) {
+                    float a = 0.0f;
+                    for (long c = 0; c < stretches; c++)
+                        a += part[(kh * stretches + c) * group * (hd + 2) + 2 * group + g * hd + i] * w[c];
+                    att[h * hd + i] = ST(a / total);
+                }
+            }
+            team_wait(&bar, &sense);
+            NAME(team_linear)(&l->o, att, hidden, t, nt, scratch, xb, ob);
+            team_wait(&bar, &sense);
+            if (t == 0) NAME(add_norm)(1, hidden, residual, (const T *)l->w_post, l->eps_post, d, x);
+            team_wait(&bar, &sense);
+            NAME(team_linear)(&l->gate_up, x, gu, t, nt, scratch, xb, ob);
+            team_wait(&bar, &sense);
+            long inter = l->gate_up.n / 2;
+            NAME(silu_mul)(gu, act, inter, inter * t / nt, inter * (t + 1) / nt);
+            team_wait(&bar, &sense);
+            NAME(team_linear)(&l->down, act, hidden, t, nt, scratch, xb, ob);
+            team_wait(&bar, &sense);
+        }
+    }
+    free(mem);
+    return 0;
+}
+#endif
+
 /* hidden [d]: the token's embedding in; out: the last layer's output, and residual [d] the stream before
    it (the caller adds them for the final norm). cos2/sin2 [hd]: this position's rotary rows; table: the
-   sequence's block table; len: its tokens including this one, whose key and value go to slot.
+   sequence's block table; len: its tokens including this one, whose key and value go to slot; threads:
+   more than one runs the step as a team (above).
    Returns 0; -1 out of memory; -2 a weight kind it does not know or a head layout it does not take. */
 int ENTRY(const wslm_layer *layers, int64_t n_layers, int64_t d, int64_t heads, int64_t kvh, int64_t hd,
           T *hidden, T *residual, const T *cos2, const T *sin2, const int32_t *table, int64_t bs, int64_t len,
           int64_t slot, int threads) {
-    long qkv_n = 0, gu_n = 0, widest = 0;
-    for (long i = 0; i < n_layers; i++) {
-        const wslm_linear *ls[4] = {&layers[i].qkv, &layers[i].o, &layers[i].gate_up, &layers[i].down};
-        qkv_n = max_l(qkv_n, layers[i].qkv.n);
-        gu_n = max_l(gu_n, layers[i].gate_up.n);
-        for (int j = 0; j < 4; j++) widest = max_l(widest, max_l(ls[j]->n, ls[j]->k));
-    }
-    long q_size = heads * hd, kv_size = kvh * hd, group = heads / kvh;
+    long q_size = heads * hd, group = heads / kvh;
     if (group > 64) return -2;
+#if defined(_OPENMP)
+    if (threads > 1)
+        return NAME(step_team)(layers, n_layers, d, heads, kvh, hd, hidden, residual, cos2, sin2, table, bs, len,
+                               slot, threads);
+#endif
+    (void)threads;
+    long qkv_n, gu_n, widest = NAME(widest)(layers, n_layers, &qkv_n, &gu_n);
     size_t elems = (size_t)(d + qkv_n + q_size + gu_n + gu_n / 2);
     T *x = (T *)malloc(sizeof(T) * elems);
-    float *f = (float *)malloc(sizeof(float) * (size_t)(group * (len + hd) + hd));
+    float *f = (float *)malloc(sizeof(float) * (size_t)(group * (len + hd + 2) + hd));
     uint16_t *xb = ACT_BF16 ? NULL : (uint16_t *)malloc(sizeof(uint16_t) * 2 * (size_t)widest);
     if (!x || !f || (!ACT_BF16 && !xb)) { free(x); free(f); free(xb); return -1; }
     uint16_t *ob = xb ? xb + widest : NULL;
@@ -156,27 +341,16 @@ int ENTRY(const wslm_layer *layers, int64_t n_layers, int64_t d, int64_t heads, 
     int rc = 0;
     for (long li = 0; li < n_layers && rc == 0; li++) {
         const wslm_layer *l = layers + li;
-        if (li == 0) memcpy(residual, hidden, sizeof(T) * (size_t)d);
-        else for (long i = 0; i < d; i++) residual[i] = ST(LD(hidden[i]) + LD(residual[i]));
-        NAME(rms_norm)(residual, (const T *)l->w_in, l->eps_in, d, x);
-        if ((rc = NAME(linear)(&l->qkv, x, qkv, threads, xb, ob))) break;
-        if (l->qk_norm)
-            for (long r = 0; r < heads + kvh; r++)
-                NAME(rms_norm)(qkv + r * hd, (const T *)l->qk_norm + r * hd, l->qk_eps, hd, qkv + r * hd);
-        NAME(rotate)(qkv, heads + kvh, hd, cos2, sin2);
-        memcpy((T *)l->k_cache + slot * kv_size, qkv + q_size, sizeof(T) * (size_t)kv_size);
-        memcpy((T *)l->v_cache + slot * kv_size, qkv + q_size + kv_size, sizeof(T) * (size_t)kv_size);
+        NAME(add_norm)(li, hidden, residual, (const T *)l->w_in, l->eps_in, d, x);
+        if ((rc = NAME(linear)(&l->qkv, x, qkv, 1, xb, ob))) break;
+        NAME(rope_store)(l, qkv, heads, kvh, hd, cos2, sin2, slot);
         NAME(attend)(qkv, l, heads, kvh, hd, table, bs, len, att, f);
-        if ((rc = NAME(linear)(&l->o, att, hidden, threads, xb, ob))) break;
-        for (long i = 0; i < d; i++) residual[i] = ST(LD(hidden[i]) + LD(residual[i]));
-        NAME(rms_norm)(residual, (const T *)l->w_post, l->eps_post, d, x);
-        if ((rc = NAME(linear)(&l->gate_up, x, gu, threads, xb, ob))) break;
+        if ((rc = NAME(linear)(&l->o, att, hidden, 1, xb, ob))) break;
+        NAME(add_norm)(1, hidden, residual, (const T *)l->w_post, l->eps_post, d, x);
+        if ((rc = NAME(linear)(&l->gate_up, x, gu, 1, xb, ob))) break;
         long inter = l->gate_up.n / 2;
-        for (long i = 0; i < inter; i++) {
-            float g = LD(gu[i]);
-            act[i] = ST(RND(g / (1.0f + expf(-g))) * LD(gu[inter + i]));
-        }
-        rc = NAME(linear)(&l->down, act, hidden, threads, xb, ob);
+        NAME(silu_mul)(gu, act, inter, 0, inter);
+        rc = NAME(linear)(&l->down, act, hidden, 1, xb, ob);
     }
     free(x);
     free(f);

@@ -20,11 +20,13 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import time
 
 import torch
 
 from wslm import envs
 from wslm.backend.modeling.layers.attention import AttentionMetadata
+from wslm.backend.platforms.cpu.tuning import StepThreads, torch_threads
 from wslm.kernels import cpu_gemv
 from wslm.kernels.torch_rotary import _cos_sin
 
@@ -114,6 +116,7 @@ class NativeDecode:
             ctypes.c_int]  # fmt: skip
         self._bind()
         self.steps = 0
+        self.threads = StepThreads()
 
     @classmethod
     def build(cls, cpu_decode, kv_pool: torch.Tensor) -> NativeDecode | None:
@@ -158,8 +161,9 @@ class NativeDecode:
 
     @torch.inference_mode()
     def run(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+        self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata, threads: int | None = None
     ) -> torch.Tensor | None:
+        """threads: how many the step and the head run on; by default what StepThreads measured faster."""
         if input_ids.shape[0] != 1 or meta.block_tables.dtype != torch.int32:
             return None
         slot = int(meta.slot_mapping[0])
@@ -172,14 +176,22 @@ class NativeDecode:
         cos2, sin2 = (t.contiguous() for t in _cos_sin(positions, cpu.table, self.dtype, True)[2:])
         table = meta.block_tables[0].contiguous()
         heads, kv_heads, head_dim = self.dims
-        rc = self.step_fn(
-            ctypes.addressof(self.layers), len(self.layers), hidden.shape[-1], heads, kv_heads, head_dim,
-            hidden.data_ptr(), residual.data_ptr(), cos2.data_ptr(), sin2.data_ptr(), table.data_ptr(),
-            cpu.block_size, int(meta.seq_lens[0]), slot, torch.get_num_threads(),
-        )  # fmt: skip
-        if rc == -1:
-            raise MemoryError("wslm_decode_row: out of memory for a decode step's buffers")
-        if rc != 0:
-            raise RuntimeError(f"wslm_decode_row failed ({rc})")
+        chosen = threads is None
+        if chosen:
+            threads = self.threads.pick(torch.get_num_threads())
+        start = time.perf_counter()
+        with torch_threads(threads):  # the head after the step runs on as many
+            rc = self.step_fn(
+                ctypes.addressof(self.layers), len(self.layers), hidden.shape[-1], heads, kv_heads, head_dim,
+                hidden.data_ptr(), residual.data_ptr(), cos2.data_ptr(), sin2.data_ptr(), table.data_ptr(),
+                cpu.block_size, int(meta.seq_lens[0]), slot, threads,
+            )  # fmt: skip
+            if rc == -1:
+                raise MemoryError("wslm_decode_row: out of memory for a decode step's buffers")
+            if rc != 0:
+                raise RuntimeError(f"wslm_decode_row failed ({rc})")
+            logits = model.compute_logits(model.norm(hidden + residual))
+        if chosen:
+            self.threads.record(threads, time.perf_counter() - start)
         self.steps += 1
-        return model.compute_logits(model.norm(hidden + residual))
+        return logits

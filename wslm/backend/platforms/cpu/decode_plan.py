@@ -66,11 +66,14 @@ class CpuDecodePlan:
 
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor | None:
         n = input_ids.shape[0]
-        with one_thread_when(n <= SMALL_STEP_ROWS):
-            for backend in self.backends(n):
+        for backend in self.backends(n):
+            if backend is self.native:  # it measures which thread count serves it best (StepThreads)
                 logits = backend.run(input_ids, positions, meta)
-                if logits is not None:
-                    return logits
+            else:
+                with one_thread_when(n <= SMALL_STEP_ROWS):
+                    logits = backend.run(input_ids, positions, meta)
+            if logits is not None:
+                return logits
         return None
 
     def set_native(self, native) -> None:

@@ -83,3 +83,84 @@ def one_thread_when(small: bool):
         yield
     finally:
         torch.set_num_threads(threads)
+
+
+@contextlib.contextmanager
+def torch_threads(n: int):
+    """torch's intra-op thread count set to n for the block."""
+    import torch
+
+    before = torch.get_num_threads()
+    if n == before:
+        yield
+        return
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+class StepThreads:
+    """How many threads a lone sequence's C decode step runs on: one, or all of torch's, whichever its
+    recent steps measured faster on this machine as it is now.
+
+    Neither is right everywhere: on an idle machine the team of all threads is faster (more cores read the
+    weights), but when something else keeps the cores busy (another process, the server's own threads on
+    a 2-core VM) a team waits at every barrier for a thread that is not running, and one thread is several
+    times faster (docs/benchmarks.md). So the steps run on the count measured faster, and every so often
+    a few steps try the other; a try that loses waits twice as long before the next one (up to
+    MAX_INTERVAL steps), so a machine that stays busy pays for few of them. A count whose steps become
+    slower than the other's last try tries the other at once."""
+
+    TRIES = 3  # steps a try runs; the first warms the caches and is not counted
+    FIRST_INTERVAL = 16
+    MAX_INTERVAL = 1024
+    MARGIN = 0.95  # the other count must be this much faster to take over
+
+    def __init__(self) -> None:
+        self.current: int | None = None
+        self.took: dict[int, float] = {}  # threads -> seconds a step, smoothed
+        self.interval = self.FIRST_INTERVAL
+        self.since = 0  # steps on current since the last try
+        self.trying = 0  # steps left in the running try
+        self._tried: list[float] = []
+
+    def pick(self, most: int) -> int:
+        if most <= 1:
+            return 1
+        if self.current not in (1, most):
+            self.current, self.took, self.trying = most, {}, 0
+        if self.trying:
+            return self._other(most)
+        other = self._other(most)
+        mine, theirs = self.took.get(self.current), self.took.get(other)
+        # Time for a try; or at once when this count has become slower than the other was (the machine
+        # just got busy): waiting out the interval would run hundreds of slow steps.
+        if self.since >= self.interval or theirs is None or (mine is not None and mine * self.MARGIN > theirs):
+            self.trying, self.since, self._tried = self.TRIES, 0, []
+            return other
+        return self.current
+
+    def record(self, threads: int, seconds: float) -> None:
+        if threads == self.current and not self.trying:
+            before = self.took.get(threads)
+            self.took[threads] = seconds if before is None else 0.75 * before + 0.25 * seconds
+            self.since += 1
+            return
+        if not self.trying:
+            return
+        self._tried.append(seconds)
+        self.trying -= 1
+        if self.trying:
+            return
+        other = sum(self._tried[1:]) / max(1, len(self._tried) - 1)
+        self.took[threads] = other
+        mine = self.took.get(self.current)
+        if mine is not None and other < mine * self.MARGIN:
+            self.current, self.interval = threads, self.FIRST_INTERVAL
+        elif mine is not None:
+            self.interval = min(self.interval * 2, self.MAX_INTERVAL)
+
+    def _other(self, most: int) -> int:
+        return 1 if self.current == most else most
