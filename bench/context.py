@@ -1,6 +1,7 @@
 """Prefill and long-context decode on the demo GGUF, wslm against llama.cpp on the same file, in one run.
 
     .venv/bin/python bench/context.py [--threads 1 2] [--llama-python /work/llama-venv/bin/python]
+    .venv/bin/python bench/context.py --emulate-avx2 --llama-python /work/llama-avx2-venv/bin/python
 
 - prefill: tokens/s to read a --prefill-tokens prompt (default 1024) and produce the first token;
 - long decode: tokens/s of --decode-tokens (default 64) generated after a --context-tokens prompt (default
@@ -33,7 +34,9 @@ def run_wslm(ids: list[int], args) -> dict:
     os.environ["WSLM_GGUF_DEQUANTIZE"] = "0"
     from wslm.backend import LLM, SamplingParams
 
-    llm = LLM("demo", max_model_len=args.context_tokens + args.decode_tokens + 64, kv_cache_memory=768 << 20,
+    # dtype=auto; float32 under --emulate-avx2, as auto picks on a CPU without bf16 arithmetic
+    dtype = "float32" if os.environ.get("ATEN_CPU_CAPABILITY") == "avx2" else "auto"
+    llm = LLM("demo", dtype=dtype, max_model_len=args.context_tokens + args.decode_tokens + 64, kv_cache_memory=768 << 20,
               enable_prefix_caching=False, max_num_batched_tokens=args.context_tokens + 64)  # fmt: skip
     one = SamplingParams(temperature=0, max_tokens=1)
     more = SamplingParams(temperature=0, max_tokens=args.decode_tokens + 1, ignore_eos=True)
@@ -108,8 +111,8 @@ def spawn(name: str, threads: int, ids_file: str, args) -> dict | None:
         from wslm.demo import demo_model_path
 
         cmd += ["--model-path", str(demo_model_path())]
-    proc = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)},
-                          timeout=1800)  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(machine.AVX2_ENV if args.emulate_avx2 else {})}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
             return json.loads(line[7:])
@@ -125,6 +128,8 @@ def main() -> int:
     p.add_argument("--decode-tokens", type=int, default=64)
     p.add_argument("--llama-python", default="/work/llama-venv/bin/python")
     p.add_argument("--no-write", action="store_true", help="print the table only")
+    p.add_argument("--emulate-avx2", action="store_true",
+                   help="what a CPU without AVX-512 runs (see bench/quant.py); give it an AVX2 llama.cpp")
     p.add_argument("--child", help=argparse.SUPPRESS)
     p.add_argument("--llama-no-extra-bufts", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--ids", help=argparse.SUPPRESS)
@@ -157,7 +162,9 @@ def main() -> int:
              f"a {args.prefill_tokens}-token prompt to its first token; long decode: {args.decode_tokens} tokens after "
              f"a {args.context_tokens}-token prompt, first token to last. Best of {REPEATS}."
              + (" llama.cpp without its repacked (AMX) weight buffers, which crash in this build here."
-                if args.llama_no_extra_bufts else ""), "",
+                if args.llama_no_extra_bufts else "")
+             + (f" AVX2 EMULATED (--emulate-avx2): torch held to AVX2, wslm's C kernels built for haswell, dtype=auto "
+                f"as float32, llama.cpp from {args.llama_python}." if args.emulate_avx2 else ""), "",
              "| threads | wslm prefill tok/s | llama.cpp prefill tok/s | ratio | wslm decode @ctx tok/s | "
              "llama.cpp decode @ctx tok/s | ratio | wslm dtype |",
              "|---|---|---|---|---|---|---|---|"]  # fmt: skip

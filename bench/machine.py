@@ -49,6 +49,11 @@ def append_section(title: str, body: str) -> Path:
     return path
 
 
+# What a CPU without AVX-512 runs, on one that has it: torch held to its AVX2 kernels (which also gives its
+# AVX2 int4 pack) and wslm's C kernels built for haswell (bench/quant.py, bench/context.py --emulate-avx2).
+AVX2_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "WSLM_CPU_KERNELS_CFLAGS": "-march=haswell"}
+
+
 def llama_cpp_without_repack() -> None:
     """llama-cpp-python's repacked (AMX) weight buffers off for the next model it loads: some builds
     segfault in them on AMX CPUs. Runs in llama.cpp's own venv (no wslm there)."""

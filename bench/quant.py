@@ -53,7 +53,7 @@ def _rss() -> int:
     return 0
 
 
-AVX2_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "ONEDNN_MAX_CPU_ISA": "AVX2", "WSLM_CPU_KERNELS_CFLAGS": "-march=haswell"}
+AVX2_ENV = machine.AVX2_ENV
 
 
 def run_wslm(name: str, tokens: int, concurrent: int) -> dict:

@@ -207,8 +207,15 @@ VARIABLES: tuple[EnvVar, ...] = (
     EnvVar("WSLM_SMALL_STEP_ROWS", "int", 1,
            "CPU decode steps of up to this many sequences run on one intra-op thread while "
            "`OMP_WAIT_POLICY=PASSIVE`: waking sleeping OpenMP threads for each small op costs more than they "
-           "add (a lone chat on 2 cores: 38 -> 74 tok/s eager). `0` turns it off. Read at import.",
+           "add (a lone chat on 2 cores: 38 -> 74 tok/s eager). `0` turns it off. A lone sequence's step in C "
+           "chooses its own count (`WSLM_CPU_STEP_THREADS`). Read at import.",
            (_E,), _TUNING, minimum=0),
+    EnvVar("WSLM_CPU_STEP_THREADS", "int", 0,
+           "threads for a lone sequence's decode step in C (`WSLM_CPU_NATIVE_DECODE`): `0` measures it, "
+           "running on one thread or on all of torch's, whichever recent steps were faster, and trying the other "
+           "now and then (a team of threads wins on an idle machine; one thread when other work keeps the "
+           "cores busy); a number fixes it (at most torch's thread count).",
+           (_E,), _TUNING, minimum=0, default_doc="0 (measured)"),
     EnvVar("OMP_WAIT_POLICY", "choice", "PASSIVE",
            "importing the engine (`wslm.backend`) sets `PASSIVE` unless you set it: spinning OpenMP threads collapse when another "
            "process competes for the cores; `ACTIVE` is faster on an idle machine.",

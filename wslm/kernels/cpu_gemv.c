@@ -642,7 +642,7 @@ int wslm_int4_mv_q8(const uint16_t *x, const uint8_t *packed, const uint16_t *sz
 /* ---- one team's share: rows [n0, n1) of a one-row product, with no threads of its own ---------------
    cpu_layer.c runs a whole decode step in one parallel region (one wake-up of the other threads a step
    instead of one per product); each thread computes its rows with these. n0, n1: multiples of BN (int4)
-   or of ROWS (int8). scratch: WSLM_ROW_SCRATCH(K) bytes of the caller's, per thread. The bits are the
+   or of ROWS (int8). scratch: ROW_SCRATCH_BYTES(K) bytes of the caller's, per thread. The bits are the
    whole call's: the row is rounded the same way by every thread, and a row's sums do not depend on the
    split. */
 int wslm_int4_mv_q8_rows(const uint16_t *x, const uint8_t *packed, const uint16_t *sz, uint16_t *out,

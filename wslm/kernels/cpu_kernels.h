@@ -37,7 +37,7 @@ int wslm_int4_mm_q8(const uint16_t *x, long M, const uint8_t *packed, const uint
 int wslm_int4_mv_q8(const uint16_t *x, const uint8_t *packed, const uint16_t *sz, uint16_t *out,
                     long N, long K, long G, long BN, int threads);
 /* a team thread's rows [n0, n1) of the one-row products above (cpu_gemv.c); scratch per thread */
-#define WSLM_ROW_SCRATCH(K) ((size_t)(K) * 8 + 256)
+#define ROW_SCRATCH_BYTES(K) ((size_t)(K) * 8 + 256)
 int wslm_int4_mv_q8_rows(const uint16_t *x, const uint8_t *packed, const uint16_t *sz, uint16_t *out,
                          long N, long K, long G, long BN, long n0, long n1, void *scratch);
 int wslm_int8_mv_rows(const uint16_t *x, const int8_t *w, const uint16_t *scale, uint16_t *out, long N, long K,

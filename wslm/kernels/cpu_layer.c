@@ -261,7 +261,7 @@ static void team_rows(const wslm_linear *l, int t, int nt, long *n0, long *n1) {
     *n1 = t == nt - 1 ? l->n : units * (t + 1) / nt * unit;
 }
 
-/* rows [n0, n1) of a bf16 product: x, out bf16; scratch: WSLM_ROW_SCRATCH(k) */
+/* rows [n0, n1) of a bf16 product: x, out bf16; scratch: ROW_SCRATCH_BYTES(k) */
 static int team_bf16_rows(const wslm_linear *l, const uint16_t *x, uint16_t *out, long n0, long n1, void *scratch) {
     if (n0 >= n1) return 0;
     if (l->kind == LIN_INT4)

@@ -242,7 +242,7 @@ static int NAME(step_team)(const wslm_layer *layers, long n_layers, long d, long
     long most = threads < 64 ? threads : 64;  /* stretches of one head at most */
     size_t shared = sizeof(T) * (size_t)(d + qkv_n + q_size + gu_n + gu_n / 2)
                     + sizeof(float) * (size_t)(kvh * most * group * (hd + 2)) + sizeof(uint16_t) * (size_t)widest;
-    size_t own = WSLM_ROW_SCRATCH(widest) + sizeof(float) * (size_t)(group * (len + hd) + hd)
+    size_t own = ROW_SCRATCH_BYTES(widest) + sizeof(float) * (size_t)(group * (len + hd) + hd)
                  + sizeof(uint16_t) * (size_t)widest;
     own = (own + 63) & ~(size_t)63;
     shared = (shared + 63) & ~(size_t)63;
@@ -259,7 +259,7 @@ static int NAME(step_team)(const wslm_layer *layers, long n_layers, long d, long
         bar.n = nt;  /* (the implied barrier publishes it) */
         char *mine = mem + shared + own * (size_t)t;
         void *scratch = mine;
-        float *work = (float *)(mine + WSLM_ROW_SCRATCH(widest));
+        float *work = (float *)(mine + ROW_SCRATCH_BYTES(widest));
         uint16_t *xb = (uint16_t *)(work + group * (len + hd) + hd);
         /* attention units: (key/value head, stretch); one stretch unless the context is long enough to share */
         long stretches = len >= 64 * nt ? (nt < most ? nt : most) : 1, units = kvh * stretches;

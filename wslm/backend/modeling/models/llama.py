@@ -12,8 +12,9 @@ from functools import partial
 import torch
 
 from wslm.backend.distributed.sharding import local_num_heads, local_num_kv_heads
-from wslm.backend.modeling.layers.activation import get_act_and_mul
+from wslm.backend.modeling.layers.activation import get_act_and_mul, silu_and_mul
 from wslm.backend.modeling.layers.attention import Attention, AttentionMetadata
+from wslm.backend.modeling.layers.decode_spec import DecodeLayer
 from wslm.backend.modeling.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from wslm.backend.modeling.layers.linear import (
     MergedColumnParallelLinear,
@@ -21,7 +22,7 @@ from wslm.backend.modeling.layers.linear import (
     RowParallelLinear,
     get_linear_method,
 )
-from wslm.backend.modeling.layers.norm import HeadRMSNorm, RMSNorm
+from wslm.backend.modeling.layers.norm import GemmaRMSNorm, HeadRMSNorm, RMSNorm
 from wslm.backend.modeling.layers.rotary import get_rope
 
 Loaders = dict[str, Callable[[torch.Tensor], None]]
@@ -128,6 +129,38 @@ class LlamaDecoderLayer:
         hidden, residual = self.post_attention_layernorm(hidden, residual)
         return self.mlp(hidden), residual
 
+    def decode_spec(self) -> DecodeLayer | str:
+        """This layer for the CPU decode back ends (layers/decode_spec.py), or why its math is another.
+        Subclasses that change __call__ answer for themselves."""
+        attn = self.self_attn
+        if type(self).__call__ is not LlamaDecoderLayer.__call__ or type(attn).__call__ is not LlamaAttention.__call__:
+            return f"layer type {type(self).__name__} computes its own way"
+        a = attn.attn
+        if a.sliding_window is not None or a.logits_soft_cap is not None or a.sinks is not None:
+            return "a sliding window, soft cap or attention sinks"
+        rope = attn.rotary_emb
+        if not rope.is_neox_style or rope.cos_sin_cache.shape[-1] != attn.head_dim:
+            return "GPT-J style or partial rotary"
+        norms = [self.input_layernorm, self.post_attention_layernorm]
+        if attn.q_norm is not None:
+            if type(attn.q_norm) is not HeadRMSNorm or type(attn.k_norm) is not HeadRMSNorm:
+                return "q/k norm type"
+            if attn.q_norm.norm.eps != attn.k_norm.norm.eps:
+                return "q and k norms with different eps"
+            norms += [attn.q_norm.norm, attn.k_norm.norm]
+        if any(type(n) not in (RMSNorm, GemmaRMSNorm) for n in norms):  # one kernel: Gemma's 1 + w is folded
+            return "norm type"
+        mlp = self.mlp
+        gated = type(mlp) is LlamaMLP and mlp.act_and_mul is silu_and_mul
+        return DecodeLayer(
+            source=self, input_norm=self.input_layernorm, post_norm=self.post_attention_layernorm,
+            qkv_proj=attn.qkv_proj, o_proj=attn.o_proj, q_norm=attn.q_norm, k_norm=attn.k_norm,
+            cos_sin_cache=rope.cos_sin_cache, heads=a.num_heads, kv_heads=a.num_kv_heads, head_dim=attn.head_dim,
+            q_size=attn.q_size, kv_size=attn.kv_size, scale=a.scale,
+            gate_up_proj=mlp.gate_up_proj if gated else None, down_proj=mlp.down_proj if gated else None,
+            mlp=None if gated else mlp,
+        )  # fmt: skip
+
 
 class LlamaForCausalLM:
     """Plain tensors rather than nn.Modules: the engine never trains, and a flat layout keeps the
@@ -227,6 +260,21 @@ class LlamaForCausalLM:
         return self.compute_logits(self.forward_hidden(input_ids, positions, meta, kv_caches))
 
     @torch.inference_mode()
+    def decode_layers(self) -> list[DecodeLayer] | str:
+        """Every layer for the CPU decode back ends (layers/decode_spec.py), or why they cannot compute
+        this model: they run embed -> layers -> norm -> compute_logits as forward_hidden does."""
+        if type(self).forward_hidden is not LlamaForCausalLM.forward_hidden:
+            return "the model runs its own forward"
+        specs = []
+        for layer in self.layers:
+            spec = layer.decode_spec()
+            if isinstance(spec, str):
+                return spec
+            if specs and spec.cos_sin_cache is not specs[0].cos_sin_cache:
+                return "per-layer rotary"
+            specs.append(spec)
+        return specs
+
     def forward_hidden(self, input_ids, positions, meta: AttentionMetadata, kv_caches) -> torch.Tensor:
         """The final normed hidden states [num_sampled, hidden] at meta.logits_indices: what the LM head
         reads, and what embedding models pool (decoder_pooling.py)."""

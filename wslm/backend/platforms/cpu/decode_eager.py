@@ -10,7 +10,8 @@ layer's tensors and kernels once and runs ~20 ops per layer: the demo model's de
 ~16.5 to ~13 ms on one core. It computes exactly what the general path does, op for op and bit for bit
 (tests/test_cpu_decode.py compares logits and the KV pool), so anything it does not cover (prefill,
 sliding windows, soft caps, sinks, partial rotary, fp8 KV, tensor parallelism, other layer types) runs
-the general path. WSLM_CPU_FAST_DECODE=0 turns it off."""
+the general path. What each layer computes, it learns from the model family (`model.decode_layers()`,
+modeling/layers/decode_spec.py), never from the layers' types. WSLM_CPU_FAST_DECODE=0 turns it off."""
 
 from __future__ import annotations
 
@@ -21,16 +22,14 @@ import torch
 import torch.nn.functional as F
 
 from wslm import envs
-from wslm.backend.modeling.layers.activation import silu_and_mul
 from wslm.backend.modeling.layers.attention import AttentionMetadata
-from wslm.backend.modeling.layers.norm import GemmaRMSNorm, HeadRMSNorm, RMSNorm
+from wslm.backend.modeling.layers.decode_spec import DecodeLayer
 from wslm.kernels.dispatch import selected_backend
 from wslm.kernels.torch_paged_attention import _decode_blocks
 from wslm.kernels.torch_rotary import _cos_sin, neox_rotated
 
 logger = logging.getLogger(__name__)
 ENV_VAR = "WSLM_CPU_FAST_DECODE"
-_NORMS = (RMSNorm, GemmaRMSNorm)  # the same kernel (Gemma's 1 + w is folded at load)
 
 
 def _linear_fn(layer, dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -83,8 +82,13 @@ def _kernel_dtype(layer):
 
 def why_not(model, kv_pool: torch.Tensor) -> str | None:
     """None when the fast path computes this model's decode steps exactly; else the reason it cannot."""
+    specs = _specs(model, kv_pool)
+    return specs if isinstance(specs, str) else None
+
+
+def _specs(model, kv_pool: torch.Tensor) -> list[DecodeLayer] | str:
+    """The model's layers as its family describes them (modeling/layers/decode_spec.py), or why not."""
     from wslm.backend.distributed.parallel_state import get_tp_size
-    from wslm.backend.modeling.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM
 
     if not envs.get(ENV_VAR):
         return f"{ENV_VAR}=0"
@@ -92,80 +96,52 @@ def why_not(model, kv_pool: torch.Tensor) -> str | None:
         return "not the CPU PyTorch kernels"
     if get_tp_size() != 1:
         return "tensor parallelism"
-    if type(model).forward_hidden is not LlamaForCausalLM.forward_hidden:
-        return "the model runs its own forward"
     if kv_pool.dtype != model.dtype:
         return "a KV cache dtype other than the model's"
-    table = None
-    for layer in model.layers:
-        attn = getattr(layer, "self_attn", None)
-        if (
-            type(layer).__call__ is not LlamaDecoderLayer.__call__
-            or type(attn).__call__ is not LlamaAttention.__call__
-        ):
-            return f"layer type {type(layer).__name__}"
-        a = attn.attn
-        if a.sliding_window is not None or a.logits_soft_cap is not None or a.sinks is not None:
-            return "a sliding window, soft cap or attention sinks"
-        rope = attn.rotary_emb
-        if table is None:
-            table = rope.cos_sin_cache
-        if rope.cos_sin_cache is not table or not rope.is_neox_style or table.shape[-1] != attn.head_dim:
-            return "per-layer, GPT-J style or partial rotary"
-        norms = [layer.input_layernorm, layer.post_attention_layernorm]
-        if attn.q_norm is not None:
-            norms += [attn.q_norm.norm, attn.k_norm.norm]
-            if type(attn.q_norm) is not HeadRMSNorm or type(attn.k_norm) is not HeadRMSNorm:
-                return "q/k norm type"
-            if attn.q_norm.norm.eps != attn.k_norm.norm.eps:
-                return "q and k norms with different eps"
-        if any(type(n) not in _NORMS for n in norms):
-            return "norm type"
-        linears = [
-            attn.qkv_proj,
-            attn.o_proj,
-            getattr(layer.mlp, "gate_up_proj", None),
-            getattr(layer.mlp, "down_proj", None),
-        ]
+    describe = getattr(model, "decode_layers", None)
+    specs = describe() if describe is not None else f"{type(model).__name__} describes no decode layers"
+    if isinstance(specs, str):
+        return specs
+    for spec in specs:
+        linears = [spec.qkv_proj, spec.o_proj, spec.gate_up_proj, spec.down_proj]
         kernel = {_kernel_dtype(lin) for lin in linears if lin is not None} - {model.dtype, None}
         if kernel and (model.dtype != torch.float32 or kernel != {torch.bfloat16}):
             return "weights computing in another dtype"
-    return None
+    return specs
 
 
 class _Layer:
     __slots__ = ("source", "w_in", "w_post", "eps_in", "eps_post", "qkv", "o", "mlp", "gate_up", "down",
                  "qk_norm_w", "qk_eps", "q_size", "kv_size", "heads", "kv_heads", "head_dim", "scale")  # fmt: skip
 
-    def __init__(self, layer) -> None:
-        self.source = layer
-        attn = layer.self_attn
-        self.w_in, self.w_post = layer.input_layernorm.weight, layer.post_attention_layernorm.weight
-        self.eps_in, self.eps_post = layer.input_layernorm.eps, layer.post_attention_layernorm.eps
+    def __init__(self, spec: DecodeLayer) -> None:
+        self.source = spec.source
+        self.w_in, self.w_post = spec.input_norm.weight, spec.post_norm.weight
+        self.eps_in, self.eps_post = spec.input_norm.eps, spec.post_norm.eps
         dtype = self.w_in.dtype  # the model's
-        self.qkv, self.o = _linear_fn(attn.qkv_proj, dtype), _linear_fn(attn.o_proj, dtype)
-        self.q_size, self.kv_size, self.head_dim = attn.q_size, attn.kv_size, attn.head_dim
-        self.heads, self.kv_heads, self.scale = attn.attn.num_heads, attn.attn.num_kv_heads, attn.attn.scale
+        self.qkv, self.o = _linear_fn(spec.qkv_proj, dtype), _linear_fn(spec.o_proj, dtype)
+        self.q_size, self.kv_size, self.head_dim = spec.q_size, spec.kv_size, spec.head_dim
+        self.heads, self.kv_heads, self.scale = spec.heads, spec.kv_heads, spec.scale
         self.qk_norm_w = self.qk_eps = None
-        if attn.q_norm is not None:
+        if spec.q_norm is not None:
             # One norm over the q|k heads side by side: each head row is normed on its own, so stacking
             # the q and k weights per head computes both HeadRMSNorms in one op.
-            qw, kw = attn.q_norm.weight, attn.k_norm.weight
+            qw, kw = spec.q_norm.weight, spec.k_norm.weight
             self.qk_norm_w = torch.cat([qw.expand(self.heads, -1), kw.expand(self.kv_heads, -1)])
-            self.qk_eps = attn.q_norm.norm.eps
-        mlp = layer.mlp
-        plain = getattr(mlp, "act_and_mul", None) is silu_and_mul and hasattr(mlp, "gate_up_proj")
-        self.mlp = None if plain else mlp
-        self.gate_up = _linear_fn(mlp.gate_up_proj, dtype) if plain else None
-        self.down = _linear_fn(mlp.down_proj, dtype) if plain else None
+            self.qk_eps = spec.q_norm.norm.eps
+        self.mlp = spec.mlp
+        self.gate_up = _linear_fn(spec.gate_up_proj, dtype) if spec.mlp is None else None
+        self.down = _linear_fn(spec.down_proj, dtype) if spec.mlp is None else None
 
 
 class CpuDecodePath:
     def __init__(self, model, kv_pool: torch.Tensor) -> None:
         self.model = model
         self.kv_pool = kv_pool  # [layers, k|v, blocks, block_size, kv_heads, head_dim]
-        self.layers = [_Layer(layer) for layer in model.layers]
-        self.table = model.layers[0].self_attn.rotary_emb.cos_sin_cache
+        specs = _specs(model, kv_pool)
+        assert not isinstance(specs, str), specs  # build() asked first
+        self.layers = [_Layer(spec) for spec in specs]
+        self.table = specs[0].cos_sin_cache
         self.block_size = kv_pool.shape[3]
         # Per layer: [k|v, blocks, block_size, ...] to gather whole blocks, [k|v, slots, ...] to write tokens.
         self.pools = [
@@ -183,7 +159,7 @@ class CpuDecodePath:
 
     def rebind(self) -> None:
         """Bind the layers' weights again (ModelRunner.weights_updated: they were replaced after loading)."""
-        self.layers = [_Layer(layer.source) for layer in self.layers]
+        self.layers = [_Layer(layer.decode_spec()) for layer in self.model.layers]
 
     @torch.inference_mode()
     def run(

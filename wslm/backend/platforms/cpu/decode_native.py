@@ -176,9 +176,13 @@ class NativeDecode:
         cos2, sin2 = (t.contiguous() for t in _cos_sin(positions, cpu.table, self.dtype, True)[2:])
         table = meta.block_tables[0].contiguous()
         heads, kv_heads, head_dim = self.dims
-        chosen = threads is None
+        most = torch.get_num_threads()
+        fixed = envs.WSLM_CPU_STEP_THREADS
+        chosen = threads is None and not fixed
         if chosen:
-            threads = self.threads.pick(torch.get_num_threads())
+            threads = self.threads.pick(most)
+        elif threads is None:
+            threads = min(fixed, most)
         start = time.perf_counter()
         with torch_threads(threads):  # the head after the step runs on as many
             rc = self.step_fn(

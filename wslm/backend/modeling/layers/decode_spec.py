@@ -1,0 +1,35 @@
+"""What a model family tells the CPU decode back ends (platforms/cpu) about one decoder layer.
+
+The back ends compute a Llama-shaped layer in fewer ops (eager), as one graph (compiled) or in one C call
+(native): pre-norm attention with neox rotary over the paged KV cache, then a gated MLP, each added to the
+residual stream. Whether a layer is that shape is the family's knowledge, not the platform's: each layer
+class answers `decode_spec()` with a DecodeLayer, or with a string saying why its math is another
+(Gemma's extra norms, sinks, a sliding window), and the back ends read only these fields."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class DecodeLayer:
+    source: object  # the layer itself (its weights may be replaced: ask it again then)
+    input_norm: object  # RMS norms: .weight [d] (Gemma's 1 + w folded at load), .eps
+    post_norm: object
+    qkv_proj: object  # linear layers: .weight (a tensor or a quantized weight), .bias
+    o_proj: object
+    q_norm: object | None  # per-head RMS norms before rotary (HeadRMSNorm: .weight, .norm.eps), or None
+    k_norm: object | None
+    cos_sin_cache: torch.Tensor  # neox rotary over the whole head, shared by every layer
+    heads: int
+    kv_heads: int
+    head_dim: int
+    q_size: int
+    kv_size: int
+    scale: float
+    gate_up_proj: object | None  # a SiLU-gated MLP's two linears, or None:
+    down_proj: object | None
+    mlp: Callable[[torch.Tensor], torch.Tensor] | None  # then the MLP called as it is (experts)
