@@ -230,16 +230,9 @@ def run_wslm(name: str, args, work: Path) -> dict:
 
 def run_llama_cpp(args, work: Path) -> dict:
     if args.llama_no_extra_bufts:  # llama.cpp's repacked (AMX) weight buffers off: some builds crash in them
-        import llama_cpp.llama_cpp as lib
+        import machine  # bench/, this script's folder (the llama.cpp venv has no wslm)
 
-        defaults = lib.llama_model_default_params
-
-        def params():
-            p = defaults()
-            p.use_extra_bufts = False
-            return p
-
-        lib.llama_model_default_params = params
+        machine.llama_cpp_without_repack()
     from llama_cpp import Llama
 
     info = json.loads((work / "tokens.json").read_text())
