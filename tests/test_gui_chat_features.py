@@ -291,3 +291,103 @@ def test_context_meter(panel, qtbot):
     assert panel.context_meter.text() == f"≈{used} / 4.1k" and panel.context_meter.styleSheet() == ""
     panel.system_prompt.setPlainText("x" * 3500)  # the next request holds the system prompt too
     assert session.context_usage()[0] == used + 1000 + 8
+
+
+def test_composer_grows_with_its_text_and_shrinks_back(panel, qtbot):
+    from PySide6.QtCore import Qt
+    from PySide6.QtTest import QTest
+    from PySide6.QtWidgets import QApplication
+
+    panel.resize(1100, 800)
+    qtbot.wait(20)
+    box = panel.input
+    empty = box.height()
+    line = box.fontMetrics().lineSpacing()
+    assert empty <= 4 * line  # about two lines when empty (was a fixed 76 px)
+    box.setFocus()
+    QTest.keyClicks(box, "one")
+    for word in ("two", "three", "four", "five"):
+        QTest.keyClick(box, Qt.Key.Key_Return, Qt.KeyboardModifier.ShiftModifier)  # a new line, not Send
+        QTest.keyClicks(box, word)
+    five = box.height()
+    assert five >= empty + 2 * line and box.verticalScrollBar().maximum() == 0  # all shown, no scrolling
+    box.setPlainText("\n".join(f"line {i}" for i in range(60)))
+    capped = box.height()
+    assert five < capped <= box.MAX_LINES * line + 4 * line  # stops growing at ~10 lines ...
+    assert capped <= box.CAP_SHARE * panel.view.parentWidget().height() + 1
+    assert box.verticalScrollBar().maximum() > 0  # ... and scrolls
+    assert panel.view.height() > capped  # the transcript keeps most of the column
+    box.setPlainText("word " * 150)  # one long line: its wrapped lines count
+    assert box.height() > empty
+    box.clear()
+    assert box.height() == empty
+    # Sending empties it: back to its small size.
+    box.setPlainText("a\nb\nc\nd")
+    assert box.height() > empty
+    with qtbot.waitSignal(panel.session.reply_finished, timeout=10_000):
+        panel.send()
+    assert box.toPlainText() == "" and box.height() == empty
+    # Tab still leaves the box (no tab character).
+    panel.activateWindow()
+    box.setFocus()
+    box.setPlainText("draft")
+    QTest.keyClick(box, Qt.Key.Key_Tab)
+    assert box.toPlainText() == "draft" and QApplication.focusWidget() is not box
+
+
+def test_jump_to_latest_button(panel, qtbot):
+    from PySide6.QtCore import Qt
+    from PySide6.QtWidgets import QAbstractSlider
+
+    panel.resize(1000, 700)
+    view = panel.view
+    jump = view.jump_button
+    bar = view.verticalScrollBar()
+    ask(panel, qtbot, "\n".join(f"line {i}" for i in range(150)))  # far taller than the view
+    view.render()
+    qtbot.waitUntil(lambda: bar.maximum() > 0 and bar.value() == bar.maximum())
+    assert not jump.isVisible()  # at the bottom: nothing to jump to
+    bar.triggerAction(QAbstractSlider.SliderAction.SliderToMinimum)  # the user scrolls up (as a wheel or drag)
+    qtbot.waitUntil(jump.isVisible)
+    assert bar.value() < bar.maximum() - 40
+    assert view.rect().contains(jump.geometry()) and jump.geometry().bottom() > view.height() // 2  # floats low
+    view.render()  # new text while scrolled up: the view stays put, the button stays
+    assert jump.isVisible() and bar.value() < bar.maximum() - 40
+    qtbot.mouseClick(jump, Qt.MouseButton.LeftButton)
+    assert bar.value() == bar.maximum() and not jump.isVisible()
+    ask(panel, qtbot, "more")  # following again: the new reply is shown at the end
+    view.render()
+    qtbot.waitUntil(lambda: bar.value() == bar.maximum())
+    assert not jump.isVisible()
+
+
+def test_blockquote_has_a_left_bar(panel, qtbot):
+    from PySide6.QtGui import QColor, QTextDocument
+
+    from wslm.gui import markdown
+
+    html = markdown.render_markdown("Before\n\n> quoted words here\n> and a second line\n\nAfter")
+    assert "<blockquote" not in html and f"background-color:{markdown.QUOTE_BAR}" in html
+    panel.resize(1000, 700)
+    panel.session.new_conversation()
+    panel.session.messages.append("user", "quote please")
+    panel.session.messages.append("assistant", "Before\n\n> quoted words here\n> and a second line\n\nAfter")
+    view = panel.view
+    view.render()
+    qtbot.wait(20)
+    image = view.viewport().grab().toImage()
+    bar = QColor(markdown.QUOTE_BAR)
+
+    def bar_left_of(text: str) -> tuple[list[int], int]:
+        """The x of the bar-coloured pixels left of `text` on its middle row, and where the text starts."""
+        cursor = view.document().find(text, 0, QTextDocument.FindFlag.FindCaseSensitively)
+        assert not cursor.isNull()
+        cursor.setPosition(cursor.selectionStart())
+        rect = view.cursorRect(cursor)
+        return [x for x in range(rect.left()) if image.pixelColor(x, rect.center().y()) == bar], rect.left()
+
+    for text in ("quoted words", "and a second"):
+        xs, text_x = bar_left_of(text)
+        assert xs and len(xs) <= 6 and xs[-1] - xs[0] == len(xs) - 1  # a thin solid bar ...
+        assert text_x - xs[-1] >= 6  # ... with a gap before the text
+    assert not bar_left_of("Before")[0] and not bar_left_of("After")[0]  # only beside the quote

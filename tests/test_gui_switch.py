@@ -17,6 +17,7 @@ import socket
 import sys
 import textwrap
 
+import httpx
 import psutil
 import pytest
 
@@ -37,6 +38,7 @@ from wslm.wsl_bridge.launcher import Target  # noqa: E402
 
 KV_LINE = re.compile(r"KV cache: \d+ blocks of \d+ tokens = (\d+) tokens")
 LOAD_CALL = '"POST /v1/models/load HTTP/1.1" 200'
+UNLOAD_CALL = '"POST /v1/models/unload HTTP/1.1" 200'
 fake_server = test_gui_chat.fake_server  # the loopback OpenAI-style streamer
 
 
@@ -167,6 +169,73 @@ def test_switch_model_loads_it_beside_the_running_one(qtbot, tmp_path, monkeypat
     assert fourth["model"] == "demo"
     assert states == [] and int(server.ready_event["pid"]) == pid and alive(pid)
     assert [m.role for m in window.session.messages.messages()] == ["user", "assistant"] * 4
+    close(window, store)
+
+
+def server_states(window) -> dict[str, str]:
+    """Each model's `state` as the server itself says it (GET /v1/models), not as the app last read it."""
+    data = httpx.get(window.server.base_url + "/models", timeout=30).json()["data"]
+    return {card["id"]: card["state"] for card in data}
+
+
+@pytest.mark.timeout(300)
+def test_eject_unloads_a_pool_model_and_its_badge_goes(qtbot, tmp_path, monkeypatch):
+    for name in ("tiny-a", "tiny-b"):
+        make_tiny_chat_model(tmp_path / "models" / name)
+    window, store = open_window(qtbot, tmp_path, monkeypatch, model="tiny-a")
+    chat, server, pool = window.chat_panel, window.server, window.pool
+    combo = chat.model_combo
+    window.server_panel.start()  # while the models are listed (both take seconds)
+    qtbot.waitUntil(lambda: {"tiny-a", "tiny-b"} <= set(window.models.table.ids()), timeout=90_000)
+    qtbot.waitUntil(lambda: server.state in (READY, CRASHED), timeout=180_000)
+    assert server.state == READY, window.logs.text()[-3000:]
+    qtbot.waitUntil(lambda: pool.pooled, timeout=30_000)
+    # Only the model the server started with is loaded, and it stays loaded: nothing to eject.
+    assert chat.ejectable() == [] and chat.eject_button.isHidden()
+    assert [(a.text(), a.isEnabled()) for a in chat.eject_actions()] == [("No model to eject", False)]
+
+    # tiny-b loaded beside it (the picker), then the chat back on tiny-a: tiny-b stays loaded, ejectable.
+    chat.choose_model("tiny-b")
+    qtbot.waitUntil(lambda: chat.server_model == "tiny-b" and not chat.switching_to, timeout=60_000)
+    chat.choose_model("tiny-a")
+    qtbot.waitUntil(lambda: chat.server_model == "tiny-a", timeout=30_000)
+    qtbot.waitUntil(lambda: badges(combo)["tiny-a"] and badges(combo)["tiny-b"], timeout=30_000)
+    assert chat.ejectable() == ["tiny-b"] and not chat.eject_button.isHidden()
+    actions = chat.eject_actions()
+    assert [(a.data(), a.text()) for a in actions] == [("tiny-b", "Eject tiny-b")]
+    chat.confirm_eject = lambda name: pytest.fail("not the chat's model: nothing to ask")
+    actions[0].trigger()  # the ⏏ menu's action, as a click runs it
+    qtbot.waitUntil(lambda: not badges(combo)["tiny-b"], timeout=60_000)
+    assert {k: v for k, v in server_states(window).items() if k.startswith("tiny")} == \
+        {"tiny-a": "loaded", "tiny-b": "not-loaded"}
+    assert UNLOAD_CALL in window.logs.text() and "Ejected tiny-b" in window.status.currentMessage()
+    assert badges(combo)["tiny-a"] and chat.server_model == "tiny-a" and chat.eject_button.isHidden()
+
+    # The chat's own model: asked first ("Cancel" keeps it), then ejected; the chat goes back to tiny-a.
+    chat.choose_model("tiny-b")
+    qtbot.waitUntil(lambda: chat.server_model == "tiny-b" and not chat.switching_to, timeout=60_000)
+    qtbot.waitUntil(lambda: badges(combo)["tiny-b"] and chat.ejectable() == ["tiny-b"], timeout=30_000)
+    asked = []
+    chat.confirm_eject = lambda name: asked.append(name) or False
+    chat.eject_actions()[0].trigger()
+    assert asked == ["tiny-b"] and "this chat's model" in chat.eject_actions()[0].text()
+    assert not pool.unloading and server_states(window)["tiny-b"] == "loaded"
+    chat.confirm_eject = lambda name: True
+    chat.eject_actions()[0].trigger()
+    qtbot.waitUntil(lambda: chat.server_model == "tiny-a" and not badges(combo)["tiny-b"], timeout=60_000)
+    assert server_states(window)["tiny-b"] == "not-loaded" and combo.currentData() == "tiny-a"
+    assert window.session.model == "tiny-a" and window.status.model.text() == "Model: tiny-a"
+    assert reply(window, qtbot, "Hi")["model"] == "tiny-a"
+
+    # The server refuses (the model it started with stays loaded): its reason in the chat, nothing changes.
+    pid = int(server.ready_event["pid"])
+    monkeypatch.setattr(pool, "can_unload", lambda model: True)  # as if the app thought it could
+    chat.confirm_eject = lambda name: True
+    chat.eject_model("tiny-a")
+    qtbot.waitUntil(lambda: chat.error_label.isVisible(), timeout=30_000)
+    assert "Could not eject tiny-a: The model served at start (--model) stays loaded" in chat.error_label.text()
+    assert server_states(window)["tiny-a"] == "loaded" and badges(combo)["tiny-a"] and chat.server_model == "tiny-a"
+    assert server.state == READY and int(server.ready_event["pid"]) == pid and "ejecting tiny-a failed" in window.logs.text()
     close(window, store)
 
 

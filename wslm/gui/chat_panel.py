@@ -32,6 +32,7 @@ from PySide6.QtWidgets import (
     QSpinBox,
     QSplitter,
     QStyledItemDelegate,
+    QToolButton,
     QVBoxLayout,
     QWidget,
 )
@@ -65,13 +66,68 @@ def _short_count(n: int) -> str:
 
 
 class ChatInput(QPlainTextEdit):
-    """Enter sends, Shift+Enter starts a new line, Tab moves to the next control (as in a form)."""
+    """Enter sends, Shift+Enter starts a new line, Tab moves to the next control (as in a form).
+
+    It grows with its text, from MIN_LINES up to MAX_LINES (and never past CAP_SHARE of the widget set with
+    cap_to, so a small window keeps its transcript), then scrolls; it shrinks back as text goes."""
 
     submitted = Signal()
+    MIN_LINES = 2
+    MAX_LINES = 10
+    CAP_SHARE = 0.4
 
     def __init__(self, parent=None) -> None:
         super().__init__(parent)
         self.setTabChangesFocus(True)
+        self._cap_widget: QWidget | None = None
+        self._fitting = False
+        self.textChanged.connect(self.fit_height)
+        self.fit_height()
+
+    def cap_to(self, widget: QWidget) -> None:
+        """Never take more than CAP_SHARE of `widget`'s height (refitted as it resizes)."""
+        self._cap_widget = widget
+        widget.installEventFilter(self)
+        self.fit_height()
+
+    def eventFilter(self, obj, event) -> bool:
+        if obj is self._cap_widget and event.type() == QEvent.Type.Resize:
+            self.fit_height()
+        return super().eventFilter(obj, event)
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        if event.size().width() != event.oldSize().width():  # the text wraps anew
+            self.fit_height()
+
+    def changeEvent(self, event) -> None:
+        super().changeEvent(event)
+        if event.type() in (QEvent.Type.FontChange, QEvent.Type.StyleChange):  # other line height, margins
+            self.fit_height()
+
+    def fit_height(self) -> None:
+        if self._fitting:
+            return
+        self._fitting = True
+        try:
+            line = self.fontMetrics().lineSpacing()
+            margins = self.contentsMargins()  # the frame, if the style draws one
+            chrome = margins.top() + margins.bottom() + 2 * int(self.document().documentMargin()) + 2
+            low = self.MIN_LINES * line + chrome
+            high = self.MAX_LINES * line + chrome
+            if self._cap_widget is not None and self._cap_widget.height() > 0:
+                high = min(high, int(self._cap_widget.height() * self.CAP_SHARE))
+            high = max(high, low)
+            # The laid-out height of the blocks (wrapped lines count), stopping at the cap: a long paste
+            # costs no more than the lines that fit.
+            text_h = 0.0
+            block = self.document().firstBlock()
+            while block.isValid() and chrome + text_h < high:
+                text_h += self.blockBoundingRect(block).height()
+                block = block.next()
+            self.setFixedHeight(max(low, min(high, chrome + int(text_h + 0.999))))
+        finally:
+            self._fitting = False
 
     def keyPressEvent(self, event: QKeyEvent) -> None:
         if event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter) and not event.modifiers() & Qt.KeyboardModifier.ShiftModifier:
@@ -112,6 +168,7 @@ class ChatPanel(QWidget):
     settings_changed = Signal()
     model_switch_requested = Signal(str)  # an installed model's id: serve it instead (pool load, or restart)
     picker_opened = Signal()  # the model list opens: a moment to read which models the server has loaded
+    eject_requested = Signal(str)  # a model the server's pool loaded: unload it (POST /v1/models/unload)
     start_server_requested = Signal()  # the user took the offer to start our server (it was not running)
     notice = Signal(str)  # a brief confirmation (copied, exported) for the status bar
 
@@ -131,6 +188,9 @@ class ChatPanel(QWidget):
         # Set by the main window: whether our server switches to a model without a restart (its model pool
         # holds it), so a switch leaves the replies being written alone.
         self.live_switch = lambda model_id: False
+        # Set by the main window: whether our server can eject a model now (one its pool loaded, not the
+        # model it started with, which stays loaded).
+        self.can_eject = lambda model_id: False
         self.loaded_models: set[str] = set()  # what our server has loaded (/v1/models `state`): "loaded" badges
         self.loading_model = ""  # what it is loading
         self.editing_row = -1  # a sent message being edited (Send re-runs the chat from it)
@@ -240,10 +300,21 @@ class ChatPanel(QWidget):
         self.model_combo.setItemDelegate(ModelPickerDelegate(self.model_combo))
         self.model_combo.currentTextChanged.connect(self._model_changed)
         self.model_combo.activated.connect(self._model_chosen)
+        # Eject (LM Studio's ⏏): unload a model the server's pool holds, to give its memory back. A menu of
+        # the loaded models beside the picker: a click in the picker's own list picks the model instead.
+        self.eject_button = QToolButton(text="⏏")
+        self.eject_button.setToolTip("Eject a model the server has loaded beside its own (frees its memory)")
+        self.eject_button.setPopupMode(QToolButton.ToolButtonPopupMode.InstantPopup)
+        self.eject_button.setStyleSheet("QToolButton::menu-indicator { image: none; }")
+        self.eject_button.setFocusPolicy(Qt.FocusPolicy.NoFocus)
+        self.eject_button.setMenu(QMenu(self.eject_button))
+        self.eject_button.menu().aboutToShow.connect(self.eject_actions)
+        self.eject_button.hide()  # until the server has a model to eject
         # Tokens the next request would hold / the model's context (estimated; the server's count when known).
         self.context_meter = QLabel(objectName="Muted")
         head.addWidget(self.title, 1)
         head.addWidget(self.model_combo, 2)
+        head.addWidget(self.eject_button)
         head.addWidget(self.context_meter)
         head.addWidget(self.connection_label)
         head.addWidget(self.settings_button)
@@ -285,7 +356,6 @@ class ChatPanel(QWidget):
         row.addLayout(attach_col)
         self.input = ChatInput()
         self.input.setPlaceholderText("Send a message  (Enter to send, Shift+Enter for a new line)")
-        self.input.setFixedHeight(76)
         self.input.setStyleSheet("QPlainTextEdit { border: none; background: transparent; }")
         self.input.submitted.connect(self.send)
         self.send_button = QPushButton("Send", objectName="Primary")
@@ -304,6 +374,7 @@ class ChatPanel(QWidget):
         row.addWidget(self.input, 1)
         row.addLayout(buttons)
         lay.addWidget(composer)
+        self.input.cap_to(box)
         return box
 
     def _build_params(self) -> QWidget:
@@ -1012,6 +1083,7 @@ class ChatPanel(QWidget):
         """Which models our server has loaded, and which one it is loading (its /v1/models `state`): the
         picker's badges. Marked in place: an open list stays open."""
         self.loaded_models, self.loading_model = set(loaded), loading
+        self.eject_button.setVisible(bool(self.ejectable()))
         if not self.settings.chat_use_server:
             return
         served = self.server_model if self.server_url else ""
@@ -1024,6 +1096,59 @@ class ChatPanel(QWidget):
             combo.setItemData(i, bool(served) and served in (model_id, m.get("path")) or model_id in self.loaded_models,
                               LoadedRole)
             combo.setItemData(i, model_id == loading, LoadingRole)
+
+    # Ejecting a model (the server's pool)
+    def ejectable(self) -> list[str]:
+        """The loaded models the server can eject now, in the picker's order (our server only)."""
+        if not self.settings.chat_use_server:
+            return []
+        order = [m["id"] for m in self.installed] + self.model_files
+        return sorted((m for m in self.loaded_models if self.can_eject(m)),
+                      key=lambda m: (order.index(m) if m in order else len(order), m))
+
+    def eject_actions(self) -> list:
+        """The ⏏ menu, built anew as it opens: one "Eject NAME" action per ejectable model."""
+        menu = self.eject_button.menu()
+        menu.clear()
+        for model_id in self.ejectable():
+            name = self._model_name(model_id)
+            mine = " (this chat's model)" if self.server_url and model_id == self.server_model else ""
+            action = menu.addAction(f"Eject {name}{mine}")
+            action.setData(model_id)
+            action.triggered.connect(lambda _checked=False, m=model_id: self.eject_model(m))
+        if menu.isEmpty():
+            menu.addAction("No model to eject").setEnabled(False)
+        return menu.actions()
+
+    def _model_name(self, model_id: str) -> str:
+        return next((display_name(m) for m in self.installed if m.get("id") == model_id), model_id)
+
+    def eject_model(self, model_id: str) -> None:
+        """Unload `model_id` from the server. The model this chat talks to is ejected only once confirmed;
+        the chat then goes on with the model the server started with."""
+        if not self.can_eject(model_id):
+            return
+        if self.server_url and model_id == self.server_model and not self.confirm_eject(self._model_name(model_id)):
+            return
+        self.eject_requested.emit(model_id)
+
+    def confirm_eject(self, name: str) -> bool:
+        """Ejecting the chat's own model: ask first. Tests replace this."""
+        answer = QMessageBox.question(
+            self, "Eject model",
+            f"This chat talks to {name}. Eject it anyway? Its memory is freed, and the chat goes on with the "
+            "model the server started with.",
+            QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.Cancel, QMessageBox.StandardButton.Cancel)
+        return answer == QMessageBox.StandardButton.Yes
+
+    def show_eject(self, model_id: str, error: str = "") -> None:
+        """The eject's outcome: a brief word in the status bar, or the server's reason it could not."""
+        name = self._model_name(model_id)
+        if not error:
+            self.notice.emit(f"Ejected {name}: its memory is free")
+            return
+        said = error.strip().rstrip(".") or "no reason given"
+        self._show_error(f"{said}." if model_id in said or name in said else f"Could not eject {name}: {said}.")
 
     def show_load(self, model_id: str, state: str, error: str = "") -> None:
         """A model loaded beside the running one (the server's pool), where the user picked it: `state` as
@@ -1070,6 +1195,7 @@ class ChatPanel(QWidget):
 
     def _apply_connection(self) -> None:
         use_server = self.settings.chat_use_server
+        self.eject_button.setVisible(bool(self.ejectable()))  # our server's models only
         self.url.setEnabled(not use_server)
         self.key.setEnabled(not use_server)
         if use_server:

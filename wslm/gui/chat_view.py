@@ -8,9 +8,9 @@ from __future__ import annotations
 import html
 import json
 
-from PySide6.QtCore import QTimer, QUrl, Signal
+from PySide6.QtCore import Qt, QTimer, QUrl, Signal
 from PySide6.QtGui import QDesktopServices, QGuiApplication, QTextCursor
-from PySide6.QtWidgets import QTextBrowser, QWidget
+from PySide6.QtWidgets import QPushButton, QTextBrowser, QWidget
 
 import wslm.gui.qt_fix  # noqa: F401  (PySide6 6.12 emit() refcount bug)
 from wslm.gui import theme
@@ -20,6 +20,7 @@ from wslm.gui.chat_store import is_cut_short
 from wslm.gui.markdown import code_blocks, render_markdown
 
 RENDER_DELAY_MS = 40
+NEAR_BOTTOM_PX = 40  # this close to the end counts as at the end (follows new text, no jump button)
 
 
 def stats_line(stats: dict) -> str:
@@ -90,10 +91,25 @@ class ChatView(QTextBrowser):
         self._follow = True
         bar = self.verticalScrollBar()
         # Only the user's own scrolling (wheel, drag, keys: scroll bar actions) changes whether we follow;
-        # Qt moves the value itself on setHtml and while laying out.
-        bar.actionTriggered.connect(lambda _a: QTimer.singleShot(0, self._on_user_scrolled))
+        # Qt moves the value itself on setHtml and while laying out. Decided at once, from where the action
+        # goes (sliderPosition; the value follows it just after): a deferred check lost to a range change
+        # in between, which snapped the view back to the end.
+        bar.actionTriggered.connect(self._on_user_scrolled)
         bar.sliderReleased.connect(self._on_user_scrolled)
         bar.rangeChanged.connect(self._on_range)
+        # Scrolled up in a long chat: a floating button goes back to the end (and follows again). A child of
+        # the scroll area, not of its viewport, so it stays put while the text scrolls under it.
+        self.jump_button = QPushButton("Jump to latest ↓", self)
+        self.jump_button.setObjectName("JumpToLatest")
+        self.jump_button.setFocusPolicy(Qt.FocusPolicy.NoFocus)
+        self.jump_button.setCursor(Qt.CursorShape.PointingHandCursor)
+        self.jump_button.setStyleSheet(
+            f"QPushButton {{ background-color: {theme.RAISED}; color: {theme.TEXT}; border: 1px solid {theme.BORDER};"
+            f" border-radius: 14px; padding: 5px 14px; }} QPushButton:hover {{ border-color: {theme.ACCENT}; }}")
+        self.jump_button.clicked.connect(self.jump_to_latest)
+        self.jump_button.hide()
+        bar.valueChanged.connect(self._update_jump)
+        bar.rangeChanged.connect(self._update_jump)
         model.modelReset.connect(self._on_reset)
         for sig in (model.rowsInserted, model.rowsRemoved, model.dataChanged):
             sig.connect(self.schedule)
@@ -113,15 +129,44 @@ class ChatView(QTextBrowser):
 
     def _on_reset(self) -> None:
         self._follow = True  # a conversation was opened: show its latest messages
+        self._update_jump()
         self.schedule()
 
-    def _on_user_scrolled(self) -> None:
+    def _on_user_scrolled(self, *_args) -> None:
         bar = self.verticalScrollBar()
-        self._follow = bar.value() >= bar.maximum() - 40
+        self._follow = bar.sliderPosition() >= bar.maximum() - NEAR_BOTTOM_PX
+        self._update_jump()
 
     def _on_range(self, _min: int, maximum: int) -> None:
         if self._follow:
             self.verticalScrollBar().setValue(maximum)
+
+    def jump_to_latest(self) -> None:
+        """Scroll to the end of the transcript and follow new text again."""
+        self._follow = True
+        # As in render: the cursor at the end keeps Qt showing the end while it lays the text out lazily.
+        self.moveCursor(QTextCursor.MoveOperation.End)
+        bar = self.verticalScrollBar()
+        bar.setValue(bar.maximum())
+        self._update_jump()
+
+    def _update_jump(self, *_args) -> None:
+        bar = self.verticalScrollBar()
+        away = not self._follow and bar.value() < bar.maximum() - NEAR_BOTTOM_PX
+        if away:
+            self._place_jump()
+            self.jump_button.raise_()
+        self.jump_button.setVisible(away)
+
+    def _place_jump(self) -> None:
+        b, vp = self.jump_button, self.viewport().geometry()
+        b.adjustSize()
+        b.move(vp.x() + (vp.width() - b.width()) // 2, vp.bottom() - b.height() - 12)
+
+    def resizeEvent(self, event) -> None:
+        super().resizeEvent(event)
+        self._place_jump()
+        self._update_jump()
 
     def schedule(self, *_args) -> None:
         if not self._timer.isActive():

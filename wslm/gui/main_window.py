@@ -28,7 +28,7 @@ from wslm.gui.first_run import FirstRunDialog, _linux_path
 from wslm.gui.log_model import LogModel
 from wslm.gui.logs_panel import LogsPanel
 from wslm.gui.models_panel import ModelsPanel
-from wslm.gui.models_service import ModelsService
+from wslm.gui.models_service import ModelsService, kv_estimate_args
 from wslm.gui.pool_client import ModelPoolClient
 from wslm.gui.resource_monitor import ResourceMonitor
 from wslm.gui.scroll_page import ScrollPage
@@ -70,6 +70,7 @@ class MainWindow(QMainWindow):
         self.models = ModelsService(self.logs, self)
         self.models.target = self.target
         self.models.context = s.max_model_len
+        self.models.kv_args = kv_estimate_args(s.kv_cache_dtype, s.serve_extra_args)
         self.share = ShareService(self)
         self.share.port = s.port
         self.share.distro = self.target.distro if self.target.via_wsl else None
@@ -79,6 +80,7 @@ class MainWindow(QMainWindow):
         self.chat_panel = ChatPanel(self.session, s)
         self.chat_panel.server_path = self._server_path
         self.chat_panel.live_switch = self._live_switch
+        self.chat_panel.can_eject = self._can_eject
         self.models_panel = ModelsPanel(self.models, s.hub_endpoint)
         self.server_panel = ServerPanel(self.server, s)
         self.share_panel = SharePanel(self.share)
@@ -131,6 +133,9 @@ class MainWindow(QMainWindow):
         self.pool.load_progress.connect(self._on_pool_progress)
         self.pool.loaded.connect(self._on_pool_loaded)
         self.pool.load_failed.connect(self._on_pool_failed)
+        self.chat_panel.eject_requested.connect(self.eject_model)
+        self.pool.unloaded.connect(self._on_pool_unloaded)
+        self.pool.unload_failed.connect(self._on_pool_unload_failed)
         self.chat_panel.start_server_requested.connect(self._start_for_chat)
         self.models_panel.use_model.connect(self._serve_model)
         self.models_panel.endpoint_changed.connect(self._remember_endpoint)
@@ -282,8 +287,11 @@ class MainWindow(QMainWindow):
 
     def _server_settings_changed(self) -> None:
         self.chat_panel.set_serve_choice(self.server_panel.model_id())  # the chat's picker follows the panel
-        if self.models.context != self.settings.max_model_len:  # the estimates are for this context
+        # The estimates are for the server these settings start: its context, its KV cache's dtype and size.
+        kv_args = kv_estimate_args(self.settings.kv_cache_dtype, self.settings.serve_extra_args)
+        if self.models.context != self.settings.max_model_len or self.models.kv_args != kv_args:
             self.models.context = self.settings.max_model_len
+            self.models.kv_args = kv_args
             self.models.refresh()
 
     def _on_models_listed(self, _ids: list) -> None:
@@ -348,6 +356,35 @@ class MainWindow(QMainWindow):
             kept = self.chat_panel.server_model
             self.status.set_model(kept)
             self.setWindowTitle(f"wslm — {kept}")
+
+    # Eject (the Chat panel's ⏏ menu): unload a model the pool loaded, to free its memory. The model the
+    # server started with stays (the server refuses it); the chat on an ejected model goes back to that one.
+    def _can_eject(self, model_id: str) -> bool:
+        return self.server.state == READY and self.settings.chat_use_server and self.pool.can_unload(model_id)
+
+    def eject_model(self, model_id: str) -> None:
+        if not self.pool.unload(model_id):
+            self.chat_panel.show_eject(model_id, "it is not loaded beside the server's own model now")
+            return
+        self.logs.add("server", f"ejecting {model_id} (POST /v1/models/unload)")
+
+    def _on_pool_unloaded(self, model_id: str) -> None:
+        self.logs.add("server", f"ejected {model_id}: its memory is free")
+        if self.server.state == READY and self.chat_panel.server_model == model_id:
+            kept = self.pool.default_model() or self.server.config.model
+            context = self.pool.cards.get(kept, {}).get("max_model_len")
+            self.chat_panel.set_server(self.server.base_url, kept, self.server.config.api_key,
+                                       int(context) if context else None)
+            self.status.set_model(kept)
+            self.setWindowTitle(f"wslm — {kept}")
+            self.logs.add("server", f"the chat talks to {kept} again (its model was ejected)")
+        self.chat_panel.set_pool_states(self.pool.loaded_models(), self.pool.loading)
+        self.chat_panel.show_eject(model_id)
+
+    def _on_pool_unload_failed(self, model_id: str, message: str) -> None:
+        """The server refused (a reply still running on it) or could not be asked: nothing changed."""
+        self.logs.add("server", f"ejecting {model_id} failed: {message}")
+        self.chat_panel.show_eject(model_id, message)
 
     def _server_path(self, path: str) -> str:
         """A file chosen on this machine as the backend's side sees it (WSL: C:\\x -> /mnt/c/x)."""

@@ -15,6 +15,8 @@ from wslm.gui.theme import LINK
 CODE_BG = "#15171c"
 CODE_FG = "#e6e6e6"
 INLINE_BG = "#2b2f38"
+QUOTE_BAR = "#5c6373"  # a quote's left bar
+QUOTE_FG = "#aab1bf"
 MONO = "'Cascadia Mono', Consolas, 'DejaVu Sans Mono', 'Noto Sans Mono CJK SC', monospace"
 
 _FENCE = re.compile(r"^\s*(```|~~~)\s*([\w+#.-]*)\s*$")
@@ -89,6 +91,13 @@ def _table(rows: list[str]) -> str:
         out.append("<tr>" + "".join(f"<td>{_inline(c)}</td>" for c in r) + "</tr>")
     out.append("</table>")
     return "".join(out)
+
+
+def _quote(body: str) -> str:
+    # Qt's rich text ignores border-left on <blockquote>: the bar is a narrow coloured table cell instead.
+    return (f'<table width="100%" cellspacing="0" cellpadding="0" style="margin-top:2px; margin-bottom:6px;">'
+            f'<tr><td width="3" style="background-color:{QUOTE_BAR};"></td>'
+            f'<td style="padding-left:10px; color:{QUOTE_FG};">{body}</td></tr></table>')
 
 
 def code_blocks(text: str) -> list[str]:
@@ -204,7 +213,7 @@ def render_markdown(text: str, copy_prefix: str = "") -> str:
             while i < len(lines) and _QUOTE.match(lines[i]):
                 quoted.append(_inline(_QUOTE.match(lines[i]).group(1)))
                 i += 1
-            out.append('<blockquote style="color:#aab1bf;">' + "<br>".join(quoted) + "</blockquote>")
+            out.append(_quote("<br>".join(quoted)))
             continue
         if list_stack and line.startswith("  "):
             # continuation of a list item

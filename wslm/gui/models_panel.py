@@ -142,8 +142,10 @@ class ModelsPanel(QWidget):
                  html.escape(str(m.get("path", "")))]
         if m.get("memory_estimate_bytes"):
             ctx = m.get("estimate_context") or m.get("context_length")
+            kv_dtype = str(m.get("estimate_kv_cache_dtype") or "auto")  # the Server panel's KV cache dtype
+            kv = f"{' ' + kv_dtype if kv_dtype != 'auto' else ''} KV cache{f' at {ctx:,} tokens' if ctx else ''}"
             parts.append(f"needs about {human_bytes(m['memory_estimate_bytes'])} "
-                         f"(weights + KV cache{f' at {ctx:,} tokens' if ctx else ''} + runtime, as "
+                         f"(weights +{kv} + runtime, as "
                          f"`wslm models info` counts) · "
                          f"fits GPU: <span style='color:{color};'>{fit}</span>")
         if not m.get("supported", True):

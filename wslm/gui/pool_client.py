@@ -1,6 +1,7 @@
 """Our server's model pool (`wslm serve --model-pool`, docs/model-pool.md), as the chat sees it: which models
-the server can serve and in which `state` (GET /v1/models), and loading one on request (POST /v1/models/load),
-so that picking another model in the chat loads it beside the running one instead of restarting the server.
+the server can serve and in which `state` (GET /v1/models), loading one on request (POST /v1/models/load),
+so that picking another model in the chat loads it beside the running one instead of restarting the server,
+and ejecting one (POST /v1/models/unload) to give its memory back.
 
 Holds no widgets. The HTTP runs on background threads (BackgroundCall); answers come back as signals, and an
 answer from a server that has since stopped or restarted is dropped."""
@@ -23,6 +24,7 @@ LIST_TIMEOUT_S = 15.0
 # A big model loads for minutes on a CPU; the server answers 503 itself after its --model-load-timeout (600 s).
 LOAD_TIMEOUT_S = 900.0
 POLL_MS = 1000  # while a load runs: /v1/models again, for its `state`
+UNLOAD_TIMEOUT_S = 120.0  # the server frees the model's memory before it answers
 
 
 def _headers(api_key: str) -> dict[str, str]:
@@ -39,8 +41,17 @@ def fetch_models(base_url: str, api_key: str = "") -> list[dict]:
 
 def post_load(base_url: str, model: str, api_key: str = "") -> tuple[int, dict, str]:
     """POST /v1/models/load: (HTTP status, the model's card or {}, the server's error message or "")."""
-    timeout = httpx.Timeout(connect=5.0, read=LOAD_TIMEOUT_S, write=30.0, pool=5.0)
-    resp = httpx.post(base_url.rstrip("/") + "/models/load", json={"model": model}, headers=_headers(api_key),
+    return _post_model(base_url, "/models/load", model, api_key, LOAD_TIMEOUT_S)
+
+
+def post_unload(base_url: str, model: str, api_key: str = "") -> tuple[int, dict, str]:
+    """POST /v1/models/unload: (HTTP status, the model's card or {}, the server's error message or "")."""
+    return _post_model(base_url, "/models/unload", model, api_key, UNLOAD_TIMEOUT_S)
+
+
+def _post_model(base_url: str, path: str, model: str, api_key: str, read_s: float) -> tuple[int, dict, str]:
+    timeout = httpx.Timeout(connect=5.0, read=read_s, write=30.0, pool=5.0)
+    resp = httpx.post(base_url.rstrip("/") + path, json={"model": model}, headers=_headers(api_key),
                       timeout=timeout)
     if resp.status_code >= 400:
         return resp.status_code, {}, _server_message(resp.text) or f"HTTP {resp.status_code}"
@@ -56,6 +67,8 @@ class ModelPoolClient(QObject):
     load_progress = Signal(str, str)  # model, its `state` while it loads ("loading", "not-loaded")
     loaded = Signal(str, dict)  # model, its card (max_model_len, ...)
     load_failed = Signal(str, str)  # model, the server's message (or why it could not be asked)
+    unloaded = Signal(str)  # model: the server ejected it (its memory is free)
+    unload_failed = Signal(str, str)  # model, the server's message (or why it could not be asked)
 
     def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
@@ -64,6 +77,7 @@ class ModelPoolClient(QObject):
         self.cards: dict[str, dict] = {}  # id -> /v1/models card, in the server's order
         self.pooled = False  # the server runs a pool: its cards carry `state` (an older or pool-less one's do not)
         self.loading = ""  # the model a load is running for
+        self.unloading: set[str] = set()  # models an eject is running for
         self._generation = 0  # bumped per server: a late answer from the previous one is dropped
         self._poll = QTimer(self, interval=POLL_MS)
         self._poll.timeout.connect(self.refresh)
@@ -77,6 +91,7 @@ class ModelPoolClient(QObject):
         self._poll.stop()
         had = self.loading
         self.loading = ""
+        self.unloading.clear()  # the server went: nothing of it is loaded any more (no answer to wait for)
         if had:
             self.load_failed.emit(had, "the server stopped while the model was loading")
         self.changed.emit()
@@ -89,6 +104,15 @@ class ModelPoolClient(QObject):
 
     def loaded_models(self) -> set[str]:
         return {name for name, card in self.cards.items() if card.get("state") == "loaded"}
+
+    def default_model(self) -> str:
+        """The model the server was started with (its --model): listed first, always loaded, never ejected."""
+        return next(iter(self.cards), "") if self.pooled else ""
+
+    def can_unload(self, model: str) -> bool:
+        """`model` is one the pool loaded on request, loaded now, and no eject of it is running."""
+        return bool(self.base_url) and self.pooled and self.state(model) == "loaded" \
+            and model != self.default_model() and model not in self.unloading
 
     def can_load(self, model: str) -> bool:
         """The server can switch to `model` without a restart: it runs a pool that holds it."""
@@ -139,3 +163,32 @@ class ModelPoolClient(QObject):
             self.cards[model] = {**self.cards.get(model, {}), **card}
             self.loaded.emit(model, card)
         self.refresh()  # what else changed (a model evicted to make room)
+
+    # Ejecting
+    def unload(self, model: str) -> bool:
+        """Eject `model` from the pool (its answer: `unloaded` or `unload_failed`); False when it cannot be
+        (not loaded by the pool, the server's default model, or an eject of it is running)."""
+        if not self.can_unload(model):
+            return False
+        self.unloading.add(model)
+        generation, url, key = self._generation, self.base_url, self.api_key
+        call = BackgroundCall(lambda: post_unload(url, model, key), self)
+        call.done.connect(lambda result, g=generation: self._on_unload(g, model, result))
+        call.failed.connect(lambda err, g=generation: self._on_unload(g, model, (0, {}, err)))
+        call.start()
+        self.changed.emit()  # its row stops offering an eject while it runs
+        return True
+
+    def _on_unload(self, generation: int, model: str, result: tuple[int, dict, str]) -> None:
+        if generation != self._generation:
+            return  # that server is gone, and the model with it
+        self.unloading.discard(model)
+        status, card, error = result
+        if error or status >= 400:
+            self.unload_failed.emit(model, error or f"HTTP {status}")
+        else:
+            # Its card says "not-loaded" now: the badge goes at once, before the list is read again.
+            self.cards[model] = {**self.cards.get(model, {}), **card, "state": card.get("state") or "not-loaded"}
+            self.changed.emit()
+            self.unloaded.emit(model)
+        self.refresh()

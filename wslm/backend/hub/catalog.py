@@ -59,6 +59,7 @@ class ModelInfo:
     kv_cache_bytes: int | None = None
     runtime_memory_bytes: int | None = None  # the server's own: runtime, compiled step (or GPU context)
     kv_bytes_per_token: int | None = None
+    estimate_kv_cache_dtype: str | None = None  # the --kv-cache-dtype the estimate assumed (auto, fp8, ...)
     num_layers: int | None = None
     num_attention_heads: int | None = None
     num_kv_heads: int | None = None
@@ -289,7 +290,8 @@ def resume_hint(state: dict | None, repo_id: str) -> str:
     return shlex.join(command)
 
 
-def _describe(entry: _Entry, context: int | None = None) -> ModelInfo:
+def _describe(entry: _Entry, context: int | None = None, kv_cache_dtype: str = "auto",
+              kv_cache_memory: int | None = None) -> ModelInfo:
     meta = read_gguf(entry.path) if entry.format == "gguf" and entry.path.is_file() else (
         read_hf_folder(entry.path) if entry.format == "hf" and (entry.path / "config.json").is_file() else ModelMetadata()
     )  # fmt: skip
@@ -331,14 +333,21 @@ def _describe(entry: _Entry, context: int | None = None) -> ModelInfo:
         pass
     reason = _support(entry, meta)
     info.supported, info.unsupported_reason = reason is None, reason
-    _estimate_memory(info, meta, context)
+    _estimate_memory(info, meta, context, kv_cache_dtype, kv_cache_memory)
     return info
 
 
-def _estimate_memory(info: ModelInfo, meta: ModelMetadata, context: int | None) -> None:
-    """The weights as the engine keeps them + the default KV pool for `context` tokens + the server's own
-    memory: what `wslm serve` takes when started with that context (on CPU, resident; on a GPU, of its
-    memory, where the server reserves its --gpu-memory-utilization)."""
+def kv_value_bytes(kv_cache_dtype: str | None) -> int:
+    """Bytes per cached K/V value for a --kv-cache-dtype: one for fp8 (any variant), else the compute
+    dtype's (auto: the cache is kept in the dtype the engine computes in)."""
+    return 1 if (kv_cache_dtype or "auto").startswith("fp8") else runtime_value_bytes()
+
+
+def _estimate_memory(info: ModelInfo, meta: ModelMetadata, context: int | None, kv_cache_dtype: str = "auto",
+                     kv_cache_memory: int | None = None) -> None:
+    """The weights as the engine keeps them + the KV pool for `context` tokens + the server's own memory:
+    what `wslm serve` takes when started with that context, --kv-cache-dtype and --kv-cache-memory (on CPU,
+    resident; on a GPU, of its memory, where the server reserves its --gpu-memory-utilization)."""
     if not info.complete:
         return
     if meta.elements_by_type:  # GGUF: kept quantized, at each storage type's runtime size
@@ -354,15 +363,18 @@ def _estimate_memory(info: ModelInfo, meta: ModelMetadata, context: int | None) 
     if meta.context_length:
         ctx = min(ctx, int(meta.context_length))
     held = kv_context(ctx, meta.uniform_sliding_window, DEFAULT_MAX_NUM_BATCHED_TOKENS)  # what one sequence keeps
-    per_token = meta.kv_bytes_per_token(runtime_value_bytes())  # the KV cache is kept in the compute dtype
-    # The KV pool `wslm serve` reserves on CPU by default (the same function), not just one sequence.
-    kv = default_cpu_kv_cache_bytes(per_token, held, available_ram()) if per_token else 0
+    per_token = meta.kv_bytes_per_token(kv_value_bytes(kv_cache_dtype))
+    if kv_cache_memory is not None:  # the server reserves exactly what --kv-cache-memory says
+        kv = int(kv_cache_memory)
+    else:  # the KV pool `wslm serve` reserves on CPU by default (the same function), not just one sequence
+        kv = default_cpu_kv_cache_bytes(per_token, held, available_ram()) if per_token else 0
     if _has_gpu():  # GPU memory: the CUDA context, activations, sampler buffers
         runtime = int(FIXED_OVERHEAD_BYTES + 0.05 * weights)
     else:  # the server process: its own memory, and the compiled decode step's (server_memory, measured)
         runtime = cpu_server_overhead_bytes(int(weights))
     info.weights_memory_bytes = int(weights)
     info.kv_bytes_per_token = per_token
+    info.estimate_kv_cache_dtype = kv_cache_dtype or "auto"
     info.kv_cache_bytes = kv
     info.runtime_memory_bytes = runtime
     info.estimate_context = ctx
@@ -381,14 +393,17 @@ def list_models(
     include_partial: bool = False,
     cache_dir: Path | None = None,
     models_root: Path | None = None,
+    kv_cache_dtype: str = "auto",
+    kv_cache_memory: int | None = None,
 ) -> list[ModelInfo]:
-    """Every model on this machine; `context` sets the KV-cache size used in the memory estimate."""
+    """Every model on this machine. The memory estimate is for a server started with `context`,
+    `kv_cache_dtype` and `kv_cache_memory` (bytes; None: the default pool), as `wslm serve`'s flags."""
     out = []
     seen: set[str] = set()
     for entry in _all_entries(cache_dir, models_root):
         if (entry.complete or include_partial) and entry.id not in seen:
             seen.add(entry.id)
-            out.append(_describe(entry, context))
+            out.append(_describe(entry, context, kv_cache_dtype, kv_cache_memory))
     return out
 
 
@@ -411,11 +426,13 @@ def _find_entry(
 
 def find_model(
     name: str, context: int | None = None, include_partial: bool = True,
-    cache_dir: Path | None = None, models_root: Path | None = None,
+    cache_dir: Path | None = None, models_root: Path | None = None, kv_cache_dtype: str = "auto",
+    kv_cache_memory: int | None = None,
 ) -> ModelInfo | None:  # fmt: skip
-    """The model a `models list` id (or an alias such as "org/repo:Q4_K_M") names, or None."""
+    """The model a `models list` id (or an alias such as "org/repo:Q4_K_M") names, or None; its estimate as
+    list_models makes it."""
     entry = _find_entry(name, include_partial, cache_dir, models_root)
-    return _describe(entry, context) if entry else None
+    return _describe(entry, context, kv_cache_dtype, kv_cache_memory) if entry else None
 
 
 def resolve_model(name: str) -> Path | None:

@@ -24,6 +24,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="context length for the memory estimate (default: each model's own, as `wslm serve` uses)",
     )
     p.add_argument("--all", action="store_true", help="also list unfinished downloads")
+    _estimate_flags(p)
     p.set_defaults(func=cmd_list)
 
     p = sub.add_parser("pull", help="download a model from the Hugging Face hub (or a mirror)")
@@ -61,8 +62,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = sub.add_parser("info", help="details of one model")
     p.add_argument("id", metavar="ID", help="an id from `wslm models list` or a cached repo id")
     p.add_argument("--context", type=_positive, metavar="N", help="context length for the memory estimate")
+    _estimate_flags(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_info)
+
+
+def _estimate_flags(p: argparse.ArgumentParser) -> None:
+    """The `wslm serve` flags that change how much memory its KV cache takes, named and read as serve
+    reads them, so the estimate is for the server those flags start."""
+    from wslm.backend.config import KV_CACHE_DTYPES
+
+    p.add_argument(
+        "--kv-cache-dtype", choices=(*KV_CACHE_DTYPES, "fp8_e5m2"), default="auto",
+        help="the KV cache's dtype for the memory estimate (fp8: one byte per value; default auto: the compute dtype)",
+    )
+    p.add_argument(
+        "--kv-cache-memory", "--kv-cache-memory-bytes", type=_size, metavar="SIZE", default=None,
+        help="the KV pool's size for the memory estimate, like 4GiB or 512MiB (default: what serve reserves itself)",
+    )
 
 
 def _positive(text: str) -> int:
@@ -72,6 +89,19 @@ def _positive(text: str) -> int:
         raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError("must be at least 1")
+    return value
+
+
+def _size(text: str) -> int:
+    """--kv-cache-memory as `wslm serve` reads it (launcher.parse_size): bytes, or binary units."""
+    from wslm.backend.platforms.cpu.kv_sizing import parse_bytes
+
+    try:
+        value = parse_bytes(text)
+    except (ValueError, KeyError):
+        value = 0
+    if value <= 0:
+        raise argparse.ArgumentTypeError(f"must be a size like 4GiB, 512MiB or a number of bytes, got {text!r}")
     return value
 
 
@@ -138,7 +168,8 @@ def cmd_search(args: argparse.Namespace) -> int:
 def cmd_list(args: argparse.Namespace) -> int:
     from wslm.backend.hub.catalog import list_models, resume_hint
 
-    everything = list_models(context=args.context, include_partial=True)
+    everything = list_models(context=args.context, include_partial=True, kv_cache_dtype=args.kv_cache_dtype,
+                             kv_cache_memory=args.kv_cache_memory)
     models = [m for m in everything if m.complete or args.all]
     if args.json:
         _print_json({"models": [m.to_dict() for m in models]})
@@ -159,7 +190,10 @@ def cmd_list(args: argparse.Namespace) -> int:
     for r in rows:
         print("  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip())
     at = f"{args.context} tokens" if args.context else "each model's own context"
-    print(f"\n* memory: weights + the KV cache `wslm serve` reserves at {at} + overhead (--context N to change)")
+    kv = f", {human_size(args.kv_cache_memory)} of it" if args.kv_cache_memory else ""
+    kv += f", {args.kv_cache_dtype}" if args.kv_cache_dtype != "auto" else ""
+    print(f"\n* memory: weights + the KV cache `wslm serve` reserves at {at}{kv} + overhead (--context N, "
+          "--kv-cache-dtype, --kv-cache-memory to change)")
     for m in models:
         if not m.supported and m.unsupported_reason:
             print(f"  {m.id}: {m.unsupported_reason}")
@@ -172,7 +206,8 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_info(args: argparse.Namespace) -> int:
     from wslm.backend.hub.catalog import find_model, resume_hint
 
-    info = find_model(args.id, context=args.context)
+    info = find_model(args.id, context=args.context, kv_cache_dtype=args.kv_cache_dtype,
+                      kv_cache_memory=args.kv_cache_memory)
     if info is None:
         msg = f"No model {args.id!r} on this machine. See `wslm models list`, or download it: wslm models pull {args.id}"
         if args.json:
@@ -195,7 +230,8 @@ def cmd_info(args: argparse.Namespace) -> int:
     print(f"{'Weights:':16}{info.quantization or info.dtype or '-'}, {human_size(info.size_bytes)} on disk")
     print(f"{'Context:':16}{info.context_length or '-'} tokens")
     if info.kv_bytes_per_token:
-        print(f"{'KV cache:':16}{human_size(info.kv_bytes_per_token)} per token")
+        fp8 = f" ({args.kv_cache_dtype})" if args.kv_cache_dtype != "auto" else ""
+        print(f"{'KV cache:':16}{human_size(info.kv_bytes_per_token)} per token{fp8}")
     if info.memory_estimate_bytes:
         print(f"{'Memory:':16}needs about {human_size(info.memory_estimate_bytes)} at {info.estimate_context} "
               f"tokens (weights {human_size(info.weights_memory_bytes)}, KV {human_size(info.kv_cache_bytes)}, "

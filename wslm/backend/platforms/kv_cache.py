@@ -3,28 +3,22 @@
 from __future__ import annotations
 
 import logging
-import re
 
 import torch
 
 from wslm import envs
 from wslm.backend.config import EngineConfig
 from wslm.backend.modeling.config import ModelConfig
-from wslm.backend.platforms.cpu.kv_sizing import available_ram, default_cpu_kv_cache_bytes, kv_context
+
+# parse_bytes lives in the torch-free kv_sizing (`wslm models list --kv-cache-memory` parses sizes as serve does).
+from wslm.backend.platforms.cpu.kv_sizing import (  # noqa: F401  (parse_bytes: re-exported)
+    available_ram,
+    default_cpu_kv_cache_bytes,
+    kv_context,
+    parse_bytes,
+)
 
 logger = logging.getLogger(__name__)
-
-_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-
-
-def parse_bytes(value: str | int) -> int:
-    """'4GiB', '512M', '1.5g' or a plain byte count -> bytes."""
-    if isinstance(value, int):
-        return value
-    m = re.fullmatch(r"\s*([0-9.]+)\s*([kmgt]?)(i?b)?\s*", str(value).lower())
-    if not m:
-        raise ValueError(f"Cannot read {value!r} as a size: use bytes or a unit, e.g. 4GiB or 512MiB.")
-    return int(float(m.group(1)) * _UNITS[m.group(2)])
 
 
 def _cpu_budget(config: EngineConfig, mc: ModelConfig) -> int:

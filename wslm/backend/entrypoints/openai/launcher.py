@@ -61,7 +61,7 @@ def parse_size(text: str | None) -> int | None:
     """Bytes from "4GiB", "512M", "1.5g" or a plain number, read as the engine reads sizes (binary units)."""
     if text is None or str(text).strip() == "":
         return None
-    from wslm.backend.platforms.kv_cache import parse_bytes
+    from wslm.backend.platforms.cpu.kv_sizing import parse_bytes
 
     try:
         value = parse_bytes(str(text))

@@ -10,6 +10,19 @@ DEFAULT_KV_SEQUENCES = 4  # concurrent full-context requests the default pool ho
 CPU_KV_CAP = 2 << 30  # a CPU box rarely benefits from more: batches are compute-bound long before
 CPU_KV_MIN = 64 << 20
 RAM_SHARE = 0.2
+_UNITS = {"": 1, "b": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+
+
+def parse_bytes(value: str | int) -> int:
+    """'4GiB', '512M', '1.5g' or a plain byte count -> bytes."""
+    import re
+
+    if isinstance(value, int):
+        return value
+    m = re.fullmatch(r"\s*([0-9.]+)\s*([kmgt]?)(i?b)?\s*", str(value).lower())
+    if not m:
+        raise ValueError(f"Cannot read {value!r} as a size: use bytes or a unit, e.g. 4GiB or 512MiB.")
+    return int(float(m.group(1)) * _UNITS[m.group(2)])
 
 
 def available_ram() -> int | None:
