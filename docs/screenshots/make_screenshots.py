@@ -196,7 +196,8 @@ def main(out: Path) -> None:
 
 
 def switch_sequence(w, cfg: Path, out: Path) -> list[Path]:
-    """The model switch from the Chat panel, as a sequence of PNGs: picker, stopping, loading, ready, reply."""
+    """The model switch from the Chat panel, as a sequence of PNGs: picker, (a server without a pool: stopping,
+    loading,) ready, reply."""
     from engine_helpers import demo_tokenizer, make_tiny_model
 
     from wslm.gui.app import process_events_for
