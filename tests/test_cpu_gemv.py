@@ -183,3 +183,25 @@ def test_int4_pack_layouts(block_n):
     assert torch.equal(many, torch.cat([cpu_gemv.int4_mv(r[None], packed, sz, group, block_n=block_n) for r in rows]))
     compiled = torch.compile(lambda t: cpu_gemv.int4_mm_op(t, packed, sz, group, block_n) * 2, fullgraph=True)
     assert torch.equal(compiled(rows), many * 2)  # the op form a compiled graph calls
+
+
+@pytest.mark.skipif(cpu_gemv.library() is None, reason="no C compiler: the C kernels are not built")
+def test_an_int8_head_gives_float32_logits_unrounded():
+    """An int8 LM head's logits for a few rows come from the kernel's float32 sums: the bf16 product rounded
+    them (demo: a mean KL of 0.0004 nats); rounded to bf16 they are exactly apply's result."""
+    from wslm.backend.quant.int8 import Int8Weight
+    from wslm.backend.quant.linear import head_logits
+
+    torch.manual_seed(0)
+    q = torch.randint(-127, 128, (4096, 576), dtype=torch.int8)
+    w = Int8Weight(q, (torch.rand(4096) * 0.01).to(torch.bfloat16))
+    exact_w = q.float() * w.scales.float()[:, None]
+    for rows in (1, 3):
+        x = torch.randn(rows, 576).to(torch.bfloat16)
+        got = head_logits(x, w)
+        assert got.dtype == torch.float32 and torch.equal(got.bfloat16(), w.apply(x))
+        exact = x.float() @ exact_w.T
+        assert float((got - exact).abs().max()) < 1e-3 < float((w.apply(x).float() - exact).abs().max())
+        assert torch.equal(head_logits(x.float(), w), got)  # a float32 engine: the same row in bf16
+    many = torch.randn(64, 576).to(torch.bfloat16)  # a big batch keeps the GEMM in the activations' dtype
+    assert head_logits(many, w).dtype == torch.bfloat16

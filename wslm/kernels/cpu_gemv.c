@@ -47,7 +47,7 @@ static inline float vsum(vec v) { return v; }
 
 /* rows [n, n + ROWS) of w against activation rows [m0, m0 + mc) (mc <= MAXM) */
 static inline void block(const float *xf, long m0, long mc, const int8_t *w, long n, long K,
-                         const uint16_t *scale, uint16_t *out, long N) {
+                         const uint16_t *scale, uint16_t *out, float *outf, long N) {
     vec acc[MAXM][ROWS];
     for (long r = 0; r < MAXM; r++)
         for (long j = 0; j < ROWS; j++) acc[r][j] = VZERO();
@@ -62,7 +62,11 @@ static inline void block(const float *xf, long m0, long mc, const int8_t *w, lon
         }
     }
     for (long r = 0; r < mc; r++)
-        for (long j = 0; j < ROWS; j++) out[(m0 + r) * N + n + j] = f2bf(vsum(acc[r][j]) * bf2f(scale[n + j]));
+        for (long j = 0; j < ROWS; j++) {
+            float v = vsum(acc[r][j]) * bf2f(scale[n + j]);
+            if (outf) outf[(m0 + r) * N + n + j] = v;
+            else out[(m0 + r) * N + n + j] = f2bf(v);
+        }
 }
 
 #if defined(__AVX512BF16__)
@@ -71,7 +75,7 @@ static inline void block(const float *xf, long m0, long mc, const int8_t *w, lon
    conversions, which the loop above repeats for each MAXM rows, are paid once. Products exact, fp32 sums
    in another order than torch's (a bf16 rounding apart at most). */
 static void block_bf16(const uint16_t *x, long M, const int8_t *w, long n, long K, const uint16_t *scale,
-                       uint16_t *out, long N, uint16_t *wb) {
+                       uint16_t *out, float *outf, long N, uint16_t *wb) {
     for (long j = 0; j < ROWS; j++)
         for (long k = 0; k < K; k += 32) {
             const int8_t *src = w + (n + j) * K + k;
@@ -93,14 +97,17 @@ static void block_bf16(const uint16_t *x, long M, const int8_t *w, long n, long 
             }
         }
         for (long r = 0; r < mc; r++)
-            for (long j = 0; j < ROWS; j++)
-                out[(m0 + r) * N + n + j] = f2bf(_mm512_reduce_add_ps(acc[r][j]) * bf2f(scale[n + j]));
+            for (long j = 0; j < ROWS; j++) {
+                float v = _mm512_reduce_add_ps(acc[r][j]) * bf2f(scale[n + j]);
+                if (outf) outf[(m0 + r) * N + n + j] = v;
+                else out[(m0 + r) * N + n + j] = f2bf(v);
+            }
     }
 }
 #endif
 
 static void rows_range(const uint16_t *x, const float *xf, long M, const int8_t *w, const uint16_t *scale,
-                       uint16_t *out, long N, long K, long n0, long n1) {
+                       uint16_t *out, float *outf, long N, long K, long n0, long n1) {
 #if defined(__AVX512BF16__)
     uint16_t *wb = (M > 1 && K % 32 == 0) ? (uint16_t *)malloc(sizeof(uint16_t) * ROWS * (size_t)K) : NULL;
 #endif
@@ -109,9 +116,10 @@ static void rows_range(const uint16_t *x, const float *xf, long M, const int8_t 
         if (n + AHEAD * ROWS < N)
             for (long p = 0; p < ROWS * K; p += 64) prefetch(ahead + p);
 #if defined(__AVX512BF16__)
-        if (wb) { block_bf16(x, M, w, n, K, scale, out, N, wb); continue; }
+        if (wb) { block_bf16(x, M, w, n, K, scale, out, outf, N, wb); continue; }
 #endif
-        for (long m0 = 0; m0 < M; m0 += MAXM) block(xf, m0, M - m0 < MAXM ? M - m0 : MAXM, w, n, K, scale, out, N);
+        for (long m0 = 0; m0 < M; m0 += MAXM)
+            block(xf, m0, M - m0 < MAXM ? M - m0 : MAXM, w, n, K, scale, out, outf, N);
     }
 #if defined(__AVX512BF16__)
     free(wb);
@@ -119,10 +127,8 @@ static void rows_range(const uint16_t *x, const float *xf, long M, const int8_t 
     (void)x;
 }
 
-/* x [M, K] bf16, w [N, K] int8, scale [N] bf16 -> out [M, N] bf16. N % 4 == 0 and K % 16 == 0 (the
-   caller checks). Returns 0, or -1 when memory for the fp32 copy of x could not be had. */
-int wslm_int8_mm_bf16(const uint16_t *x, long M, const int8_t *w, const uint16_t *scale, uint16_t *out,
-                      long N, long K, int threads) {
+static int int8_mm(const uint16_t *x, long M, const int8_t *w, const uint16_t *scale, uint16_t *out, float *outf,
+                   long N, long K, int threads) {
     float *xf = (float *)malloc(sizeof(float) * (size_t)(M * K));
     if (!xf) return -1;
     for (long i = 0; i < M * K; i++) xf[i] = bf2f(x[i]);
@@ -133,16 +139,30 @@ int wslm_int8_mm_bf16(const uint16_t *x, long M, const int8_t *w, const uint16_t
         {
             int t = omp_get_thread_num(), nt = omp_get_num_threads();
             long c0 = chunks * t / nt, c1 = chunks * (t + 1) / nt;
-            rows_range(x, xf, M, w, scale, out, N, K, c0 * ROWS, c1 * ROWS);
+            rows_range(x, xf, M, w, scale, out, outf, N, K, c0 * ROWS, c1 * ROWS);
         }
         free(xf);
         return 0;
     }
 #endif
     (void)threads;
-    rows_range(x, xf, M, w, scale, out, N, K, 0, chunks * ROWS);
+    rows_range(x, xf, M, w, scale, out, outf, N, K, 0, chunks * ROWS);
     free(xf);
     return 0;
+}
+
+/* x [M, K] bf16, w [N, K] int8, scale [N] bf16 -> out [M, N] bf16. N % 4 == 0 and K % 16 == 0 (the
+   caller checks). Returns 0, or -1 when memory for the fp32 copy of x could not be had. */
+int wslm_int8_mm_bf16(const uint16_t *x, long M, const int8_t *w, const uint16_t *scale, uint16_t *out,
+                      long N, long K, int threads) {
+    return int8_mm(x, M, w, scale, out, NULL, N, K, threads);
+}
+
+/* the same with out [M, N] float32, unrounded: an LM head's logits (rounding them to bf16 alone moved the
+   demo's next-token distributions by a mean KL of 0.0004 nats, docs/benchmarks.md) */
+int wslm_int8_mm_f32(const uint16_t *x, long M, const int8_t *w, const uint16_t *scale, float *out,
+                     long N, long K, int threads) {
+    return int8_mm(x, M, w, scale, NULL, out, N, K, threads);
 }
 
 /* ---- int4, torch's CPU pack (aten._convert_weight_to_int4pack_for_cpu) ----------------------------
@@ -675,6 +695,6 @@ int wslm_int8_mv_rows(const uint16_t *x, const int8_t *w, const uint16_t *scale,
                       long n0, long n1, void *scratch) {
     float *xf = (float *)scratch;
     for (long i = 0; i < K; i++) xf[i] = bf2f(x[i]);
-    rows_range(x, xf, 1, w, scale, out, N, K, n0, n1);
+    rows_range(x, xf, 1, w, scale, out, NULL, N, K, n0, n1);
     return 0;
 }

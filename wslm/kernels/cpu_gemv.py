@@ -144,6 +144,8 @@ def library() -> ctypes.CDLL | None:
                 fn.restype = ctypes.c_int
                 fn.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p,
                                ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_int]  # fmt: skip
+                lib.wslm_int8_mm_f32.restype = ctypes.c_int
+                lib.wslm_int8_mm_f32.argtypes = fn.argtypes
                 for fn in (lib.wslm_int4_mv_bf16, lib.wslm_int4_mv_q8):
                     fn.restype = ctypes.c_int
                     fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 4 + [ctypes.c_int]
@@ -194,13 +196,15 @@ def int8_mm_ok(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor) -> 
     )  # fmt: skip
 
 
-def int8_mm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor) -> torch.Tensor:
-    """x [M, K] bf16 @ (qweight [N, K] int8 * scales [N, 1]).T -> [M, N] bf16; check int8_mm_ok first."""
+def int8_mm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
+            out_dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
+    """x [M, K] bf16 @ (qweight [N, K] int8 * scales [N, 1]).T -> [M, N] bf16 (or float32, not rounded: an LM
+    head's logits); check int8_mm_ok first."""
     m, k = x.shape
     n = qweight.shape[0]
-    out = torch.empty(m, n, dtype=torch.bfloat16)
-    rc = _lib.wslm_int8_mm_bf16(x.data_ptr(), m, qweight.data_ptr(), scales.data_ptr(), out.data_ptr(), n, k,
-                               torch.get_num_threads())  # fmt: skip
+    out = torch.empty(m, n, dtype=out_dtype)
+    fn = _lib.wslm_int8_mm_f32 if out_dtype == torch.float32 else _lib.wslm_int8_mm_bf16
+    rc = fn(x.data_ptr(), m, qweight.data_ptr(), scales.data_ptr(), out.data_ptr(), n, k, torch.get_num_threads())
     if rc != 0:
         raise MemoryError("wslm_int8_mm_bf16: out of memory for the activations' float copy")
     return out

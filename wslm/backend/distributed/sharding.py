@@ -16,7 +16,7 @@ from wslm.backend.distributed.parallel_state import (
     tensor_model_parallel_all_gather,
     tensor_model_parallel_all_reduce,
 )
-from wslm.backend.quant.linear import apply_linear, embedding
+from wslm.backend.quant.linear import apply_linear, embedding, head_logits
 from wslm.backend.quant.shard import narrow, pad_rows
 
 
@@ -88,7 +88,7 @@ def vocab_parallel_embedding(ids: torch.Tensor, weight, dtype: torch.dtype | Non
 
 def parallel_lm_head(hidden: torch.Tensor, weight: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """Logits over the whole vocabulary on every rank: each computes its slice, then they gather."""
-    logits = apply_linear(hidden, weight)
+    logits = head_logits(hidden, weight)
     if get_tp_size() == 1:
         return logits
     return tensor_model_parallel_all_gather(logits, dim=-1)[..., :vocab_size]

@@ -18,6 +18,14 @@ def apply_linear(x: torch.Tensor, weight, bias: torch.Tensor | None = None) -> t
     return weight.apply(x, bias)
 
 
+def head_logits(x: torch.Tensor, weight) -> torch.Tensor:
+    """An LM head's logits: float32 and unrounded where the weight's kernel gives them so (an int8 head on a
+    few rows, quant weights' `logits`), else the product in the activations' dtype."""
+    exact = getattr(weight, "logits", None)
+    out = exact(x) if exact is not None else None
+    return out if out is not None else apply_linear(x, weight)
+
+
 def embedding(ids: torch.Tensor, weight, dtype: torch.dtype | None = None) -> torch.Tensor:
     if isinstance(weight, torch.Tensor):
         return F.embedding(ids, weight)
