@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -111,13 +110,7 @@ def spawn(name: str, threads: int, ids_file: str, args) -> dict | None:
         from wslm.demo import demo_model_path
 
         cmd += ["--model-path", str(demo_model_path())]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), **(machine.AVX2_ENV if args.emulate_avx2 else {})}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[7:])
-    print(f"{name} failed:\n{proc.stderr[-2000:]}", file=sys.stderr)
-    return None
+    return machine.run_child(name, cmd, ROOT, args.emulate_avx2)
 
 
 def main() -> int:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import platform
+import subprocess
+import sys
 from pathlib import Path
 
 
@@ -67,3 +70,15 @@ def llama_cpp_without_repack() -> None:
         return p
 
     lib.llama_model_default_params = params
+
+
+def run_child(name: str, cmd: list[str], root: Path, emulate_avx2: bool = False) -> dict | None:
+    """Run a benchmark's child process (PYTHONPATH=root, AVX2_ENV when emulating) and return the JSON of its
+    `RESULT ` line, or None after printing its stderr's tail."""
+    env = {**os.environ, "PYTHONPATH": str(root), **(AVX2_ENV if emulate_avx2 else {})}
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    print(f"{name} failed:\n{proc.stderr[-2000:]}", file=sys.stderr)
+    return None

@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -169,13 +168,7 @@ def spawn(name: str, args, python: str = sys.executable) -> dict | None:
         cmd[cmd.index("--threads") + 1] = str(args.llama_threads or args.threads)
         if getattr(args, "llama_no_extra_bufts", False):
             cmd.append("--llama-no-extra-bufts")
-    env = {**os.environ, "PYTHONPATH": str(ROOT), **(AVX2_ENV if args.emulate_avx2 else {})}
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=1800)
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[7:])
-    print(f"{name} failed:\n{proc.stderr[-2000:]}", file=sys.stderr)
-    return None
+    return machine.run_child(name, cmd, ROOT, args.emulate_avx2)
 
 
 def main() -> int:

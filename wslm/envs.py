@@ -214,7 +214,7 @@ VARIABLES: tuple[EnvVar, ...] = (
            "threads for a lone sequence's decode step in C (`WSLM_CPU_NATIVE_DECODE`): `0` measures it, "
            "running on one thread or on all of torch's, whichever recent steps were faster, and trying the other "
            "now and then (a team of threads wins on an idle machine; one thread when other work keeps the "
-           "cores busy); a number fixes it (at most torch's thread count).",
+           "cores busy); a number fixes it (at most torch's thread count). Read when a model loads.",
            (_E,), _TUNING, minimum=0, default_doc="0 (measured)"),
     EnvVar("OMP_WAIT_POLICY", "choice", "PASSIVE",
            "importing the engine (`wslm.backend`) sets `PASSIVE` unless you set it: spinning OpenMP threads collapse when another "

@@ -117,6 +117,7 @@ class NativeDecode:
         self._bind()
         self.steps = 0
         self.threads = StepThreads()
+        self.fixed_threads = envs.WSLM_CPU_STEP_THREADS  # read once: not an environment lookup a step
 
     @classmethod
     def build(cls, cpu_decode, kv_pool: torch.Tensor) -> NativeDecode | None:
@@ -177,7 +178,7 @@ class NativeDecode:
         table = meta.block_tables[0].contiguous()
         heads, kv_heads, head_dim = self.dims
         most = torch.get_num_threads()
-        fixed = envs.WSLM_CPU_STEP_THREADS
+        fixed = self.fixed_threads
         chosen = threads is None and not fixed
         if chosen:
             threads = self.threads.pick(most)
