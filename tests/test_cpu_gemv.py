@@ -205,3 +205,45 @@ def test_an_int8_head_gives_float32_logits_unrounded():
         assert torch.equal(head_logits(x.float(), w), got)  # a float32 engine: the same row in bf16
     many = torch.randn(64, 576).to(torch.bfloat16)  # a big batch keeps the GEMM in the activations' dtype
     assert head_logits(many, w).dtype == torch.bfloat16
+
+
+def test_a_head_asked_for_float32_gives_every_row_unrounded():
+    """Steps that score prompt tokens (prompt_logprobs) ask the head for float32 logits however many rows:
+    an int8 head and a dense bf16 head both expand their weight to float32 a slice at a time."""
+    from wslm.backend.quant.int8 import Int8Weight
+    from wslm.backend.quant.linear import head_logits
+
+    torch.manual_seed(0)
+    q = torch.randint(-127, 128, (5000, 64), dtype=torch.int8)  # more rows than one expanded slice
+    w = Int8Weight(q, (torch.rand(5000) * 0.01).to(torch.bfloat16))
+    dense = (q.float() * w.scales.float()[:, None]).to(torch.bfloat16)
+    for rows in (3, 40, 200):
+        x = torch.randn(rows, 64).to(torch.bfloat16)
+        exact = x.double() @ (q.double() * w.scales.double()[:, None]).T
+        got = head_logits(x, w, float32=True)
+        assert got.dtype == torch.float32 and float((got.double() - exact).abs().max()) < 1e-5
+        exact_dense = x.double() @ dense.double().T
+        got_dense = head_logits(x, dense, float32=True)
+        assert got_dense.dtype == torch.float32 and float((got_dense.double() - exact_dense).abs().max()) < 1e-5
+        assert head_logits(x, dense).dtype == torch.bfloat16  # not asked: the product in the model's dtype
+
+
+def test_prompt_logprobs_steps_ask_the_head_for_float32(demo_llm):
+    from wslm.backend import SamplingParams
+
+    model = demo_llm.llm_engine.executor.runner.model
+    head, asked = model.lm_head, []
+
+    def spy(hidden, float32=False):
+        asked.append((hidden.shape[0], float32))
+        return head(hidden, float32)
+
+    model.lm_head = spy
+    try:
+        demo_llm.generate(["The capital of France is"], SamplingParams(max_tokens=2, prompt_logprobs=0))
+        demo_llm.generate(["The capital of France is"], SamplingParams(max_tokens=2))
+    finally:
+        model.lm_head = head
+    prefill_with, *_, prefill_without, _ = asked
+    assert prefill_with[0] > 1 and prefill_with[1] is True
+    assert prefill_without == (1, False)

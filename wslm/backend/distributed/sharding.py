@@ -86,9 +86,10 @@ def vocab_parallel_embedding(ids: torch.Tensor, weight, dtype: torch.dtype | Non
     return tensor_model_parallel_all_reduce(out)
 
 
-def parallel_lm_head(hidden: torch.Tensor, weight: torch.Tensor, vocab_size: int) -> torch.Tensor:
+def parallel_lm_head(hidden: torch.Tensor, weight: torch.Tensor, vocab_size: int, float32: bool = False
+                     ) -> torch.Tensor:
     """Logits over the whole vocabulary on every rank: each computes its slice, then they gather."""
-    logits = head_logits(hidden, weight)
+    logits = head_logits(hidden, weight, float32)
     if get_tp_size() == 1:
         return logits
     return tensor_model_parallel_all_gather(logits, dim=-1)[..., :vocab_size]

@@ -81,19 +81,27 @@ class Int8Weight:
             return cpu_gemv.int8_mm(x, self.qweight, self.scales)
         return torch.ops.aten._weight_int8pack_mm(x, self.qweight, self.scales)
 
-    def logits(self, x: torch.Tensor) -> torch.Tensor | None:
-        """As an LM head, for a few rows on CPU: float32 logits straight from cpu_gemv's sums (the bf16 result
-        apply gives rounds them: on the demo a mean KL of 0.0004 nats from the float32 model's distribution,
-        docs/benchmarks.md). None otherwise (more rows take apply's GEMM, in the activations' dtype)."""
+    def logits(self, x: torch.Tensor, float32: bool = False) -> torch.Tensor | None:
+        """As an LM head: float32 logits from unrounded sums. A few rows on CPU get them straight from
+        cpu_gemv's sums at no cost (the bf16 result apply gives rounds them: on the demo a mean KL of 0.0004
+        nats from the float32 model's distribution, docs/benchmarks.md); any rows when float32 is asked
+        (prompt_logprobs steps), the weight expanded to float32 a slice at a time. None otherwise: apply's
+        product, in the activations' dtype, serves."""
+        if self._few_rows(x):
+            return cpu_gemv.int8_mm(x.to(torch.bfloat16), self.qweight, self.scales, out_dtype=torch.float32)
+        if float32:
+            return self._expanded_mm(x.reshape(-1, x.shape[-1]).float()).reshape(*x.shape[:-1], -1)
+        return None
+
+    def _few_rows(self, x: torch.Tensor) -> bool:
+        """Whether cpu_gemv's float32-output kernel takes x (the rows apply would give its kernel)."""
         if x.device.type != "cpu" or x.dim() != 2 or not x.is_contiguous() or x.dtype not in (torch.bfloat16, torch.float32):
-            return None
+            return False
+        if x.dtype == torch.float32 and self.scales.dtype != torch.bfloat16:
+            return False  # WSLM_QUANT_FLOAT32: apply multiplies in float32 already
         if self._ours is None:
             self._ours = self.c_kernel()
-        if not self._ours or not 0 < x.shape[0] <= min(cpu_gemv.rows_limit(), dense_rows() - 1):
-            return None
-        if x.dtype == torch.float32 and self.scales.dtype != torch.bfloat16:
-            return None
-        return cpu_gemv.int8_mm(x.to(torch.bfloat16), self.qweight, self.scales, out_dtype=torch.float32)
+        return bool(self._ours) and 0 < x.shape[0] <= min(cpu_gemv.rows_limit(), dense_rows() - 1)
 
     def decode_row_limit(self) -> int:
         """Rows below which decode_rows is the kernel apply picks (the CPU fast decode path binds it)."""

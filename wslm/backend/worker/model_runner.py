@@ -129,6 +129,7 @@ class ModelRunner:
             logits_indices=t(step.logits_indices, torch.int64),
             max_seqlen_q=step.max_seqlen_q,
             max_seqlen_k=max(step.seq_lens),
+            prompt_logprobs=step.prompt_logprob_rows > 0,
         )
         return t(step.input_ids, torch.int64), t(step.positions, torch.int64), meta
 

@@ -21,6 +21,7 @@ class StepInputs:
     logits_indices: list[int]
     block_tables: list[list[int]]  # padded to the longest table of the step
     max_seqlen_q: int
+    prompt_logprob_rows: int = 0  # how many of logits_indices are prompt_logprobs rows (the last ones)
 
 
 def prepare_step(scheduled: list[tuple[Sequence, int]], block_size: int) -> tuple[StepInputs, list[Sequence]]:
@@ -53,7 +54,8 @@ def prepare_step(scheduled: list[tuple[Sequence, int]], block_size: int) -> tupl
             sampled.append(seq)
     max_blocks = -(-max(seq_lens) // bs)
     tables = [seq.block_table[:max_blocks] + [0] * (max_blocks - len(seq.block_table)) for seq, _ in scheduled]
-    step = StepInputs(input_ids, positions, slots, cu, seq_lens, logits_idx + prompt_rows, tables, max_q)
+    step = StepInputs(input_ids, positions, slots, cu, seq_lens, logits_idx + prompt_rows, tables, max_q,
+                      len(prompt_rows))
     return step, sampled
 
 

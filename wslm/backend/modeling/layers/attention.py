@@ -24,6 +24,9 @@ class AttentionMetadata:
     logits_indices: torch.Tensor  # [num_sampled] int64: last token of each sequence that samples
     max_seqlen_q: int = 0  # host-side maxima spare the kernels a device sync
     max_seqlen_k: int = 0
+    # The step scores prompt tokens (prompt_logprobs rows in logits_indices): the LM head gives float32
+    # logits from its unrounded sums for them, as a user reading probabilities expects.
+    prompt_logprobs: bool = False
 
 
 class Attention:

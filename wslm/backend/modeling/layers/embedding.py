@@ -39,5 +39,5 @@ class ParallelLMHead(VocabParallelEmbedding):
     def tie_to(self, embedding: VocabParallelEmbedding) -> None:
         self.weight = embedding.weight
 
-    def __call__(self, hidden: torch.Tensor) -> torch.Tensor:
-        return parallel_lm_head(hidden, self.weight, self.vocab_size)
+    def __call__(self, hidden: torch.Tensor, float32: bool = False) -> torch.Tensor:
+        return parallel_lm_head(hidden, self.weight, self.vocab_size, float32)

@@ -111,8 +111,8 @@ class Gemma2ForCausalLM(LlamaForCausalLM):
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(input_ids) * self.embed_scale
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        logits = self.lm_head(hidden).float()
+    def compute_logits(self, hidden: torch.Tensor, float32: bool = False) -> torch.Tensor:
+        logits = self.lm_head(hidden, float32).float()
         cap = self.final_logit_softcap
         if cap:
             logits = torch.tanh(logits / cap) * cap

@@ -212,8 +212,10 @@ class LlamaForCausalLM:
     def embed(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.embed_tokens(input_ids)
 
-    def compute_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        return self.lm_head(hidden).float()
+    def compute_logits(self, hidden: torch.Tensor, float32: bool = False) -> torch.Tensor:
+        """float32: every row's logits from the head's unrounded sums (prompt_logprobs steps); else a few
+        rows are (where the head's kernel gives them so) and the rest are the product in the model's dtype."""
+        return self.lm_head(hidden, float32).float()
 
     # ---- weights --------------------------------------------------------------------------------
     def checkpoint_name(self, name: str) -> str | None:
@@ -257,7 +259,7 @@ class LlamaForCausalLM:
     @torch.inference_mode()
     def forward(self, input_ids, positions, meta: AttentionMetadata, kv_caches) -> torch.Tensor:
         """Returns logits [num_sampled, vocab] (fp32) for meta.logits_indices."""
-        return self.compute_logits(self.forward_hidden(input_ids, positions, meta, kv_caches))
+        return self.compute_logits(self.forward_hidden(input_ids, positions, meta, kv_caches), meta.prompt_logprobs)
 
     @torch.inference_mode()
     def decode_layers(self) -> list[DecodeLayer] | str:
