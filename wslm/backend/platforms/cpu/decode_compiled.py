@@ -10,7 +10,8 @@ step on one core, 32 sequences 70 -> 24 ms on two (docs/benchmarks.md).
 
 Compiling takes ~45-90 s per graph on 2 cores, so it runs in a background thread at start: steps run the
 eager fast path until the graphs (one sequence, unless cpu_native.py runs those steps in C; 2+ sequences,
-shapes dynamic) are ready, then switch.
+shapes dynamic) are ready, then switch. While a lone chat is served (its steps run in C, no graph needed)
+the compile pauses (hold()): sharing the GIL and the cores with it cost that chat two thirds of its speed.
 Any failure (no compiler, an inductor error) is logged once and the eager path keeps serving.
 
 The graph reads the KV pool but never writes it: each layer's new key/value are put into its gathered
@@ -35,6 +36,7 @@ import torch.nn.functional as F
 from wslm import envs
 from wslm.backend.modeling.layers.attention import AttentionMetadata
 from wslm.backend.platforms.cpu.server_memory import AUTO_MAX_WEIGHT_BYTES, has_cxx_compiler
+from wslm.backend.platforms.cpu.thread_pause import ThreadPause
 from wslm.kernels import cpu_gemv
 from wslm.kernels.torch_paged_attention import _decode_blocks
 from wslm.kernels.torch_rotary import _cos_sin, neox_rotated
@@ -50,6 +52,8 @@ ENV_VAR = "WSLM_CPU_COMPILE"
 # How long exit waits for a cancelled compile to stop (it stops at its next Python line; a C++ compiler
 # run under way finishes first).
 _CANCEL_WAIT_S = 60.0
+# A compile paused for a lone chat (hold()) resumes once no lone step came for this long.
+_HOLD_S = 0.2
 
 
 class _Cancelled(BaseException):
@@ -267,6 +271,7 @@ class CompiledDecode:
         self._start_lock = threading.Lock()
         self._done_lock = threading.Lock()
         self._done = False  # the compile thread has ended, or been told to (cancel)
+        self._pause: ThreadPause | None = None  # made by the compile thread (hold())
 
     @classmethod
     def build(
@@ -315,10 +320,21 @@ class CompiledDecode:
         with self._done_lock:
             if not self._done and thread.is_alive():
                 self.dropped = True  # whatever it still makes is never used
+                if self._pause is not None:
+                    self._pause.close()  # a pause ends within _HOLD_S; the exception comes once it has
                 ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(thread.ident), ctypes.py_object(_Cancelled))
                 self._done = True  # one exception only
         thread.join(timeout)
         return not thread.is_alive()
+
+    def hold(self) -> None:
+        """A lone chat's step was just served (in C, which needs no graph): the compile, if under way, pauses
+        at its next Python event until no such step has come for _HOLD_S. Inductor is Python holding the GIL
+        and a core: beside it a served lone chat ran at a third of its speed for the compile's 1-4 minutes.
+        Batches do not hold it, so the batch graph they wait for still gets built under batch load."""
+        pause = self._pause
+        if pause is not None:
+            pause.hold()
 
     def _run(self) -> None:
         try:
@@ -338,6 +354,7 @@ class CompiledDecode:
         # every GIL hand-back (a lone chat fell from ~170 to 10-35 tok/s while compiling); 0.2 ms bounds it.
         interval = sys.getswitchinterval()
         sys.setswitchinterval(min(interval, 0.0002))
+        self._pause = ThreadPause(_HOLD_S)
         try:
             try:  # a background job: leave the cores to the steps being served
                 os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 10)
@@ -378,6 +395,7 @@ class CompiledDecode:
             logger.warning("CPU decode compile failed after %.1f s (%s); decode keeps running eagerly.",
                            self.compile_seconds, self.failed[:500])
         finally:
+            self._pause.close()
             sys.setswitchinterval(interval)
             self.ready.set()
 

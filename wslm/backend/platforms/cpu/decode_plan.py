@@ -69,6 +69,8 @@ class CpuDecodePlan:
         for backend in self.backends(n):
             if backend is self.native:  # it measures which thread count serves it best (StepThreads)
                 logits = backend.run(input_ids, positions, meta)
+                if logits is not None and self.compiled is not None:
+                    self.compiled.hold()  # a lone chat needs no graph: the compile waits while it is served
             else:
                 with one_thread_when(n <= SMALL_STEP_ROWS):
                     logits = backend.run(input_ids, positions, meta)
