@@ -82,9 +82,11 @@ def run_wslm(name: str, tokens: int, concurrent: int) -> dict:
     chats = [
         [{"role": "user", "content": f"Write a story about topic number {i}."}] for i in range(concurrent)
     ]
-    t = time.perf_counter()
-    outs = llm.chat(chats, params)
-    batch = sum(len(o.outputs[0].token_ids) for o in outs) / (time.perf_counter() - t)
+    batch = 0.0
+    for _ in range(3):  # best of 3, as HF's: the first also meets the graph's first batch shapes
+        t = time.perf_counter()
+        outs = llm.chat(chats, params)
+        batch = max(batch, sum(len(o.outputs[0].token_ids) for o in outs) / (time.perf_counter() - t))
     dtype = str(llm.llm_engine.model_config.dtype).removeprefix("torch.")
     return {"load_s": load_s, "rss": rss, "single": single, "batch": batch, "dtype": dtype, "compile_s": compile_s,
             "rss_end": _rss()}  # fmt: skip
@@ -135,9 +137,11 @@ def run_hf(tokens: int, concurrent: int) -> dict:
         prompts = [tok.apply_chat_template([{"role": "user", "content": c}], tokenize=False, add_generation_prompt=True)
                    for c in texts]  # fmt: skip
         enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-        t = time.perf_counter()
-        model.generate(**enc, **gen)
-        batch = concurrent * tokens / (time.perf_counter() - t)
+        batch = 0.0
+        for _ in range(3):  # best of 3, as wslm's
+            t = time.perf_counter()
+            model.generate(**enc, **gen)
+            batch = max(batch, concurrent * tokens / (time.perf_counter() - t))
     return {"load_s": load_s, "rss": rss, "single": single, "batch": batch, "dtype": "float32"}
 
 
@@ -228,7 +232,7 @@ def main() -> int:
         )
     body = (
         f"Demo GGUF ({size / 2**20:.0f} MiB, Q4_1 + Q8_0 embeddings), {args.tokens} greedy tokens, "
-        f"{args.threads} threads (llama.cpp {args.llama_threads or args.threads}), single stream best of 3, each configuration in its own process, "
+        f"{args.threads} threads (llama.cpp {args.llama_threads or args.threads}), single stream and --concurrent chats best of 3, each configuration in its own process, "
         f"OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'PASSIVE (wslm default)')}. wslm rows: a lone "
         "sequence's decode step runs every layer in one C call (wslm/backend/platforms/cpu/decode_native.py) where the model is "
         "bf16 or float32 with weights it reads, else the compiled graph; batches run the decode step compiled "
