@@ -55,6 +55,16 @@ def _rss() -> int:
 AVX2_ENV = machine.AVX2_ENV
 
 
+def best_rate(run, times: int = 3) -> float:
+    """The best tokens/s of `times` calls of run(), which returns how many tokens it generated."""
+    best = 0.0
+    for _ in range(times):
+        t = time.perf_counter()
+        n = run()
+        best = max(best, n / (time.perf_counter() - t))
+    return best
+
+
 def run_wslm(name: str, tokens: int, concurrent: int) -> dict:
     dtype, quantization, dequantize, *env = CONFIGS[name]
     if os.environ.get("ATEN_CPU_CAPABILITY") == "avx2" and dtype == "auto":
@@ -74,19 +84,12 @@ def run_wslm(name: str, tokens: int, concurrent: int) -> dict:
         compile_s = compiled.compile_seconds
     params = SamplingParams(temperature=0, max_tokens=tokens, ignore_eos=True)
     llm.chat(CHAT, SamplingParams(temperature=0, max_tokens=4))  # warm-up
-    single = 0.0
-    for _ in range(3):
-        t = time.perf_counter()
-        out = llm.chat(CHAT, params)[0].outputs[0]
-        single = max(single, len(out.token_ids) / (time.perf_counter() - t))
+    single = best_rate(lambda: len(llm.chat(CHAT, params)[0].outputs[0].token_ids))
     chats = [
         [{"role": "user", "content": f"Write a story about topic number {i}."}] for i in range(concurrent)
     ]
-    batch = 0.0
-    for _ in range(3):  # best of 3, as HF's: the first also meets the graph's first batch shapes
-        t = time.perf_counter()
-        outs = llm.chat(chats, params)
-        batch = max(batch, sum(len(o.outputs[0].token_ids) for o in outs) / (time.perf_counter() - t))
+    # Best of 3, as HF's: the first batch also meets the compiled graph's first calls at new shapes.
+    batch = best_rate(lambda: sum(len(o.outputs[0].token_ids) for o in llm.chat(chats, params)))
     dtype = str(llm.llm_engine.model_config.dtype).removeprefix("torch.")
     return {"load_s": load_s, "rss": rss, "single": single, "batch": batch, "dtype": dtype, "compile_s": compile_s,
             "rss_end": _rss()}  # fmt: skip
@@ -137,11 +140,11 @@ def run_hf(tokens: int, concurrent: int) -> dict:
         prompts = [tok.apply_chat_template([{"role": "user", "content": c}], tokenize=False, add_generation_prompt=True)
                    for c in texts]  # fmt: skip
         enc = tok(prompts, return_tensors="pt", padding=True, add_special_tokens=False)
-        batch = 0.0
-        for _ in range(3):  # best of 3, as wslm's
-            t = time.perf_counter()
+        def generate_batch() -> int:
             model.generate(**enc, **gen)
-            batch = max(batch, concurrent * tokens / (time.perf_counter() - t))
+            return concurrent * tokens
+
+        batch = best_rate(generate_batch)  # best of 3, as wslm's
     return {"load_s": load_s, "rss": rss, "single": single, "batch": batch, "dtype": "float32"}
 
 

@@ -8,10 +8,11 @@ its int4 products call torch's one-row-at-a-time kernel, so the graph calls cpu_
 instead (a custom op). Measured on the demo GGUF (2-core Xeon with AMX): one sequence 13.8 -> 8.8 ms a
 step on one core, 32 sequences 70 -> 24 ms on two (docs/benchmarks.md).
 
-Compiling takes ~45-90 s per graph on 2 cores, so it runs in a background thread at start: steps run the
-eager fast path until the graphs (one sequence, unless cpu_native.py runs those steps in C; 2+ sequences,
-shapes dynamic) are ready, then switch. While a lone chat is served (its steps run in C, no graph needed)
-the compile pauses (hold()): sharing the GIL and the cores with it cost that chat two thirds of its speed.
+Compiling takes ~2 minutes per graph on 2 cores with a cold inductor cache (~30 s warm), so it runs in a
+background thread at start: steps run the eager fast path until the graphs (one sequence, unless
+cpu_native.py runs those steps in C; 2+ sequences, shapes dynamic) are ready, then switch. While a lone
+chat is served (its steps run in C, no graph needed) the compile pauses (hold()): sharing the GIL and the
+cores with it cost that chat two thirds of its speed.
 Any failure (no compiler, an inductor error) is logged once and the eager path keeps serving.
 
 The graph reads the KV pool but never writes it: each layer's new key/value are put into its gathered
@@ -330,7 +331,7 @@ class CompiledDecode:
     def hold(self) -> None:
         """A lone chat's step was just served (in C, which needs no graph): the compile, if under way, pauses
         at its next Python event until no such step has come for _HOLD_S. Inductor is Python holding the GIL
-        and a core: beside it a served lone chat ran at a third of its speed for the compile's 1-4 minutes.
+        and a core: beside it a served lone chat ran at a third of its speed for the compile's 2-4 minutes.
         Batches do not hold it, so the batch graph they wait for still gets built under batch load."""
         pause = self._pause
         if pause is not None:

@@ -71,7 +71,7 @@ class ThreadPause:
         """Pause the thread (at its next Python event) until hold() has not been called for hold_s."""
         s = self._state
         s.held = 1
-        if s.paused or s.armed or self._set_trace is None:
+        if s.paused or s.armed or s.released or self._set_trace is None:  # released: every later step
             return
         with self._lock:
             if not s.released and not s.armed and self._set_trace(self._tstate, self._trace, id(self._capsule)) == 0:
