@@ -134,16 +134,39 @@ def test_silent_and_slow_connections_are_timed_out(server):
     assert _chat(server).status_code == 200
 
 
-def test_unknown_chat_role_is_a_400(server):
+def test_custom_chat_role_reaches_the_template(server):
+    """vLLM passes any role to the chat template (its test_custom_role): the demo's ChatML template renders
+    `<|im_start|>wizard`. Only a role that is no name at all is a 400 naming messages.N.role."""
     r = _chat(server, [{"role": "user", "content": "hi"}, {"role": "wizard", "content": "abracadabra"}])
-    assert r.status_code == 400, r.text
-    error = r.json()["error"]
-    assert error["param"] == "messages.1.role" and "messages.1.role" in error["message"]
-    assert "wizard" in error["message"] and "developer" in error["message"]
+    assert r.status_code == 200, r.text
+    r = httpx.post(server.url + "/tokenize", json={"messages": [{"role": "wizard", "content": "x"}],
+                                                  "return_token_strs": True}, timeout=30)
+    assert r.status_code == 200 and "wizard" in "".join(r.json()["token_strs"]), r.text
     for role in ("system", "developer", "user"):
         assert _chat(server, [{"role": role, "content": "hi"}]).status_code == 200, role
-    r = httpx.post(server.url + "/tokenize", json={"messages": [{"role": "wizard", "content": "x"}]}, timeout=30)
-    assert r.status_code == 400 and r.json()["error"]["param"] == "messages.0.role"
+    for bad in ("", " user", "a" * 65, "us\ner"):
+        r = _chat(server, [{"role": "user", "content": "hi"}, {"role": bad, "content": "x"}])
+        assert r.status_code == 400, (bad, r.text)
+        assert r.json()["error"]["param"] == "messages.1.role", r.text
+
+
+def test_template_refusal_is_a_400_in_its_own_words(server):
+    template = ("{% for m in messages %}{% if m.role not in ['user', 'assistant'] %}"
+                "{{ raise_exception('Only user and assistant roles are supported!') }}{% endif %}"
+                "{{ m.content }}{% endfor %}")
+    r = _chat(server, [{"role": "wizard", "content": "x"}], chat_template=template)
+    assert r.status_code == 400, r.text
+    error = r.json()["error"]
+    assert error["param"] == "messages" and "Only user and assistant roles are supported!" in error["message"]
+    assert _chat(server, [{"role": "user", "content": "x"}], chat_template=template).status_code == 200
+
+
+def test_bad_logit_bias_and_token_ids_are_all_named(server):
+    r = _chat(server, logit_bias={"abc": 1, "5": 2, "xyz": 3})
+    assert r.status_code == 400 and "'abc'" in r.text and "'xyz'" in r.text, r.text
+    r = _chat(server, logit_bias={"99999999": 1, "5": 2, "88888888": 3})
+    assert r.status_code == 400, r.text
+    assert "99999999" in r.text and "88888888" in r.text and r.json()["error"]["param"] == "logit_bias"
 
 
 def test_reply_cut_inside_a_character_has_no_replacement_char(server, tiny):

@@ -176,6 +176,20 @@ def test_reasoning_split(name, opened, text, reasoning, content):
     assert (msg["reasoning_content"] or "", msg["content"] or "") == (reasoning, content)
 
 
+def test_reasoning_goes_out_under_both_names():
+    """vLLM >= 0.10 sends `reasoning` (message and deltas); older clients read `reasoning_content`: both go out."""
+    from types import SimpleNamespace
+
+    from wslm.backend.entrypoints.openai.serving_chat import _message
+
+    reply = ChatReply(get_reasoning_parser("qwen3"))
+    deltas = reply.feed("<think>Hm.</think>Yes", final=True)
+    assert [d["reasoning"] for d in deltas if "reasoning" in d] == [d["reasoning_content"] for d in deltas
+                                                                     if "reasoning_content" in d] == ["Hm."]
+    msg = _message(SimpleNamespace(grammar=None), reply, "stop")
+    assert (msg["reasoning"], msg["reasoning_content"], msg["content"]) == ("Hm.", "Hm.", "Yes")
+
+
 def test_parsers_picked_from_templates():
     assert pick_tool_parser("{% if tools %}<tool_call>{% endif %}") == "hermes"
     assert pick_tool_parser("<tool_call>\n<function=example_function_name>") == "qwen3_coder"

@@ -136,12 +136,15 @@ class SamplingParams:
 
 
 def _int_keys(bias: dict) -> dict[int, float]:
-    """OpenAI sends logit_bias keys as strings ("50256"); the engine wants token ids."""
-    out = {}
+    """OpenAI sends logit_bias keys as strings ("50256"); the engine wants token ids. Every bad key is named at
+    once, so a client fixes its map in one go."""
+    out, bad = {}, []
     for key, value in bias.items():
         try:
-            token = int(key)
+            out[int(key)] = value
         except (TypeError, ValueError):
-            raise ValueError(f"logit_bias keys must be token ids, got {key!r}.") from None
-        out[token] = value
+            bad.append(repr(key))
+    if bad:
+        shown = ", ".join(bad[:10]) + (f" and {len(bad) - 10} more" if len(bad) > 10 else "")
+        raise ValueError(f"logit_bias keys must be token ids, got {shown}.")
     return out

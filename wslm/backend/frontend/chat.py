@@ -10,6 +10,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from jinja2.exceptions import TemplateError
+
 from wslm.backend.frontend.chat_harmony import HARMONY_MARK, harmony_messages
 from wslm.backend.frontend.validation import RequestError
 
@@ -159,15 +161,22 @@ def render_chat_text(tokenizer: Any, messages: Any, template: str | None, model_
         if reserved in extra:
             raise RequestError(f"chat_template_kwargs must not set {reserved!r}; use the request field instead.",
                                param="chat_template_kwargs")
-    return tokenizer.apply_chat_template(
-        normalized,
-        tools=tools or None,
-        tokenize=False,
-        add_generation_prompt=add_generation_prompt,
-        continue_final_message=continue_final_message,
-        chat_template=template,
-        **extra,
-    )
+    try:
+        return tokenizer.apply_chat_template(
+            normalized,
+            tools=tools or None,
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+            continue_final_message=continue_final_message,
+            chat_template=template,
+            **extra,
+        )
+    except TemplateError as exc:
+        # A template's raise_exception (e.g. "Conversation roles must alternate user/assistant", an unknown
+        # role): the messages are what the client can change, so a 400 with the template's own words.
+        raise RequestError(f"The chat template of {model_name!r} refused these messages: {exc}. Change the "
+                           "messages (roles, their order) or pass another template with chat_template.",
+                           param="messages") from None
 
 
 def render_chat(tokenizer: Any, messages: Any, template: str | None, add_generation_prompt: bool, model_name: str,

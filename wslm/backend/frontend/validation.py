@@ -37,15 +37,22 @@ class RequestLimits:
 
 
 def check_token_ids(ids: list[int], vocab_size: int, param: str = "prompt") -> None:
-    for t in ids:
-        if isinstance(t, bool) or not isinstance(t, int):
-            raise RequestError(f"Token ids must be integers, got {t!r}.", param=param)
-        if not 0 <= t < vocab_size:
-            raise RequestError(
-                f"Token id {t} is out of vocabulary (out of range): this model's vocabulary has {vocab_size} "
-                f"tokens (ids 0..{vocab_size - 1}).",
-                param=param,
-            )
+    """Every bad id is named (the first ten), not just the first: a client fixes its list in one go."""
+    not_ints = [t for t in ids if isinstance(t, bool) or not isinstance(t, int)]
+    if not_ints:
+        raise RequestError(f"Token ids must be integers, got {_some(not_ints)}.", param=param)
+    outside = [t for t in ids if not 0 <= t < vocab_size]
+    if outside:
+        raise RequestError(
+            f"Token id{'s' if len(outside) > 1 else ''} {_some(outside)} {'are' if len(outside) > 1 else 'is'} out "
+            f"of vocabulary (out of range): this model's vocabulary has {vocab_size} tokens (ids 0..{vocab_size - 1}).",
+            param=param,
+        )
+
+
+def _some(values: list) -> str:
+    shown = ", ".join(repr(v) for v in values[:10])
+    return shown + (f" and {len(values) - 10} more" if len(values) > 10 else "")
 
 
 def check_length(prompt_len: int, max_tokens: int | None, max_model_len: int, what: str = "prompt") -> None:

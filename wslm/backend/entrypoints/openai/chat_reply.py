@@ -30,7 +30,8 @@ class ChatReply:
         if self.reasoning is not None:
             reasoning, content = self.reasoning.update(self.text, final)
             if reasoning:
-                first["reasoning_content"] = reasoning
+                # vLLM sends the text as `reasoning` since 0.10 and older clients read `reasoning_content`.
+                first["reasoning_content"] = first["reasoning"] = reasoning
         else:
             content = self.text
         calls: list[dict] = []

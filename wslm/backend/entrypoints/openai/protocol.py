@@ -47,9 +47,11 @@ class ContentPart(_Request):
         return self
 
 
-# OpenAI's message roles ("function": its legacy tool results). OpenAI answers any other role with a 400; a
-# template would render it as text the model was never trained on.
+# OpenAI's message roles ("function": its legacy tool results). Any other role is passed to the chat template as
+# vLLM does (templates render `<|im_start|>{{ role }}` for whatever role they get); a template that refuses it
+# answers a 400 naming the template's own message (frontend/chat.py).
 CHAT_ROLES = ("system", "developer", "user", "assistant", "tool", "function")
+_MAX_ROLE_LENGTH = 64
 
 
 class ChatMessage(_Request):
@@ -64,9 +66,10 @@ class ChatMessage(_Request):
 
     @field_validator("role")
     @classmethod
-    def _known_role(cls, value: str) -> str:
-        if value not in CHAT_ROLES:
-            raise ValueError(f"not a message role: use one of {', '.join(CHAT_ROLES)}")  # the 400 adds the value
+    def _role_text(cls, value: str) -> str:
+        if not value or len(value) > _MAX_ROLE_LENGTH or not value.isprintable() or value != value.strip():
+            raise ValueError(f"a message role must be a non-empty name of at most {_MAX_ROLE_LENGTH} printable "
+                             f"characters without surrounding spaces, such as {', '.join(CHAT_ROLES[:4])}")
         return value
 
 

@@ -149,6 +149,8 @@ def _message(plan: ChatPlan, reply: Any, engine_finish: str | None) -> dict:
     """A whole reply's message. A forced tool call (tool_choice "required" or named) has content "" (vLLM's);
     one that max_tokens cut is no call at all: no tool_calls, finish_reason "length" (as OpenAI and vLLM)."""
     msg = reply.message()
+    if "reasoning_content" in msg:  # vLLM's field since 0.10 beside the older name clients still read
+        msg["reasoning"] = msg["reasoning_content"]
     if plan.grammar is None:
         return msg
     if engine_finish == "length":
