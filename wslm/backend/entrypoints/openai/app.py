@@ -19,6 +19,7 @@ from starlette.routing import get_route_path
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from wslm import __version__
+from wslm.backend.entrypoints.ollama import routes as ollama_routes
 from wslm.backend.entrypoints.openai import (
     http_limits,
     model_pool,
@@ -109,6 +110,7 @@ def build_app(state: ServerState, root_path: str = "", docs: bool = True) -> Fas
                          "query": serving_score.create_rerank,
                          "text_1": serving_score.create_score}
     app.add_api_route("/invocations", route(serving_vllm.invocations(invocation_routes)), methods=["POST"])
+    ollama_routes.register(app, route)  # Ollama's API (/api/chat, /api/generate, /api/tags, ...) on this port
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
@@ -151,7 +153,7 @@ def unknown_route(path: str, method: str, app: FastAPI) -> APIError:
                     code="unknown_endpoint")
 
 
-_GUARDED = ("/v1", "/v2", "/invocations", "/score", "/rerank", "/pooling", "/classify")
+_GUARDED = ("/v1", "/v2", "/api/", "/invocations", "/score", "/rerank", "/pooling", "/classify")
 # Open without the key on loopback, as vLLM's; guarded too when the server listens beyond loopback (unless
 # --public-utility-endpoints): /tokenize renders the chat template over large bodies for anyone, /metrics
 # and /docs describe the server. /health and /version stay open for probes and load balancers.
