@@ -113,7 +113,7 @@ def test_grammar_with_n_stream_and_penalties(client):
         ({"guided_choice": []}, "guided_choice", "non-empty"),
         ({"guided_json": {"type": "object"}, "guided_regex": "a"}, "guided_regex", "Only one"),
         ({"response_format": {"type": "json_schema"}}, "response_format", "json_schema"),
-        ({"use_beam_search": True}, "use_beam_search", "beam search"),
+        ({"use_beam_search": True, "response_format": {"type": "json_object"}}, "response_format", "beam search"),
     ],
 )
 def test_invalid_constraints_are_400(client, body, param, words):

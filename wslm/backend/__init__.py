@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from wslm.backend.config import EngineConfig
+from wslm.backend.frontend.beam_search import BeamSearchOutput, BeamSearchParams, BeamSearchSequence
 from wslm.backend.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from wslm.backend.sampling_params import SamplingParams
 from wslm.backend.structured.params import GuidedDecodingParams, StructuredOutputsParams
@@ -33,6 +34,9 @@ __all__ = [
     "CompletionOutput",
     "Logprob",
     "RequestMetrics",
+    "BeamSearchParams",
+    "BeamSearchOutput",
+    "BeamSearchSequence",
 ]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 
 from wslm.backend.config import EngineConfig
+from wslm.backend.frontend.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams
 from wslm.backend.frontend.engine_factory import create_engine
 from wslm.backend.outputs import PoolingRequestOutput, RequestOutput, fold_output
 from wslm.backend.pooling_params import PoolingParams
@@ -54,6 +55,25 @@ class LLM:
             for conv in conversations
         ]
         return self._run(prompts, sampling_params)
+
+    def beam_search(self, prompts: list[PromptType], params: BeamSearchParams,
+                    use_tqdm: bool = False) -> list[BeamSearchOutput]:
+        """vLLM's LLM.beam_search: the beam_width best continuations of each prompt (text, token ids, or
+        {"prompt": ...} / {"prompt_token_ids": ...}), best first (frontend/beam_search.py)."""
+        engine = self.llm_engine
+        mc = engine.model_config
+        searches = []
+        for prompt in prompts:  # tokenized and checked as generate() would
+            probe = engine.process(f"beam-{next(self._ids)}", prompt, SamplingParams(max_tokens=1))
+            searches.append(BeamSearch(probe.prompt_token_ids, params, set(mc.eos_token_ids), mc.max_model_len))
+        while live := [s for s in searches if not s.done]:
+            batches = [s.step_prompts() for s in live]
+            outs = self._run([{"prompt_token_ids": ids} for batch in batches for ids in batch], live[0].step_params())
+            k = 0
+            for search, batch in zip(live, batches):
+                search.advance(outs[k:k + len(batch)])
+                k += len(batch)
+        return [BeamSearchOutput(s.result(engine.tokenizer)) for s in searches]
 
     def embed(
         self,

@@ -130,7 +130,7 @@ class _SamplingFields(_Request):
     guided_whitespace_pattern: str | None = None
     guided_decoding_backend: str | None = None
     structured_outputs: Any = None
-    # Known but not supported: refused with a 400 when set.
+    # Beam search (serving_beam.py): n beams instead of n samples.
     use_beam_search: bool = False
     length_penalty: float | None = None
     _structured_source: str | None = PrivateAttr(default=None)
@@ -179,10 +179,8 @@ class _SamplingFields(_Request):
 
     def _common_unsupported(self) -> list[tuple[str, str]]:
         found = []
-        if self.use_beam_search:
-            found.append(("use_beam_search", "beam search is not supported by wslm (sample n completions instead)"))
-        if self.length_penalty not in (None, 1.0):
-            found.append(("length_penalty", "length_penalty applies to beam search, which wslm does not support"))
+        if self.length_penalty not in (None, 1.0) and not self.use_beam_search:
+            found.append(("length_penalty", "length_penalty applies to beam search: set use_beam_search too"))
         if self.guided_decoding_backend not in (None, "auto", "xgrammar"):
             found.append(("guided_decoding_backend", "wslm's structured output runs on xgrammar only"))
         return found

@@ -12,6 +12,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from wslm.backend.entrypoints.openai import serving_beam
 from wslm.backend.entrypoints.openai.errors import bad_request
 from wslm.backend.entrypoints.openai.protocol import ChatCompletionRequest, ChatMessage, parse_body
 from wslm.backend.entrypoints.openai.sampling_extras import (
@@ -23,6 +24,7 @@ from wslm.backend.entrypoints.openai.serving_base import (
     EventStream,
     ServerState,
     Tracker,
+    as_bad_request,
     chat_logprobs,
     check_max_tokens,
     check_unsupported,
@@ -31,6 +33,7 @@ from wslm.backend.entrypoints.openai.serving_base import (
     stream_deltas,
 )
 from wslm.backend.entrypoints.openai.serving_tools import ChatPlan, plan_chat
+from wslm.backend.frontend import validation
 from wslm.backend.frontend.async_engine import RequestGroup
 from wslm.backend.sampling_params import SamplingParams
 
@@ -100,6 +103,8 @@ async def create_chat_completion(state: ServerState, request: Request) -> Respon
     check_unsupported(req.unsupported_fields())
     req.check_stream_options()
     state.check_not_draining()
+    if req.use_beam_search:
+        return await _beam_chat(state, request, req, model)
     top_n = req.requested_logprobs()
     prompt_ids, params, plan = await prepare_chat(state, req, top_n)
 
@@ -138,6 +143,23 @@ async def create_chat_completion(state: ServerState, request: Request) -> Respon
     }
     token_ids = [results[(0, i)].token_ids for i in range(params.n)]
     return JSONResponse(chat_response_extras(body, req, tracker, prompt_ids, state.tokenizer, token_ids))
+
+
+async def _beam_chat(state: ServerState, request: Request, req: ChatCompletionRequest, model: str) -> Response:
+    serving_beam.check_beam_request(req)
+    with as_bad_request():
+        validation.check_batch(1, req.n, state.limits)
+    prompt_ids, _, _ = await prepare_chat(state, req, None)
+    params = serving_beam.beam_params(state, req, req.requested_max_tokens(), len(prompt_ids))
+    response_id = f"chatcmpl-{uuid.uuid4().hex}"
+    results = await serving_beam.search(state, request, response_id, [prompt_ids], [params])
+    if results is None:
+        return Response(status_code=499)
+    role = reply_role(state, req)
+    choices = [{"index": i, "message": {"role": role, "content": beam.text}, "logprobs": None,
+                "finish_reason": beam.finish_reason, "stop_reason": None} for i, beam in enumerate(results[0])]
+    return serving_beam.respond({"id": response_id, "object": "chat.completion", "model": model}, choices,
+                                len(prompt_ids), sum(len(b.token_ids) for b in results[0]), bool(req.stream), "delta")
 
 
 def _top_n(req: ChatCompletionRequest, top_n: int | None) -> int | None:

@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from wslm.backend.entrypoints.openai import serving_beam
 from wslm.backend.entrypoints.openai.errors import bad_request
 from wslm.backend.entrypoints.openai.protocol import CompletionRequest, parse_body
 from wslm.backend.entrypoints.openai.sampling_extras import (
@@ -44,6 +45,8 @@ async def create_completion(state: ServerState, request: Request) -> Response:
     req.check_stream_options()
     state.check_not_draining()
     check_max_tokens(req.max_tokens, "max_tokens")
+    if req.use_beam_search:
+        return await _beam_completion(state, request, req, model)
     if req.logprobs is not None and req.logprobs < -1:
         raise bad_request(f"logprobs must be -1 (all) or more, got {req.logprobs}.", param="logprobs")
     req.check_logprob_token_ids(req.logprobs is not None)
@@ -99,6 +102,24 @@ async def create_completion(state: ServerState, request: Request) -> Response:
         "choices": choices,
         "usage": tracker.usage(),
     })
+
+
+async def _beam_completion(state: ServerState, request: Request, req: CompletionRequest, model: str) -> Response:
+    serving_beam.check_beam_request(req)
+    prompts = req.prompts()
+    with as_bad_request():
+        validation.check_batch(len(prompts), req.n, state.limits)
+    ids = [await state.engine.encode(p) if isinstance(p, str) else list(p) for p in prompts]
+    params = [serving_beam.beam_params(state, req, req.max_tokens, len(x)) for x in ids]
+    response_id = f"cmpl-{uuid.uuid4().hex}"
+    results = await serving_beam.search(state, request, response_id, ids, params)
+    if results is None:
+        return Response(status_code=499)
+    choices = [{"index": p * req.n + i, "text": beam.text, "logprobs": None, "finish_reason": beam.finish_reason,
+                "stop_reason": None} for p, beams in enumerate(results) for i, beam in enumerate(beams)]
+    generated = sum(len(beam.token_ids) for beams in results for beam in beams)
+    return serving_beam.respond({"id": response_id, "object": "text_completion", "model": model}, choices,
+                                sum(len(x) for x in ids), generated, bool(req.stream), None)
 
 
 def _top_n(req: CompletionRequest) -> int:
