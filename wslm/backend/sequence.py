@@ -57,7 +57,7 @@ class Sequence:
     finished_time: float | None = None
     last_token_time: float | None = None
     num_preemptions: int = 0
-    pooling: object | None = None  # PoolingParams of an embedding request (prefill only; decoder_pooling.py)
+    pooling: object | None = None  # PoolingParams of an embedding request (prefill only; pooling/decoder.py)
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -18,7 +18,7 @@ logger = logging.getLogger(__name__)
 
 def load_model(source, mc, device: torch.device, embedding: bool = False, lora_path: str | None = None):
     """Build the model for mc (its family's class) and load its weights (this rank's shard under tensor
-    parallelism). embedding: an embedding checkpoint, which may be a bare decoder body (decoder_pooling.py).
+    parallelism). embedding: an embedding checkpoint, which may be a bare decoder body (pooling/decoder.py).
     lora_path: a LoRA adapter merged into the weights (loader/lora.py)."""
     from wslm.backend.loader.model_loader import decoder_body_weights, iter_weights, return_freed_heap
 
@@ -154,7 +154,7 @@ class ModelRunner:
 
     def execute_pooling(self, scheduled: list[tuple[Sequence, int]]) -> tuple[torch.Tensor, list[Sequence]]:
         """Run one step of embedding requests: the final normed hidden state [len(done), hidden] of the last
-        prompt token of each sequence whose prompt this step completes (decoder_pooling.py)."""
+        prompt token of each sequence whose prompt this step completes (pooling/decoder.py)."""
         input_ids, positions, meta, done = self.prepare(scheduled)
         return self.model.forward_hidden(input_ids, positions, meta, self.kv_caches), done
 

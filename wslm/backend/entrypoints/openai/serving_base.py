@@ -45,7 +45,7 @@ class ServerState:
     allowed_hosts: list[str] | None = None  # Host names besides loopback ones, when bound to loopback
     bound_host: str | None = None  # the address listened on (loopback: the Host header is checked)
     cors: tuple = (["*"], ["*"], False)  # --allowed-methods, --allowed-headers, --allow-credentials
-    # vLLM's serving flags (serve_cli.py's "vLLM flags").
+    # vLLM's serving flags (cli/serve.py's "vLLM flags").
     enable_prompt_tokens_details: bool = False  # usage.prompt_tokens_details only when asked, as vLLM
     enable_force_include_usage: bool = False  # usage on streams even without stream_options.include_usage
     enable_server_load_tracking: bool = False  # GET /load counts requests in flight

@@ -2,7 +2,7 @@
 
 Each one is logged once at start-up with why it has no effect: a flag is never dropped silently, and a
 truly unknown flag stays argparse's "unrecognized arguments" error. Flags that do something here (the
-flags of serve_cli.py) are never listed; a flag another module already defined is skipped, so this table
+flags of cli/serve.py) are never listed; a flag another module already defined is skipped, so this table
 can never clash with a real implementation added later.
 
 NOT_SUPPORTED's flags would change what is served in a way wslm cannot do: given (with a value that matters),

@@ -279,7 +279,7 @@ class LlamaForCausalLM:
 
     def forward_hidden(self, input_ids, positions, meta: AttentionMetadata, kv_caches) -> torch.Tensor:
         """The final normed hidden states [num_sampled, hidden] at meta.logits_indices: what the LM head
-        reads, and what embedding models pool (decoder_pooling.py)."""
+        reads, and what embedding models pool (pooling/decoder.py)."""
         hidden = self.embed(input_ids)
         residual = None
         for layer, kv_cache in zip(self.layers, kv_caches):

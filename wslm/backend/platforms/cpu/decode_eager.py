@@ -35,7 +35,7 @@ ENV_VAR = "WSLM_CPU_FAST_DECODE"
 def _linear_fn(layer, dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
     """x -> layer(x) for activations x of dtype, with the per-call format checks done once (tensor
     parallelism is off here). The function carries what it multiplies by (source_weight, source_bias,
-    bias_after) for cpu_compiled.py."""
+    bias_after) for decode_compiled.py."""
     fn = _bind_linear(layer, dtype)
     if fn is not layer:
         fn.source_weight, fn.source_bias = layer.weight, layer.bias
