@@ -22,7 +22,7 @@ from PySide6.QtWidgets import (
 
 import wslm.gui.qt_fix  # noqa: F401  (PySide6 6.12 emit() refcount bug)
 from wslm.gui import theme
-from wslm.gui.attachments import Attachments, describe
+from wslm.gui.attachments import DEFAULT_EMBED_MODEL, Attachments, describe
 from wslm.gui.rag_store import ERROR
 from wslm.gui.settings import Settings
 
@@ -122,8 +122,9 @@ class DocumentSettings(QWidget):
         self.url = QLineEdit(settings.rag_embed_base_url, placeholderText="the chat's server")
         self.url.setToolTip("The OpenAI-compatible server that embeds attached documents (/v1/embeddings); "
                             "empty: the chat's own server")
-        self.model = QLineEdit(settings.rag_embed_model, placeholderText="the chat's model")
-        self.model.setToolTip("The embedding model's name on that server (e.g. bge-small-en-v1.5)")
+        self.model = QLineEdit(settings.rag_embed_model, placeholderText=f"{DEFAULT_EMBED_MODEL} (ships with wslm)")
+        self.model.setToolTip(f"The embedding model's name on that server; empty: {DEFAULT_EMBED_MODEL}, which ships "
+                              "with wslm and which the wslm server serves beside the chat model (offline)")
         self.key = QLineEdit(settings.rag_embed_api_key, placeholderText="API key (optional)")
         self.key.setEchoMode(QLineEdit.EchoMode.Password)
         self.whole = QSpinBox(minimum=0, maximum=200_000, singleStep=500, value=settings.rag_whole_file_tokens)
