@@ -357,17 +357,17 @@ class RetrievalPlan:
         if not sources:
             return [], [], []
         counter = self.counter or TokenCounter("", "")
-        if counter.exact and self.context is None:  # learn the window from /tokenize (its max_model_len)
-            total = counter.chat(_with_block(messages, last, query, sources))
+        total = None
+        if self.context is None:  # learn the window from /tokenize (its max_model_len)
+            if counter.exact:
+                total = counter.chat(_with_block(messages, last, query, sources))
             if counter.context is None:
-                return sources, [], []
+                return sources, [], []  # unknown window: sent as they are (the server says if it is too long)
             self.context = counter.context
-            if total <= self._limit():
-                return sources, [], []
-        if not self.context:
-            return sources, [], []  # unknown window: sent as they are (the server says if it is too long)
         limit = self._limit()
-        if counter.chat(_with_block(messages, last, query, sources)) <= limit:  # the usual case: all fit
+        if total is None:
+            total = counter.chat(_with_block(messages, last, query, sources))
+        if total <= limit:  # the usual case: everything fits
             return sources, [], []
         room = limit - counter.chat(messages) - counter.text(_block_head(sources[0].label, query)) - 8
         chosen: list[Source] = []
