@@ -240,9 +240,9 @@ def test_listing_an_unreachable_url_says_so(qtbot, tmp_path):
 
 
 def test_fit_by_estimate_without_tokenize(tmp_path):
-    """A server without /tokenize: the estimate (3 bytes a token) decides; whole files first, then passages by
+    """A server without /tokenize: the estimate (2 bytes a token) decides; whole files first, then passages by
     similarity, and what is left out is named."""
-    plan = rag.RetrievalPlan(str(tmp_path / "none.sqlite3"), 1, {}, context=390, max_tokens=16)
+    plan = rag.RetrievalPlan(str(tmp_path / "none.sqlite3"), 1, {}, context=466, max_tokens=16)
     messages = [{"role": "user", "content": "q"}]
     chosen, left, cut = plan._fit(messages, 0, "q", [
         rag.Source("a.txt", "a.txt", "x" * 300), rag.Source("b §1", "b", "y" * 450, 0.9),

@@ -1,13 +1,14 @@
 """How many tokens a text or a chat takes for the chat's model: asked of its server's /tokenize (vLLM's and
 wslm's: the model's own tokenizer and chat template, exact), else estimated from UTF-8 bytes.
 
-Blocking (HTTP): worker threads only. The estimate is for servers without /tokenize (LM Studio, Ollama's
-OpenAI API); ESTIMATE_BYTES_PER_TOKEN is calibrated on the demo model's tokenizer (SmolLM2, a 49k BPE
-like most chat models'): English prose is 4.4-4.7 bytes a token there, Markdown with code 3.6, German 3.1,
-numbers and tables 2.4. Documents may be any of these, so the estimate takes 3 bytes a token: it
-over-counts prose by about a third (a passage left out that would have fit, and said so) rather than
-under-count and have the server refuse the prompt. The old 2 bytes a token over-counted prose by more
-than half, which left a 24 KB file out of an 8k context that it fitted."""
+Blocking (HTTP): worker threads only. The estimate is only for servers without /tokenize (LM Studio,
+Ollama's OpenAI API). Measured on the demo model's tokenizer (SmolLM2, a 49k BPE like most chat models';
+2026-12-07, this repository's files): plain English prose 4.3-4.5 bytes a token, Markdown docs 3.0-3.7,
+Python 3.6, German 2.8, and digits 1.0 (SmolLM2 splits numbers into single digits). No ratio is safe for
+every text short of 1 byte a token, which would count prose four times over; the estimate takes 2 bytes a
+token (context_fit's lenient bound): it under-counts only digit-heavy text, and over-counting prose only
+cuts more of a document, which is then said. The old fit check used the same 2 bytes a token for our own
+server too, where it left a 24 KB file (6020 tokens) out of an 8k context it fitted: there /tokenize counts."""
 
 from __future__ import annotations
 
@@ -15,9 +16,9 @@ import math
 
 import httpx
 
-from wslm.gui.context_fit import MESSAGE_OVERHEAD, PROMPT_OVERHEAD
+from wslm.gui.context_fit import LENIENT_BYTES_PER_TOKEN, MESSAGE_OVERHEAD, PROMPT_OVERHEAD
 
-ESTIMATE_BYTES_PER_TOKEN = 3.0
+ESTIMATE_BYTES_PER_TOKEN = LENIENT_BYTES_PER_TOKEN
 
 
 def estimate_text(text: str) -> int:

@@ -110,6 +110,12 @@ def pooler_config(folder: Path | None, hf_config: dict, is_encoder: bool) -> Poo
             st = _st_transformer_config(folder)
     dims = hf_config.get("matryoshka_dimensions")
     max_seq = st.get("max_seq_length")
+    if max_seq is None and has_pooling and folder is not None:
+        # sentence-transformers without a max_seq_length (6.x saves none): the tokenizer's model_max_length,
+        # which sentence-transformers then uses (capped by the positions, as the encoder engine caps it).
+        tok = read_json(folder / "tokenizer_config.json")
+        limit = tok.get("model_max_length") if isinstance(tok, dict) else None
+        max_seq = limit if isinstance(limit, int) and limit < 1_000_000 else None
     return PoolerConfig(
         pooling=mode,
         normalize=normalize,
