@@ -258,3 +258,35 @@ def _meter_tokens(text: str) -> int:
     m = re.search(r"≈([\d.]+)(k?)", text)
     assert m, text
     return int(float(m.group(1)) * (1000 if m.group(2) else 1))
+
+
+def test_app_server_serves_the_embedding_model_and_the_chat_picker_leaves_it_out(qtbot, tmp_path, monkeypatch):
+    """The app's server gets the shipped embedding model in its pool even with "Switch models without
+    restarting" off; the chat's model picker offers chat models only."""
+    from wslm.gui.main_window import MainWindow
+
+    monkeypatch.setenv("WSLM_CONFIG_DIR", str(tmp_path / "config"))
+    store = ChatStore(tmp_path / "chats.sqlite3")
+    w = MainWindow(Settings(first_run_done=True, port=8123, chat_use_server=True), store, watch=False)
+    qtbot.addWidget(w)
+    try:
+        models = [{"id": "demo", "format": "gguf", "path": "/m/demo.gguf", "task": "generate"},
+                  {"id": EMBED_NAME, "format": "hf", "path": "/c/minilm", "task": "embed", "source": "bundled"}]
+        w.models.table.set_models(models)
+        w._on_models_listed([m["id"] for m in models])
+        assert [w.chat_panel.model_combo.itemData(i) for i in range(w.chat_panel.model_combo.count())
+                if w.chat_panel.model_combo.itemData(i) in (EMBED_NAME, "demo")] == ["demo"]
+        panel = w.server_panel
+        panel.model_pool.setChecked(False)
+        args = panel.config().serve_args()
+        assert args[args.index("--model-pool") + 1:][:1] == [EMBED_NAME]
+        panel.model_pool.setChecked(True)
+        args = panel.config().serve_args()
+        assert args[args.index("--model-pool") + 1] == "all"
+        panel.model_pool.setChecked(False)
+        panel.set_models(models[:1])  # an older wslm, or a machine without it: no pool flag at all
+        assert "--model-pool" not in panel.config().serve_args()
+    finally:
+        w.session.shutdown()
+        w.close()
+        store.close()
