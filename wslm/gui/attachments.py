@@ -74,10 +74,9 @@ class AttachmentListModel(QAbstractListModel):
 
 
 class Attachments(QObject):
-    _reported = Signal(dict)  # a plan's report, crossing from the stream worker's thread
-
     """Attach, read, embed and remove a chat's documents; hands ChatSession the plan for each send."""
 
+    _reported = Signal(dict)  # a plan's report, crossing from the stream worker's thread
     failed = Signal(str)  # a file could not be attached: why, and what to do
     ready = Signal(int)  # an attachment's id: its file is read (and embedded) and will be used
     # A notice for the user about the chat's documents (a file that failed, passages left out of a request):

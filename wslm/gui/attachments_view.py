@@ -129,7 +129,9 @@ class DocumentSettings(QWidget):
         self.key.setEchoMode(QLineEdit.EchoMode.Password)
         self.whole = QSpinBox(minimum=0, maximum=200_000, singleStep=500, value=settings.rag_whole_file_tokens)
         self.whole.setSuffix(" tokens")
-        self.whole.setToolTip("A file up to this size (estimated) goes into the chat whole, without embeddings")
+        self.whole.setToolTip("A file up to this size (estimated) goes into the chat whole, without embeddings; "
+                              "never more than half the model's context, when it is known (a larger file is "
+                              "searched in passages)")
         self.top_k = QSpinBox(minimum=1, maximum=50, value=settings.rag_top_k)
         self.top_k.setToolTip("How many of the most similar passages each message gets")
         form = QFormLayout()
