@@ -88,3 +88,17 @@ def test_served_beside_the_chat_model_as_sentence_transformers_embeds(server):
     assert ids[0] == "demo" and EMBED_NAME in ids
     reply = client.chat.completions.create(model="demo", messages=[{"role": "user", "content": "Hi"}], max_tokens=2)
     assert reply.choices[0].message.content is not None
+
+
+def test_offline_llm_by_name():
+    """`LLM("all-minilm-l6-v2")` (and so `wslm serve all-minilm-l6-v2`) resolves the shipped model by name."""
+    from sentence_transformers import SentenceTransformer
+
+    from wslm.backend import LLM
+
+    llm = LLM(EMBED_NAME, task="auto")
+    got = llm.embed(SENTENCES[:2])
+    expected = SentenceTransformer(str(embed_model_path()), device="cpu").encode(SENTENCES[:2], convert_to_numpy=True)
+    for e, out in zip(expected, got):
+        v = np.asarray(out.outputs.embedding, dtype=np.float64)
+        assert float(v @ e / (np.linalg.norm(v) * np.linalg.norm(e))) > 0.9999
