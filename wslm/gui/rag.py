@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 
 from wslm.gui.chat_errors import _server_message
+from wslm.gui.context_fit import cut_middle, reply_reserve
 from wslm.gui.token_count import TokenCounter
 
 # A file under this many estimated tokens goes into the context whole (no embeddings), as LM Studio does.
@@ -272,8 +273,8 @@ class RetrievalPlan:
     run by the stream worker before it sends. Reads the chat's passages through its own SQLite connection.
 
     With a known context (ours, or the one the chat server's /tokenize reports) the documents are fitted by
-    counting tokens with the chat model's own tokenizer (token_count.TokenCounter: /tokenize, else a
-    conservative estimate): whole files first, then passages by similarity. A whole file that does not fit
+    counting tokens with the chat model's own tokenizer (token_count.TokenCounter: /tokenize, else an
+    estimate of 2 bytes a token): whole files first, then passages by similarity. A whole file that does not fit
     goes in cut to the room left; anything left out is counted and said (`note`, and `report`)."""
 
     db_path: str
@@ -397,8 +398,6 @@ class RetrievalPlan:
         return chosen, left, cut
 
     def _limit(self) -> int:
-        from wslm.gui.context_fit import reply_reserve
-
         return (self.context or 0) - reply_reserve(self.context or 0, self.max_tokens)
 
 
@@ -419,8 +418,6 @@ def _with_block(messages: list[dict], last: int, query: str, chosen: list[Source
 
 def _cut_to(s: Source, tokens: int, counter: TokenCounter) -> Source | None:
     """A whole file cut in the middle to about `tokens` tokens (None when that leaves too little)."""
-    from wslm.gui.context_fit import cut_middle
-
     have = counter.text(s.text)
     if tokens < 128 or have <= 0:
         return None
