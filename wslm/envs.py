@@ -134,7 +134,8 @@ VARIABLES: tuple[EnvVar, ...] = (
            "moves wslm's own models folder (`wslm models pull` without the HF cache).",
            (_E,), _EVERYDAY, default_doc="`~/.wslm/models`"),
     EnvVar("WSLM_CACHE_DIR", "path", None,
-           "moves the cache of converted GGUF copies (`wslm/backend/loader/gguf_cache.py`).",
+           "moves the cache of converted GGUF copies (`wslm/backend/loader/gguf_cache.py`) and of the unpacked "
+           "embedding model (`wslm/embed_model.py`).",
            (_E,), _EVERYDAY, default_doc="the user cache folder (platformdirs)"),
     EnvVar("WSLM_CPU_KVCACHE_SPACE", "float", None,
            "KV-cache pool on CPU in GiB (vLLM's `VLLM_CPU_KVCACHE_SPACE`); `--kv-cache-memory` wins over it.",

@@ -428,7 +428,7 @@ function Install-Wslm {
     $script:Distro = Select-Distro $names
     Write-Info "using WSL distro $Distro"
 
-    Write-Step 4 "wslm inside $Distro (install.sh: Python venv, PyTorch, demo model; several minutes)"
+    Write-Step 4 "wslm inside $Distro (install.sh: Python venv, PyTorch, demo and embedding models; several minutes)"
     $prefix = Install-InDistro $wsl $Distro
     $record = @{ distro = $Distro; prefix = $prefix; gui = "" }
     Save-Record $record

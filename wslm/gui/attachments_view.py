@@ -22,7 +22,7 @@ from PySide6.QtWidgets import (
 
 import wslm.gui.qt_fix  # noqa: F401  (PySide6 6.12 emit() refcount bug)
 from wslm.gui import theme
-from wslm.gui.attachments import Attachments, describe
+from wslm.gui.attachments import DEFAULT_EMBED_MODEL, Attachments, describe
 from wslm.gui.rag_store import ERROR
 from wslm.gui.settings import Settings
 
@@ -122,13 +122,16 @@ class DocumentSettings(QWidget):
         self.url = QLineEdit(settings.rag_embed_base_url, placeholderText="the chat's server")
         self.url.setToolTip("The OpenAI-compatible server that embeds attached documents (/v1/embeddings); "
                             "empty: the chat's own server")
-        self.model = QLineEdit(settings.rag_embed_model, placeholderText="the chat's model")
-        self.model.setToolTip("The embedding model's name on that server (e.g. bge-small-en-v1.5)")
+        self.model = QLineEdit(settings.rag_embed_model, placeholderText=f"{DEFAULT_EMBED_MODEL} (ships with wslm)")
+        self.model.setToolTip(f"The embedding model's name on that server; empty: {DEFAULT_EMBED_MODEL}, which ships "
+                              "with wslm and which the wslm server serves beside the chat model (offline)")
         self.key = QLineEdit(settings.rag_embed_api_key, placeholderText="API key (optional)")
         self.key.setEchoMode(QLineEdit.EchoMode.Password)
         self.whole = QSpinBox(minimum=0, maximum=200_000, singleStep=500, value=settings.rag_whole_file_tokens)
         self.whole.setSuffix(" tokens")
-        self.whole.setToolTip("A file up to this size (estimated) goes into the chat whole, without embeddings")
+        self.whole.setToolTip("A file up to this size (estimated) goes into the chat whole, without embeddings; "
+                              "never more than half the model's context, when it is known (a larger file is "
+                              "searched in passages)")
         self.top_k = QSpinBox(minimum=1, maximum=50, value=settings.rag_top_k)
         self.top_k.setToolTip("How many of the most similar passages each message gets")
         form = QFormLayout()

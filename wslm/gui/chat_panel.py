@@ -205,8 +205,11 @@ class ChatPanel(QWidget):
         self.lister = ModelLister(self)
         self.lister.listed.connect(self._on_models)
         self.attachments = Attachments(session, settings, parent=self)  # the chats' documents (RAG)
-        self.attachments.failed.connect(self._show_error)
-        self.lister.failed.connect(lambda err: self.model_combo.setToolTip(f"Could not list models: {err}"))
+        self.attachments.notice.connect(self._show_error)  # a file that failed, passages left out of a request
+        self.attachments.notice_cleared.connect(
+            lambda old: self.error_label.hide() if html.escape(old, quote=False) in self.error_label.text() else None)
+        self.attachments.usage_changed.connect(self.update_context_meter)
+        self.lister.failed.connect(self._show_error)
 
         split = QSplitter(Qt.Orientation.Horizontal, self)
         split.addWidget(self._build_list())
@@ -1232,6 +1235,8 @@ class ChatPanel(QWidget):
     def refresh_models(self) -> None:
         if self.session.base_url:
             self.lister.fetch(self.session.base_url, self.session.api_key)
+        else:
+            self._show_error("No URL to ask: type the server's URL (http://host:port/v1) under Connection first.")
 
     def _on_models(self, ids: list) -> None:
         self._set_models(ids)

@@ -155,6 +155,8 @@ class ChatSession(QObject):
         # The chat's attached documents (attachments.Attachments.plan): (chat id, messages, max tokens) -> a
         # plan the stream worker runs before sending, or None when the chat has none.
         self.documents = None
+        # (chat id) -> about how many tokens its attached documents add to a request (the context meter).
+        self.document_tokens = None
 
     # Endpoint
     def set_endpoint(self, base_url: str, api_key: str = "", model: str | None = None,
@@ -410,9 +412,10 @@ class ChatSession(QObject):
         """Tokens the open chat's next request would take, estimated, and the context window (None: unknown).
         Where the server counted the latest reply's prompt, the estimate is off by what it was off then."""
         history = self.request_messages()
-        if not history:
+        docs = self.document_tokens(self.messages.conversation_id) if self.document_tokens else 0
+        if not history and not docs:
             return 0, self.effective_context()
-        used = estimate_tokens(history, TYPICAL_BYTES_PER_TOKEN)
+        used = estimate_tokens(history, TYPICAL_BYTES_PER_TOKEN) + docs
         items = self.messages.messages()
         counted = next((m.stats for i, m in reversed(list(enumerate(items)))
                         if m.role == "assistant" and "prompt_estimate" in m.stats and self._sent(i, m)), None)
@@ -458,7 +461,8 @@ class ChatSession(QObject):
         message = self.messages.message(row)
         reply = _Reply(self.messages.conversation_id, message, worker, context_note=fit.note,
                        prior=dict(message.stats) if continuing else None,
-                       prompt_estimate=estimate_tokens(messages, TYPICAL_BYTES_PER_TOKEN))
+                       prompt_estimate=estimate_tokens(messages, TYPICAL_BYTES_PER_TOKEN) + (
+                           self.document_tokens(self.messages.conversation_id) if plan and self.document_tokens else 0))
         if conv is not None and request.model != conv.model:
             self.store.update_conversation(conv.id, model=request.model)  # the chat remembers its model
         self.store.begin_reply(reply.message.id)
@@ -543,7 +547,11 @@ class ChatSession(QObject):
     def _on_prepared(self, info: dict) -> None:
         """The documents' passages the request was given: kept with the reply (its "Sources:" line)."""
         reply = self._reply_of_sender()
-        if reply is None or not info.get("sources"):
+        if reply is None:
+            return
+        if info.get("note"):  # documents left out or cut to fit: said under the reply, as the history's cuts are
+            reply.context_note = "; ".join(n for n in (reply.context_note, str(info["note"])) if n)
+        if not info.get("sources"):
             return
         reply.message.stats["sources"] = info["sources"]
         if self._shown(reply):

@@ -296,7 +296,10 @@ class MainWindow(QMainWindow):
 
     def _on_models_listed(self, _ids: list) -> None:
         self.server_panel.set_models(self.models.table.models)
-        self.chat_panel.set_installed_models(self.models.table.models, self.server_panel.model_id())
+        # The chat's picker offers chat models: embedding models (the shipped one among them) embed documents.
+        chat_models = [m for m in self.models.table.models
+                       if not isinstance(m, dict) or m.get("task", "generate") == "generate"]
+        self.chat_panel.set_installed_models(chat_models, self.server_panel.model_id())
         if self.pool.pooled:
             self.pool.refresh()  # `--model-pool all` serves a model pulled since start: the server rescans
 

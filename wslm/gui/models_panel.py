@@ -179,8 +179,8 @@ class ModelsPanel(QWidget):
         m = self.selected_model()
         if not m:
             return
-        if m.get("source") == "demo":
-            self._show_error("The demo model ships with wslm and cannot be deleted.")
+        if m.get("source") in ("demo", "bundled"):
+            self._show_error(f"{m['id']} ships with wslm and cannot be deleted.")
             return
         if confirm and QMessageBox.question(
             self, "Delete model", f"Delete {m['id']} ({human_bytes(m.get('size_bytes'))}) from "

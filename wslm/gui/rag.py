@@ -13,12 +13,15 @@ import re
 import sqlite3
 import sys
 from array import array
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
 
 from wslm.gui.chat_errors import _server_message
+from wslm.gui.context_fit import cut_middle, reply_reserve
+from wslm.gui.token_count import TokenCounter
 
 # A file under this many estimated tokens goes into the context whole (no embeddings), as LM Studio does.
 WHOLE_FILE_TOKENS = 2000
@@ -267,35 +270,57 @@ class Source:
 @dataclass
 class RetrievalPlan:
     """What a message sent in a chat with documents gets: built on the GUI thread (cheap: no file, no HTTP),
-    run by the stream worker before it sends. Reads the chat's passages through its own SQLite connection."""
+    run by the stream worker before it sends. Reads the chat's passages through its own SQLite connection.
+
+    With a known context (ours, or the one the chat server's /tokenize reports) the documents are fitted by
+    counting tokens with the chat model's own tokenizer (token_count.TokenCounter: /tokenize, else an
+    estimate of 2 bytes a token): whole files first, then passages by similarity. A whole file that does not fit
+    goes in cut to the room left; anything left out is counted and said (`note`, and `report`)."""
 
     db_path: str
     conversation_id: int
     endpoints: dict[tuple[str, str], EmbeddingEndpoint]  # (stored URL or "", model) -> where to embed a query
     top_k: int = TOP_K
-    budget_bytes: int | None = None  # room left in the context for the documents (None: unknown)
+    context: int | None = None  # the chat model's context window (None: unknown; /tokenize may tell)
+    max_tokens: int = 0  # the reply's max tokens: its room is kept (context_fit.reply_reserve)
+    counter: TokenCounter | None = None  # the chat model's tokens (None: estimated)
+    report: Callable[[dict], None] | None = None  # told what was used and left out (the GUI's notice)
+    room_estimate: int | None = None  # tokens the GUI thread expects the documents may take (padding())
 
     def padding(self) -> list[dict]:
         """A stand-in for the block this plan may add, for estimating whether the reply still fits."""
-        return [{"content": "x" * self.budget_bytes}] if self.budget_bytes else []
+        return [{"content": "x" * self.room_estimate}] if self.room_estimate else []
 
     def __call__(self, messages: list[dict]) -> tuple[list[dict], dict]:
-        """(messages with the documents' block put before the last user message's text, {"sources": [...]})."""
+        """(messages with the documents' block put before the last user message's text, {"sources": [...],
+        "left_out": n, "note": what was left out or cut, for the user})."""
+        try:
+            out, info = self._run(messages)
+        finally:
+            if self.counter is not None:
+                self.counter.close()
+        if self.report is not None:
+            self.report(info)
+        return out, info
+
+    def _run(self, messages: list[dict]) -> tuple[list[dict], dict]:
         last = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1)
         if last < 0:
             return messages, {"sources": []}
         query = str(messages[last].get("content") or "")
         sources = self.sources(query)
-        chosen, left_out = self._fit(sources)
+        chosen, left, cut = self._fit(messages, last, query, sources)
+        info: dict = {"sources": [], "used": len(chosen), "left_out": len(left)}
+        note = _note(left, cut)
+        if note:
+            info["note"] = note
         if not chosen:
-            return messages, {"sources": [], **({"left_out": left_out} if left_out else {})}
-        blocks = [f"[{s.label}]{' (whole file)' if s.score is None else ''}\n{s.text}" for s in chosen]
-        block = CONTEXT_HEAD.format(example=chosen[0].label) + "\n\n" + "\n\n".join(blocks)
-        out = [dict(m) for m in messages]
-        out[last]["content"] = f"{block}\n\nThe user's message:\n{query}"
+            return messages, info
+        out = _with_block(messages, last, query, chosen)
         cited = [Source(s.label, s.name, s.text[:WHOLE_SOURCE_CHARS] if s.score is None else s.text, s.score)
                  for s in chosen]
-        return out, {"sources": [s.as_dict() for s in cited], **({"left_out": left_out} if left_out else {})}
+        info["sources"] = [s.as_dict() for s in cited]
+        return out, info
 
     def sources(self, query: str) -> list[Source]:
         """Whole files first (in the order attached), then the top passages by cosine similarity."""
@@ -327,14 +352,97 @@ class RetrievalPlan:
         scored.sort(key=lambda s: -s.score)
         return out + scored[: self.top_k]
 
-    def _fit(self, sources: list[Source]) -> tuple[list[Source], int]:
-        """The sources that fit the budget (in order); how many were left out."""
-        if self.budget_bytes is None:
-            return sources, 0
-        room, chosen = self.budget_bytes, []
+    def _fit(self, messages: list[dict], last: int, query: str,
+             sources: list[Source]) -> tuple[list[Source], list[Source], list[str]]:
+        """(the sources that fit, in order; those left out; names of whole files cut to fit)."""
+        if not sources:
+            return [], [], []
+        counter = self.counter or TokenCounter("", "")
+        total = None
+        if self.context is None:  # learn the window from /tokenize (its max_model_len)
+            if counter.exact:
+                total = counter.chat(_with_block(messages, last, query, sources))
+            if counter.context is None:
+                return sources, [], []  # unknown window: sent as they are (the server says if it is too long)
+            self.context = counter.context
+        limit = self._limit()
+        if total is None:
+            total = counter.chat(_with_block(messages, last, query, sources))
+        if total <= limit:  # the usual case: everything fits
+            return sources, [], []
+        room = limit - counter.chat(messages) - counter.text(_block_head(sources[0].label, query)) - 8
+        chosen: list[Source] = []
+        left: list[Source] = []
+        cut: list[str] = []
         for s in sources:
-            size = len(s.text.encode("utf-8")) + len(s.label) + 32
-            if size <= room:
+            need = counter.text(_source_block(s)) + 4
+            if need <= room:
                 chosen.append(s)
-                room -= size
-        return chosen, len(sources) - len(chosen)
+                room -= need
+            elif s.score is None and room > 256:  # a whole file: as much of it as the room holds
+                shorter = _cut_to(s, room - 64, counter)
+                if shorter is not None:
+                    chosen.append(shorter)
+                    cut.append(s.name)
+                    room -= counter.text(_source_block(shorter)) + 4
+                else:
+                    left.append(s)
+            else:
+                left.append(s)
+        # Separately counted pieces may not add up exactly: check the whole prompt, dropping from the end.
+        while chosen and counter.chat(_with_block(messages, last, query, chosen)) > limit:
+            dropped = chosen.pop()
+            if dropped.name in cut and dropped.score is None:
+                cut.remove(dropped.name)
+            left.insert(0, dropped)
+        return chosen, left, cut
+
+    def _limit(self) -> int:
+        return (self.context or 0) - reply_reserve(self.context or 0, self.max_tokens)
+
+
+def _block_head(example: str, query: str) -> str:
+    return CONTEXT_HEAD.format(example=example) + f"\n\nThe user's message:\n{query}"
+
+
+def _source_block(s: Source) -> str:
+    return f"[{s.label}]{' (whole file)' if s.score is None else ''}\n{s.text}"
+
+
+def _with_block(messages: list[dict], last: int, query: str, chosen: list[Source]) -> list[dict]:
+    block = CONTEXT_HEAD.format(example=chosen[0].label) + "\n\n" + "\n\n".join(_source_block(s) for s in chosen)
+    out = [dict(m) for m in messages]
+    out[last]["content"] = f"{block}\n\nThe user's message:\n{query}"
+    return out
+
+
+def _cut_to(s: Source, tokens: int, counter: TokenCounter) -> Source | None:
+    """A whole file cut in the middle to about `tokens` tokens (None when that leaves too little)."""
+    have = counter.text(s.text)
+    if tokens < 128 or have <= 0:
+        return None
+    ratio = len(s.text.encode("utf-8")) / have  # this file's bytes a token
+    text = cut_middle(s.text, int(tokens * ratio * 0.95))
+    while text and counter.text(text) > tokens:
+        text = cut_middle(s.text, int(len(text.encode("utf-8")) * 0.9))
+    return Source(s.label, s.name, text) if text else None
+
+
+def _note(left: list[Source], cut: list[str]) -> str:
+    """What the user is told about documents that did not fit (empty: everything fitted)."""
+    parts = []
+    if cut:
+        parts.append(f"{', '.join(cut)} did not fit the model's context whole: its middle was left out")
+    if left:
+        whole = [s.name for s in left if s.score is None]
+        passages = [s.label for s in left if s.score is not None]
+        if whole:
+            parts.append(f"{', '.join(whole)} did not fit the model's context and was left out")
+        if passages:
+            n = len(passages)
+            parts.append(f"{n} passage{'s' if n != 1 else ''} ({', '.join(passages)}) did not fit the model's "
+                         "context and " + ("were" if n != 1 else "was") + " left out")
+    if not parts:
+        return ""
+    return ("; ".join(parts) + ". Start a new chat, use a model with a longer context, lower “Whole file ≤” "
+            "(the file is then searched in passages) or fewer passages under Documents (⚙).")

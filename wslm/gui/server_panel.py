@@ -23,6 +23,7 @@ from PySide6.QtWidgets import (
 )
 
 import wslm.gui.qt_fix  # noqa: F401  (PySide6 6.12 emit() refcount bug)
+from wslm.embed_model import EMBED_NAME
 from wslm.gui import theme
 from wslm.gui.backend_target import target_label
 from wslm.gui.engine_options import (
@@ -268,8 +269,16 @@ class ServerPanel(QWidget):
                             quantization=str(self.quantization.currentData() or ""),
                             kv_cache_dtype=str(self.kv_dtype.currentData() or "auto"),
                             tensor_parallel_size=int(self.tp.currentData() or 1),
-                            model_pool=["all"] if self.model_pool.isChecked() else [],
+                            model_pool=self._pool(),
                             extra_args=self.extra_args() or [])
+
+    def _pool(self) -> list[str]:
+        """--model-pool: every installed model ("Switch models without restarting"), else the shipped
+        embedding model alone when it is installed, so attached documents are embedded by this server."""
+        if self.model_pool.isChecked():
+            return ["all"]
+        shipped = any(m.get("id") == EMBED_NAME for m in self.models)
+        return [EMBED_NAME] if shipped and self.model_id() != EMBED_NAME else []
 
     def _save(self, *_args) -> None:
         s = self.settings

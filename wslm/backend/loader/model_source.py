@@ -31,10 +31,13 @@ def resolve_model(model: str, revision: str | None = None, download_dir: str | N
     """Turn what the user typed into files on disk, or raise FileNotFoundError saying what to do. A repo id
     is looked up in the HF cache (download_dir when given) at `revision` (branch, tag or commit)."""
     from wslm.demo import demo_model_path, is_demo
+    from wslm.embed_model import EMBED_NAME, embed_model_path, is_embed_model
 
     if is_demo(model):
         path = demo_model_path()
         return ModelSource("demo", path.parent, path.name)
+    if is_embed_model(model) and not Path(model).expanduser().exists():
+        return ModelSource(EMBED_NAME, embed_model_path())
     path = Path(model).expanduser()
     if path.is_file() and path.suffix == ".gguf":
         return ModelSource(model, path.parent, path.name)

@@ -1,6 +1,7 @@
 """Embedding models: which task a checkpoint serves, how its token states become one vector (the
-sentence-transformers config files say: modules.json, 1_Pooling/config.json), and the finishing steps
-every embedding takes (Matryoshka truncation, L2 normalisation). torch is imported only where tensors are
+sentence-transformers config files say: modules.json, 1_Pooling/config.json, the Normalize module,
+sentence_bert_config.json's max_seq_length and do_lower_case, read as vLLM reads them), and the finishing
+steps every embedding takes (Matryoshka truncation, L2 normalisation). torch is imported only where tensors are
 handled: the model catalog reads the architecture sets without it."""
 
 from __future__ import annotations
@@ -32,6 +33,11 @@ class PoolerConfig:
     matryoshka: bool = False  # `dimensions` may cut the vector (the model was trained for it)
     matryoshka_dimensions: list[int] | None = None  # the sizes it was trained for, when the config lists them
     source: str = "default"  # where the pooling came from, for the start-up log
+    # The Pooling module's include_prompt (false: instruction tokens are left out of the mean). The server
+    # adds no prompt (docs/embeddings.md), so there is nothing to leave out; kept for the log.
+    include_prompt: bool = True
+    max_seq_length: int | None = None  # sentence_bert_config.json: inputs are cut (or refused) beyond it
+    do_lower_case: bool = False  # sentence_bert_config.json: text is lower-cased before tokenizing
 
 
 def read_json(path: Path) -> dict | list | None:
@@ -70,28 +76,64 @@ def detect_task(folder: Path | None, architecture: str, requested: str) -> str:
     return "generate"
 
 
+# The names sentence-transformers (and vLLM) look for, in this order, beside the Transformer module.
+_ST_CONFIG_NAMES = ("sentence_bert_config.json", "sentence_roberta_config.json", "sentence_distilbert_config.json",
+                    "sentence_camembert_config.json", "sentence_albert_config.json",
+                    "sentence_xlm-roberta_config.json", "sentence_xlnet_config.json")
+
+
 def pooler_config(folder: Path | None, hf_config: dict, is_encoder: bool) -> PoolerConfig:
     """Pooling from the sentence-transformers files when the checkpoint has them; otherwise vLLM's defaults
-    (CLS for encoders, the last token for decoders), always normalised as vLLM's embed task does."""
+    (CLS for encoders, the last token for decoders, normalised). With a Pooling module in modules.json the
+    vector is normalised only when a Normalize module follows it (as sentence-transformers does, and vLLM's
+    get_pooling_config); a request's `normalize` still overrides."""
     default = "cls" if is_encoder else "last"
-    mode, source = default, "default"
+    mode, source, normalize, include_prompt = default, "default", True, True
+    st: dict = {}
     modules = st_modules(folder) if folder is not None else []
+    has_pooling = any(str(m.get("type", "")).endswith("Pooling") for m in modules)
     for m in modules:
         kind = str(m.get("type", ""))
         if kind.endswith("Pooling"):
             cfg = read_json(folder / str(m.get("path", "")) / "config.json") or {}
             mode = _pooling_mode(cfg) or default
+            include_prompt = bool(cfg.get("include_prompt", True))
             source = f"{m.get('path')}/config.json"
         elif kind.endswith("Dense"):
             raise ValueError(f"This sentence-transformers model has a Dense module ({m.get('path')}) after pooling, "
                              "which wslm does not run: its embeddings would be wrong. Pick a model without one.")
+        elif kind.endswith("Transformer") and not st:
+            st = _st_transformer_config(folder / str(m.get("path", "")))
+    if has_pooling:
+        normalize = any(str(m.get("type", "")).endswith("Normalize") for m in modules)
+        if not st and folder is not None:
+            st = _st_transformer_config(folder)
     dims = hf_config.get("matryoshka_dimensions")
+    max_seq = st.get("max_seq_length")
+    if max_seq is None and has_pooling and folder is not None:
+        # sentence-transformers without a max_seq_length (6.x saves none): the tokenizer's model_max_length,
+        # which sentence-transformers then uses (capped by the positions, as the encoder engine caps it).
+        tok = read_json(folder / "tokenizer_config.json")
+        limit = tok.get("model_max_length") if isinstance(tok, dict) else None
+        max_seq = limit if isinstance(limit, int) and limit < 1_000_000 else None
     return PoolerConfig(
         pooling=mode,
+        normalize=normalize,
         matryoshka=bool(hf_config.get("is_matryoshka") or dims),
         matryoshka_dimensions=[int(d) for d in dims] if isinstance(dims, list) else None,
         source=source,
+        include_prompt=include_prompt,
+        max_seq_length=int(max_seq) if isinstance(max_seq, int) and max_seq > 0 else None,
+        do_lower_case=bool(st.get("do_lower_case", False)),
     )
+
+
+def _st_transformer_config(folder: Path) -> dict:
+    for name in _ST_CONFIG_NAMES:
+        data = read_json(folder / name)
+        if isinstance(data, dict):
+            return data
+    return {}
 
 
 # sentence-transformers 5+ writes one "pooling_mode" name; older versions one boolean per mode.

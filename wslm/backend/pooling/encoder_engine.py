@@ -71,10 +71,15 @@ class EncoderEngine:
             raise ValueError(f"{arch} is served for scoring only with one output label and its classifier weights "
                              "(a reranker such as bge-reranker).")
         max_len = self.model.max_positions
+        if self.pooler.max_seq_length and self.task == "embed":
+            # sentence_bert_config.json's max_seq_length, as sentence-transformers cuts and vLLM caps: the
+            # model was trained on no more (all-MiniLM-L6-v2: 256 of its 512 positions).
+            max_len = min(max_len, self.pooler.max_seq_length)
         if config.max_model_len is not None:
             if config.max_model_len > max_len:
                 raise ValueError(f"max_model_len={config.max_model_len} is longer than this encoder's "
-                                 f"{max_len} positions. Use --max-model-len {max_len} or less.")
+                                 f"{max_len} tokens (its positions, or sentence_bert_config.json's max_seq_length). "
+                                 f"Use --max-model-len {max_len} or less.")
             max_len = config.max_model_len
         vocab = int(hf["vocab_size"])
         self.model_config = SimpleNamespace(max_model_len=max_len, vocab_size=vocab, architecture=arch,
@@ -86,7 +91,8 @@ class EncoderEngine:
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         what = ("scoring (query, document) pairs" if self.task == "score" else
-                f"embeddings: {self.pooler.pooling} pooling (from {self.pooler.source}), {self.model.hidden_size}-dim")
+                f"embeddings: {self.pooler.pooling} pooling (from {self.pooler.source}), "
+                f"{'normalised' if self.pooler.normalize else 'not normalised'}, {self.model.hidden_size}-dim")
         logger.info("Loaded %s (%s encoder, %s) on %s for %s; up to %d tokens; ready in %.1fs", source.name, arch,
                     dtype, self.device, what, max_len, time.monotonic() - start)
 
@@ -125,6 +131,8 @@ class EncoderEngine:
         if isinstance(prompt, dict):
             prompt = prompt.get("prompt_token_ids", prompt.get("prompt"))
         if isinstance(prompt, str):
+            if self.pooler.do_lower_case:  # sentence_bert_config.json's do_lower_case, as vLLM applies it
+                prompt = prompt.lower()
             ids = list(self.tokenizer(prompt)["input_ids"])
         else:
             ids = list(prompt or [])

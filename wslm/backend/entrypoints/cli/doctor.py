@@ -463,6 +463,18 @@ def check_demo(probe: Probe) -> Check:
     return Check("demo_model", OK, f"demo model at {path}")
 
 
+def check_embed_model(probe: Probe) -> Check:
+    """The shipped embedding model (documents attached in the desktop app's chats are embedded with it)."""
+    from wslm.embed_model import EMBED_INSTALL, embed_model_zip
+
+    try:
+        path = embed_model_zip()
+    except FileNotFoundError:
+        return Check("embedding_model", WARN, "the embedding model (all-MiniLM-L6-v2) is not installed: the desktop "
+                     "app cannot search large attached files without another embedding server", EMBED_INSTALL)
+    return Check("embedding_model", OK, f"embedding model (all-MiniLM-L6-v2) in {path}")
+
+
 def check_hub(probe: Probe) -> Check:
     from wslm.backend.hub.hf_cache import hub_endpoint
 
@@ -483,7 +495,8 @@ def run_checks(probe: Probe | None = None) -> list[Check]:
     checks += [check_torch(probe, t, smi), check_gpu(probe, t, exe, smi, smi_error)]
     optional = (check_libcuda(probe), check_ldconfig(probe), check_qt_xcb(probe), check_compiler(probe))
     checks += [c for c in optional if c is not None]
-    checks += [check_disk(probe), check_memory(probe), check_demo(probe), check_hub(probe)]
+    checks += [check_disk(probe), check_memory(probe), check_demo(probe), check_embed_model(probe),
+               check_hub(probe)]
     return checks
 
 

@@ -9,7 +9,9 @@ parsers and metrics), so the handlers need not know about the pool.
 
 - Loads run one at a time (each one's memory is measured after the last: see launcher.pool_engine_config)
   and in a worker thread: the other models keep serving.
-- At most --max-loaded-models models are loaded (the default one included). Loading one more first unloads
+- At most --max-loaded-models models are loaded (the default one included; the shipped embedding model,
+  wslm/embed_model.py, is not counted: 90 MB and no KV cache, it embeds a chat's documents beside whichever
+  chat model is loaded, and counting it would unload the chat model at every send). Loading one more first unloads
   the least recently used loaded model that has no requests in flight (or waiting); when every one is busy
   the request gets 503 with Retry-After.
 - A model is unloaded once idle for its keep-alive: --model-ttl, or the `keep_alive` of its last request
@@ -36,6 +38,7 @@ from starlette.types import Receive, Scope, Send
 
 from wslm.backend.entrypoints.openai.errors import APIError, bad_request
 from wslm.backend.entrypoints.openai.http_limits import load_json
+from wslm.embed_model import is_embed_model
 
 log = logging.getLogger("wslm.server")
 
@@ -101,6 +104,7 @@ class PoolModel:
     loads: int = 0  # how many times it was loaded (shown in /v1/models)
     error: str | None = None  # why the last load failed
     load_started: float | None = None
+    counted: bool = True  # counts toward --max-loaded-models (not the shipped embedding model)
 
     @property
     def busy(self) -> bool:
@@ -206,7 +210,8 @@ class ModelPool:
     def _add(self, models: list[tuple[str, str]]) -> None:
         for name, model in models:
             if name not in self.entries and not self._is_default(name):
-                self.entries[name] = PoolModel(name, model, keep_alive=self.ttl)
+                self.entries[name] = PoolModel(name, model, keep_alive=self.ttl,
+                                               counted=not is_embed_model(model))
 
     def _is_default(self, name: str) -> bool:
         return name in self.default.served_model_names or name in self.default.aliases
@@ -287,7 +292,10 @@ class ModelPool:
 
     def _make_room(self, entry: PoolModel) -> list[ServerStateT]:
         """The states to unload before entry loads (detached at once: no request can reach them now)."""
-        occupied = [e for e in self.entries.values() if e is not entry and (e.state is not None or e.loading)]
+        if not entry.counted:
+            return []
+        occupied = [e for e in self.entries.values()
+                    if e is not entry and e.counted and (e.state is not None or e.loading)]
         victims: list[PoolModel] = []
         while 1 + len(occupied) - len(victims) + 1 > self.max_loaded:  # 1: the default model
             idle = [e for e in occupied if e not in victims and e.state is not None and not e.loading and not e.busy]
@@ -340,7 +348,8 @@ class ModelPool:
                 self._wake.set()
 
     def loaded_count(self) -> int:
-        return 1 + sum(e.state is not None for e in self.entries.values())
+        """Loaded models that count toward --max-loaded-models, the default one included."""
+        return 1 + sum(e.state is not None and e.counted for e in self.entries.values())
 
     def _unload_later(self, entry: PoolModel, why: str) -> asyncio.Future | None:
         state, entry.state = entry.state, None

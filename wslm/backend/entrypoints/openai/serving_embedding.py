@@ -44,9 +44,10 @@ async def create_embedding(state: ServerState, request: Request) -> Response:
     if keep == -1 or (keep is not None and keep > state.max_model_len):
         keep = state.max_model_len
     prompts: list[Any] = []
+    lower = _lower_case(state.engine)
     for item in inputs:
         if isinstance(item, str):  # tokenized off the event loop, with the model's special tokens
-            prompts.append(await state.engine.encode(item, max_length=keep))
+            prompts.append(await state.engine.encode(item.lower() if lower else item, max_length=keep))
         else:
             state.check_token_ids(item, "input")
             prompts.append(list(item)[-keep:] if keep else list(item))  # ids: the last `keep`, as vLLM
@@ -80,6 +81,14 @@ async def create_embedding(state: ServerState, request: Request) -> Response:
         "usage": {"prompt_tokens": tokens, "total_tokens": tokens, "completion_tokens": 0,
                   "prompt_tokens_details": None},
     })
+
+
+def _lower_case(engine: Any) -> bool:
+    """sentence_bert_config.json's do_lower_case (vLLM lower-cases the text before tokenizing, as
+    sentence-transformers does)."""
+    inner = getattr(engine, "engine", None)
+    pooler = getattr(inner, "pooler", None) or getattr(getattr(inner, "pooling", None), "pooler", None)
+    return bool(getattr(pooler, "do_lower_case", False))
 
 
 async def _collect(group: Any, count: int) -> list[PoolingRequestOutput]:
