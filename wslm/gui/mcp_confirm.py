@@ -19,6 +19,7 @@ class ToolConfirmDialog(QDialog):
         self.setObjectName("ToolConfirmDialog")
         self.request = request
         self.decision = DENY
+        self.answered = False
         tool, server = str(request.get("tool") or request.get("function")), str(request.get("server") or "")
         self.setWindowTitle(f"Run the tool {tool}?")
         layout = QVBoxLayout(self)
@@ -52,7 +53,13 @@ def ask_tool_confirmation(parent: QWidget | None, request: dict, answer) -> Tool
     """Show the question (window-modal, not blocking the event loop) and call answer(row, decision) once
     the user has answered. Returns the dialog (tests click its buttons)."""
     dialog = ToolConfirmDialog(request, parent)
-    dialog.finished.connect(lambda _code: answer(int(request.get("row", -1)), dialog.decision))
-    dialog.finished.connect(dialog.deleteLater)
+
+    def finished(_code: int) -> None:
+        if not dialog.answered:  # once: closing it again (answered on the card meanwhile) says nothing
+            dialog.answered = True
+            answer(int(request.get("row", -1)), dialog.decision)
+            dialog.deleteLater()
+
+    dialog.finished.connect(finished)
     dialog.open()
     return dialog

@@ -44,7 +44,8 @@ def history_messages(items: list, skip_row: int = -1) -> list[dict]:
     """The request's messages for the chat's shown path, tool calls and results included: an assistant's
     tool_calls go only with the calls answered by a finished tool message (a call left unanswered, as when
     the app closed mid-call, is not sent: servers refuse a call without its answer)."""
-    answered = {m.stats.get("tool_call_id") for m in items if m.role == "tool" and m.stats.get("state") not in OPEN_STATES}
+    answered = {m.stats["tool_call_id"] for m in items
+                if m.role == "tool" and m.stats.get("tool_call_id") and m.stats.get("state") not in OPEN_STATES}
     out: list[dict] = []
     for i, m in enumerate(items):
         if i == skip_row:
@@ -158,14 +159,15 @@ class ToolLoop(QObject):
         if row < 0 or row != self.pending_row():
             return False
         mid = self._queue[0]
-        self.answered.emit(row)
         if decision == DENY:
             self._set(mid, "The user denied this tool call.", DENIED)
+            self.answered.emit(row)  # after the state moved on: a dialog closing now answers nothing
             self._advance()
             return True
         if decision == ALWAYS:
             self.service.allow_always(self._stats(mid)["function"])
         self._run(mid)
+        self.answered.emit(row)
         return True
 
     def cancel(self, conv_id: int) -> bool:
