@@ -40,6 +40,12 @@ def parse_arguments(text: str) -> tuple[dict | None, str]:
     return value, ""
 
 
+def _sendable(arguments: str) -> str:
+    """A call's arguments as sent back: malformed ones (which servers refuse in history) become {} (the tool
+    message answering the call quotes them and says what was wrong)."""
+    return arguments if arguments.strip() and parse_arguments(arguments)[0] is not None else "{}"
+
+
 def history_messages(items: list, skip_row: int = -1) -> list[dict]:
     """The request's messages for the chat's shown path, tool calls and results included: an assistant's
     tool_calls go only with the calls answered by a finished tool message (a call left unanswered, as when
@@ -57,7 +63,7 @@ def history_messages(items: list, skip_row: int = -1) -> list[dict]:
             if calls and not m.error:
                 out.append({"role": "assistant", "content": m.content, "tool_calls": [
                     {"id": c["id"], "type": "function",
-                     "function": {"name": c.get("name") or "", "arguments": c.get("arguments") or "{}"}}
+                     "function": {"name": c.get("name") or "", "arguments": _sendable(c.get("arguments") or "")}}
                     for c in calls]})
             elif m.content:
                 out.append({"role": "assistant", "content": m.content})
