@@ -304,7 +304,8 @@ class McpPage(QWidget):
             item.setToolTip(1, tool.description)
             if tool.function and tool.function != tool.name:
                 item.setToolTip(0, f"offered to the model as {tool.function}")
-            schema = QTreeWidgetItem(["input schema", json.dumps(tool.input_schema, indent=2, ensure_ascii=False)])
+            schema = QTreeWidgetItem(["input schema", json.dumps(tool.input_schema, ensure_ascii=False)])
+            schema.setToolTip(1, json.dumps(tool.input_schema, indent=2, ensure_ascii=False))
             item.addChild(schema)
             self.tools.addTopLevelItem(item)
         self.error_box.setPlainText(status.error)
