@@ -10,7 +10,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
@@ -31,6 +33,7 @@ from wslm.gui.mcp_confirm import ToolConfirmDialog  # noqa: E402
 from wslm.gui.mcp_page import McpPage, ServerDialog  # noqa: E402
 from wslm.gui.mcp_service import McpService  # noqa: E402
 from wslm.gui.settings import Settings  # noqa: E402
+from wslm.gui.tool_loop import ToolLoop  # noqa: E402
 
 SERVERS = Path(__file__).parent / "mcp_servers"
 HTTP_TIMEOUT_S = 2.0  # the HTTP server's call timeout in mcp.json (its `slow` tool waits longer)
@@ -351,3 +354,77 @@ def test_mcp_json_round_trips_and_imports(tmp_path):
         assert "sse" in bad.read_text()
     finally:
         service.close()
+
+
+class NoParserServer(BaseHTTPRequestHandler):
+    """A chat server without a tool-call parser: tool_choice "auto" is refused with wslm's own 400; other
+    requests get a short streamed reply. Records the bodies."""
+
+    bodies: list[dict] = []
+
+    def log_message(self, *args) -> None:
+        pass
+
+    def do_POST(self) -> None:
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).bodies.append(body)
+        if body.get("tools") and body.get("tool_choice", "auto") == "auto":
+            raw = json.dumps({"error": {"message": 'This request sends `tools` with tool_choice "auto", which needs '
+                                                   "a tool-call parser: start the server with "
+                                                   "--enable-auto-tool-choice --tool-call-parser hermes"}}).encode()
+            self.send_response(400)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(raw)))
+            self.end_headers()
+            self.wfile.write(raw)
+            return
+        self.send_response(200)
+        self.send_header("Content-Type", "text/event-stream")
+        self.end_headers()
+        chunk = {"choices": [{"index": 0, "delta": {"content": "Hello."}, "finish_reason": "stop"}]}
+        self.wfile.write(f"data: {json.dumps(chunk)}\n\ndata: [DONE]\n\n".encode())
+
+
+def test_a_server_without_tool_parser_answers_without_tools_and_stop_ends_a_round(qtbot, tmp_path, mcp_service):
+    NoParserServer.bodies = []
+    http = ThreadingHTTPServer(("127.0.0.1", 0), NoParserServer)
+    http.daemon_threads = True
+    threading.Thread(target=http.serve_forever, daemon=True).start()
+    store = ChatStore(tmp_path / "chats.sqlite3")
+    session = ChatSession(store, {"system_prompt": ""})
+    loop = ToolLoop(session, mcp_service)
+    session.tool_loop = loop
+    try:
+        session.set_endpoint(f"http://127.0.0.1:{http.server_address[1]}/v1", "", "chatty")
+        with qtbot.waitSignal(session.reply_finished, timeout=10_000):
+            assert session.send("Hi")
+        # Asked with the tools, refused, asked again without them: one reply, which says why.
+        assert [bool(b.get("tools")) for b in NoParserServer.bodies] == [True, False]
+        msgs = session.messages.messages()
+        assert [m.role for m in msgs] == ["user", "assistant"] and msgs[1].content == "Hello." and not msgs[1].error
+        assert "MCP tools not offered" in msgs[1].stats["context_note"]
+        with qtbot.waitSignal(session.reply_finished, timeout=10_000):
+            assert session.send("Again")
+        assert not NoParserServer.bodies[-1].get("tools") and len(NoParserServer.bodies) == 3  # remembered
+        # Stop while a call waits for the user: the round ends, nothing is called, the chat is free.
+        add = next(t.function for t in mcp_service.tools() if (t.server, t.name) == ("calc", "add"))
+        row = session.messages.append("assistant", "")
+        calls = [{"id": "c1", "name": add, "arguments": '{"a": 1, "b": 2}'}]
+        session.messages.finish(row, {"tool_calls": calls})
+        assert loop.handle(session.messages.conversation_id, row, {"tool_calls": calls}) and session.busy
+        session.stop()
+        assert not session.busy and session.messages.message(row + 1).stats["state"] == "cancelled"
+        assert not loop.answer(row + 1, "once")
+        # A call left asking when the app ended is marked so when the chat store opens again.
+        conv = session.messages.conversation_id
+        session.messages.append("tool", "")
+        session.messages.finish(row + 2, {"tool_call_id": "c9", "tool": "add", "state": "confirm"})
+        store.close()
+        again = ChatStore(tmp_path / "chats.sqlite3")
+        left = again.messages(conv)[-1]
+        assert left.stats["state"] == "cancelled" and "closed before" in left.content
+        again.close()
+    finally:
+        session.shutdown()
+        http.shutdown()
+        http.server_close()
