@@ -428,3 +428,25 @@ def test_a_server_without_tool_parser_answers_without_tools_and_stop_ends_a_roun
         session.shutdown()
         http.shutdown()
         http.server_close()
+
+
+def test_main_window_wires_mcp(qtbot, tmp_path, monkeypatch):
+    from wslm.gui.main_window import MainWindow
+
+    monkeypatch.setenv("WSLM_CONFIG_DIR", str(tmp_path / "config"))
+    McpConfig(servers={"calc": ServerConfig("calc", command=sys.executable, enabled=False,
+                                            args=[str(SERVERS / "stdio_server.py")])}).save(
+        tmp_path / "config" / "mcp.json")
+    store = ChatStore(tmp_path / "chats.sqlite3")
+    w = MainWindow(Settings(first_run_done=True), store, watch=False)
+    qtbot.addWidget(w)
+    try:
+        assert w.session.tool_loop is not None and w.session.tool_loop.service is w.mcp
+        action = next(a for a in w.menuBar().actions()[0].menu().actions() if a.text().startswith("Tools"))
+        action.trigger()
+        page = w._mcp_page
+        assert page.isVisible() and page.list.item(0).text() == "calc  —  disabled"
+    finally:
+        w.confirm_close = lambda: True
+        w.close()
+        store.close()

@@ -29,6 +29,7 @@ CONNECTION_CLOSED = -32000  # the SDK's error code for a transport that ended (t
 RESULT_CHARS = 20000  # a tool result longer than this is cut before it goes to the model
 
 OFF, CONNECTING, READY, ERROR = "off", "connecting", "ready", "error"
+SDK_INSTALL = "pip install 'mcp>=2.3,<3'"
 
 
 @dataclass
@@ -269,11 +270,13 @@ class McpManager:
 
     async def _run(self, conn: _Conn) -> None:
         """Connect, list the tools, then hold the connection until told to stop or the server goes away."""
-        from mcp import ClientSession  # the SDK loads only when a server is configured
-
         cfg = conn.config
         self._set(conn, CONNECTING)
         try:
+            try:
+                from mcp import ClientSession  # the SDK loads only when a server is configured
+            except ImportError:
+                raise ImportError(f"The MCP SDK is not installed: {SDK_INSTALL} (setup.sh --gui installs it).") from None
             async with contextlib.AsyncExitStack() as stack:
                 read, write = await self._open(stack, conn)
                 session = await stack.enter_async_context(ClientSession(read, write))
