@@ -387,6 +387,7 @@ class NoParserServer(BaseHTTPRequestHandler):
 
 def test_a_server_without_tool_parser_answers_without_tools_and_stop_ends_a_round(qtbot, tmp_path, mcp_service):
     NoParserServer.bodies = []
+    mcp_service.config.servers["calc"].always_allow.clear()  # every call asks (an earlier test allowed add)
     http = ThreadingHTTPServer(("127.0.0.1", 0), NoParserServer)
     http.daemon_threads = True
     threading.Thread(target=http.serve_forever, daemon=True).start()
@@ -415,8 +416,21 @@ def test_a_server_without_tool_parser_answers_without_tools_and_stop_ends_a_roun
         session.stop()
         assert not session.busy and session.messages.message(row + 1).stats["state"] == "cancelled"
         assert not loop.answer(row + 1, "once")
-        # A call left asking when the app ended is marked so when the chat store opens again.
+        # A reply that called a tool while its chat was not open: the call is asked about when it is opened.
         conv = session.messages.conversation_id
+        other = session.new_conversation().id
+        session.messages.append("user", "Add.")
+        arow = session.messages.append("assistant", "")
+        session.messages.finish(arow, {"tool_calls": [{"id": "c2", "name": add, "arguments": '{"a": 2, "b": 2}'}]})
+        session.open(conv)
+        asked: list[dict] = []
+        loop.confirmation_needed.connect(asked.append)
+        assert not loop.handle(other, arow, session.store.messages(other)[-1].stats) and other in loop.deferred
+        session.open(other)
+        assert asked and asked[0]["row"] == arow + 1 and asked[0]["arguments"] == {"a": 2, "b": 2} and session.busy
+        session.stop()
+        session.open(conv)
+        # A call left asking when the app ended is marked so when the chat store opens again.
         session.messages.append("tool", "")
         session.messages.finish(row + 2, {"tool_call_id": "c9", "tool": "add", "state": "confirm"})
         store.close()

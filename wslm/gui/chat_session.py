@@ -593,8 +593,9 @@ class ChatSession(QObject):
         self.conversations.touch(reply.conv_id)
         if reply.conv_id == self.messages.conversation_id:
             self.reply_finished.emit(stats)
-            if self.tool_loop is not None and not stats.get("stopped") and row >= 0:
-                self.tool_loop.handle(reply.conv_id, row, stats)  # the model called tools: run them
+        if self.tool_loop is not None and not stats.get("stopped"):
+            # The model called tools: run them (a chat not open: when it is opened again).
+            self.tool_loop.handle(reply.conv_id, row, stats)
 
     def _on_failed(self, kind: str, message: str) -> None:
         reply = self._reply_of_sender()

@@ -89,6 +89,9 @@ class ToolLoop(QObject):
         self._conv = 0  # the chat whose round runs
         self._waiting: dict[str, int] = {}  # call id given to the service -> message id
         self._resume: int = 0  # a chat whose round ended while another chat was open: it goes on when opened
+        # Chats whose reply called tools while they were not open (or while another chat's round ran): their
+        # calls start when the chat is open and no other round runs.
+        self.deferred: set[int] = set()
         self._info: dict[int, dict] = {}  # message id -> the call's stats (its chat may not be the open one)
         service.call_finished.connect(self._on_call_finished)
         session.current_changed.connect(self._on_opened)
@@ -134,7 +137,10 @@ class ToolLoop(QObject):
         """The reply at `row` of the open chat ended with these stats: when it called tools, add a tool
         message per call and start on them. True when the loop took over (the chat is busy until done)."""
         calls = stats.get("tool_calls") or []
-        if not calls or conv_id != self.session.messages.conversation_id or self._queue:
+        if not calls:
+            return False
+        if conv_id != self.session.messages.conversation_id or self._queue:
+            self.deferred.add(conv_id)
             return False
         messages = self.session.messages
         self._conv = conv_id
@@ -241,16 +247,25 @@ class ToolLoop(QObject):
 
     def _round_done(self) -> None:
         conv = self._conv
+        self._conv = 0
         if conv == self.session.messages.conversation_id:
             self.calls_finished.emit()
             self.session.continue_after_tools()
         else:
             self._resume = conv
+            if self.session.messages.conversation_id in self.deferred:  # the open chat's calls waited for this
+                self._on_opened(self.session.messages.conversation_id)
 
     def _on_opened(self, conv_id: int) -> None:
         if conv_id and conv_id == self._resume and not self._queue:
             self._resume = 0
             self.session.continue_after_tools()
+        elif conv_id in self.deferred and not self._queue:
+            self.deferred.discard(conv_id)
+            row = self.session.messages.rowCount() - 1
+            last = self.session.messages.message(row)
+            if last is not None and last.role == "assistant" and not last.error and not self.session.busy:
+                self.handle(conv_id, row, last.stats)
         elif conv_id and conv_id == self._conv and self._queue:
             self.session.busy_changed.emit(True)
             self._ask()
