@@ -464,3 +464,31 @@ def test_main_window_wires_mcp(qtbot, tmp_path, monkeypatch):
         w.confirm_close = lambda: True
         w.close()
         store.close()
+
+
+def test_stdio_server_dying_mid_call_is_an_error_and_reconnect_restarts_it():
+    from wslm.gui.mcp_client import McpManager
+
+    manager = McpManager()
+    cfg = ServerConfig("calc2", command=sys.executable, args=[str(SERVERS / "stdio_server.py")], timeout_s=30)
+
+    def wait_state(states, timeout=90.0):
+        deadline = time.monotonic() + timeout
+        while manager.status("calc2").state not in states:
+            assert time.monotonic() < deadline, manager.status("calc2")
+            time.sleep(0.05)
+
+    try:
+        manager.apply([cfg])
+        wait_state({READY})
+        t0 = time.monotonic()
+        result = manager.call("crash", {}).result(30)
+        assert result.kind == "failed" and "stopped during the call" in result.text
+        assert time.monotonic() - t0 < 10  # not the call's 30 s timeout: the closed pipe ends it
+        wait_state({ERROR}, 10)
+        assert manager.resolve("add") is None and manager.call("add", {"a": 1, "b": 1}).result(10).kind == "failed"
+        manager.reconnect("calc2")
+        wait_state({READY})
+        assert manager.call("add", {"a": 1, "b": 1}).result(30).text == "2"
+    finally:
+        manager.close()
