@@ -88,7 +88,9 @@ def tool_card_html(row: int, msg: Message, unfolded: bool) -> str:
         else:
             label = "Result" if state == DONE else "Error" if state in (ERROR, FAILED, TIMEOUT) else "Sent to the model"
             parts.append(f'<p style="color:{theme.MUTED}; margin:6px 0 2px 0;">{label}</p>')
-            parts.append(_code(pretty_arguments(msg.content) if state == DONE else msg.content, "", row))
+            pretty = pretty_arguments(msg.content) if state == DONE else msg.content
+            parts.append(_code(pretty, "json" if pretty != msg.content or msg.content.strip() in ("{}", "[]") else "text",
+                               row))
     bg = ERROR_BG if state in (ERROR, FAILED, TIMEOUT) else CARD_BG
     return (f'<table width="100%" cellspacing="0" cellpadding="10" style="background-color:{bg}; '
             f'margin-bottom:6px;"><tr><td>{"".join(parts)}</td></tr></table>')
