@@ -21,6 +21,7 @@ pytest.importorskip("PySide6")
 pytest.importorskip("mcp")
 
 from PySide6.QtCore import Qt, QUrl  # noqa: E402
+from PySide6.QtGui import QGuiApplication  # noqa: E402
 
 from wslm.gui import stream_worker  # noqa: E402
 from wslm.gui.chat_panel import ChatPanel  # noqa: E402
@@ -223,6 +224,8 @@ def test_model_calls_an_mcp_tool_confirmed_and_the_result_goes_back(qtbot, tmp_p
         assert "called add" in text and "calc" in text and f"→ {args['a'] + args['b']}" in text
         panel.view._on_link(QUrl("toolcard:2"))
         assert "Arguments" in transcript(panel) and '"a"' in transcript(panel)
+        panel.view._on_link(QUrl("copycode:2:1"))  # the result's Copy
+        assert QGuiApplication.clipboard().text() == str(args["a"] + args["b"])
         # Saved with the chat: reopened, the card and the history are the same.
         again = session.store.messages(session.messages.conversation_id)
         assert again[2].role == "tool" and again[2].stats["state"] == "done"

@@ -18,7 +18,7 @@ from wslm.gui.attachments_view import sources_html
 from wslm.gui.chat_model import MessageListModel
 from wslm.gui.chat_store import is_cut_short
 from wslm.gui.markdown import code_blocks, render_markdown
-from wslm.gui.mcp_cards import tool_card_html
+from wslm.gui.mcp_cards import card_blocks, tool_card_html
 
 RENDER_DELAY_MS = 40
 NEAR_BOTTOM_PX = 40  # this close to the end counts as at the end (follows new text, no jump button)
@@ -300,7 +300,7 @@ class ChatView(QTextBrowser):
         if action == "copycode":
             row, _, idx = arg.partition(":")
             msg = self.model.message(int(row)) if row.isdigit() else None
-            blocks = code_blocks(msg.content) if msg else []
+            blocks = (card_blocks(msg) if msg.role == "tool" else code_blocks(msg.content)) if msg else []
             if idx.isdigit() and int(idx) < len(blocks):
                 QGuiApplication.clipboard().setText(blocks[int(idx)])
                 self.notice.emit("Code copied to the clipboard")

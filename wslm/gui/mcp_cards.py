@@ -58,6 +58,14 @@ def _code(text: str, lang: str, row: int) -> str:
     return render_markdown(f"```{lang}\n{text}\n```", f"copycode:{row}:")
 
 
+def card_blocks(msg: Message) -> list[str]:
+    """The texts the card's Copy links copy, in the order of its code blocks: the arguments, the result."""
+    blocks = [pretty_arguments(str(msg.stats.get("arguments") or "{}"))]
+    if msg.stats.get("state") not in (CONFIRM, RUNNING):
+        blocks.append(msg.content)
+    return blocks
+
+
 def tool_card_html(row: int, msg: Message, unfolded: bool) -> str:
     """The card of the tool message at `row`. Unfolded (or not finished yet): arguments and result in full."""
     stats = msg.stats
