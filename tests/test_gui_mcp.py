@@ -31,7 +31,7 @@ from wslm.gui.mcp_chat import connect_chat  # noqa: E402
 from wslm.gui.mcp_client import ERROR, READY  # noqa: E402
 from wslm.gui.mcp_config import McpConfig, McpConfigError, ServerConfig  # noqa: E402
 from wslm.gui.mcp_confirm import ToolConfirmDialog  # noqa: E402
-from wslm.gui.mcp_page import McpPage, ServerDialog  # noqa: E402
+from wslm.gui.mcp_page import McpPage, ServerDialog, join_command, split_command  # noqa: E402
 from wslm.gui.mcp_service import McpService  # noqa: E402
 from wslm.gui.settings import Settings  # noqa: E402
 from wslm.gui.tool_loop import ToolLoop  # noqa: E402
@@ -90,7 +90,8 @@ def sent_bodies(monkeypatch):
 
     def body(self):
         out = original(self)
-        bodies.append(json.loads(json.dumps(out)))
+        if threading.current_thread() is not threading.main_thread():  # sent (previews are built on the GUI thread)
+            bodies.append(json.loads(json.dumps(out)))
         return out
 
     monkeypatch.setattr(stream_worker.ChatRequest, "body", body)
@@ -164,6 +165,9 @@ def test_tools_page_lists_servers_and_tools(qtbot, mcp_service):
     assert dialog.result() == ServerDialog.DialogCode.Accepted
     new = dialog.server()
     assert (new.command, new.args, new.env) == ("/nonexistent/mcp-server", ["--flag", "two words"], {"TOKEN": "abc"})
+    assert split_command(r'"C:\Program Files\nodejs\npx.cmd" -y pkg C:\Users\me') == [
+        r"C:\Program Files\nodejs\npx.cmd", "-y", "pkg", r"C:\Users\me"]
+    assert split_command(join_command(["a b", "c", ""])) == ["a b", "c", ""]
     new.enabled = False  # saved disabled: nothing starts
     mcp_service.put(new)
     saved = json.loads(mcp_service.config.path.read_text())["mcpServers"]["notes"]
@@ -189,6 +193,8 @@ def test_model_calls_an_mcp_tool_confirmed_and_the_result_goes_back(qtbot, tmp_p
         asked: list[dict] = []
         session.tool_loop.confirmation_needed.connect(asked.append)
         session.tool_loop.force_next("calc__add")
+        preview = session.request_preview()  # the developer view's request: the tools, the forced choice
+        assert preview["tool_choice"]["function"]["name"] == "calc__add" and len(preview["tools"]) == 6
         panel.input.setPlainText("What is 2 + 3? Use the tool.")
         panel.send()
         qtbot.waitUntil(lambda: bool(open_dialogs(panel)), timeout=180_000)

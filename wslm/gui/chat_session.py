@@ -415,7 +415,9 @@ class ChatSession(QObject):
             base_url=self.base_url, api_key=self.api_key,
             model=self.model or (conv.model if conv else "") or "default", messages=messages,
             temperature=conv.temperature if conv else 0.7, top_p=conv.top_p if conv else 0.95,
-            max_tokens=self.fitting_max_tokens(max_tokens, messages), extra=sampling_extra(conv),
+            max_tokens=self.fitting_max_tokens(max_tokens, messages),
+            extra={**sampling_extra(conv),
+                   **(self.tool_loop.request_fields(messages, peek=True)[0] if self.tool_loop else {})},
         ).body()
 
     def last_reply_stats(self) -> dict:

@@ -5,7 +5,6 @@ input schemas, the last error). A plain QWidget: a page of the Settings dialog, 
 from __future__ import annotations
 
 import json
-import shlex
 from pathlib import Path
 
 from PySide6.QtCore import Qt
@@ -45,6 +44,33 @@ STATE_TEXT = {OFF: ("off", theme.MUTED), CONNECTING: ("connecting…", theme.WAR
 STDIO, HTTP = "stdio", "http"
 
 
+def split_command(text: str) -> list[str]:
+    """A command line as words: spaces split, "double" or 'single' quotes group; backslashes stay as typed
+    (Windows paths: shlex would eat them)."""
+    words, cur, quote, started = [], "", "", False
+    for c in text:
+        if quote:
+            if c == quote:
+                quote = ""
+            else:
+                cur += c
+        elif c in "\"'":
+            quote, started = c, True
+        elif c.isspace():
+            if cur or started:
+                words.append(cur)
+            cur, started = "", False
+        else:
+            cur += c
+    if cur or started:
+        words.append(cur)
+    return words
+
+
+def join_command(words: list[str]) -> str:
+    return " ".join(f'"{w}"' if not w or any(c.isspace() or c == "'" for c in w) else w for w in words)
+
+
 def _pairs(text: str, sep: str) -> dict[str, str]:
     out = {}
     for line in text.splitlines():
@@ -70,7 +96,7 @@ class ServerDialog(QDialog):
         self.kind.addItem("Command (stdio)", STDIO)
         self.kind.addItem("URL (streamable HTTP)", HTTP)
         self.kind.setCurrentIndex(1 if self.original.url else 0)
-        self.command = QLineEdit(shlex.join([self.original.command, *self.original.args]) if self.original.command else "")
+        self.command = QLineEdit(join_command([self.original.command, *self.original.args]) if self.original.command else "")
         self.command.setPlaceholderText("npx -y @modelcontextprotocol/server-filesystem /home/me")
         self.cwd = QLineEdit(self.original.cwd)
         self.cwd.setPlaceholderText("(optional) folder to start it in")
@@ -119,10 +145,7 @@ class ServerDialog(QDialog):
     def server(self) -> ServerConfig:
         """The server as entered (check() says what is missing)."""
         http = self.kind.currentData() == HTTP
-        try:
-            words = shlex.split(self.command.text())
-        except ValueError:
-            words = self.command.text().split()
+        words = split_command(self.command.text())
         return ServerConfig(
             name=self.name.text().strip(), command="" if http else (words[0] if words else ""),
             args=[] if http else words[1:], env={} if http else _pairs(self.env.toPlainText(), "="),

@@ -102,12 +102,15 @@ class ToolLoop(QObject):
         pick tools themselves. Only that request: the model answers the result freely."""
         self.forced = function
 
-    def request_fields(self, messages: list[dict]) -> tuple[dict, str]:
-        """The chat request's `tools` and `tool_choice`, and a note for under the reply ("" when none)."""
+    def request_fields(self, messages: list[dict], peek: bool = False) -> tuple[dict, str]:
+        """The chat request's `tools` and `tool_choice`, and a note for under the reply ("" when none).
+        `peek`: for a preview (the developer view), a forced tool stays for the real request."""
         tools = self.service.openai_tools()
         if not tools:
             return {}, ""
-        forced, self.forced = self.forced, None
+        forced = self.forced
+        if not peek:
+            self.forced = None
         if forced and any(t["function"]["name"] == forced for t in tools):
             return {"tools": tools, "tool_choice": {"type": "function", "function": {"name": forced}}}, ""
         rounds = 0
