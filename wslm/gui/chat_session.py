@@ -26,7 +26,7 @@ from wslm.gui.context_fit import (
     fit_messages,
 )
 from wslm.gui.stream_worker import ChatRequest, StreamWorker
-from wslm.gui.tool_loop import NO_AUTO_NOTE, history_messages
+from wslm.gui.tool_loop import NO_AUTO_NOTE, history_messages, tools_padding
 
 log = logging.getLogger(__name__)
 
@@ -471,7 +471,8 @@ class ChatSession(QObject):
             messages=messages,
             temperature=conv.temperature if conv else 0.7,
             top_p=conv.top_p if conv else 0.95,
-            max_tokens=self.fitting_max_tokens(max_tokens, messages + (plan.padding() if plan else [])),
+            max_tokens=self.fitting_max_tokens(max_tokens, messages + (plan.padding() if plan else [])
+                                               + tools_padding(extra)),
             extra=extra,
             prepare=plan,
         )

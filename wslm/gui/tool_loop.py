@@ -15,6 +15,7 @@ import time
 from PySide6.QtCore import QObject, Signal
 
 import wslm.gui.qt_fix  # noqa: F401  (PySide6 6.12 emit() refcount bug)
+from wslm.gui.context_fit import TYPICAL_BYTES_PER_TOKEN
 
 MAX_TOOL_ROUNDS = 8  # calls in a row without the user's word: then the model must answer in text
 CONFIRM, RUNNING = "confirm", "running"  # states of a call not finished yet
@@ -38,6 +39,15 @@ def parse_arguments(text: str) -> tuple[dict | None, str]:
     if not isinstance(value, dict):
         return None, f"The arguments must be a JSON object, got: {text[:200]}"
     return value, ""
+
+
+def tools_padding(fields: dict) -> list[dict]:
+    """The tools' schemas take prompt tokens too (the chat template writes them out): a stand-in message of
+    that many bytes for ChatSession.fitting_max_tokens, which counts a byte per token (the schemas' JSON is
+    counted at TYPICAL_BYTES_PER_TOKEN: a byte per token would leave no room for a reply on a small context)."""
+    if not fields.get("tools"):
+        return []
+    return [{"content": " " * int(len(json.dumps(fields["tools"])) / TYPICAL_BYTES_PER_TOKEN)}]
 
 
 def _sendable(arguments: str) -> str:
