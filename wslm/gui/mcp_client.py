@@ -77,6 +77,7 @@ class _Conn:
         self.task: asyncio.Task | None = None
         self.stop: asyncio.Event | None = None
         self.dead: asyncio.Event | None = None  # a call met a closed connection: the server is gone
+        self.failing = False  # the connection ended: calls still in flight are failed
         self.death = ""
         self.calls: set[asyncio.Task] = set()
         self.errlog = None  # a stdio server's stderr, read back when it fails
@@ -358,6 +359,7 @@ class McpManager:
         return text
 
     def _fail_calls(self, conn: _Conn, why: str) -> None:
+        conn.failing = True  # the calls' CancelledError is then a failed call, not a cancelled caller
         for task in list(conn.calls):
             task.cancel(why)
 
@@ -380,7 +382,7 @@ class McpManager:
             return ToolResult(f"The tool {tool!r} on MCP server {server!r} did not answer within {limit:g} s "
                               f"(the server's \"timeout\" in mcp.json sets the limit).", True, "timeout")
         except asyncio.CancelledError:
-            if conn.stop.is_set() or conn.status.state != READY or task.cancelling():
+            if conn.stop.is_set() or conn.status.state != READY or conn.failing:
                 died = conn.status.error.splitlines()[0] if conn.status.error else "it went away"
                 return ToolResult(f"MCP server {server!r} failed during the call: {died}", True, "failed")
             raise
