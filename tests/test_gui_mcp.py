@@ -182,6 +182,14 @@ def test_tools_page_lists_servers_and_tools(qtbot, mcp_service):
     assert "disabled" not in json.loads(mcp_service.config.path.read_text())["mcpServers"]["notes"]
     page.remove_server(ask=False)
     assert "notes" not in json.loads(mcp_service.config.path.read_text())["mcpServers"]
+    # Edit: the dialog shows the server as saved; a new timeout needs no reconnect (the tools stay listed).
+    edit = ServerDialog(mcp_service.server("web"), {"calc", "web"}, page)
+    assert edit.kind.currentData() == "http" and edit.url.text() == mcp_service.server("web").url
+    assert edit.headers.toPlainText() == "X-Test: 1" and edit.timeout.value() == HTTP_TIMEOUT_S
+    edit.timeout.setValue(HTTP_TIMEOUT_S)  # unchanged (the timeout test relies on it); the rest re-saved
+    edit._accept()
+    mcp_service.put(edit.server(), old_name="web")
+    assert mcp_service.status("web").state == READY and mcp_service.server("web").headers == {"X-Test": "1"}
     assert [page.list.item(i).text().split()[0] for i in range(page.list.count())] == ["calc", "web"]
 
 
