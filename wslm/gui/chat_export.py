@@ -16,6 +16,11 @@ def to_markdown(conv: Conversation, messages: list[Message]) -> str:
     if conv.system_prompt.strip():
         lines += ["**System:**", "", conv.system_prompt.strip(), ""]
     for msg in messages:
+        if msg.role == "tool":  # an MCP tool call's result (its call is in the assistant message before it)
+            lines += [f"**Tool `{msg.stats.get('tool') or msg.stats.get('function')}`"
+                      f" ({msg.stats.get('server') or 'no server'}), {msg.stats.get('state', 'done')}:**", "",
+                      "```", msg.content.strip(), "```", ""]
+            continue
         lines += [f"## {'You' if msg.role == 'user' else 'Assistant'}", ""]
         thought = msg.stats.get("reasoning")
         if thought:
@@ -57,6 +62,8 @@ def _sampling_set(conv: Conversation) -> dict:
 
 def _message(msg: Message) -> dict:
     out: dict = {"role": msg.role, "content": msg.content}
+    if msg.role == "tool" and msg.stats.get("tool_call_id"):
+        out["tool_call_id"] = msg.stats["tool_call_id"]
     if msg.stats.get("reasoning"):
         out["reasoning_content"] = msg.stats["reasoning"]
     if msg.stats.get("tool_calls"):

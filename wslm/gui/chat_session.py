@@ -26,6 +26,7 @@ from wslm.gui.context_fit import (
     fit_messages,
 )
 from wslm.gui.stream_worker import ChatRequest, StreamWorker
+from wslm.gui.tool_loop import NO_AUTO_NOTE, history_messages, tools_padding
 
 log = logging.getLogger(__name__)
 
@@ -157,6 +158,9 @@ class ChatSession(QObject):
         self.documents = None
         # (chat id) -> about how many tokens its attached documents add to a request (the context meter).
         self.document_tokens = None
+        # MCP tools offered to the model and the calls it makes (tool_loop.ToolLoop; mcp_chat.connect_chat
+        # sets it), None: no tools.
+        self.tool_loop = None
 
     # Endpoint
     def set_endpoint(self, base_url: str, api_key: str = "", model: str | None = None,
@@ -192,8 +196,10 @@ class ChatSession(QObject):
     # Conversations
     @property
     def busy(self) -> bool:
-        """The open chat is streaming a reply (other chats may be too: see streaming_ids)."""
-        return self.messages.conversation_id in self._replies
+        """The open chat is streaming a reply, or running its tool calls (other chats may be streaming too:
+        see streaming_ids)."""
+        cid = self.messages.conversation_id
+        return cid in self._replies or (self.tool_loop is not None and self.tool_loop.active(cid))
 
     @property
     def _worker(self) -> StreamWorker | None:
@@ -357,6 +363,8 @@ class ChatSession(QObject):
         the user's own Stop."""
         reply = self._replies.get(self.messages.conversation_id if conv_id is None else conv_id)
         if reply is None:
+            if self.tool_loop is not None:
+                self.tool_loop.cancel(self.messages.conversation_id if conv_id is None else conv_id)
             return
         reply.worker.stop()
         self._finish(reply, reply.partial_stats(interrupted))
@@ -381,13 +389,22 @@ class ChatSession(QObject):
             msg.role == "user" or msg.content)
 
     def request_messages(self) -> list[dict]:
-        """The shown path (the active branches) as the request's messages, the system prompt first."""
+        """The shown path (the active branches) as the request's messages, the system prompt first; tool
+        calls with their results (tool_loop.history_messages)."""
         conv = self.current()
         out = []
         if conv and conv.system_prompt.strip():
             out.append({"role": "system", "content": conv.system_prompt})
-        out += [{"role": m.role, "content": m.content} for i, m in enumerate(self.messages.messages()) if self._sent(i, m)]
+        items = self.messages.messages()
+        if any(m.role == "tool" for m in items):
+            return out + history_messages(items, skip_row=self.messages.streaming_row)
+        out += [{"role": m.role, "content": m.content} for i, m in enumerate(items) if self._sent(i, m)]
         return out
+
+    def continue_after_tools(self) -> None:
+        """The tool loop has every result of the open chat's calls: the model goes on from them."""
+        if not self.busy:
+            self._start_reply()
 
     def request_preview(self) -> dict:
         """The body the open chat's next request would send (messages fitted to the context, the model,
@@ -400,7 +417,9 @@ class ChatSession(QObject):
             base_url=self.base_url, api_key=self.api_key,
             model=self.model or (conv.model if conv else "") or "default", messages=messages,
             temperature=conv.temperature if conv else 0.7, top_p=conv.top_p if conv else 0.95,
-            max_tokens=self.fitting_max_tokens(max_tokens, messages), extra=sampling_extra(conv),
+            max_tokens=self.fitting_max_tokens(max_tokens, messages),
+            extra={**sampling_extra(conv),
+                   **(self.tool_loop.request_fields(messages, peek=True)[0] if self.tool_loop else {})},
         ).body()
 
     def last_reply_stats(self) -> dict:
@@ -442,8 +461,12 @@ class ChatSession(QObject):
         messages = fit.messages
         plan = None if self.documents is None else self.documents(self.messages.conversation_id, messages, max_tokens)
         extra = sampling_extra(conv)
+        tool_note = ""
         if continuing:
             extra.update(continue_final_message=True, add_generation_prompt=False)
+        elif self.tool_loop is not None:
+            tool_fields, tool_note = self.tool_loop.request_fields(messages)
+            extra.update(tool_fields)
         request = ChatRequest(
             base_url=self.base_url,
             api_key=self.api_key,
@@ -451,7 +474,8 @@ class ChatSession(QObject):
             messages=messages,
             temperature=conv.temperature if conv else 0.7,
             top_p=conv.top_p if conv else 0.95,
-            max_tokens=self.fitting_max_tokens(max_tokens, messages + (plan.padding() if plan else [])),
+            max_tokens=self.fitting_max_tokens(max_tokens, messages + (plan.padding() if plan else [])
+                                               + tools_padding(extra)),
             extra=extra,
             prepare=plan,
         )
@@ -459,7 +483,8 @@ class ChatSession(QObject):
         worker.fit_key = (self.base_url, self.model)  # where a "too long" answer teaches the context's size
         worker.fit_context = self.effective_context()
         message = self.messages.message(row)
-        reply = _Reply(self.messages.conversation_id, message, worker, context_note=fit.note,
+        note = "; ".join(n for n in (fit.note, tool_note) if n)
+        reply = _Reply(self.messages.conversation_id, message, worker, context_note=note,
                        prior=dict(message.stats) if continuing else None,
                        prompt_estimate=estimate_tokens(messages, TYPICAL_BYTES_PER_TOKEN) + (
                            self.document_tokens(self.messages.conversation_id) if plan and self.document_tokens else 0))
@@ -574,10 +599,14 @@ class ChatSession(QObject):
         reply = self._reply_of_sender()
         if reply is None:
             return
+        row = self.messages.streaming_row if self._shown(reply) else -1
         self._finish(reply, stats)
         self.conversations.touch(reply.conv_id)
         if reply.conv_id == self.messages.conversation_id:
             self.reply_finished.emit(stats)
+        if self.tool_loop is not None and not stats.get("stopped"):
+            # The model called tools: run them (a chat not open: when it is opened again).
+            self.tool_loop.handle(reply.conv_id, row, stats)
 
     def _on_failed(self, kind: str, message: str) -> None:
         reply = self._reply_of_sender()
@@ -585,9 +614,24 @@ class ChatSession(QObject):
             return
         if kind == "context":
             message = self._learn_context(reply.worker, message)
+        if (self.tool_loop is not None and self._shown(reply)
+                and self.tool_loop.refused_auto(reply.worker.request.extra, message)):
+            self._retry_without_tools(reply)
+            return
         self._finish(reply, {"error_kind": kind}, error=message)
         if reply.conv_id == self.messages.conversation_id:
             self.reply_failed.emit(kind, message)
+
+    def _retry_without_tools(self, reply: _Reply) -> None:
+        """The server cannot let the model pick tools (no tool-call parser): ask again without them, saying
+        so under the reply."""
+        row = self.messages.streaming_row
+        self._finish(reply, {})
+        self.messages.remove_row(row)
+        self._start_reply()
+        new = self._replies.get(reply.conv_id)
+        if new is not None:
+            new.context_note = "; ".join(n for n in (new.context_note, NO_AUTO_NOTE) if n)
 
     def _learn_context(self, worker: StreamWorker, message: str) -> str:
         """The server refused the prompt as too long: remember its context size (and, when the prompt had been

@@ -323,6 +323,12 @@ class ChatStore:
         for msg_id, content in rows:
             error = "" if content else "The app was closed before this reply arrived."
             self.update_message(msg_id, stats=dict(CUT_STATS), error=error)
+        # An MCP tool call still asking or running (tool_loop) when the app ended: it never finished.
+        calls = self._db.execute("SELECT id, stats FROM messages WHERE role = 'tool' AND (stats LIKE ? OR stats LIKE ?)",
+                                 ('%"state": "confirm"%', '%"state": "running"%')).fetchall()
+        for msg_id, stats in calls:
+            self.update_message(msg_id, content="The app was closed before this tool call finished.",
+                                stats={**json.loads(stats or "{}"), "state": "cancelled"})
         return len(rows)
 
     def delete_message(self, msg_id: int) -> None:

@@ -18,6 +18,7 @@ from wslm.gui.attachments_view import sources_html
 from wslm.gui.chat_model import MessageListModel
 from wslm.gui.chat_store import is_cut_short
 from wslm.gui.markdown import code_blocks, render_markdown
+from wslm.gui.mcp_cards import card_blocks, tool_card_html
 
 RENDER_DELAY_MS = 40
 NEAR_BOTTOM_PX = 40  # this close to the end counts as at the end (follows new text, no jump button)
@@ -71,6 +72,7 @@ class ChatView(QTextBrowser):
     continue_requested = Signal(int)  # a cut reply's row: ask for the rest
     delete_requested = Signal(int)  # a message's row: delete it from the chat
     notice = Signal(str)  # a brief confirmation for the status bar ("Copied")
+    tool_answer = Signal(int, str)  # a tool call's row, the user's answer on its card (tool_loop.ONCE/ALWAYS/DENY)
 
     def __init__(self, model: MessageListModel, parent=None) -> None:
         super().__init__(parent)
@@ -83,6 +85,7 @@ class ChatView(QTextBrowser):
         self.open_thoughts: set[int] = set()  # message ids whose reasoning is unfolded
         self.open_tools: set[tuple[int, int]] = set()  # (message id, call index) unfolded
         self.open_sources: set[tuple[int, int]] = set()  # (message id, source index): its passage unfolded
+        self.open_cards: set[int] = set()  # tool messages (ids) whose card is unfolded
         self._cache: dict[tuple[int, int, str], str] = {}
         self._timer = QTimer(self, singleShot=True, interval=RENDER_DELAY_MS)
         self._timer.timeout.connect(self.render)
@@ -174,6 +177,8 @@ class ChatView(QTextBrowser):
 
     def _message_html(self, row: int) -> str:
         msg = self.model.message(row)
+        if msg.role == "tool":  # an MCP tool call and its result (mcp_cards)
+            return tool_card_html(row, msg, msg.id in self.open_cards)
         streaming = row == self.model.streaming_row
         key = (msg.id, row, msg.content)
         body = None if streaming else self._cache.get(key)
@@ -295,12 +300,17 @@ class ChatView(QTextBrowser):
         if action == "copycode":
             row, _, idx = arg.partition(":")
             msg = self.model.message(int(row)) if row.isdigit() else None
-            blocks = code_blocks(msg.content) if msg else []
+            blocks = (card_blocks(msg) if msg.role == "tool" else code_blocks(msg.content)) if msg else []
             if idx.isdigit() and int(idx) < len(blocks):
                 QGuiApplication.clipboard().setText(blocks[int(idx)])
                 self.notice.emit("Code copied to the clipboard")
             return
-        if action in ("think", "tool", "ver", "src"):
+        if action == "toolans":
+            row_text, _, decision = arg.partition(":")
+            if row_text.isdigit():
+                self.tool_answer.emit(int(row_text), decision)
+            return
+        if action in ("think", "tool", "ver", "src", "toolcard"):
             self._fold_link(action, arg)
             return
         if action not in ("copy", "regen", "edit", "delete", "continue") or not arg.isdigit():
@@ -330,6 +340,8 @@ class ChatView(QTextBrowser):
             self.open_thoughts ^= {msg.id}
         elif action == "tool" and sub.isdigit():
             self.open_tools ^= {(msg.id, int(sub))}
+        elif action == "toolcard":
+            self.open_cards ^= {msg.id}
         elif action == "src" and sub.isdigit():
             self.open_sources ^= {(msg.id, int(sub))}
         elif action == "ver" and sub.lstrip("-").isdigit():

@@ -27,6 +27,9 @@ from wslm.gui.chat_store import ChatStore
 from wslm.gui.first_run import FirstRunDialog, _linux_path
 from wslm.gui.log_model import LogModel
 from wslm.gui.logs_panel import LogsPanel
+from wslm.gui.mcp_chat import connect_chat
+from wslm.gui.mcp_page import McpPage
+from wslm.gui.mcp_service import McpService
 from wslm.gui.models_panel import ModelsPanel
 from wslm.gui.models_service import ModelsService, kv_estimate_args
 from wslm.gui.pool_client import ModelPoolClient
@@ -78,6 +81,10 @@ class MainWindow(QMainWindow):
         self.monitor.set_target(self.target)
 
         self.chat_panel = ChatPanel(self.session, s)
+        # MCP servers (mcp.json): their tools offered in chats, each call confirmed (docs/mcp.md).
+        self.mcp = McpService(parent=self)
+        connect_chat(self, self.session, self.chat_panel.view, self.mcp)
+        self._mcp_page: McpPage | None = None
         self.chat_panel.server_path = self._server_path
         self.chat_panel.live_switch = self._live_switch
         self.chat_panel.can_eject = self._can_eject
@@ -166,7 +173,10 @@ class MainWindow(QMainWindow):
         self.quit_action = QAction("Quit", self, shortcut=QKeySequence("Ctrl+Q"))
         self.quit_action.setShortcutContext(Qt.ShortcutContext.ApplicationShortcut)
         self.quit_action.triggered.connect(self.quit_app)
+        tools = QAction("Tools (MCP servers)…", self)
+        tools.triggered.connect(self.open_tools)
         file_menu.addAction(new)
+        file_menu.addAction(tools)
         file_menu.addSeparator()
         file_menu.addAction(self.quit_action)
         self.tray: QSystemTrayIcon | None = None
@@ -178,6 +188,16 @@ class MainWindow(QMainWindow):
             self.tray.setContextMenu(menu)
             self.tray.setToolTip("wslm")
             self.tray.show()
+
+    def open_tools(self) -> McpPage:
+        """The Tools page (MCP servers) in a window of its own."""
+        if self._mcp_page is None:
+            self._mcp_page = McpPage(self.mcp, self)
+            self._mcp_page.setWindowFlags(Qt.WindowType.Window)
+            self._mcp_page.resize(900, 600)
+        self._mcp_page.show()
+        self._mcp_page.raise_()
+        return self._mcp_page
 
     def quit_app(self) -> None:
         """Quit (menu, Ctrl+Q, tray): close the window, which asks first if the server runs."""
@@ -467,6 +487,7 @@ class MainWindow(QMainWindow):
         self.monitor.stop()
         self.share.stop_watching()
         self.session.shutdown()
+        self.mcp.close()  # ends the stdio MCP servers it started
         self.models_panel.shutdown()
         self.models.shutdown()
         self.server.shutdown()
