@@ -9,13 +9,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent / "wslm"
 
-# Top to bottom. pooling's engines (decoder embeddings inside LLMEngine, the BERT encoder engine) are
-# front ends of their own; the side folders (hub, structured, distributed) and the shared types at
-# backend/ (config, outputs, params, sequence, errors) are not ranked but may not import the pipeline's
-# upper half.
+# Top to bottom. pooling/ turns a decoder's hidden states into embeddings for LLMEngine (the frontend), so
+# it sits below the frontend; the BERT encoder engine, a front end of its own, lives in frontend/. The side
+# folders (hub, structured, distributed) and the shared types at backend/ (config, outputs, params,
+# sequence, errors) are not ranked but may not import the pipeline's upper half.
 LAYERS = [
     ("entrypoints",),
-    ("frontend", "pooling"),
+    ("frontend",),
+    ("pooling",),
     ("engine",),
     ("executor",),
     ("worker",),

@@ -14,7 +14,7 @@ logger = logging.getLogger("wslm.engine")
 
 
 def create_engine(config: EngineConfig):
-    from wslm.backend.pooling.encoder_engine import EncoderEngine, read_hf_config
+    from wslm.backend.frontend.encoder_engine import EncoderEngine, read_hf_config
 
     source = resolve_model(config.model, config.revision, config.download_dir)
     hf = read_hf_config(source)
