@@ -143,6 +143,10 @@ def matmul(x: torch.Tensor, raw: torch.Tensor, ggml_type: int | str, *, round_we
     round_weight=False: float32 weights times float32 activations (what the decode kernel computes).
     round_weight=True: the weights rounded to x's dtype first (what the prefill GEMM's tensor-core dot
     computes for 16-bit activations)."""
+    rows, cols = weight_shape(raw, ggml_type)
+    if x.shape[-1] != cols:
+        raise ValueError(f"gguf_matmul: activations have {x.shape[-1]} features, the "
+                         f"{block_format(ggml_type).name} weight {cols}")
     w = dequantize(raw, ggml_type)
     if round_weight:
         w = w.to(x.dtype).float()
