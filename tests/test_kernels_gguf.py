@@ -172,7 +172,7 @@ def test_cpu_dispatch_is_the_reference_and_errors_name_the_fix():
         assert torch.equal(gguf_dequantize(raw, 8), torch_gguf.dequantize(raw, "Q8_0"))
     with pytest.raises(ValueError, match="Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K"):
         torch_gguf.block_format("IQ2_XXS")
-    with pytest.raises(ValueError, match="64 features"):
+    with pytest.raises(ValueError, match="65 features, the Q8_0 weight 64"):
         gguf_matmul(torch.randn(2, 65), raw, "Q8_0", backend="torch")
     with pytest.raises(ValueError, match="34-byte blocks"):
         torch_gguf.weight_shape(raw[:, :40], "Q8_0")
