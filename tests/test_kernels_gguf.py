@@ -1,4 +1,4 @@
-"""GGUF block formats (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K): the torch reference against gguf-py, and the
+"""GGUF block formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K): the torch reference against gguf-py, and the
 Triton GEMV / GEMM / dequantize against the torch reference.
 
 Without CUDA the Triton kernels run under TRITON_INTERPRET=1 on small shapes, in float32 and float16 (the
@@ -57,7 +57,7 @@ def test_reference_equals_gguf_py_bit_for_bit(name):
     assert torch.equal(_bits(by_id), _bits(ref))
 
 
-@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q8_0"])
+@pytest.mark.parametrize("name", ["Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0"])
 def test_reference_on_gguf_py_quantized_weights(name):
     # Blocks from gguf-py's own quantizer (it has none for the K-quants): real scales, real minimums.
     w = np.random.default_rng(3).standard_normal((6, 96)).astype(np.float32)
@@ -170,7 +170,7 @@ def test_cpu_dispatch_is_the_reference_and_errors_name_the_fix():
     if DEVICE == "cpu" and not os.environ.get("WSLM_KERNEL_BACKEND"):
         assert torch.equal(gguf_matmul(x, raw, "Q8_0"), torch_gguf.matmul(x, raw, "Q8_0"))
         assert torch.equal(gguf_dequantize(raw, 8), torch_gguf.dequantize(raw, "Q8_0"))
-    with pytest.raises(ValueError, match="Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K"):
+    with pytest.raises(ValueError, match="Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K"):
         torch_gguf.block_format("IQ2_XXS")
     with pytest.raises(ValueError, match="65 features, the Q8_0 weight 64"):
         gguf_matmul(torch.randn(2, 65), raw, "Q8_0", backend="torch")

@@ -7,8 +7,8 @@ Public functions (vLLM's names and layouts):
   rms_norm           RMSNorm, optionally fused with the residual add
   rotary_embedding   rotary position embedding (neox or GPT-J style), in place
   fused_moe          mixture-of-experts MLP over routed tokens (experts grouped; Triton grouped GEMM on CUDA)
-  gguf_matmul        activations times a GGUF weight kept in its file's block bytes (Q4_0, Q4_1, Q8_0,
-                     Q4_K, Q5_K, Q6_K; Triton GEMV/GEMM on CUDA, dequantize + matmul reference elsewhere)
+  gguf_matmul        activations times a GGUF weight kept in its file's block bytes (Q4_0, Q4_1, Q5_0,
+                     Q5_1, Q8_0, Q4_K, Q5_K, Q6_K; Triton GEMV/GEMM on CUDA, dequantize + matmul reference elsewhere)
   gguf_dequantize    such a weight (or a gather of its rows) to float32, bit-equal to gguf-py
 
 Each takes `backend="triton" | "torch" | None`. None picks Triton for CUDA tensors and PyTorch otherwise;

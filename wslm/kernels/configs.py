@@ -178,7 +178,7 @@ class Launch:
 
 # GGUF block matmuls (triton_gguf). Activation rows up to this take the GEMV (decode) kernel.
 GGUF_GEMV_MAX_ROWS = 32
-GGUF_TYPES = ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
+GGUF_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
 # Streaming multiprocessors to plan split-K for (the datacenter parts; consumer cards of an arch vary, and
 # a split sized for more SMs than a card has only adds a few partial sums).
 _SM_COUNTS = {(8, 0): 108, (8, 6): 84, (8, 7): 16, (8, 9): 128, (9, 0): 132, (10, 0): 148}

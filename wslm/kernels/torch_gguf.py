@@ -11,6 +11,9 @@ Block layouts (little endian; f16 = IEEE half):
   Q4_0  18 B / 32: f16 d, 16 B nibbles (weight j < 16: low nibble of byte j; j >= 16: high nibble of j - 16);
         w = d * (q - 8)
   Q4_1  20 B / 32: f16 d, f16 m, 16 B nibbles as Q4_0; w = d * q + m
+  Q5_0  22 B / 32: f16 d, 4 B of fifth bits (a little-endian uint32, bit j for weight j), 16 B nibbles as
+        Q4_0; w = d * ((nibble | bit << 4) - 16)
+  Q5_1  24 B / 32: f16 d, f16 m, 4 B fifth bits, 16 B nibbles; w = d * q + m
   Q8_0  34 B / 32: f16 d, 32 int8; w = d * q
   Q4_K 144 B / 256: f16 d, f16 dmin, 12 B of 6-bit scales and mins for 8 sub-blocks of 32, 128 B nibbles
         (sub-block 2c: low nibbles of bytes 32c..32c+31; 2c + 1: their high nibbles);
@@ -42,6 +45,8 @@ FORMATS = {
     for f in (
         BlockFormat("Q4_0", 2, 32, 18, 32),
         BlockFormat("Q4_1", 3, 32, 20, 32),
+        BlockFormat("Q5_0", 6, 32, 22, 32),
+        BlockFormat("Q5_1", 7, 32, 24, 32),
         BlockFormat("Q8_0", 8, 32, 34, 32),
         BlockFormat("Q4_K", 12, 256, 144, 32),
         BlockFormat("Q5_K", 13, 256, 176, 32),
@@ -102,14 +107,20 @@ def dequantize(raw: torch.Tensor, ggml_type: int | str) -> torch.Tensor:
     rows, cols = weight_shape(raw, ggml_type)
     b = raw.reshape(rows, -1, fmt.block_bytes)
     name = fmt.name
-    if name in ("Q4_0", "Q4_1", "Q8_0"):
+    if fmt.block_weights == 32:
         d = _f16(b[..., 0:2])[..., None]
         if name == "Q8_0":
             w = d * b[..., 2:].view(torch.int8).float()
         elif name == "Q4_0":
             w = d * (_nibbles(b[..., 2:]).float() - 8)
-        else:
+        elif name == "Q4_1":
             w = d * _nibbles(b[..., 4:]).float() + _f16(b[..., 2:4])[..., None]
+        else:  # Q5_0 / Q5_1: the fifth bit of weight j is bit j % 8 of byte j // 8 of qh
+            at = 2 if name == "Q5_0" else 4
+            bits = torch.arange(8, device=raw.device)
+            qh = ((b[..., at:at + 4, None].to(torch.int32) >> bits) & 1).reshape(rows, -1, 32)
+            q = (_nibbles(b[..., at + 4:]).to(torch.int32) | (qh << 4)).float()
+            w = d * (q - 16) if name == "Q5_0" else d * q + _f16(b[..., 2:4])[..., None]
     elif name in ("Q4_K", "Q5_K"):
         nb = b.shape[1]
         d, dmin = _f16(b[..., 0:2]), _f16(b[..., 2:4])

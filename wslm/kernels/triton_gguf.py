@@ -1,4 +1,5 @@
-"""Triton matmuls over GGUF block bytes as the file stores them (Q4_0, Q4_1, Q8_0, Q4_K, Q5_K, Q6_K).
+"""Triton matmuls over GGUF block bytes as the file stores them (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K,
+Q6_K).
 
 The weight is a uint8 tensor [rows, bytes_per_row] (the file's layout, no repacking); torch_gguf.py
 describes the block layouts and is the reference. Each program dequantizes a tile of weights in
@@ -32,6 +33,8 @@ from wslm.kernels.torch_gguf import block_format, weight_shape
 # ggml type ids (the QTYPE constexpr)
 _Q4_0 = tl.constexpr(2)
 _Q4_1 = tl.constexpr(3)
+_Q5_0 = tl.constexpr(6)
+_Q5_1 = tl.constexpr(7)
 _Q8_0 = tl.constexpr(8)
 _Q4_K = tl.constexpr(12)
 _Q5_K = tl.constexpr(13)
@@ -74,6 +77,16 @@ def _dequant(w_ptr, rows, n_mask, k0, k_end, stride_wn,
     elif QTYPE == _Q4_1:
         base = row + (kg // 32) * 20
         q = (_byte_at(base + 4 + g % 16, mask) >> ((g // 16) * 4)) & 15
+        w = _f16_at(base, mask) * q.to(tl.float32) + _f16_at(base + 2, mask)
+    elif QTYPE == _Q5_0:
+        base = row + (kg // 32) * 22
+        q = (_byte_at(base + 6 + g % 16, mask) >> ((g // 16) * 4)) & 15
+        q = q | (((_byte_at(base + 2 + g // 8, mask) >> (g % 8)) & 1) << 4)
+        w = _f16_at(base, mask) * (q - 16).to(tl.float32)
+    elif QTYPE == _Q5_1:
+        base = row + (kg // 32) * 24
+        q = (_byte_at(base + 8 + g % 16, mask) >> ((g // 16) * 4)) & 15
+        q = q | (((_byte_at(base + 4 + g // 8, mask) >> (g % 8)) & 1) << 4)
         w = _f16_at(base, mask) * q.to(tl.float32) + _f16_at(base + 2, mask)
     elif QTYPE == _Q8_0:
         base = row + (kg // 32) * 34
