@@ -164,6 +164,30 @@ def test_leading_dims_strided_activations_and_tail_rows():
     assert gguf_matmul(x[:0], raw, "Q4_K", backend="triton").shape == (0, 2, 19)
 
 
+@pytest.mark.parametrize("rows", [3, 40], ids=["gemv", "gemm"])
+def test_fused_parts_of_mixed_types_into_column_slices(rows):
+    # A Q4_K_M file's q|k|v: Q4_K q and k, Q6_K v, each part written into its columns of one output.
+    parts = [("Q4_K", 24), ("Q4_K", 8), ("Q6_K", 8)]
+    raws = [random_gguf_blocks(n, 256, name, seed=i).to(DEVICE) for i, (name, n) in enumerate(parts)]
+    x = torch.randn(rows, 256, generator=torch.Generator().manual_seed(9)).to(DEVICE)
+    out = torch.full((rows, 40), float("nan"), device=DEVICE)
+    n0 = 0
+    for (name, n), raw in zip(parts, raws, strict=True):
+        assert gguf_matmul(x, raw, name, backend="triton", out=out[:, n0:n0 + n]).data_ptr() == out[:, n0].data_ptr()
+        _assert_within(out[:, n0:n0 + n], x, raw, name, round_weight=rows > configs.GGUF_GEMV_MAX_ROWS)
+        n0 += n
+    ref = torch.empty(rows, 40)
+    n0 = 0
+    for (name, n), raw in zip(parts, raws, strict=True):
+        gguf_matmul(x.cpu(), raw.cpu(), name, backend="torch", out=ref[:, n0:n0 + n])
+        n0 += n
+    # the torch backend fills the slices with exactly its reference products
+    assert torch.equal(ref, torch.cat([torch_gguf.matmul(x.cpu(), r.cpu(), name) for (name, _), r in
+                                       zip(parts, raws, strict=True)], dim=1))
+    with pytest.raises(ValueError, match="out must be"):
+        gguf_matmul(x, raws[0], "Q4_K", backend="triton", out=out[:, :23])
+
+
 def test_cpu_dispatch_is_the_reference_and_errors_name_the_fix():
     raw = random_gguf_blocks(4, 64, "Q8_0", seed=8)
     x = torch.randn(2, 64)

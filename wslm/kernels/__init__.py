@@ -181,10 +181,13 @@ def gguf_matmul(
     raw: torch.Tensor,
     ggml_type: int | str,
     backend: str | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x [..., cols] @ W.T -> [..., rows] in x's dtype, W the GGUF weight whose blocks `raw` holds as the
     file stores them: uint8 [rows, bytes_per_row] (rows contiguous), `ggml_type` its type by name ("Q4_K")
-    or number (gguf.GGMLQuantizationType). Sums in float32.
+    or number (gguf.GGMLQuantizationType). Sums in float32. With `out` ([rows of x flattened, rows], x's
+    dtype, last axis contiguous, e.g. out_all[:, n0:n1] for one part of a fused q|k|v whose parts have
+    different types) the result is written there and `out` returned.
 
     Triton (CUDA): up to 32 rows the decode GEMV dequantizes in registers with float32 weights (within
     float32 rounding of torch_gguf.matmul); more rows take the prefill GEMM, whose tensor-core dot rounds
@@ -194,10 +197,10 @@ def gguf_matmul(
     if be == "triton":
         from wslm.kernels.triton_gguf import gguf_matmul as impl
 
-        return impl(x, raw, ggml_type)
+        return impl(x, raw, ggml_type, out)
     from wslm.kernels.torch_gguf import matmul as ref
 
-    return ref(x, raw, ggml_type)
+    return ref(x, raw, ggml_type, out=out)
 
 
 def gguf_dequantize(raw: torch.Tensor, ggml_type: int | str, backend: str | None = None) -> torch.Tensor:

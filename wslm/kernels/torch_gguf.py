@@ -148,8 +148,20 @@ def dequantize(raw: torch.Tensor, ggml_type: int | str) -> torch.Tensor:
     return w.reshape(rows, cols)
 
 
-def matmul(x: torch.Tensor, raw: torch.Tensor, ggml_type: int | str, *, round_weight: bool = False) -> torch.Tensor:
-    """x [..., cols] @ dequantize(raw).T -> [..., rows] in x's dtype, summed in float32.
+def check_out(out: torch.Tensor | None, m: int, n: int, dtype: torch.dtype) -> None:
+    """`out` of gguf_matmul: [m, n] (m = the activations' rows flattened) in their dtype, last axis contiguous
+    (a column slice of a fused projection's output qualifies)."""
+    if out is None:
+        return
+    if tuple(out.shape) != (m, n) or out.dtype != dtype or (n > 1 and out.stride(-1) != 1):
+        raise ValueError(f"gguf_matmul: out must be a [{m}, {n}] {dtype} tensor with a contiguous last axis, "
+                         f"got {tuple(out.shape)} {out.dtype} strides {out.stride()}")
+
+
+def matmul(x: torch.Tensor, raw: torch.Tensor, ggml_type: int | str, *, round_weight: bool = False,
+           out: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., cols] @ dequantize(raw).T -> [..., rows] in x's dtype, summed in float32 (written into `out`
+    [rows of x, rows] when given; see check_out).
 
     round_weight=False: float32 weights times float32 activations (what the decode kernel computes).
     round_weight=True: the weights rounded to x's dtype first (what the prefill GEMM's tensor-core dot
@@ -158,7 +170,10 @@ def matmul(x: torch.Tensor, raw: torch.Tensor, ggml_type: int | str, *, round_we
     if x.shape[-1] != cols:
         raise ValueError(f"gguf_matmul: activations have {x.shape[-1]} features, the "
                          f"{block_format(ggml_type).name} weight {cols}")
+    m = x.numel() // cols if cols else 0
+    check_out(out, m, rows, x.dtype)
     w = dequantize(raw, ggml_type)
     if round_weight:
         w = w.to(x.dtype).float()
-    return (x.float() @ w.t()).to(x.dtype)
+    y = (x.float() @ w.t()).to(x.dtype)
+    return y if out is None else out.copy_(y.reshape(m, rows))

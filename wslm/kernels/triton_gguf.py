@@ -28,7 +28,7 @@ import triton.language as tl
 
 from wslm.kernels import configs
 from wslm.kernels.dispatch import device_capability
-from wslm.kernels.torch_gguf import block_format, weight_shape
+from wslm.kernels.torch_gguf import block_format, check_out, weight_shape
 
 # ggml type ids (the QTYPE constexpr)
 _Q4_0 = tl.constexpr(2)
@@ -224,7 +224,8 @@ def _dtype_name(t: torch.Tensor) -> str:
     return str(t.dtype).removeprefix("torch.")
 
 
-def gguf_matmul(x: torch.Tensor, raw: torch.Tensor, ggml_type: int | str) -> torch.Tensor:
+def gguf_matmul(x: torch.Tensor, raw: torch.Tensor, ggml_type: int | str,
+                out: torch.Tensor | None = None) -> torch.Tensor:
     """See wslm.kernels.gguf_matmul."""
     fmt = block_format(ggml_type)
     n, k = weight_shape(raw, fmt.name)
@@ -237,8 +238,9 @@ def gguf_matmul(x: torch.Tensor, raw: torch.Tensor, ggml_type: int | str) -> tor
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()
     m = x2.shape[0]
+    check_out(out, m, n, x.dtype)
     if m == 0 or n == 0:
-        return x.new_zeros(*lead, n)
+        return x.new_zeros(*lead, n) if out is None else out
     dtype = _dtype_name(x)
     cap = device_capability(x.device)
     if m <= configs.GGUF_GEMV_MAX_ROWS:
@@ -252,18 +254,20 @@ def gguf_matmul(x: torch.Tensor, raw: torch.Tensor, ggml_type: int | str) -> tor
             SPLIT_W=cfg.split_w, DOT_PRECISION=cfg.dot_precision,
             num_warps=cfg.num_warps, num_stages=cfg.num_stages,
         )
-        out = (part[0] if splits == 1 else part.sum(0)).to(x.dtype)
-    else:
-        cfg = configs.gguf_gemm_config(fmt.name, dtype, m, n, k, cap)
-        out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-        grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n),)
-        _gguf_gemm_kernel[grid](
-            x2, raw, out, m, n, k, x2.stride(0), raw.stride(0), out.stride(0),
-            QTYPE=fmt.type_id, GROUP=fmt.scale_group, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
-            GROUP_M=cfg.group_m, DOT_PRECISION=cfg.dot_precision,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
-        )
-    return out.reshape(*lead, n)
+        y = part[0] if splits == 1 else part.sum(0)
+        if out is not None:
+            return out.copy_(y)
+        return y.to(x.dtype).reshape(*lead, n)
+    cfg = configs.gguf_gemm_config(fmt.name, dtype, m, n, k, cap)
+    y = torch.empty(m, n, dtype=x.dtype, device=x.device) if out is None else out
+    grid = (triton.cdiv(m, cfg.block_m) * triton.cdiv(n, cfg.block_n),)
+    _gguf_gemm_kernel[grid](
+        x2, raw, y, m, n, k, x2.stride(0), raw.stride(0), y.stride(0),
+        QTYPE=fmt.type_id, GROUP=fmt.scale_group, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
+        GROUP_M=cfg.group_m, DOT_PRECISION=cfg.dot_precision,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )
+    return y if out is not None else y.reshape(*lead, n)
 
 
 def gguf_dequantize(raw: torch.Tensor, ggml_type: int | str) -> torch.Tensor:
