@@ -124,7 +124,8 @@ def resource_key(launch: Launch) -> tuple:
     # Attention and GGUF tiles go through shared memory (the element size matters); the reduce and the
     # small kernels compute in fp32 registers whatever the dtype.
     elt = 4 if launch.dtype == "float32" else 2
-    if ("paged_attention" not in launch.kernel and "gguf" not in launch.kernel) or "reduce" in launch.kernel:
+    if (("paged_attention" not in launch.kernel and "gguf" not in launch.kernel) or "reduce" in launch.kernel
+            or "dequant" in launch.kernel):
         elt = 0
     return launch.kernel, launch.capability, elt, tile, launch.num_warps, launch.num_stages
 

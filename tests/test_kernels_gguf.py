@@ -239,10 +239,11 @@ def test_compile_registry_has_every_type_and_kernel():
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(2400)
 def test_gguf_launches_compile_for_every_target():
     """Every GGUF launch the config functions can pick compiles for sm_80/86/89/90 with no shared-memory
-    overrun and no spills (the default targets only unless WSLM_COMPILE_ALL=1, as
-    test_kernels_compile.py: a 2-core machine spends ~5 s per launch)."""
+    overrun and no spills (sm_89 and sm_90 unless WSLM_COMPILE_ALL=1, as test_kernels_compile.py). ~90
+    launches per target at 4-10 s each on a 2-core machine: minutes cold, seconds from Triton's cache."""
     pytest.importorskip("triton")
     import kernel_compile
     from test_kernels_compile import DEFAULT_TARGETS
