@@ -195,6 +195,9 @@ class GgufConfig:
     split_k: int = 1  # GEMV: K ranges per output tile (a runtime value, not a constexpr)
     split_w: bool = False  # GEMV dots: float32 weight as hi + lo in the 16-bit activation dtype
     group_m: int = 8  # GEMM: row tiles per program group (L2 reuse of a dequantized weight tile)
+    # ptxas's register cap (None: its own). The dot GEMVs need 255: on sm_90 ptxas otherwise aims at more
+    # programs per SM than their fp32 weight tile (+ its hi/lo split) leaves registers for, and spills.
+    maxnreg: int | None = None
 
 
 def _check_gguf_type(qtype: str) -> None:
@@ -213,8 +216,10 @@ def gguf_gemv_config(qtype: str, dtype: str, rows: int, n: int, k: int, capabili
         raise ValueError(f"gguf_gemv_config: rows must be 1..{GGUF_GEMV_MAX_ROWS}, got {rows}")
     if rows == 1:
         block_m, block_n, block_k = 1, 16, 128
-    else:  # float32's three TF32 products need twice the operands: 32 outputs keep 32 rows from spilling
-        block_m, block_n, block_k = (16 if rows <= 16 else 32), (32 if elt == 4 else 64), 64
+    else:  # float32's three TF32 products need twice the operands: 32 outputs (and K 32 for 32 rows)
+        block_m = 16 if rows <= 16 else 32
+        block_n = 32 if elt == 4 else 64
+        block_k = 32 if elt == 4 and block_m == 32 else 64
     tiles = -(-n // block_n)
     k_tiles = -(-k // block_k)
     target = 4 * _SM_COUNTS.get(tuple(capability), 84)
@@ -222,17 +227,17 @@ def gguf_gemv_config(qtype: str, dtype: str, rows: int, n: int, k: int, capabili
     while tiles * split < target and k_tiles // (split * 2) >= 4:
         split *= 2
     return GgufConfig(block_m, block_n, block_k, 4, 2, dot_precision(dtype), split,
-                      split_w=block_m > 1 and elt == 2)
+                      split_w=block_m > 1 and elt == 2, maxnreg=255 if block_m > 1 else None)
 
 
 def gguf_gemm_config(qtype: str, dtype: str, rows: int, n: int, k: int, capability: tuple[int, int]) -> GgufConfig:
     """Prefill tiles: 128 x 128 x 32 with 8 warps for long prompts in 16-bit (3 stages where the card has
-    160+ KiB of shared memory), 64 x 64 x 64 otherwise; float32 (three TF32 products) halves K."""
+    160+ KiB of shared memory), 64 x 64 x 64 otherwise; float32 (three TF32 products) halves K, 8 warps."""
     _check_gguf_type(qtype)
     elt = _dtype_bytes(dtype)
     big_smem = shared_memory_limit(capability) >= 160 * 1024
-    if elt == 4:
-        return GgufConfig(64, 64, 32, 4, 2, dot_precision(dtype))
+    if elt == 4:  # 8 warps: Q6_K's decode spilled with 4 (sm_89)
+        return GgufConfig(64, 64, 32, 8, 2, dot_precision(dtype))
     if rows >= 256:
         return GgufConfig(128, 128, 32, 8, 3 if big_smem else 2, dot_precision(dtype))
     return GgufConfig(64, 64, 64, 4, 3 if big_smem else 2, dot_precision(dtype))

@@ -252,7 +252,7 @@ def gguf_matmul(x: torch.Tensor, raw: torch.Tensor, ggml_type: int | str,
             x2, raw, part, m, n, k, x2.stride(0), raw.stride(0), k_per_split,
             QTYPE=fmt.type_id, GROUP=fmt.scale_group, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
             SPLIT_W=cfg.split_w, DOT_PRECISION=cfg.dot_precision,
-            num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+            num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=cfg.maxnreg,
         )
         y = part[0] if splits == 1 else part.sum(0)
         if out is not None:
@@ -265,7 +265,7 @@ def gguf_matmul(x: torch.Tensor, raw: torch.Tensor, ggml_type: int | str,
         x2, raw, y, m, n, k, x2.stride(0), raw.stride(0), y.stride(0),
         QTYPE=fmt.type_id, GROUP=fmt.scale_group, BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n, BLOCK_K=cfg.block_k,
         GROUP_M=cfg.group_m, DOT_PRECISION=cfg.dot_precision,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages, maxnreg=cfg.maxnreg,
     )
     return y if out is not None else y.reshape(*lead, n)
 
@@ -305,13 +305,14 @@ def compile_launches(dtype: str, cc: tuple[int, int]) -> list:
             c = configs.gguf_gemv_config(fmt.name, dtype, rows, 4096, 4096, cc)
             consts = (("QTYPE", fmt.type_id), ("GROUP", fmt.scale_group), ("BLOCK_M", c.block_m), ("BLOCK_N", c.block_n),
                       ("BLOCK_K", c.block_k), ("SPLIT_W", c.split_w), ("DOT_PRECISION", c.dot_precision))
-            out.append(Launch("triton_gguf:_gguf_gemv_kernel", dtype, consts, c.num_warps, c.num_stages, cc, ptrs))
+            out.append(Launch("triton_gguf:_gguf_gemv_kernel", dtype, consts, c.num_warps, c.num_stages, cc, ptrs,
+                              maxnreg=c.maxnreg))
         for rows in _COMPILE_ROWS_GEMM:
             c = configs.gguf_gemm_config(fmt.name, dtype, rows, 4096, 4096, cc)
             consts = (("QTYPE", fmt.type_id), ("GROUP", fmt.scale_group), ("BLOCK_M", c.block_m), ("BLOCK_N", c.block_n),
                       ("BLOCK_K", c.block_k), ("GROUP_M", c.group_m), ("DOT_PRECISION", c.dot_precision))
             out.append(Launch("triton_gguf:_gguf_gemm_kernel", dtype, consts, c.num_warps, c.num_stages, cc,
-                              ptrs[:1]))
+                              ptrs[:1], maxnreg=c.maxnreg))
         block_n, block_k, warps = configs.gguf_dequant_config(fmt.name)
         consts = (("QTYPE", fmt.type_id), ("GROUP", fmt.scale_group), ("BLOCK_N", block_n), ("BLOCK_K", block_k))
         out.append(Launch("triton_gguf:_gguf_dequant_kernel", dtype, consts, warps, 1, cc,
