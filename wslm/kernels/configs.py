@@ -207,19 +207,19 @@ def _check_gguf_type(qtype: str) -> None:
 
 def gguf_gemv_config(qtype: str, dtype: str, rows: int, n: int, k: int, capability: tuple[int, int]) -> GgufConfig:
     """Decode tiles (rows <= GGUF_GEMV_MAX_ROWS). One row: a [128, 16] weight tile per step, float32
-    FMAs; more rows: 16 or 32 padded rows x 64 outputs (32 in float32) x 64 K through tl.dot. The K axis splits until
-    the programs cover ~4 waves of the SMs, keeping at least 4 K tiles per split (weight bytes are the
-    cost, so every SM must stream)."""
+    FMAs; more rows: 16 or 32 padded rows x 64 outputs (32 in float32) x 64 K (32 for 32 rows)
+    through tl.dot. The K axis splits until the programs cover ~4 waves of the SMs, keeping at least 4 K
+    tiles per split (weight bytes are the cost, so every SM must stream)."""
     _check_gguf_type(qtype)
     elt = _dtype_bytes(dtype)
     if rows < 1 or rows > GGUF_GEMV_MAX_ROWS:
         raise ValueError(f"gguf_gemv_config: rows must be 1..{GGUF_GEMV_MAX_ROWS}, got {rows}")
     if rows == 1:
         block_m, block_n, block_k = 1, 16, 128
-    else:  # float32's three TF32 products need twice the operands: 32 outputs (and K 32 for 32 rows)
+    else:  # float32's three TF32 products need twice the operands: 32 outputs; 32 rows: K 32 (Q6_K spilled)
         block_m = 16 if rows <= 16 else 32
         block_n = 32 if elt == 4 else 64
-        block_k = 32 if elt == 4 and block_m == 32 else 64
+        block_k = 32 if block_m == 32 else 64
     tiles = -(-n // block_n)
     k_tiles = -(-k // block_k)
     target = 4 * _SM_COUNTS.get(tuple(capability), 84)
@@ -236,8 +236,8 @@ def gguf_gemm_config(qtype: str, dtype: str, rows: int, n: int, k: int, capabili
     _check_gguf_type(qtype)
     elt = _dtype_bytes(dtype)
     big_smem = shared_memory_limit(capability) >= 160 * 1024
-    if elt == 4:  # 8 warps: Q6_K's decode spilled with 4 (sm_89)
-        return GgufConfig(64, 64, 32, 8, 2, dot_precision(dtype))
+    if elt == 4:  # 8 warps and no register cap below 255: Q6_K's decode spilled with 4 warps or 128 registers
+        return GgufConfig(64, 64, 32, 8, 2, dot_precision(dtype), maxnreg=255)
     if rows >= 256:
         return GgufConfig(128, 128, 32, 8, 3 if big_smem else 2, dot_precision(dtype))
     return GgufConfig(64, 64, 64, 4, 3 if big_smem else 2, dot_precision(dtype))
