@@ -231,9 +231,11 @@ def test_compile_registry_has_every_type_and_kernel():
     chosen = [x for x in kernel_compile.launches() if "triton_gguf" in x.kernel]
     seen = {(x.kernel.split(":")[1], dict(x.constexprs)["QTYPE"], x.capability, x.dtype != "float32")
             for x in chosen}
+    kernels = {x[:3] for x in seen}
     for fmt in torch_gguf.FORMATS.values():
-        for kernel in ("_gguf_gemv_kernel", "_gguf_gemm_kernel", "_gguf_dequant_kernel"):
-            for cc in configs.TARGETS:
+        for cc in configs.TARGETS:
+            assert ("_gguf_dequant_kernel", fmt.type_id, cc) in kernels  # one code whatever the dtype
+            for kernel in ("_gguf_gemv_kernel", "_gguf_gemm_kernel"):
                 for sixteen in (True, False):
                     assert (kernel, fmt.type_id, cc, sixteen) in seen
 
