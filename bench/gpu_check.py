@@ -2,7 +2,7 @@
 
   1. every Triton kernel in wslm/kernels (paged attention: prefill, split-KV decode, mixed batches, window /
      soft cap / sinks, head_dim 80; KV-cache write; RMSNorm with and without the residual; rotary, neox and
-     GPT-J; fused MoE) against its PyTorch reference on the same CUDA tensors: max abs error, PASS/FAIL
+     GPT-J; fused MoE; GGUF block GEMV/GEMM of every type) against its PyTorch reference on the same CUDA tensors: max abs error, PASS/FAIL
   2. the engine's greedy tokens against HF transformers on the demo model in float32 (as tests/test_engine_parity.py)
   3. CUDA graphs on vs off (enforce_eager): identical greedy tokens for a padded decode batch
   4. int4 decode GEMM and decode attention bandwidth as % of the card's peak (bench/kernels_gpu.py's benchmarks)
@@ -128,8 +128,24 @@ def kernel_cases():
 
         return run
 
+    def gguf(name, dtype, rows):
+        def run():
+            from kernel_testing import random_gguf_blocks
+
+            raw = random_gguf_blocks(1000, 2048, name, seed=rows).to(dev)  # 1000 outputs: partial tiles
+            x = torch.randn(rows, 2048, generator=torch.Generator().manual_seed(rows)).to(dtype).to(dev)
+            return tuple(gguf_matmul(x, raw, name, backend=be) for be in ("triton", "torch"))
+
+        return run
+
+    from wslm.kernels import gguf_matmul
+    from wslm.kernels.torch_gguf import FORMATS
+
     f32, bf16, f16 = torch.float32, torch.bfloat16, torch.float16
     cases = []
+    for fmt in FORMATS:  # GGUF blocks: the decode GEMV at 1 and 8 rows, the prefill GEMM at 300
+        cases += [(f"GGUF {fmt} matmul, {rows} rows x [1000, 2048]", str(dtype)[6:], gguf(fmt, dtype, rows))
+                  for dtype, rows in ((bf16, 1), (bf16, 8), (bf16, 300), (f32, 8), (f16, 300))]
     for dtype in (f32, bf16, f16):
         name = str(dtype)[6:]
         cases += [

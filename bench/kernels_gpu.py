@@ -4,6 +4,8 @@ Reports
   1. decode paged attention (split-KV Triton kernel): GB/s of K/V read and % of the card's peak bandwidth
   2. prefill paged attention (Triton): TFLOP/s, beside torch's dense flash SDPA on the same shapes
   2b. int4 weight-only GEMM at decode sizes (1/8/32 rows, tinygemm through Int4Weight): GB/s and % of peak
+  2c. GGUF block matmuls (Q4_0/Q4_1/Q8_0/Q4_K/Q5_K/Q6_K read as the file stores them, wslm.kernels.gguf_matmul):
+      one 3B and one 8B decoder layer at 1/8/32 rows (GB/s, % of peak, dense cuBLAS beside) and 512 rows
   3. end to end (if wslm.backend.LLM imports): engine output tok/s vs HF transformers' batched generate at
      64 concurrent requests, same model, same GPU, same dtype
 prints a markdown table and appends it, with the device name, to docs/benchmarks.md.
@@ -189,6 +191,77 @@ def bench_int4(args, device, dtype, timer, peak_bw, rows) -> None:
                          pct))  # fmt: skip
             print(f"  int4 {m}x[{n},{k}]: {ms:.3f} ms, {gbps:.0f} GB/s, {pct} of peak", flush=True)
         del w
+
+
+# One decoder layer's projections [out, in]: q|k|v, o, gate|up, down (Llama-3.2-3B and Llama-3.1-8B shapes).
+GGUF_LAYERS = {
+    "3B": [(5120, 3072), (3072, 3072), (16384, 3072), (3072, 8192)],
+    "8B": [(6144, 4096), (4096, 4096), (28672, 4096), (4096, 14336)],
+}
+
+
+def _gguf_weight(name: str, n: int, k: int, device):
+    """Random block bytes of GGUF type `name` made on the device (quant bytes uniform, f16 scales ~0.01)."""
+    import torch
+    from kernel_testing import GGUF_HALF_FIELDS
+
+    from wslm.kernels.torch_gguf import FORMATS
+
+    fmt = FORMATS[name]
+    nb = k // fmt.block_weights
+    raw = torch.randint(0, 256, (n, nb, fmt.block_bytes), dtype=torch.uint8, device=device)
+    for at in GGUF_HALF_FIELDS[name]:
+        half = (torch.rand(n, nb, device=device) * 0.02 + 1e-4).to(torch.float16)
+        raw[..., at:at + 2] = half.view(torch.uint8).view(n, nb, 2)
+    return raw.view(n, nb * fmt.block_bytes)
+
+
+def bench_gguf(args, device, dtype, timer, peak_bw, rows) -> None:
+    """GGUF block matmuls (wslm.kernels.gguf_matmul, Triton) on one decoder layer of a 3B and an 8B model
+    per block type: 1 / 8 / 32 activation rows (the decode GEMV), GB/s of weight bytes read (the file's
+    own bytes) and % of the card's peak, beside a dense 16-bit matmul (cuBLAS) of the same layer; and a
+    512-row prefill GEMM on the layer, TFLOP/s."""
+    import torch
+
+    from wslm.kernels import gguf_matmul
+    from wslm.kernels.torch_gguf import FORMATS
+
+    sys.path.insert(0, str(REPO / "tests"))
+    layers, rows_m, prefill = GGUF_LAYERS, [1, 8, 32], 512
+    if args.smoke:
+        layers, rows_m, prefill = {"tiny": [(48, 512), (32, 256)]}, [1, 4], 40
+    peak_tflops = card_peaks(torch.cuda.get_device_name(device))[1] if device.type == "cuda" else None
+    for name in FORMATS:
+        for model, shapes in layers.items():
+            weights = [_gguf_weight(name, n, k, device) for n, k in shapes]
+            dense = [torch.randn(n, k, dtype=dtype, device=device) for n, k in shapes] if device.type == "cuda" else []
+            w_bytes = sum(w.numel() for w in weights)
+            for m in rows_m:
+                xs = [torch.randn(m, k, dtype=dtype, device=device) for _, k in shapes]
+
+                def layer(xs=xs, weights=weights, name=name):
+                    for x, w in zip(xs, weights, strict=True):
+                        gguf_matmul(x, w, name, backend="triton")
+
+                ms = timer(layer)
+                gbps = (w_bytes + sum(x.numel() * x.element_size() for x in xs)) / (ms * 1e-3) / 1e9
+                pct = f"{100 * gbps / peak_bw:.0f}%" if peak_bw else "n/a"
+                note = ""
+                if dense:
+                    dense_ms = timer(lambda xs=xs, dense=dense: [x @ w.t() for x, w in zip(xs, dense, strict=True)])
+                    note = f"; dense {str(dtype)[6:]} {dense_ms:.3f} ms"
+                rows.append((f"GGUF {name} GEMV", f"{m} rows x {model} layer ({w_bytes / 1e6:.0f} MB of blocks)",
+                             f"{gbps:.0f} GB/s ({ms:.3f} ms{note})", pct))  # fmt: skip
+                print(f"  {name} {model} {m} rows: {ms:.3f} ms, {gbps:.0f} GB/s, {pct} of peak{note}", flush=True)
+            xs = [torch.randn(prefill, k, dtype=dtype, device=device) for _, k in shapes]
+            ms = timer(lambda xs=xs, weights=weights, name=name: [
+                gguf_matmul(x, w, name, backend="triton") for x, w in zip(xs, weights, strict=True)])
+            tflops = 2 * prefill * sum(n * k for n, k in shapes) / (ms * 1e-3) / 1e12
+            pct = f"{100 * tflops / peak_tflops:.0f}%" if peak_tflops else "n/a"
+            rows.append((f"GGUF {name} GEMM", f"{prefill} rows x {model} layer", f"{tflops:.1f} TFLOP/s ({ms:.3f} ms)",
+                         pct))  # fmt: skip
+            print(f"  {name} {model} prefill {prefill}: {ms:.3f} ms, {tflops:.1f} TFLOP/s", flush=True)
+            del weights, dense, xs
 
 
 def bench_prefill(args, device, dtype, timer, peak_tflops, rows) -> None:
@@ -380,7 +453,7 @@ def main() -> int:
     rows: list[tuple[str, str, str, str]] = []
     start = time.perf_counter()
     for name, part in (("decode attention", bench_decode), ("prefill attention", bench_prefill),
-                       ("int4 decode GEMM", bench_int4)):  # fmt: skip
+                       ("int4 decode GEMM", bench_int4), ("GGUF block matmuls", bench_gguf)):  # fmt: skip
         print(f"{name}:", flush=True)
         try:
             part(args, device, dtype, timer, peak_tflops if name.startswith("prefill") else peak_bw, rows)

@@ -12,6 +12,7 @@ Triton's on-disk cache are read the same way). tests/test_kernels_compile.py run
 from __future__ import annotations
 
 import argparse
+import importlib
 import os
 import re
 import subprocess
@@ -117,12 +118,14 @@ def resource_key(launch: Launch) -> tuple:
     the tile constexprs (padded sizes, tiles, precision), warps and stages. Launches that differ only in
     masks (true head_dim, group size, block size, 16-bit flavour) share a key."""
     mask_only = ("BLOCK_SIZE", "GROUP_PAD", "BLOCK_Q")  # index arithmetic, not tile sizes
+    code = ("DOT_PRECISION", "QTYPE", "SPLIT_W")  # GGUF: each block type and weight split is its own code
     tile = tuple((k, v) for k, v in launch.constexprs
-                 if k not in mask_only and (k.endswith("_PAD") or k.startswith("BLOCK") or k == "DOT_PRECISION"))
-    # Attention tiles go through shared memory (the element size matters); the reduce and the small
-    # kernels compute in fp32 registers whatever the dtype.
+                 if k not in mask_only and (k.endswith("_PAD") or k.startswith("BLOCK") or k in code))
+    # Attention and GGUF tiles go through shared memory (the element size matters); the reduce and the
+    # small kernels compute in fp32 registers whatever the dtype.
     elt = 4 if launch.dtype == "float32" else 2
-    if "paged_attention" not in launch.kernel or "reduce" in launch.kernel:
+    if (("paged_attention" not in launch.kernel and "gguf" not in launch.kernel) or "reduce" in launch.kernel
+            or "dequant" in launch.kernel):
         elt = 0
     return launch.kernel, launch.capability, elt, tile, launch.num_warps, launch.num_stages
 
@@ -142,15 +145,15 @@ def all_launches(targets=configs.TARGETS, dtypes=configs.DTYPES) -> list[Launch]
                 for block_size in BLOCK_SIZES:
                     for flag in (False, True):
                         items += _small_launches(dtype, cc, shape, block_size, flag)
-    # MoE kernels join here when present (wslm.kernels.triton_moe).
-    try:
-        from wslm.kernels.triton_moe import compile_launches as moe_launches
-    except ImportError:
-        moe_launches = None
-    if moe_launches is not None:
+    # MoE and GGUF block kernels join here when present (wslm.kernels.triton_moe, triton_gguf).
+    for module in ("triton_moe", "triton_gguf"):
+        try:
+            extra = importlib.import_module(f"wslm.kernels.{module}").compile_launches
+        except ImportError:
+            continue
         for cc in targets:
             for dtype in dtypes:
-                items += moe_launches(dtype, cc)
+                items += extra(dtype, cc)
     return items
 
 
@@ -165,8 +168,6 @@ def launches(targets=configs.TARGETS, dtypes=configs.DTYPES) -> list[Launch]:
 
 
 def _jit_function(kernel: str):
-    import importlib
-
     module, name = kernel.split(":")
     return getattr(importlib.import_module(f"wslm.kernels.{module}"), name)
 

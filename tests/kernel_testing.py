@@ -93,3 +93,35 @@ def naive_attention(
             probs = scores.softmax(-1)
         out[cu[i] : cu[i + 1]] = torch.einsum("hls,shd->lhd", probs, v)
     return out
+
+
+# Byte offsets of each GGUF block format's f16 fields (d; Q4_1's m; the K-quants' dmin).
+GGUF_HALF_FIELDS = {
+    "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "Q4_K": (0, 2), "Q5_K": (0, 2),
+    "Q6_K": (208,),
+}
+
+
+def random_gguf_blocks(rows: int, cols: int, name: str, seed: int = 0, specials: bool = False) -> torch.Tensor:
+    """uint8 [rows, bytes_per_row] of GGUF `name` blocks: every quant and scale byte random (all bit
+    patterns), the f16 fields finite and of a real file's magnitude (d ~ 0.01; Q4_0/Q5_0's d of either sign;
+    Q4_1/Q5_1's m negative). specials=True puts 0, -0, the smallest subnormal and the largest half into some
+    f16 fields (exactness checks, not matmuls)."""
+    from wslm.kernels.torch_gguf import FORMATS
+
+    fmt = FORMATS[name]
+    g = torch.Generator().manual_seed(seed)
+    nb = cols // fmt.block_weights
+    raw = torch.randint(0, 256, (rows, nb, fmt.block_bytes), dtype=torch.uint8, generator=g)
+    for i, at in enumerate(GGUF_HALF_FIELDS[name]):
+        v = torch.rand(rows, nb, generator=g) * 0.02 + 1e-4
+        if name in ("Q4_0", "Q5_0"):  # d = max / -8 (-16): either sign
+            v = v * torch.where(torch.rand(rows, nb, generator=g) < 0.5, -1.0, 1.0)
+        elif name in ("Q4_1", "Q5_1") and i == 1:  # m: the block's minimum
+            v = -8 * v
+        if specials:
+            flat = v.view(-1)
+            for j, s in enumerate((0.0, -0.0, 2.0**-24, 65504.0)):
+                flat[j * 3 % flat.numel()] = s
+        raw[..., at:at + 2] = v.to(torch.float16).view(torch.uint8).view(rows, nb, 2)
+    return raw.view(rows, nb * fmt.block_bytes)

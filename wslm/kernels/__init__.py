@@ -7,6 +7,9 @@ Public functions (vLLM's names and layouts):
   rms_norm           RMSNorm, optionally fused with the residual add
   rotary_embedding   rotary position embedding (neox or GPT-J style), in place
   fused_moe          mixture-of-experts MLP over routed tokens (experts grouped; Triton grouped GEMM on CUDA)
+  gguf_matmul        activations times a GGUF weight kept in its file's block bytes (Q4_0, Q4_1, Q5_0,
+                     Q5_1, Q8_0, Q4_K, Q5_K, Q6_K; Triton GEMV/GEMM on CUDA, dequantize + matmul reference elsewhere)
+  gguf_dequantize    such a weight (or a gather of its rows) to float32, bit-equal to gguf-py
 
 Each takes `backend="triton" | "torch" | None`. None picks Triton for CUDA tensors and PyTorch otherwise;
 env WSLM_KERNEL_BACKEND=triton|torch overrides None. `selected_backend(device)` says what None picks and
@@ -27,6 +30,8 @@ from wslm.kernels.dispatch import backend_description, resolve, selected_backend
 
 __all__ = [
     "fused_moe",
+    "gguf_dequantize",
+    "gguf_matmul",
     "paged_attention",
     "reshape_and_cache",
     "rms_norm",
@@ -169,3 +174,41 @@ def fused_moe(
     else:
         from wslm.kernels.torch_moe import fused_moe as impl
     return impl(hidden, w13, w2, topk_weights, topk_ids, act_and_mul)
+
+
+def gguf_matmul(
+    x: torch.Tensor,
+    raw: torch.Tensor,
+    ggml_type: int | str,
+    backend: str | None = None,
+    out: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """x [..., cols] @ W.T -> [..., rows] in x's dtype, W the GGUF weight whose blocks `raw` holds as the
+    file stores them: uint8 [rows, bytes_per_row] (rows contiguous), `ggml_type` its type by name ("Q4_K")
+    or number (gguf.GGMLQuantizationType). Sums in float32. With `out` ([rows of x flattened, rows], x's
+    dtype, last axis contiguous, e.g. out_all[:, n0:n1] for one part of a fused q|k|v whose parts have
+    different types) the result is written there and `out` returned.
+
+    Triton (CUDA): up to 32 rows the decode GEMV dequantizes in registers with float32 weights (within
+    float32 rounding of torch_gguf.matmul); more rows take the prefill GEMM, whose tensor-core dot rounds
+    the dequantized weights to x's dtype (torch_gguf.matmul(..., round_weight=True)). The torch backend
+    dequantizes the whole weight to float32 per call: the reference, not a fast CPU path."""
+    be = resolve(backend, x.device)
+    if be == "triton":
+        from wslm.kernels.triton_gguf import gguf_matmul as impl
+
+        return impl(x, raw, ggml_type, out)
+    from wslm.kernels.torch_gguf import matmul as ref
+
+    return ref(x, raw, ggml_type, out=out)
+
+
+def gguf_dequantize(raw: torch.Tensor, ggml_type: int | str, backend: str | None = None) -> torch.Tensor:
+    """GGUF block bytes uint8 [rows, bytes_per_row] -> float32 [rows, cols], bit-equal to gguf-py's
+    gguf.quants.dequantize on every backend (e.g. the embedding rows of a batch: raw[token_ids])."""
+    be = resolve(backend, raw.device)
+    if be == "triton":
+        from wslm.kernels.triton_gguf import gguf_dequantize as impl
+    else:
+        from wslm.kernels.torch_gguf import dequantize as impl
+    return impl(raw, ggml_type)

@@ -174,3 +174,76 @@ class Launch:
         consts = ",".join(f"{k}={v}" for k, v in self.constexprs)
         return (f"{self.kernel.split(':')[1]} {self.dtype} sm_{self.capability[0]}{self.capability[1]} "
                 f"w{self.num_warps}s{self.num_stages} {consts}")
+
+
+# GGUF block matmuls (triton_gguf). Activation rows up to this take the GEMV (decode) kernel.
+GGUF_GEMV_MAX_ROWS = 32
+GGUF_TYPES = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K", "Q5_K", "Q6_K")
+# Streaming multiprocessors to plan split-K for (the datacenter parts; consumer cards of an arch vary, and
+# a split sized for more SMs than a card has only adds a few partial sums).
+_SM_COUNTS = {(8, 0): 108, (8, 6): 84, (8, 7): 16, (8, 9): 128, (9, 0): 132, (10, 0): 148}
+
+
+@dataclass(frozen=True)
+class GgufConfig:
+    block_m: int  # activation rows per program (1: the FMA GEMV; 16/32: padded rows for tl.dot)
+    block_n: int  # weight rows (outputs) per program
+    block_k: int
+    num_warps: int
+    num_stages: int
+    dot_precision: str
+    split_k: int = 1  # GEMV: K ranges per output tile (a runtime value, not a constexpr)
+    split_w: bool = False  # GEMV dots: float32 weight as hi + lo in the 16-bit activation dtype
+    group_m: int = 8  # GEMM: row tiles per program group (L2 reuse of a dequantized weight tile)
+    # ptxas's register cap (None: its own). The dot GEMVs need 255: on sm_90 ptxas otherwise aims at more
+    # programs per SM than their fp32 weight tile (+ its hi/lo split) leaves registers for, and spills.
+    maxnreg: int | None = None
+
+
+def _check_gguf_type(qtype: str) -> None:
+    if qtype not in GGUF_TYPES:
+        raise ValueError(f"GGUF type {qtype!r} has no Triton kernel: use one of {GGUF_TYPES}")
+
+
+def gguf_gemv_config(qtype: str, dtype: str, rows: int, n: int, k: int, capability: tuple[int, int]) -> GgufConfig:
+    """Decode tiles (rows <= GGUF_GEMV_MAX_ROWS). One row: a [128, 16] weight tile per step, float32
+    FMAs; more rows: 16 or 32 padded rows x 64 outputs (32 in float32) x 64 K (32 for 32 rows)
+    through tl.dot. The K axis splits until the programs cover ~4 waves of the SMs, keeping at least 4 K
+    tiles per split (weight bytes are the cost, so every SM must stream)."""
+    _check_gguf_type(qtype)
+    elt = _dtype_bytes(dtype)
+    if rows < 1 or rows > GGUF_GEMV_MAX_ROWS:
+        raise ValueError(f"gguf_gemv_config: rows must be 1..{GGUF_GEMV_MAX_ROWS}, got {rows}")
+    if rows == 1:
+        block_m, block_n, block_k = 1, 16, 128
+    else:  # float32's three TF32 products need twice the operands: 32 outputs; 32 rows: K 32 (Q6_K spilled)
+        block_m = 16 if rows <= 16 else 32
+        block_n = 32 if elt == 4 else 64
+        block_k = 32 if block_m == 32 else 64
+    tiles = -(-n // block_n)
+    k_tiles = -(-k // block_k)
+    target = 4 * _SM_COUNTS.get(tuple(capability), 84)
+    split = 1
+    while tiles * split < target and k_tiles // (split * 2) >= 4:
+        split *= 2
+    return GgufConfig(block_m, block_n, block_k, 4, 2, dot_precision(dtype), split,
+                      split_w=block_m > 1 and elt == 2, maxnreg=255 if block_m > 1 else None)
+
+
+def gguf_gemm_config(qtype: str, dtype: str, rows: int, n: int, k: int, capability: tuple[int, int]) -> GgufConfig:
+    """Prefill tiles: 128 x 128 x 32 with 8 warps for long prompts in 16-bit (3 stages where the card has
+    160+ KiB of shared memory), 64 x 64 x 64 otherwise; float32 (three TF32 products) halves K, 8 warps."""
+    _check_gguf_type(qtype)
+    elt = _dtype_bytes(dtype)
+    big_smem = shared_memory_limit(capability) >= 160 * 1024
+    if elt == 4:  # 8 warps and no register cap below 255: Q6_K's decode spilled with 4 warps or 128 registers
+        return GgufConfig(64, 64, 32, 8, 2, dot_precision(dtype), maxnreg=255)
+    if rows >= 256:
+        return GgufConfig(128, 128, 32, 8, 3 if big_smem else 2, dot_precision(dtype))
+    return GgufConfig(64, 64, 64, 4, 3 if big_smem else 2, dot_precision(dtype))
+
+
+def gguf_dequant_config(qtype: str) -> tuple[int, int, int]:
+    """(BLOCK_N, BLOCK_K, num_warps) of the GGUF dequantize kernel: 8 rows x 256 weights per program."""
+    _check_gguf_type(qtype)
+    return 8, 256, 4
