@@ -2,8 +2,9 @@
 handed to listeners (the server turns each report into a `{"event": "load_progress", ...}` line on stdout,
 which the GUI's loading state shows).
 
-A report goes out at most every REPORT_INTERVAL_S seconds, and besides at each tenth of the bytes (so a fast
-load still says how it went), and always once at 100%."""
+A report goes out at the start (0%), then when REPORT_INTERVAL_S seconds or a tenth of the bytes have passed
+since the last one (a slow load: a line every half second; a fast one: a line per 10%), and always once at
+100%."""
 
 from __future__ import annotations
 
@@ -44,15 +45,15 @@ class LoadProgress:
         self.done = 0
         self.start = clock()
         self._last_time = self.start
-        self._last_tenth = 0
+        self._last_fraction = 0.0
         self._finished = False
+        self._report(self.start, 0.0)
 
     def advance(self, nbytes: int) -> None:
         self.done += max(0, int(nbytes))
-        now = self.clock()
-        tenth = int(10 * self.fraction())
-        if now - self._last_time >= REPORT_INTERVAL_S or tenth > self._last_tenth:
-            self._report(now, self.fraction())
+        now, fraction = self.clock(), self.fraction()
+        if now - self._last_time >= REPORT_INTERVAL_S or fraction - self._last_fraction >= 0.1:
+            self._report(now, fraction)
 
     def fraction(self) -> float:
         """Of the bytes expected; held below 1 until finish() (an estimated total can be passed early)."""
@@ -66,8 +67,7 @@ class LoadProgress:
             self._report(self.clock(), 1.0)
 
     def _report(self, now: float, fraction: float) -> None:
-        self._last_time = now
-        self._last_tenth = int(10 * fraction)
+        self._last_time, self._last_fraction = now, fraction
         elapsed = max(now - self.start, 1e-9)
         done = self.total if fraction >= 1.0 and self.total else self.done
         report = {
