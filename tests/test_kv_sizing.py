@@ -131,3 +131,21 @@ def test_progress_reports_at_most_every_half_second_or_tenth(step_s, steps):
     for a, b in zip(reports[1:-2], reports[2:-1]):
         assert b["elapsed_s"] - a["elapsed_s"] >= 0.5 - 1e-9 or b["percent"] - a["percent"] >= 10 - 1e-9, (a, b)
     assert len(reports) <= 2 + max(10, steps * step_s / 0.5)
+
+
+def test_the_models_panel_shows_the_pool_of_the_start_log(served, qtbot, capsys):
+    """The GUI's estimate is `wslm models list/info --json`'s (the Models panel shows it): the same pool."""
+    pytest.importorskip("PySide6")
+    from wslm.gui.format import human_bytes
+    from wslm.gui.log_model import LogModel
+    from wslm.gui.models_panel import ModelsPanel
+    from wslm.gui.models_service import ModelsService
+
+    pool = int(POOL_LINE.search(served.stderr()).group(1))
+    rc, out = run_cli("models", "info", "demo", "--json", "--context", "1024", "--max-num-seqs", "3", capsys=capsys)
+    service = ModelsService(LogModel())
+    panel = ModelsPanel(service)
+    qtbot.addWidget(panel)
+    service.table.set_models([json.loads(out)])
+    panel.table.selectRow(0)
+    assert f"{human_bytes(pool)} KV cache at 1,024 tokens (x3 full-length chats)" in panel.details.text()
