@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -20,7 +21,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 SCRIPT = textwrap.dedent(
     """
-    import ctypes, json, sys
+    import ctypes, json, logging, sys
 
     import torch
     from wslm.backend import LLM
@@ -30,6 +31,7 @@ SCRIPT = textwrap.dedent(
     from wslm.backend.worker.model_runner import load_model
 
     folder, no_mmap = sys.argv[1], sys.argv[2] == "1"
+    logging.basicConfig(level=logging.INFO)
 
     def anon():
         for line in open("/proc/self/status"):
@@ -80,7 +82,7 @@ def _load(folder: Path, no_mmap: bool) -> dict:
     proc = subprocess.run([sys.executable, "-c", SCRIPT, str(folder), "1" if no_mmap else "0"], env=env,
                           capture_output=True, text=True, timeout=600, cwd=REPO)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return {**json.loads(proc.stdout.strip().splitlines()[-1]), "log": proc.stderr}
 
 
 @pytest.mark.timeout(600)
@@ -98,6 +100,17 @@ def test_mapped_load_is_file_pages_and_no_mmap_gives_the_same_tokens(tmp_path):
     assert copied["private"] > 0.9 * size, (copied, size)
     assert mapped["gate_up_shape"] == copied["gate_up_shape"] == [2 * 1536, 512]
     assert mapped["tokens"] == copied["tokens"] and len(mapped["tokens"]) == 12
+    # Load progress counts the file's tensor bytes, to 100%.
+    total = sum(int(n) for n in _stored(folder))
+    mb = f"{total / 1e6:.0f}"
+    assert re.search(rf"Loading weights of \S*tiny-bf16: 100% \({mb} of {mb} MB, \d+ MB/s\)", mapped["log"]), mapped["log"]
+
+
+def _stored(folder: Path):
+    from wslm.backend.loader.safetensors_mmap import stored_bytes
+
+    for file in folder.glob("*.safetensors"):
+        yield from stored_bytes(file).values()
 
 
 def test_adjacent_parts_fuse_as_a_view_and_others_are_copied():
