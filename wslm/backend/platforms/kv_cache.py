@@ -64,6 +64,7 @@ def plan_pool(config: EngineConfig, mc: ModelConfig, device: torch.device) -> Kv
     explicit = {"num_blocks_override": config.num_gpu_blocks_override}
     cap = None
     if device.type == "cuda":
+        explicit["cap_flag"] = "--gpu-memory-utilization"
         if config.num_gpu_blocks_override is None:
             cap = _cuda_budget(config, mc, device)
     else:

@@ -74,6 +74,7 @@ class KvPoolPlan:
     need_blocks: int  # what max_num_seqs full-length sequences can use
     cap_bytes: int | None  # the memory cap the default is held to (None: an explicit size)
     source: str  # "need", "cap", "kv_cache_memory", "WSLM_CPU_KVCACHE_SPACE" or "num_gpu_blocks_override"
+    cap_flag: str = "--kv-cache-memory"  # the flag that sets the pool's memory on this device
 
     @property
     def bytes(self) -> int:
@@ -101,8 +102,8 @@ class KvPoolPlan:
         if self.source == "need":
             why = f"sized by need: {want}"
         elif self.source == "cap":
-            why = (f"capped at {self.cap_bytes / gib:.2f} GiB of memory ({want}: raise the cap with "
-                   "--kv-cache-memory, or lower --max-num-seqs / --max-model-len)")
+            why = (f"capped at {self.cap_bytes / gib:.2f} GiB of memory ({want}: more with {self.cap_flag}, or "
+                   "lower --max-num-seqs / --max-model-len)")
         else:
             why = f"set by {self.source}"
         return (f"{head}; {why}. Maximum concurrency for {self.seq_tokens} tokens per request: "
@@ -119,6 +120,7 @@ def plan_kv_pool(
     cpu_kvcache_space_gib: float | None = None,
     num_blocks_override: int | None = None,
     cap_bytes: int | None = None,
+    cap_flag: str = "--kv-cache-memory",
 ) -> KvPoolPlan:
     """The pool for sequences of `seq_tokens` KV tokens (kv_context) at `kv_bytes_per_token`. cap_bytes: the
     default's memory cap (None: the CPU's, cpu_kv_cap_bytes()); the explicit settings win over the default."""
@@ -126,7 +128,7 @@ def plan_kv_pool(
     seq_tokens = max(1, int(seq_tokens))
     need = int(max_num_seqs) * -(-seq_tokens // block_size)
     plan = dict(block_size=int(block_size), bytes_per_block=per_block, seq_tokens=seq_tokens,
-                max_num_seqs=int(max_num_seqs), need_blocks=need)
+                max_num_seqs=int(max_num_seqs), need_blocks=need, cap_flag=cap_flag)
     if num_blocks_override is not None:
         return KvPoolPlan(int(num_blocks_override), cap_bytes=None, source="num_gpu_blocks_override", **plan)
     if kv_cache_memory is not None:
