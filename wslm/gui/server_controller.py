@@ -124,7 +124,7 @@ def loading_text(event: dict) -> str:
 
 
 class ServerController(QObject):
-    state_changed = Signal(str, str)  # state, detail (crash cause, model loading, ...)
+    state_changed = Signal(str, str)  # state, detail (crash cause, model loading, ...); "loading" repeats with progress
     ready = Signal(dict)  # the ready event: url, host, port, model, pid
     metrics_updated = Signal(dict)  # kv_cache_usage (0..1), running, waiting, tokens_per_s
     health_changed = Signal(str)  # "ok" or an error text
