@@ -145,3 +145,19 @@ def test_mapped_tensors_equal_safetensors_own(tmp_path):
     assert stored_bytes(path) == {n: t.numel() * t.element_size() for n, t in tensors.items()}
     mapped["a"].add_(1)  # copy-on-write: the file keeps its values
     assert torch.equal(load_file(str(path))["a"], tensors["a"])
+
+
+def test_a_file_cut_short_is_a_clear_error(tmp_path):
+    import torch
+    from safetensors import SafetensorError
+    from safetensors.torch import save_file
+
+    from wslm.backend.loader.safetensors_mmap import iter_mapped
+
+    path = tmp_path / "x.safetensors"
+    save_file({"a": torch.zeros(64, 64)}, str(path))
+    whole = path.read_bytes()
+    for cut in (40, len(whole) - 100):  # inside the header; inside the tensor data
+        path.write_bytes(whole[:cut])
+        with pytest.raises(SafetensorError, match="Download the model again"):
+            list(iter_mapped(path))

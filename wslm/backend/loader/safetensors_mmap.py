@@ -27,11 +27,27 @@ _DTYPES = {
 
 
 def read_header(path: str | Path) -> tuple[int, dict]:
-    """(offset of the data, {name: {"dtype", "shape", "data_offsets"}}) without the "__metadata__" entry."""
-    with open(path, "rb") as f:
-        (size,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(size))
-    header.pop("__metadata__", None)
+    """(offset of the data, {name: {"dtype", "shape", "data_offsets"}}) without the "__metadata__" entry.
+    A file cut short or not safetensors at all is safetensors' own SafetensorError, naming the file and the fix
+    (a tensor past the end would otherwise be a SIGBUS when its pages are first read)."""
+    from safetensors import SafetensorError
+
+    try:
+        with open(path, "rb") as f:
+            file_size = f.seek(0, 2)
+            f.seek(0)
+            (size,) = struct.unpack("<Q", f.read(8))
+            if 8 + size > file_size:
+                raise ValueError(f"its header says {size} bytes, the file has {file_size}")
+            header = json.loads(f.read(size))
+        header.pop("__metadata__", None)
+        end = max((int(e["data_offsets"][1]) for e in header.values()), default=0)
+    except (OSError, ValueError, struct.error, KeyError, TypeError, IndexError) as exc:
+        raise SafetensorError(f"{path} is not a readable safetensors file ({exc}): is the download complete? "
+                              "Download the model again (wslm models pull).") from exc
+    if 8 + size + end > file_size:
+        raise SafetensorError(f"{path} is cut short: its tensors need {8 + size + end} bytes, the file has "
+                              f"{file_size}. Download the model again (wslm models pull).")
     return 8 + size, header
 
 
