@@ -53,7 +53,8 @@ def test_server_panel_real_backend_chat_stream_and_stop(qtbot, tmp_path, monkeyp
     panel.start_button.click()
     qtbot.waitUntil(lambda: window.server.state in (READY, CRASHED), timeout=300_000)
     assert window.server.state == READY, f"server did not start: {window.server.detail}\n{window.logs.text()[-3000:]}"
-    assert states[:3] == ["starting", "loading", "ready"]
+    # Loading repeats while the load progress updates its detail ("Loading demo… 43% (312 MB/s)").
+    assert [s for i, s in enumerate(states) if not i or s != states[i - 1]][:3] == ["starting", "loading", "ready"]
     assert panel.badge.text() == "Ready" and not panel.start_button.isEnabled()
     assert "Backend ready" in window.status.state.text()
     assert any("wslm" in window.logs.data(window.logs.index(i)) for i in range(window.logs.rowCount()))

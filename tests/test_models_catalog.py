@@ -73,21 +73,18 @@ def test_list_json_contract_and_sources(models_dir, capsys):
 
 
 def test_memory_estimate_follows_the_context(models_dir):
-    small = find_model("demo", context=1024)
-    big = find_model("demo", context=8192)
-    from wslm.backend.platforms.cpu.kv_sizing import (
-        available_ram,
-        default_cpu_kv_cache_bytes,
-        runtime_value_bytes,
-    )
+    # Two sequences: the pool is their need, under the memory cap (128 sequences of 1,024 would reach it).
+    small = find_model("demo", context=1024, max_num_seqs=2)
+    big = find_model("demo", context=8192, max_num_seqs=2)
+    from wslm.backend.platforms.cpu.kv_sizing import plan_kv_pool, runtime_value_bytes
 
     # K and V, 30 layers, 3 KV heads of 64, in the engine's dtype=auto here (16-bit, or fp32 on most CPUs)
     per_token = 2 * 30 * 3 * 64 * runtime_value_bytes()
     assert small.kv_bytes_per_token == per_token
     # The KV part is the pool `wslm serve` reserves by default (kv_sizing, the engine's own function): room for
-    # DEFAULT_KV_SEQUENCES sequences of the context, within the RAM cap.
-
-    assert big.kv_cache_bytes == default_cpu_kv_cache_bytes(per_token, 8192, available_ram())
+    # --max-num-seqs sequences of the context, within the memory cap.
+    assert big.kv_cache_bytes == plan_kv_pool(per_token, 8192, max_num_seqs=2).bytes == 2 * 8192 * per_token
+    assert big.kv_cache_sized_by == "need" and big.kv_cache_max_concurrency == 2.0
     assert big.memory_estimate_bytes - small.memory_estimate_bytes == big.kv_cache_bytes - small.kv_cache_bytes > 0
     assert find_model("demo", context=10**6).estimate_context == 8192  # capped at the model's own
     # GGUF weights stay quantized (Q4_1 -> int4 groups of 32, Q8_0 -> int8): about the file's size, not 2 bytes each.

@@ -107,4 +107,4 @@ def test_sigterm_ends_streams_cleanly(server):
     assert usage["choices"] == [] and 0 < usage["usage"]["completion_tokens"] < 900
     finishes = [json.loads(e)["choices"][0]["finish_reason"] for e in events[:-2]]
     assert finishes.count(None) == len(finishes) - 1 and finishes[-1] == "abort"
-    assert all(json.loads(line)["event"] in ("loading", "ready") for line in server.stdout_lines)
+    assert all(json.loads(line)["event"] in ("loading", "load_progress", "ready") for line in server.stdout_lines)

@@ -12,6 +12,7 @@ HOST = "127.0.0.1"  # this machine only: exposing the server is a choice (docs/s
 PORT = 8000  # vLLM's default, so clients written for vLLM work unchanged
 GPU_MEMORY_UTILIZATION = 0.9  # CUDA: share of the card the engine may use (vLLM's default)
 BLOCK_SIZE = 16  # KV-cache block size in tokens
+MAX_NUM_SEQS = 128  # most sequences in one batch (vLLM's --max-num-seqs); the default KV pool is sized for them
 KV_CACHE_DTYPE = "auto"  # the KV cache in the model's dtype
 
 

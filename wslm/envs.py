@@ -140,7 +140,8 @@ VARIABLES: tuple[EnvVar, ...] = (
     EnvVar("WSLM_CPU_KVCACHE_SPACE", "float", None,
            "KV-cache pool on CPU in GiB (vLLM's `VLLM_CPU_KVCACHE_SPACE`); `--kv-cache-memory` wins over it.",
            (_E,), _EVERYDAY,
-           default_doc="sized for the model and the context (`wslm/backend/platforms/cpu/kv_sizing.py`)"),
+           default_doc="`--max-num-seqs` x `--max-model-len`, capped at the smaller of 2 GiB and 20% of the RAM "
+                       "(`wslm/backend/platforms/cpu/kv_sizing.py`)"),
     EnvVar("WSLM_TORCH_SPEC", "str", None,
            "the torch requirement `./setup.sh` installs (e.g. a CUDA build: "
            "`\"torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128\"`). The installers' own "

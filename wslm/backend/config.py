@@ -25,7 +25,8 @@ class EngineConfig:
     tokenizer: str | None = _flag(None, "a tokenizer folder or repo id other than the model's")
     # None: the model's own, capped by what the KV pool holds
     max_model_len: int | None = _flag(None, "context length in tokens (e.g. 4096 or 4k)")
-    max_num_seqs: int = _flag(128, "most sequences in one batch")
+    max_num_seqs: int = _flag(defaults.MAX_NUM_SEQS, "most sequences in one batch (the default KV pool holds this many "
+                                                             "full-length sequences, within its memory cap)")
     # the per-step token budget (chunked prefill)
     max_num_batched_tokens: int = _flag(DEFAULT_MAX_NUM_BATCHED_TOKENS, "token budget per step")
     # Fairness (scheduler.py): while streams decode, prefill gets at most this many tokens per step
@@ -70,6 +71,10 @@ class EngineConfig:
         None, "which snapshot of a repo id in the HF cache to serve: a branch, tag or commit")
     download_dir: str | None = _flag(
         None, "the Hugging Face cache folder to find repo ids in (default: the usual HF cache)")
+    # Weights used as stored stay pages of the memory-mapped file, shared with the OS's file cache (llama.cpp's
+    # default); no_mmap reads each into memory of its own instead (llama.cpp's --no-mmap).
+    no_mmap: bool = _flag(False, "read the weights into memory of their own instead of memory-mapping the model "
+                                 "file (default: mapped, its pages shared with the OS's file cache)")
     # "pooling" is not a choice: it comes from vLLM's --runner (launcher._task)
     task: str = _flag(
         "auto", "generate (text), embed (/v1/embeddings) or score (/rerank, /score: cross-encoders); auto: from "

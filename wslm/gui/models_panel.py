@@ -144,6 +144,9 @@ class ModelsPanel(QWidget):
             ctx = m.get("estimate_context") or m.get("context_length")
             kv_dtype = str(m.get("estimate_kv_cache_dtype") or "auto")  # the Server panel's KV cache dtype
             kv = f"{' ' + kv_dtype if kv_dtype != 'auto' else ''} KV cache{f' at {ctx:,} tokens' if ctx else ''}"
+            if m.get("kv_cache_bytes"):  # the pool serve's start log names (kv_sizing.plan_kv_pool)
+                seqs = m.get("kv_cache_max_concurrency")
+                kv = f" {human_bytes(m['kv_cache_bytes'])}{kv}{f' (x{seqs:g} full-length chats)' if seqs else ''}"
             parts.append(f"needs about {human_bytes(m['memory_estimate_bytes'])} "
                          f"(weights +{kv} + runtime, as "
                          f"`wslm models info` counts) · "

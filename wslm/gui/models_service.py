@@ -17,13 +17,15 @@ from wslm.wsl_bridge.launcher import Target
 # What `wslm serve` reads as a size (kv_sizing.parse_bytes; the GUI bundle has no wslm.backend to import it).
 _SIZE = re.compile(r"\s*[0-9]*\.?[0-9]+\s*[kmgt]?(i?b)?\s*", re.IGNORECASE)
 _KV_FLAGS = {"--kv-cache-dtype": "--kv-cache-dtype", "--kv-cache-memory": "--kv-cache-memory",
-             "--kv-cache-memory-bytes": "--kv-cache-memory"}  # serve's flag (and vLLM's alias) -> ours
+             "--kv-cache-memory-bytes": "--kv-cache-memory",
+             "--max-num-seqs": "--max-num-seqs"}  # serve's flag (and vLLM's alias) -> ours
 
 
 def kv_estimate_args(kv_cache_dtype: str, extra_args: str | list[str]) -> list[str]:
     """The `models list` flags that size the KV cache as the Server panel's server will: its KV dtype and a
-    --kv-cache-memory / --kv-cache-dtype among its extra flags (given later on serve's command line, they
-    win). A size serve would refuse is left out: the listing must not fail for it (the start says why)."""
+    --kv-cache-memory / --kv-cache-dtype / --max-num-seqs among its extra flags (given later on serve's
+    command line, they win). A value serve would refuse is left out: the listing must not fail for it (the
+    start says why)."""
     if isinstance(extra_args, str):
         try:
             extra_args = shlex.split(extra_args)
@@ -45,6 +47,9 @@ def kv_estimate_args(kv_cache_dtype: str, extra_args: str | list[str]) -> list[s
     memory = found.get("--kv-cache-memory", "")
     if _SIZE.fullmatch(memory) and float(re.match(r"\s*([0-9.]+)", memory).group(1)) > 0:
         out += ["--kv-cache-memory", memory.strip()]
+    seqs = found.get("--max-num-seqs", "").strip()
+    if seqs.isdigit() and int(seqs) > 0:
+        out += ["--max-num-seqs", seqs]
     return out
 
 
@@ -100,11 +105,11 @@ class ModelsService(QObject):
         self.loading = False
         self._list_proc = None
         payload = next((e for e in events if isinstance(e.get("models"), list)), None)
-        if code == 2 and self._sent_kv and "unrecognized arguments: --kv-cache" in tail:
+        if code == 2 and self._sent_kv and re.search(r"unrecognized arguments: --(kv-cache|max-num-seqs)", tail):
             # An older wslm on the target (WSL installs update apart from the app): its estimates, then.
             self.kv_refused = True
-            self.logs.add("models", "this wslm has no --kv-cache-dtype/--kv-cache-memory for `models list` (update "
-                                    "it for estimates that count them): listing without them")
+            self.logs.add("models", "this wslm has no --kv-cache-dtype/--kv-cache-memory/--max-num-seqs for `models "
+                                    "list` (update it for estimates that count them): listing without them")
             self.refresh()
             return
         if self._again:

@@ -3,6 +3,8 @@
     stopped -> starting -> loading -> ready -> stopping -> stopped
                     \\________\\_______\\--> crashed (exit, error event, or /health stops answering)
 
+While loading, the server's `load_progress` lines update the detail ("Loading demo… 43% (312 MB/s)").
+
 The process is a QProcess (no thread); health and /metrics are polled with QNetworkAccessManager
 (asynchronous); stopping a WSL backend by its Linux PID runs on a background thread."""
 
@@ -111,8 +113,18 @@ def app_wording(message: str) -> str:
     return " ".join(kept).strip()
 
 
+def loading_text(event: dict) -> str:
+    """The loading state's detail for a `load_progress` event: "Loading NAME… 43% (312 MB/s)"."""
+    name = str(event.get("model") or "model")
+    try:
+        percent, rate = float(event.get("percent") or 0), float(event.get("mb_per_s") or 0)
+    except (TypeError, ValueError):
+        return f"Loading {name}…"
+    return f"Loading {name}… {percent:.0f}% ({rate:.0f} MB/s)"
+
+
 class ServerController(QObject):
-    state_changed = Signal(str, str)  # state, detail (crash cause, model loading, ...)
+    state_changed = Signal(str, str)  # state, detail (crash cause, model loading, ...); "loading" repeats with progress
     ready = Signal(dict)  # the ready event: url, host, port, model, pid
     metrics_updated = Signal(dict)  # kv_cache_usage (0..1), running, waiting, tokens_per_s
     health_changed = Signal(str)  # "ok" or an error text
@@ -258,6 +270,9 @@ class ServerController(QObject):
                 self._stop_now(self._proc, self._backend_pid)
             elif self.state != STOPPING:
                 self._set(LOADING, f"Loading {event.get('model') or self.config.model}…")
+        elif kind == "load_progress":
+            if self.state == LOADING:  # a pool's later loads (after ready) are not the start's
+                self._set(LOADING, loading_text(event))
         elif kind == "ready" and self._stop_pending:
             self.ready_event = event
             self._stop_now(self._proc, int(event.get("pid") or 0))

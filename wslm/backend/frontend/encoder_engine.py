@@ -63,7 +63,7 @@ class EncoderEngine:
             dtype = _DTYPES.get(str(hf.get("torch_dtype") or "float16"), torch.float16)
             dtype = torch.float16 if dtype == torch.float32 else dtype
         self.model = BertModel(hf, dtype, self.device)
-        self.model.load_weights(iter_weights(source, dtype))
+        self.model.load_weights(iter_weights(source, dtype, no_mmap=config.no_mmap))
         self.task = "score" if config.task == "score" else "embed"
         self.pooler = pooler_config(source.folder, hf, is_encoder=True)
         if self.task == "score" and (not self.model.has_score_head or int(hf.get("num_labels", len(

@@ -17,16 +17,12 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from wslm import defaults, envs
 from wslm.backend.config import DEFAULT_MAX_NUM_BATCHED_TOKENS
 from wslm.backend.hub import hf_cache, pull_state
 from wslm.backend.hub.metadata import ModelMetadata, gguf_shards, read_gguf, read_hf_folder, weight_files
 from wslm.backend.hub.quant import gguf_variants, is_model_gguf, pick_variant, quant_label
-from wslm.backend.platforms.cpu.kv_sizing import (
-    available_ram,
-    default_cpu_kv_cache_bytes,
-    kv_context,
-    runtime_value_bytes,
-)
+from wslm.backend.platforms.cpu.kv_sizing import kv_context, plan_kv_pool, runtime_value_bytes
 from wslm.backend.platforms.cpu.server_memory import cpu_server_overhead_bytes
 
 DEFAULT_ESTIMATE_CONTEXT = 4096
@@ -61,6 +57,11 @@ class ModelInfo:
     runtime_memory_bytes: int | None = None  # the server's own: runtime, compiled step (or GPU context)
     kv_bytes_per_token: int | None = None
     estimate_kv_cache_dtype: str | None = None  # the --kv-cache-dtype the estimate assumed (auto, fp8, ...)
+    # The KV pool as `wslm serve` sizes it (kv_sizing.plan_kv_pool, which its start log prints too).
+    estimate_max_num_seqs: int | None = None  # the --max-num-seqs the estimate assumed
+    kv_cache_blocks: int | None = None
+    kv_cache_sized_by: str | None = None  # need, cap, kv_cache_memory, WSLM_CPU_KVCACHE_SPACE
+    kv_cache_max_concurrency: float | None = None  # full-length sequences the pool holds at once
     num_layers: int | None = None
     num_attention_heads: int | None = None
     num_kv_heads: int | None = None
@@ -306,7 +307,7 @@ def resume_hint(state: dict | None, repo_id: str) -> str:
 
 
 def _describe(entry: _Entry, context: int | None = None, kv_cache_dtype: str = "auto",
-              kv_cache_memory: int | None = None) -> ModelInfo:
+              kv_cache_memory: int | None = None, max_num_seqs: int | None = None) -> ModelInfo:
     meta = read_gguf(entry.path) if entry.format == "gguf" and entry.path.is_file() else (
         read_hf_folder(entry.path) if entry.format == "hf" and (entry.path / "config.json").is_file() else ModelMetadata()
     )  # fmt: skip
@@ -349,7 +350,7 @@ def _describe(entry: _Entry, context: int | None = None, kv_cache_dtype: str = "
     reason = _support(entry, meta)
     info.supported, info.unsupported_reason = reason is None, reason
     info.task = _task(entry, meta)
-    _estimate_memory(info, meta, context, kv_cache_dtype, kv_cache_memory)
+    _estimate_memory(info, meta, context, kv_cache_dtype, kv_cache_memory, max_num_seqs)
     return info
 
 
@@ -373,10 +374,11 @@ def kv_value_bytes(kv_cache_dtype: str | None) -> int:
 
 
 def _estimate_memory(info: ModelInfo, meta: ModelMetadata, context: int | None, kv_cache_dtype: str = "auto",
-                     kv_cache_memory: int | None = None) -> None:
+                     kv_cache_memory: int | None = None, max_num_seqs: int | None = None) -> None:
     """The weights as the engine keeps them + the KV pool for `context` tokens + the server's own memory:
-    what `wslm serve` takes when started with that context, --kv-cache-dtype and --kv-cache-memory (on CPU,
-    resident; on a GPU, of its memory, where the server reserves its --gpu-memory-utilization)."""
+    what `wslm serve` takes when started with that context, --kv-cache-dtype, --kv-cache-memory and
+    --max-num-seqs (on CPU, resident; on a GPU, of its memory, where the server reserves its
+    --gpu-memory-utilization; the pool there is sized with the CPU's cap, the card's being unknown here)."""
     if not info.complete:
         return
     if meta.elements_by_type:  # GGUF: kept quantized, at each storage type's runtime size
@@ -393,10 +395,15 @@ def _estimate_memory(info: ModelInfo, meta: ModelMetadata, context: int | None, 
         ctx = min(ctx, int(meta.context_length))
     held = kv_context(ctx, meta.uniform_sliding_window, DEFAULT_MAX_NUM_BATCHED_TOKENS)  # what one sequence keeps
     per_token = meta.kv_bytes_per_token(kv_value_bytes(kv_cache_dtype))
-    if kv_cache_memory is not None:  # the server reserves exactly what --kv-cache-memory says
-        kv = int(kv_cache_memory)
-    else:  # the KV pool `wslm serve` reserves on CPU by default (the same function), not just one sequence
-        kv = default_cpu_kv_cache_bytes(per_token, held, available_ram()) if per_token else 0
+    seqs = int(max_num_seqs or defaults.MAX_NUM_SEQS)
+    kv = 0
+    if per_token:  # the pool `wslm serve` reserves (the same function), not just one sequence
+        plan = plan_kv_pool(per_token, held, seqs, defaults.BLOCK_SIZE, kv_cache_memory=kv_cache_memory,
+                            cpu_kvcache_space_gib=envs.WSLM_CPU_KVCACHE_SPACE)
+        kv = plan.bytes
+        info.kv_cache_blocks, info.kv_cache_sized_by = plan.num_blocks, plan.source
+        info.kv_cache_max_concurrency = round(plan.max_concurrency, 2)
+    info.estimate_max_num_seqs = seqs
     if _has_gpu():  # GPU memory: the CUDA context, activations, sampler buffers
         runtime = int(FIXED_OVERHEAD_BYTES + 0.05 * weights)
     else:  # the server process: its own memory, and the compiled decode step's (server_memory, measured)
@@ -424,15 +431,17 @@ def list_models(
     models_root: Path | None = None,
     kv_cache_dtype: str = "auto",
     kv_cache_memory: int | None = None,
+    max_num_seqs: int | None = None,
 ) -> list[ModelInfo]:
     """Every model on this machine. The memory estimate is for a server started with `context`,
-    `kv_cache_dtype` and `kv_cache_memory` (bytes; None: the default pool), as `wslm serve`'s flags."""
+    `kv_cache_dtype`, `kv_cache_memory` (bytes; None: the default pool) and `max_num_seqs` (None: serve's
+    default), as `wslm serve`'s flags."""
     out = []
     seen: set[str] = set()
     for entry in _all_entries(cache_dir, models_root):
         if (entry.complete or include_partial) and entry.id not in seen:
             seen.add(entry.id)
-            out.append(_describe(entry, context, kv_cache_dtype, kv_cache_memory))
+            out.append(_describe(entry, context, kv_cache_dtype, kv_cache_memory, max_num_seqs))
     return out
 
 
@@ -456,12 +465,12 @@ def _find_entry(
 def find_model(
     name: str, context: int | None = None, include_partial: bool = True,
     cache_dir: Path | None = None, models_root: Path | None = None, kv_cache_dtype: str = "auto",
-    kv_cache_memory: int | None = None,
+    kv_cache_memory: int | None = None, max_num_seqs: int | None = None,
 ) -> ModelInfo | None:  # fmt: skip
     """The model a `models list` id (or an alias such as "org/repo:Q4_K_M") names, or None; its estimate as
     list_models makes it."""
     entry = _find_entry(name, include_partial, cache_dir, models_root)
-    return _describe(entry, context, kv_cache_dtype, kv_cache_memory) if entry else None
+    return _describe(entry, context, kv_cache_dtype, kv_cache_memory, max_num_seqs) if entry else None
 
 
 def resolve_model(name: str) -> Path | None:

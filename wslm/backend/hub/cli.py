@@ -80,6 +80,11 @@ def _estimate_flags(p: argparse.ArgumentParser) -> None:
         "--kv-cache-memory", "--kv-cache-memory-bytes", type=_size, metavar="SIZE", default=None,
         help="the KV pool's size for the memory estimate, like 4GiB or 512MiB (default: what serve reserves itself)",
     )
+    p.add_argument(
+        "--max-num-seqs", type=_positive, metavar="N", default=None,
+        help="sequences in one batch, for the memory estimate: the default KV pool holds this many full-length "
+             "ones within its cap (default: serve's, 128)",
+    )
 
 
 def _positive(text: str) -> int:
@@ -169,7 +174,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     from wslm.backend.hub.catalog import list_models, resume_hint
 
     everything = list_models(context=args.context, include_partial=True, kv_cache_dtype=args.kv_cache_dtype,
-                             kv_cache_memory=args.kv_cache_memory)
+                             kv_cache_memory=args.kv_cache_memory, max_num_seqs=args.max_num_seqs)
     models = [m for m in everything if m.complete or args.all]
     if args.json:
         _print_json({"models": [m.to_dict() for m in models]})
@@ -193,7 +198,7 @@ def cmd_list(args: argparse.Namespace) -> int:
     kv = f", {human_size(args.kv_cache_memory)} of it" if args.kv_cache_memory else ""
     kv += f", {args.kv_cache_dtype}" if args.kv_cache_dtype != "auto" else ""
     print(f"\n* memory: weights + the KV cache `wslm serve` reserves at {at}{kv} + overhead (--context N, "
-          "--kv-cache-dtype, --kv-cache-memory to change)")
+          "--kv-cache-dtype, --kv-cache-memory, --max-num-seqs to change)")
     for m in models:
         if not m.supported and m.unsupported_reason:
             print(f"  {m.id}: {m.unsupported_reason}")
@@ -207,7 +212,7 @@ def cmd_info(args: argparse.Namespace) -> int:
     from wslm.backend.hub.catalog import find_model, resume_hint
 
     info = find_model(args.id, context=args.context, kv_cache_dtype=args.kv_cache_dtype,
-                      kv_cache_memory=args.kv_cache_memory)
+                      kv_cache_memory=args.kv_cache_memory, max_num_seqs=args.max_num_seqs)
     if info is None:
         msg = f"No model {args.id!r} on this machine. See `wslm models list`, or download it: wslm models pull {args.id}"
         if args.json:
@@ -236,6 +241,10 @@ def cmd_info(args: argparse.Namespace) -> int:
         print(f"{'Memory:':16}needs about {human_size(info.memory_estimate_bytes)} at {info.estimate_context} "
               f"tokens (weights {human_size(info.weights_memory_bytes)}, KV {human_size(info.kv_cache_bytes)}, "
               f"runtime {human_size(info.runtime_memory_bytes)})")  # fmt: skip
+    if info.kv_cache_blocks:
+        print(f"{'KV pool:':16}{human_size(info.kv_cache_bytes)} ({info.kv_cache_bytes} bytes, {info.kv_cache_blocks} "
+              f"blocks), sized by {info.kv_cache_sized_by} for {info.estimate_max_num_seqs} sequences; maximum "
+              f"concurrency for {info.estimate_context} tokens per request: {info.kv_cache_max_concurrency:.2f}x")
     print(f"{'Chat template:':16}{'yes' if info.has_chat_template else 'no'}")
     print(f"{'Supported:':16}{'yes' if info.supported else 'no: ' + str(info.unsupported_reason)}")
     if info.partial_bytes:

@@ -214,31 +214,84 @@ def _sliding_window(hf_config) -> int | None:
     return window
 
 
-def iter_weights(source: ModelSource, dtype: torch.dtype, quantization: str | None = None):
-    """Yield (hf_name, tensor) for every weight, one file at a time to keep peak memory low. AWQ/GPTQ
-    pieces come out as one int4 weight per linear (wslm.backend.quant.packed_checkpoint)."""
+def iter_weights(source: ModelSource, dtype: torch.dtype, quantization: str | None = None, no_mmap: bool = False):
+    """Yield (hf_name, tensor) for every weight, one file at a time to keep peak memory low, logging load
+    progress (load_progress.py). AWQ/GPTQ pieces come out as one int4 weight per linear
+    (wslm.backend.quant.packed_checkpoint). Safetensors come memory-mapped (safetensors_mmap.py) unless
+    no_mmap: each tensor then is a private copy."""
     if quantization in ("awq", "gptq"):
         from wslm.backend.quant.packed_checkpoint import read_quant_config, repack
 
-        yield from repack(iter_weights(source, dtype), quantization, read_quant_config(source.folder))
+        yield from repack(iter_weights(source, dtype, no_mmap=no_mmap), quantization,
+                          read_quant_config(source.folder))
         return
+    from wslm.backend.loader.load_progress import LoadProgress, track
+
     if source.gguf_file:
-        yield from _iter_gguf_weights(source, dtype)
+        sizes = _gguf_stored_bytes(source)
+        progress = LoadProgress(sum(sizes.values()), source.name)
+        yield from track(_iter_gguf_weights(source, dtype), progress, lambda name, _item: sizes.get(name, 0))
         return
     files = sorted(source.folder.glob("*.safetensors"))
     if files:
-        from safetensors import safe_open
+        from wslm.backend.loader.safetensors_mmap import stored_bytes
 
-        for file in files:
-            with safe_open(str(file), framework="pt") as f:
-                for name in f.keys():
-                    yield name, f.get_tensor(name)
+        by_file = [(file, stored_bytes(file)) for file in files]
+        progress = LoadProgress(sum(sum(sizes.values()) for _, sizes in by_file), source.name)
+        for file, sizes in by_file:
+            yield from track(_iter_safetensors(file, no_mmap), progress,
+                             lambda name, _t, sizes=sizes: sizes.get(name, 0), finish=False)
+        progress.finish()
         return
     bins = sorted(source.folder.glob("pytorch_model*.bin"))
     if not bins:
         raise FileNotFoundError(f"No weights (*.safetensors or pytorch_model*.bin) in {source.folder}.")
+    progress = LoadProgress(sum(f.stat().st_size for f in bins), source.name)
     for file in bins:
-        yield from torch.load(str(file), map_location="cpu", weights_only=True).items()
+        items = torch.load(str(file), map_location="cpu", weights_only=True).items()
+        yield from track(items, progress, lambda _name, t: t.numel() * t.element_size(), finish=False)
+    progress.finish()
+
+
+def _iter_safetensors(file, no_mmap: bool):
+    if not no_mmap:
+        from wslm.backend.loader.safetensors_mmap import iter_mapped
+
+        yield from iter_mapped(file)
+        return
+    from safetensors import safe_open
+
+    with safe_open(str(file), framework="pt") as f:
+        for name in f.keys():
+            # get_tensor itself is a view of safetensors' own mapping (0.6 and later): copied to be private.
+            yield name, f.get_tensor(name).clone()
+
+
+def _gguf_stored_bytes(source: ModelSource) -> dict[str, int]:
+    """Each weight's bytes in the GGUF file, by the name iter_gguf_weights yields it under (a stacked MoE
+    tensor's bytes shared by its experts): what load progress counts. A name not found counts 0 (the load
+    still ends at 100%)."""
+    import re
+
+    from wslm.backend.quant.gguf_file import GGUFFile
+    from wslm.backend.quant.gguf_weights import _EXPERT_NAMES, hf_name
+
+    reader = GGUFFile(source.gguf_path)
+    try:
+        arch = str(reader.values.get("general.architecture") or "llama")
+        sizes: dict[str, int] = {}
+        for t in reader.tensors:
+            m = re.fullmatch(r"blk\.(\d+)\.(ffn_\w+_exps)\.weight", t.name)
+            if m and m.group(2) in _EXPERT_NAMES:
+                experts = int(t.shape[-1]) if t.shape else 1
+                for e in range(experts):
+                    name = f"model.layers.{m.group(1)}.mlp.experts.{e}.{_EXPERT_NAMES[m.group(2)]}.weight"
+                    sizes[name] = t.n_bytes // max(1, experts)
+            elif (name := hf_name(t.name, arch)) is not None:
+                sizes[name] = t.n_bytes
+        return sizes
+    finally:
+        reader.close()
 
 
 def _iter_gguf_weights(source: ModelSource, dtype: torch.dtype):

@@ -1,4 +1,5 @@
-"""How many KV blocks the pool gets: from gpu_memory_utilization on CUDA, kv_cache_memory on CPU."""
+"""How many KV blocks the pool gets: kv_sizing.plan_kv_pool (what `wslm models info` reports too), capped on
+CUDA by what gpu_memory_utilization leaves, on CPU by a share of the RAM."""
 
 from __future__ import annotations
 
@@ -12,26 +13,14 @@ from wslm.backend.modeling.config import ModelConfig
 
 # parse_bytes lives in the torch-free kv_sizing (`wslm models list --kv-cache-memory` parses sizes as serve does).
 from wslm.backend.platforms.cpu.kv_sizing import (  # noqa: F401  (parse_bytes: re-exported)
+    KvPoolPlan,
     available_ram,
-    default_cpu_kv_cache_bytes,
     kv_context,
     parse_bytes,
+    plan_kv_pool,
 )
 
 logger = logging.getLogger(__name__)
-
-
-def _cpu_budget(config: EngineConfig, mc: ModelConfig) -> int:
-    if config.kv_cache_memory is not None:
-        return int(config.kv_cache_memory)
-    gib = envs.WSLM_CPU_KVCACHE_SPACE  # like vLLM's VLLM_CPU_KVCACHE_SPACE
-    if gib is not None:
-        return int(gib * (1 << 30))
-    # Sized for the context asked for (else the model's own), as `wslm models info` estimates it; when every
-    # layer is windowed a sequence holds only its window's blocks (block_manager.py).
-    context = kv_context(config.max_model_len or mc.max_position_embeddings, mc.uniform_sliding_window,
-                         config.max_num_batched_tokens)
-    return default_cpu_kv_cache_bytes(mc.kv_bytes_per_token(), context, available_ram())
 
 
 def _cuda_budget(config: EngineConfig, mc: ModelConfig, device: torch.device) -> int:
@@ -65,15 +54,36 @@ def kv_cache_torch_dtype(name: str, device: torch.device) -> torch.dtype | None:
     return torch.float8_e4m3fn
 
 
+def plan_pool(config: EngineConfig, mc: ModelConfig, device: torch.device) -> KvPoolPlan:
+    """The pool for this engine: by need (max_num_seqs full-length sequences), within the memory cap, unless
+    --num-gpu-blocks-override, --kv-cache-memory (CPU) or WSLM_CPU_KVCACHE_SPACE (CPU) say otherwise."""
+    # Sized for the context asked for (else the model's own), as `wslm models info` estimates it; when every
+    # layer is windowed a sequence holds only its window's blocks (block_manager.py).
+    seq_tokens = kv_context(config.max_model_len or mc.max_position_embeddings, mc.uniform_sliding_window,
+                            config.max_num_batched_tokens)
+    explicit = {"num_blocks_override": config.num_gpu_blocks_override}
+    cap = None
+    if device.type == "cuda":
+        explicit["cap_flag"] = "--gpu-memory-utilization"
+        if config.num_gpu_blocks_override is None:
+            cap = _cuda_budget(config, mc, device)
+    else:
+        explicit.update(kv_cache_memory=config.kv_cache_memory, cpu_kvcache_space_gib=envs.WSLM_CPU_KVCACHE_SPACE)
+    return plan_kv_pool(mc.kv_bytes_per_token(), seq_tokens, config.max_num_seqs, config.block_size, cap_bytes=cap,
+                        **explicit)
+
+
 def determine_num_blocks(config: EngineConfig, mc: ModelConfig, device: torch.device) -> int:
-    if config.num_gpu_blocks_override is not None:
-        return int(config.num_gpu_blocks_override)
-    budget = _cuda_budget(config, mc, device) if device.type == "cuda" else _cpu_budget(config, mc)
-    per_block = mc.kv_bytes_per_token() * config.block_size
-    num_blocks = budget // per_block
-    if num_blocks < 2:
+    plan = plan_pool(config, mc, device)
+    if plan.num_blocks < 2:
         raise ValueError(
-            f"The KV cache budget ({budget / 2**20:.0f} MiB) holds fewer than 2 blocks of {config.block_size} "
+            f"The KV cache budget ({plan.bytes / 2**20:.0f} MiB) holds fewer than 2 blocks of {config.block_size} "
             "tokens for this model. Give it more room: --kv-cache-memory on CPU, --gpu-memory-utilization on GPU."
         )
-    return int(num_blocks)
+    logger.info("%s", plan.describe())
+    free = available_ram() if device.type == "cpu" else None
+    if free is not None and plan.bytes > free:
+        logger.warning("The KV cache pool (%.2f GiB) is more than the RAM free now (%.2f GiB): the system may swap "
+                       "or end the server. Lower --kv-cache-memory / --max-num-seqs / --max-model-len.",
+                       plan.bytes / 2**30, free / 2**30)
+    return int(plan.num_blocks)

@@ -44,7 +44,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         allow_abbrev=False,  # a misspelt or shortened flag is an error, never silently another flag
         help="run the OpenAI-compatible API server",
         description="Serve a model over an OpenAI-compatible HTTP API (flags as in `vllm serve`). Prints JSON "
-        'lines on stdout: {"event": "loading"}, then {"event": "ready", "url": ...} or {"event": "error"}.',
+        'lines on stdout: {"event": "loading"}, {"event": "load_progress", "percent": ...} while the weights load, then '
+        '{"event": "ready", "url": ...} or {"event": "error"}.',
     )
     # vLLM's --config FILE and --flag_with_underscores (serve_args.py); the subparsers action made p.
     p.__class__ = ServeArgumentParser

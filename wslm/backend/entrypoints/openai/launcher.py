@@ -1,5 +1,5 @@
 """Start `wslm serve`: bind the port, load the model, run uvicorn, and report progress as JSON lines on
-stdout for the GUI ({"event": "loading" | "ready" | "error", ...}). Everything else (logs, library chatter)
+stdout for the GUI ({"event": "loading" | "load_progress" | "ready" | "error", ...}). Everything else (logs, library chatter)
 goes to stderr, so stdout stays machine-readable.
 
 Shutdown: SIGTERM/SIGINT stop new requests; running ones get --shutdown-timeout seconds to finish, then are
@@ -143,9 +143,17 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def load_engine(config: Any):
-    from wslm.backend.frontend.engine_factory import create_engine
+def _progress_event(report: dict) -> None:
+    emit("load_progress", **report)
 
+
+def load_engine(config: Any):
+    """The engine, its weights' load progress reported as {"event": "load_progress", "percent", "bytes",
+    "total_bytes", "mb_per_s", "elapsed_s", "model"} lines on stdout (loader/load_progress.py) meanwhile."""
+    from wslm.backend.frontend.engine_factory import create_engine
+    from wslm.backend.loader import load_progress
+
+    load_progress.add_listener(_progress_event)
     try:
         return create_engine(config)
     except (ValueError, FileNotFoundError) as exc:
@@ -156,6 +164,8 @@ def load_engine(config: Any):
     except Exception as exc:  # noqa: BLE001 - any load failure must reach the GUI as a message
         log.exception("loading the model failed")
         raise StartupError(f"Could not load the model {config.model!r}: {type(exc).__name__}: {exc}") from exc
+    finally:
+        load_progress.remove_listener(_progress_event)
 
 
 def _log_config(level: str) -> dict:

@@ -61,10 +61,30 @@ class LinearMethod:
         layer.pending = {}
 
     def fuse(self, layer: Linear, param: str, parts: list):
-        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=0).contiguous()
+        if len(parts) == 1:
+            return parts[0]
+        view = adjacent_view(parts)
+        return view if view is not None else torch.cat(parts, dim=0).contiguous()
 
     def apply(self, layer: Linear, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         raise NotImplementedError
+
+
+def adjacent_view(parts: list) -> torch.Tensor | None:
+    """The parts stacked along dim 0 without a copy, when they already lie one after another in one storage
+    (a memory-mapped safetensors file stores gate_proj then up_proj so): the fused weight stays pages of the
+    file. None when they do not."""
+    first = parts[0]
+    if not all(isinstance(p, torch.Tensor) and p.is_contiguous() and p.dtype == first.dtype
+               and p.shape[1:] == first.shape[1:] and p.device == first.device for p in parts):
+        return None
+    storage = first.untyped_storage().data_ptr()
+    for prev, nxt in zip(parts, parts[1:]):
+        if (nxt.untyped_storage().data_ptr() != storage
+                or nxt.data_ptr() != prev.data_ptr() + prev.numel() * prev.element_size()):
+            return None
+    rows = sum(p.shape[0] for p in parts)
+    return first.as_strided((rows, *first.shape[1:]), first.stride())
 
 
 class DenseLinearMethod(LinearMethod):
