@@ -3,7 +3,8 @@ to a model's memory estimate ("needs about"), and the GUI shows that number, so 
 really takes (tests/test_gguf_memory.py checks within 10%). Pure (no torch), like kv_sizing.
 
 Measured on `wslm serve demo` (2-core AMD EPYC, float32, defaults): 1.86 GiB resident once ready = 90 MiB
-of weights + the 1.41 GiB KV pool + ~370 MiB of its own (Python, torch, transformers, the HTTP server, the
+of weights + the 1.41 GiB KV pool of that day (the pool is sized by need now: kv_sizing.plan_kv_pool) + ~370
+MiB of its own (Python, torch, transformers, the HTTP server, the
 tokenizer, torch's code); after the background compile of the decode step ended, 2.11 GiB: inductor's
 modules and caches, and the compiled graph's own copy of the weights (freezing repacks them)."""
 
