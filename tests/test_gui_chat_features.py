@@ -268,7 +268,7 @@ def test_system_prompt_presets(panel, qtbot):
     assert Scripted.requests[-1]["messages"][0] == {"role": "system", "content": "Talk like a pirate."}
     session.open(first)
     assert panel.preset_combo.currentData() == "Terse"
-    panel._delete_preset()
+    panel.params._delete_preset()
     assert session.store.presets() == {"Pirate": "Talk like a pirate."}
     assert session.current().system_prompt == "Be terse."  # the chat keeps its prompt
     assert panel.preset_combo.findData("Terse") < 0 and not panel.preset_delete.isEnabled()

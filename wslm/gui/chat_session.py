@@ -134,6 +134,9 @@ class ChatSession(QObject):
     reply_failed = Signal(str, str)  # kind, message
     first_token = Signal(float)
     current_changed = Signal(int)  # conversation id (0: none)
+    # The developer view's history: a request's exact body as it went out, then how it ended (stats, error).
+    request_sent = Signal(int, int, dict)  # conversation id, reply message id, body
+    request_ended = Signal(int, int, dict, str)  # conversation id, reply message id, stats, error
 
     def __init__(self, store: ChatStore, defaults: dict | None = None, parent=None) -> None:
         super().__init__(parent)
@@ -469,6 +472,7 @@ class ChatSession(QObject):
         worker.done.connect(self._on_done)
         worker.failed.connect(self._on_failed)
         worker.prepared.connect(self._on_prepared)
+        worker.sending.connect(self._on_sending)
         # A bound slot, not a lambda: QThread.finished is emitted on the worker thread, and only a
         # receiver living on the GUI thread makes the call queued (deleting the QThread object from
         # its own, still-running thread crashes).
@@ -493,7 +497,7 @@ class ChatSession(QObject):
         worker = reply.worker
         for sig, slot in ((worker.delta, self._on_delta), (worker.reasoning, self._on_reasoning), (worker.done, self._on_done),
                           (worker.failed, self._on_failed), (worker.first_token, self._on_first_token),
-                          (worker.prepared, self._on_prepared)):
+                          (worker.prepared, self._on_prepared), (worker.sending, self._on_sending)):
             try:
                 sig.disconnect(slot)
             except (RuntimeError, TypeError):
@@ -506,6 +510,7 @@ class ChatSession(QObject):
             reply.message.stats, reply.message.error = stats, error
             self.store.update_message(reply.message.id, content=reply.message.content, stats=stats, error=error)
         self.conversations.set_busy(reply.conv_id, False)
+        self.request_ended.emit(reply.conv_id, reply.message.id, stats, error)
         if reply.conv_id == self.messages.conversation_id:
             self.busy_changed.emit(False)
 
@@ -548,6 +553,11 @@ class ChatSession(QObject):
         reply.message.stats["sources"] = info["sources"]
         if self._shown(reply):
             self.messages.touch_row(self.messages.streaming_row)
+
+    def _on_sending(self, body: dict) -> None:
+        reply = self._reply_of_sender()
+        if reply is not None:
+            self.request_sent.emit(reply.conv_id, reply.message.id, body)
 
     def _on_reasoning(self, text: str) -> None:
         """The model's thinking: kept apart from the answer (shown folded, stored, never sent back)."""
