@@ -95,6 +95,7 @@ class ChatPanel(ModelSwitching, ChatSending, QWidget):
         self.model_combo, self.eject_button = h.picker.combo, h.picker.eject_button
         self.settings_button.toggled.connect(self._settings_toggled)
         lay.addWidget(h)
+        self._init_notes(lay)  # the model hint, switch note (above the transcript) and error line
         self.view = ChatView(session.messages)
         self.composer = Composer(self.attachments)
         c = self.composer
@@ -103,10 +104,12 @@ class ChatPanel(ModelSwitching, ChatSending, QWidget):
         c.send_requested.connect(self.send)
         c.stop_requested.connect(self.stop)
         c.attach_requested.connect(self.attach_dialog)
-        self._init_notes(lay)  # the model hint, switch note (above the transcript) and error line
         lay.insertWidget(lay.count() - 1, self.view, 1)  # between the notes above and the error line below
         lay.addWidget(c)
         self.input.cap_to(center)
+        # Tab goes as the eye does: the transcript's links, the note under it ("start it"), the composer.
+        QWidget.setTabOrder(self.view, self.error_label)
+        QWidget.setTabOrder(self.error_label, self.attach_button)
 
         self.params_box = self._build_column()
         split = QSplitter(Qt.Orientation.Horizontal, self)

@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import html
 
+from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QLabel, QVBoxLayout
 
 import wslm.gui.qt_fix  # noqa: F401  (PySide6 6.12 emit() refcount bug)
+from wslm.gui.link_label import LinkLabel
 
 
 class ChatSending:
@@ -25,27 +27,30 @@ class ChatSending:
         self._server_note = False  # the note under the transcript is about the server (cleared when ready)
         self.switch_note = QLabel(objectName="Muted")  # a model switch's progress (the header has no room)
         self.model_hint = QLabel(objectName="Muted")  # a chat that talked to another model offers it back
-        self.error_label = QLabel(objectName="Muted")
+        self.error_label = LinkLabel(objectName="Muted")
         self.error_label.linkActivated.connect(self._on_note_link)
         self.model_hint.linkActivated.connect(lambda model_id: self.choose_model(model_id))
         for label in (self.switch_note, self.model_hint, self.error_label):
             label.setWordWrap(True)
             label.hide()
             lay.addWidget(label)
-        # Its link ("start it") is reached with Tab, and Enter or Space follows it.
-        self.error_label.setTextInteractionFlags(self.error_label.textInteractionFlags()
-                                                 | self.error_label.textInteractionFlags().LinksAccessibleByKeyboard)
+        # Its link ("start it") is reached with Tab, and Enter follows it: a Tab stop while it is shown with a
+        # link (_show_error), placed in the Tab order by the panel.
+        self.error_label.setFocusPolicy(Qt.FocusPolicy.TabFocus)
 
     def _show_error(self, text: str, server: bool = False, rich: bool = False) -> None:
         """`server`: a note about our server's availability (it goes when the server is ready). `rich`: the
         text is HTML (a link to act on); otherwise it is escaped."""
         self.error_label.setText(f"<span style='color:#f85149;'>⚠</span> {text if rich else html.escape(text, quote=False)}")
+        # A note with a link ("start it") is a Tab stop: Tab reaches the link, Enter follows it.
+        self.error_label.setFocusPolicy(Qt.FocusPolicy.TabFocus if rich and "<a " in text else Qt.FocusPolicy.NoFocus)
         self.error_label.show()
         self._server_note = server
 
     def _show_note(self, text: str) -> None:
         """Progress, not a problem: waiting for the server."""
         self.error_label.setText(f"<span style='color:#d29922;'>●</span> {html.escape(text, quote=False)}")
+        self.error_label.setFocusPolicy(Qt.FocusPolicy.NoFocus)
         self.error_label.show()
         self._server_note = True
 

@@ -225,11 +225,22 @@ class ChatSession(QObject):
         self.busy_changed.emit(self.busy)
 
     def new_conversation(self) -> Conversation:
+        """A new chat with the open one's parameters (system prompt, sampling: what the user set last), or
+        the defaults; an empty chat already in the list is reused (opened, given those parameters) rather
+        than a second "New chat" piled up."""
         current = self.current()
+        keys = ("system_prompt", "temperature", "top_p", "max_tokens", *SAMPLING)
+        params = {k: v for k, v in self.defaults.items() if k in keys}
+        if current is not None:
+            params.update({k: getattr(current, k) for k in keys})
         if current is not None and not self.messages.rowCount():
             return current  # an empty chat is already open: no second empty one
-        params = {k: v for k, v in self.defaults.items()
-                  if k in ("system_prompt", "temperature", "top_p", "max_tokens", *SAMPLING)}
+        empty = self.store.empty_conversation()
+        if empty is not None and not self._replies.get(empty):
+            self.store.update_conversation(empty, **params)
+            self.conversations.touch(empty)  # to the top, where a new chat goes
+            self._load(empty)
+            return self.current()
         conv = self.conversations.create(**params)
         self._load(conv.id)
         return conv
@@ -292,6 +303,14 @@ class ChatSession(QObject):
             if items and items[-1].role == "user":  # a failed send left only the question
                 self._start_reply()
                 return True
+        if 0 <= row < len(items) and items[row].role == "user":
+            # A question left without a reply (its reply deleted): answered, as a new branch when another
+            # message follows it.
+            if row + 1 < len(items) and items[row + 1].role == "assistant":
+                return False
+            self.messages.cut_view(row + 1)
+            self._start_reply()
+            return True
         if not (0 <= row < len(items)) or items[row].role != "assistant":
             return False
         if not items[row].content and row == len(items) - 1:

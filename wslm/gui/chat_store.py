@@ -235,6 +235,13 @@ class ChatStore:
             ).fetchall()
         return [_conversation(r) for r in rows]
 
+    def empty_conversation(self) -> int | None:
+        """The newest conversation without a message (a "New chat" never written in), None when none."""
+        row = self._db.execute(
+            "SELECT id FROM conversations c WHERE NOT EXISTS (SELECT 1 FROM messages m WHERE m.conversation_id = c.id) "
+            "ORDER BY updated DESC, id DESC LIMIT 1").fetchone()
+        return int(row[0]) if row else None
+
     def update_conversation(self, conv_id: int, **changes) -> None:
         bad = set(changes) - EDITABLE
         if bad:

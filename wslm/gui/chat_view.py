@@ -10,7 +10,7 @@ import json
 
 from PySide6.QtCore import Qt, QTimer, QUrl, Signal
 from PySide6.QtGui import QDesktopServices, QGuiApplication, QTextCursor
-from PySide6.QtWidgets import QPushButton, QTextBrowser, QWidget
+from PySide6.QtWidgets import QPushButton, QTextBrowser
 
 import wslm.gui.qt_fix  # noqa: F401  (PySide6 6.12 emit() refcount bug)
 from wslm.gui import theme
@@ -118,10 +118,9 @@ class ChatView(QTextBrowser):
         )
         self.render()
 
-    def focusNextPrevChild(self, next: bool) -> bool:  # noqa: A002 - Qt's name
-        # QTextBrowser walks Tab through every link (Copy, Edit, … of each message) before leaving; Tab
-        # leaves the transcript at once instead, to the next control (the links stay clickable).
-        return QWidget.focusNextPrevChild(self, next)
+    # Tab walks the messages' links (Copy, Edit, Regenerate, ‹ 1/2 ›, …) as QTextBrowser does, the focused
+    # one highlighted, Enter follows it; after the last one Tab goes on to the next control. Shift+Tab from
+    # the message box reaches the latest message's links first.
 
     def set_empty_hint(self, text: str) -> None:
         self.empty_hint = text
@@ -220,10 +219,18 @@ class ChatView(QTextBrowser):
                 f'{html.escape(footer)}{" &nbsp;·&nbsp; " if footer else ""}{links}</p>'
             )
         elif msg.role == "user":
+            # A question left without a reply (its reply deleted, or never written) can be answered.
+            answer = (f' &nbsp;·&nbsp; <a href="regen:{row}" style="color:{theme.ACCENT};">Regenerate</a>'
+                      if self.unanswered(row) else "")
             parts.append(f'<p style="font-size:small; margin-top:4px;">{self._branch_links(row, msg)}<a href="copy:{row}">Copy</a>'
-                         f' &nbsp;·&nbsp; <a href="edit:{row}">Edit</a> &nbsp;·&nbsp; <a href="delete:{row}">Delete</a></p>')
+                         f' &nbsp;·&nbsp; <a href="edit:{row}">Edit</a>{answer} &nbsp;·&nbsp; <a href="delete:{row}">Delete</a></p>')
         parts.append("</td></tr></table>")
         return "".join(parts)
+
+    def unanswered(self, row: int) -> bool:
+        """The user's message at `row` has no reply after it (the next message is not the assistant's)."""
+        nxt = self.model.message(row + 1) if row + 1 < self.model.rowCount() else None
+        return (nxt is None or nxt.role == "user") and self.model.streaming_row < 0
 
     @staticmethod
     def _branch_links(row: int, msg) -> str:

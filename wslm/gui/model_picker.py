@@ -128,11 +128,16 @@ class PickerCombo(QComboBox):
         opt = QStyleOptionComboBox()
         self.initStyleOption(opt)
         painter.drawComplexControl(QStyle.ComplexControl.CC_ComboBox, opt)
+        opt.currentText = self.shown_text()
+        painter.drawControl(QStyle.ControlElement.CE_ComboBoxLabel, opt)
+
+    def shown_text(self) -> str:
+        """The current name as drawn: cut in the middle ("Qwen2.5-…-Q4_K_M.gguf") when wider than the box."""
+        opt = QStyleOptionComboBox()
+        self.initStyleOption(opt)
         field = self.style().subControlRect(QStyle.ComplexControl.CC_ComboBox, opt,
                                             QStyle.SubControl.SC_ComboBoxEditField, self)
-        opt.currentText = self.fontMetrics().elidedText(opt.currentText, Qt.TextElideMode.ElideMiddle,
-                                                        max(0, field.width() - 4))
-        painter.drawControl(QStyle.ControlElement.CE_ComboBoxLabel, opt)
+        return self.fontMetrics().elidedText(self.currentText(), Qt.TextElideMode.ElideMiddle, max(0, field.width() - 4))
 
 
 class ModelPicker(QWidget):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import html
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QEvent, Qt, Signal
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QFrame,
@@ -74,10 +74,12 @@ class ModelsPanel(QWidget):
         self.table.verticalHeader().hide()
         self.table.verticalHeader().setDefaultSectionSize(34)
         header = self.table.horizontalHeader()
-        header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
-        for col in range(1, service.table.columnCount()):
-            header.setSectionResizeMode(col, QHeaderView.ResizeMode.ResizeToContents)
+        # Widths set by fit_columns (on resize and on new rows): the name column is never squeezed to "…".
+        header.setSectionResizeMode(QHeaderView.ResizeMode.Interactive)
+        header.setStretchLastSection(False)
         header.setDefaultAlignment(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter)
+        self.table.installEventFilter(self)
+        service.table.modelReset.connect(self.fit_columns)
         self.table.doubleClicked.connect(lambda _i: self._serve_selected())
 
         self.details = QLabel()
@@ -161,6 +163,33 @@ class ModelsPanel(QWidget):
                 job.cancel()
                 if job._proc:
                     job._proc.wait(wait_ms)
+
+    NAME_SHARE = 0.4  # of the table's width, at least, for the names when the columns do not all fit
+
+    def eventFilter(self, obj, event) -> bool:
+        if obj is self.table and event.type() == QEvent.Type.Resize:
+            self.fit_columns()
+        return super().eventFilter(obj, event)
+
+    def fit_columns(self) -> None:
+        """Each column as wide as its contents when they all fit, the name column taking the rest; on a
+        narrow window the names keep at least NAME_SHARE of the width (cut in the middle) and the other
+        columns share what is left, each cut to fit, rather than the names shrinking to "…"."""
+        table, header = self.table, self.table.horizontalHeader()
+        cols = table.model().columnCount()
+        if not cols:
+            return
+        avail = table.viewport().width()
+        want = [max(table.sizeHintForColumn(c), header.sectionSizeHint(c)) for c in range(cols)]
+        rest = sum(want[1:])
+        if want[0] + rest <= avail:
+            widths = [avail - rest, *want[1:]]
+        else:
+            name = max(min(want[0], avail - rest), int(avail * self.NAME_SHARE))
+            scale = max(0.0, avail - name) / rest if rest else 0.0
+            widths = [name, *(max(24, int(w * scale)) for w in want[1:])]
+        for c, w in enumerate(widths):
+            header.resizeSection(c, w)
 
     def _show_error(self, text: str) -> None:
         self.error.setText(f"<span style='color:#f85149;'>⚠</span> {text}")
