@@ -227,7 +227,7 @@ def test_the_smallest_window_shows_model_names_and_whole_settings(qtbot, tmp_pat
     qtbot.wait(50)
     table = w.models_panel.table
     name_w = table.horizontalHeader().sectionSize(0)
-    assert name_w >= 0.35 * table.viewport().width()
+    assert name_w >= 0.3 * table.viewport().width()
     fm = table.fontMetrics()
     shown = fm.elidedText(models[0]["id"], Qt.TextElideMode.ElideMiddle, name_w - 16)
     assert len(shown.replace("…", "")) >= 12, shown  # was "…" for every name
@@ -407,3 +407,24 @@ def test_developer_view_history_shows_each_request_as_sent(panel, qtbot, tmp_pat
         panel.session.request_sent.emit(panel.session.messages.conversation_id, 10_000 + i, {"model": "x", "i": i})
     entries = panel.history.for_conversation(panel.session.messages.conversation_id)
     assert len(panel.history.entries) == 50 and entries[0].body["i"] == 59
+
+
+# 11. Context length can be cleared back to "model default" (the field refused an empty value).
+def test_context_length_can_be_cleared_back_to_model_default(qtbot, tmp_path, monkeypatch):
+    monkeypatch.setenv("WSLM_CONFIG_DIR", str(tmp_path / "config"))
+    store = ChatStore(tmp_path / "chats.sqlite3")
+    w = MainWindow(Settings(first_run_done=True, max_model_len=4096, chat_use_server=False), store, watch=False)
+    qtbot.addWidget(w)
+    w.show()
+    w.show_panel("server")
+    box = w.server_panel.context
+    box.setFocus()
+    box.selectAll()
+    QTest.keyClick(box, Qt.Key.Key_Delete)
+    QTest.keyClick(box, Qt.Key.Key_Return)
+    w.server_panel.port.setFocus()
+    assert box.value() == 0 and box.text() == "model default"
+    assert w.settings.max_model_len == 0  # the server starts with the model's own context
+    w.session.shutdown()
+    w.close()
+    store.close()

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import html
 
+from PySide6.QtCore import QSize, Qt
+from PySide6.QtGui import QColor, QPainter
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QWidget
 
 import wslm.gui.qt_fix  # noqa: F401  (PySide6 6.12 emit() refcount bug)
@@ -16,13 +18,44 @@ def short_count(n: int) -> str:
     return f"{n / 1000:.1f}k" if n >= 1000 else str(n)
 
 
+class ChipLabel(QLabel):
+    """A coloured dot and a few words ("● loading…"); cut with "…" when the header has no room (at the
+    smallest window), never setting its minimum width. text() keeps the whole (rich) text."""
+
+    MIN_WIDTH = 44
+    color = "#8d96a8"
+    words = ""
+
+    def set_chip(self, color: str, words: str) -> None:
+        self.color, self.words = color, words
+        self.setText(f"<span style='color:{color};'>●</span> {html.escape(words)}")
+
+    def sizeHint(self) -> QSize:
+        return QSize(self.fontMetrics().horizontalAdvance(f"● {self.words}") + 4, super().sizeHint().height())
+
+    def minimumSizeHint(self) -> QSize:
+        return QSize(min(self.sizeHint().width(), self.MIN_WIDTH), super().minimumSizeHint().height())
+
+    def paintEvent(self, _event) -> None:
+        rect, fm = self.contentsRect(), self.fontMetrics()
+        p = QPainter(self)
+        align = Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter
+        p.setPen(QColor(self.color))
+        p.drawText(rect, align, "●")
+        x = fm.horizontalAdvance("● ")
+        p.setPen(self.palette().color(self.foregroundRole()))
+        p.drawText(rect.adjusted(x, 0, 0, 0), align,
+                   fm.elidedText(self.words, Qt.TextElideMode.ElideRight, max(0, rect.width() - x)))
+        p.end()
+
+
 class ChatHeader(QWidget):
     def __init__(self, parent=None) -> None:
         super().__init__(parent)
         head = QHBoxLayout(self)
         head.setContentsMargins(0, 0, 0, 0)
         self.title = ElidedLabel("New chat", objectName="Title")  # a long title gives way to the picker
-        self.connection_label = QLabel(objectName="Muted")
+        self.connection_label = ChipLabel(objectName="Muted")
         self.settings_button = QPushButton("⚙")
         self.settings_button.setCheckable(True)
         self.settings_button.setAccessibleName("Chat settings")
@@ -38,11 +71,9 @@ class ChatHeader(QWidget):
         head.addWidget(self.settings_button)
 
     def set_connection(self, color: str, text: str, tooltip: str = "") -> None:
-        """The dot and a few words beside the picker: shown whole when short ("wslm server"), cut when long
-        (a custom URL, whole in the tooltip) so it never sets the window's minimum width."""
-        self.connection_label.setText(f"<span style='color:{color};'>●</span> {html.escape(text)}")
-        width = self.connection_label.fontMetrics().horizontalAdvance(f"● {text}") + 4
-        self.connection_label.setMinimumWidth(min(width, 44))
+        """The dot and a few words beside the picker, whole where there is room, cut with "…" where there is
+        not (a custom URL, the smallest window; whole in the tooltip)."""
+        self.connection_label.set_chip(color, text)
         self.connection_label.setToolTip(tooltip or text)
 
     def set_context(self, used: int, window: int | None, parts: str) -> None:

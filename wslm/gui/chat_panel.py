@@ -200,6 +200,7 @@ class ChatPanel(ModelSwitching, ChatSending, QWidget):
         # is never narrower than what it holds: nothing is cut off ("Sa" for "Save…") at the smallest window.
         for form in inner.findChildren(QFormLayout):
             form.setRowWrapPolicy(QFormLayout.RowWrapPolicy.WrapLongRows)
+            form.setLabelAlignment(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter)
         self._wheel_guard = guard_wheel(inner)
         return box
 

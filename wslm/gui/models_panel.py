@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import html
 
-from PySide6.QtCore import QEvent, Qt, Signal
+from PySide6.QtCore import QEvent, Qt, QTimer, Signal
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QFrame,
@@ -77,6 +77,7 @@ class ModelsPanel(QWidget):
         # Widths set by fit_columns (on resize and on new rows): the name column is never squeezed to "…".
         header.setSectionResizeMode(QHeaderView.ResizeMode.Interactive)
         header.setStretchLastSection(False)
+        self.table.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)  # the columns fit
         header.setDefaultAlignment(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter)
         self.table.installEventFilter(self)
         service.table.modelReset.connect(self.fit_columns)
@@ -164,11 +165,11 @@ class ModelsPanel(QWidget):
                 if job._proc:
                     job._proc.wait(wait_ms)
 
-    NAME_SHARE = 0.4  # of the table's width, at least, for the names when the columns do not all fit
+    NAME_SHARE = 0.3  # of the table's width, at least, for the names when the columns do not all fit
 
     def eventFilter(self, obj, event) -> bool:
         if obj is self.table and event.type() == QEvent.Type.Resize:
-            self.fit_columns()
+            QTimer.singleShot(0, self.fit_columns)  # once the table has laid out its viewport anew
         return super().eventFilter(obj, event)
 
     def fit_columns(self) -> None:
@@ -181,13 +182,22 @@ class ModelsPanel(QWidget):
             return
         avail = table.viewport().width()
         want = [max(table.sizeHintForColumn(c), header.sectionSizeHint(c)) for c in range(cols)]
+        if sum(want) > avail:  # short of room: a heading is cut before the values under it
+            want = [max(table.sizeHintForColumn(c), 40) for c in range(cols)]
         rest = sum(want[1:])
         if want[0] + rest <= avail:
             widths = [avail - rest, *want[1:]]
         else:
+            # The names keep at least NAME_SHARE; the other columns share the rest, the widest cut first (a
+            # long architecture name), so the short ones (1B, gguf, Q4_K_M) stay whole.
             name = max(min(want[0], avail - rest), int(avail * self.NAME_SHARE))
-            scale = max(0.0, avail - name) / rest if rest else 0.0
-            widths = [name, *(max(24, int(w * scale)) for w in want[1:])]
+            budget, others = max(0, avail - name), want[1:]
+            low, high = 0, max(others)
+            while low < high:  # the highest cap at which the others fit the budget
+                mid = (low + high + 1) // 2
+                low, high = (mid, high) if sum(min(w, mid) for w in others) <= budget else (low, mid - 1)
+            widths = [name, *(min(w, low) for w in others)]
+            widths[0] = max(name, avail - sum(widths[1:]))
         for c, w in enumerate(widths):
             header.resizeSection(c, w)
 
