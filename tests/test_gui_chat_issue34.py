@@ -428,3 +428,19 @@ def test_context_length_can_be_cleared_back_to_model_default(qtbot, tmp_path, mo
     w.session.shutdown()
     w.close()
     store.close()
+
+
+# Hooks for other parts (MCP tool calls): a card under a message, with links of its own.
+def test_the_transcript_shows_cards_from_other_parts(panel, qtbot):
+    from wslm.gui.chat_view import card_html
+
+    ask(panel, qtbot, "Hello")
+    clicked = []
+    panel.view.add_message_part(lambda row, msg, streaming: card_html(
+        "Tool call: get_time", "<code>{}</code>", "warn", f'<a href="allow:{row}">Allow once</a>')
+        if msg.role == "assistant" else "")
+    panel.view.add_link_handler("allow", clicked.append)
+    panel.view.render()
+    assert "Tool call: get_time" in panel.view.toPlainText() and "Allow once" in panel.view.toPlainText()
+    panel.view.anchorClicked.emit(QUrl("allow:1"))
+    assert clicked == ["1"]

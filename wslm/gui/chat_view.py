@@ -64,6 +64,16 @@ def pretty_arguments(arguments: str) -> str:
         return arguments
 
 
+def card_html(title: str, body_html: str, kind: str = "info", links: str = "") -> str:
+    """A card in the transcript (a tool call to confirm, its result, a timeout): a tinted box with a bold
+    title, the body (HTML, escaped by the caller) and a line of links ("allow:3:0" …) under it."""
+    bg, color = {"error": ("#2a1517", theme.ERROR), "warn": ("#2a2313", theme.WARN)}.get(kind, ("#161a22", theme.ACCENT))
+    foot = f'<br><span style="font-size:small;">{links}</span>' if links else ""
+    return (f'<table width="100%" cellpadding="10" style="background-color:{bg}; margin:6px 0;"><tr><td>'
+            f'<span style="color:{color}; font-weight:600;">{html.escape(title)}</span><br>{body_html}{foot}'
+            "</td></tr></table>")
+
+
 class ChatView(QTextBrowser):
     regenerate_requested = Signal(int)
     edit_requested = Signal(int)  # a user message's row: put it back in the message box
@@ -84,6 +94,10 @@ class ChatView(QTextBrowser):
         self.open_tools: set[tuple[int, int]] = set()  # (message id, call index) unfolded
         self.open_sources: set[tuple[int, int]] = set()  # (message id, source index): its passage unfolded
         self._cache: dict[tuple[int, int, str], str] = {}
+        # Hooks for other parts (MCP tool calls, documents): extra HTML per message (cards), and the links
+        # of their own they put there ("allow:ROW:I" -> handler("ROW:I")). See add_message_part().
+        self._parts: list = []
+        self._link_handlers: dict[str, object] = {}
         self._timer = QTimer(self, singleShot=True, interval=RENDER_DELAY_MS)
         self._timer.timeout.connect(self.render)
         # Follow the end of the transcript (as chat apps do) until the user scrolls up; the document
@@ -121,6 +135,16 @@ class ChatView(QTextBrowser):
     # Tab walks the messages' links (Copy, Edit, Regenerate, ‹ 1/2 ›, …) as QTextBrowser does, the focused
     # one highlighted, Enter follows it; after the last one Tab goes on to the next control. Shift+Tab from
     # the message box reaches the latest message's links first.
+
+    def add_message_part(self, render) -> None:
+        """`render(row, message, streaming) -> str`: HTML added to each message after its text and tool
+        calls ("" for none), e.g. card_html() cards. Re-run on every render: keep it cheap."""
+        self._parts.append(render)
+        self.schedule()
+
+    def add_link_handler(self, action: str, handler) -> None:
+        """Links `action:ARG` in the transcript call `handler(ARG)` (a part's own links: allow, deny, …)."""
+        self._link_handlers[action] = handler
 
     def set_empty_hint(self, text: str) -> None:
         self.empty_hint = text
@@ -190,6 +214,7 @@ class ChatView(QTextBrowser):
             body += f'<span style="color:{theme.ACCENT};">▍</span>' if msg.content else (
                 f'<p style="color:{theme.MUTED};">Thinking…</p>')
         body = self._thought_html(row, msg, streaming) + body + self._tools_html(row, msg)
+        body += "".join(part(row, msg, streaming) or "" for part in self._parts)
         if msg.role == "assistant" and msg.stats.get("sources"):
             body += sources_html(row, msg.stats["sources"], {i for m, i in self.open_sources if m == msg.id})
         who = "You" if msg.role == "user" else "Assistant"
@@ -299,6 +324,9 @@ class ChatView(QTextBrowser):
             QDesktopServices.openUrl(url)
             return
         action, _, arg = url.toString().partition(":")
+        if action in self._link_handlers:
+            self._link_handlers[action](arg)
+            return
         if action == "copycode":
             row, _, idx = arg.partition(":")
             msg = self.model.message(int(row)) if row.isdigit() else None
