@@ -308,7 +308,7 @@ def test_the_picker_elides_names_and_describes_a_browsed_file(server_panel, qtbo
 
 
 # 11. New chat reuses an empty chat and carries the last chat's parameters; the switch hint tells the truth.
-def test_new_chat_reuses_the_empty_one_and_keeps_the_parameters(panel, qtbot):
+def test_new_chat_reuses_the_empty_one_and_keeps_the_parameters(panel, qtbot, tmp_path):
     session = panel.session
     ask(panel, qtbot, "first")
     first = session.current().id
@@ -328,6 +328,13 @@ def test_new_chat_reuses_the_empty_one_and_keeps_the_parameters(panel, qtbot):
     assert session.current().temperature == 0.5 and panel.chat_list.list.currentIndex().row() == 0
     panel.new_chat()
     assert session.current().id == empty and session.conversations.rowCount() == 2
+    # An empty chat with a file attached is kept for that file: New chat starts another one.
+    doc = tmp_path / "plan.md"
+    doc.write_text("A plan.")
+    panel.attach_files([str(doc)])
+    session.open(first)
+    panel.new_chat()
+    assert session.current().id not in (empty, first) and session.conversations.rowCount() == 3
 
 
 def test_the_switch_hint_says_the_server_reloads_only_when_it_does(server_panel):

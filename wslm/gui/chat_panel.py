@@ -76,6 +76,7 @@ class ChatPanel(ModelSwitching, ChatSending, QWidget):
         self.editing_row = -1  # a sent message being edited (Send re-runs the chat from it)
         self.attachments = Attachments(session, settings, parent=self)  # the chats' documents (RAG)
         self.attachments.failed.connect(self._show_error)
+        session.has_documents = lambda conv_id: bool(self.attachments.store.of_chat(conv_id))
         self.history = RequestHistory(session, self)  # the developer view's per-request log
 
         self.chat_list = ChatListView(session.conversations)

@@ -158,6 +158,9 @@ class ChatSession(QObject):
         # The chat's attached documents (attachments.Attachments.plan): (chat id, messages, max tokens) -> a
         # plan the stream worker runs before sending, or None when the chat has none.
         self.documents = None
+        # Whether a chat has attached documents (set by the chat panel): an empty chat with files attached is
+        # not reused as a "New chat".
+        self.has_documents = lambda conv_id: False
 
     # Endpoint
     def set_endpoint(self, base_url: str, api_key: str = "", model: str | None = None,
@@ -236,7 +239,7 @@ class ChatSession(QObject):
         if current is not None and not self.messages.rowCount():
             return current  # an empty chat is already open: no second empty one
         empty = self.store.empty_conversation()
-        if empty is not None and not self._replies.get(empty):
+        if empty is not None and not self._replies.get(empty) and not self.has_documents(empty):
             self.store.update_conversation(empty, **params)
             self.conversations.touch(empty)  # to the top, where a new chat goes
             self._load(empty)
