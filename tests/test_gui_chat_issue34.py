@@ -290,6 +290,7 @@ def test_the_context_meter_counts_the_draft_and_attachments(panel, qtbot, tmp_pa
 def test_the_picker_elides_names_and_describes_a_browsed_file(server_panel, qtbot):
     from wslm.demo import demo_model_path
 
+    assert server_panel.model_combo.shown_text() == "no model"  # the placeholder, while none is installed
     long_id = "Meta-Llama-3.1-8B-Instruct-abliterated-uncensored-Q4_K_M"
     server_panel.set_installed_models([{"id": long_id, "quantization": "Q4_K_M"}], serve_choice=long_id)
     combo = server_panel.model_combo

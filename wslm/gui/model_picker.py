@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from PySide6.QtCore import QRect, QSize, Qt, Signal
-from PySide6.QtGui import QColor, QFont, QPainter
+from PySide6.QtGui import QColor, QFont, QPainter, QPalette
 from PySide6.QtWidgets import (
     QComboBox,
     QFileDialog,
@@ -129,6 +129,8 @@ class PickerCombo(QComboBox):
         self.initStyleOption(opt)
         painter.drawComplexControl(QStyle.ComplexControl.CC_ComboBox, opt)
         opt.currentText = self.shown_text()
+        if self.currentIndex() < 0:  # the placeholder, muted as Qt draws it
+            opt.palette.setBrush(QPalette.ColorRole.ButtonText, opt.palette.placeholderText())
         painter.drawControl(QStyle.ControlElement.CE_ComboBoxLabel, opt)
 
     def shown_text(self) -> str:
@@ -137,7 +139,8 @@ class PickerCombo(QComboBox):
         self.initStyleOption(opt)
         field = self.style().subControlRect(QStyle.ComplexControl.CC_ComboBox, opt,
                                             QStyle.SubControl.SC_ComboBoxEditField, self)
-        return self.fontMetrics().elidedText(self.currentText(), Qt.TextElideMode.ElideMiddle, max(0, field.width() - 4))
+        text = self.placeholderText() if self.currentIndex() < 0 else opt.currentText  # "no model"
+        return self.fontMetrics().elidedText(text, Qt.TextElideMode.ElideMiddle, max(0, field.width() - 4))
 
 
 class ModelPicker(QWidget):
