@@ -32,6 +32,7 @@ from PySide6.QtWidgets import (
 import wslm.gui.qt_fix  # noqa: F401  (PySide6 6.12 emit() refcount bug)
 from wslm.gui import theme
 from wslm.gui.background import BackgroundCall
+from wslm.gui.gguf_header import read_header
 from wslm.gui.models_model import display_name, is_model_file, picker_details
 
 DetailsRole = Qt.ItemDataRole.UserRole + 11  # "1.5B · Q4_K_M · 940.0 MiB · 32,768 ctx"
@@ -258,16 +259,9 @@ class ModelPicker(QWidget):
         self.chosen.emit(served_path)
 
     def read_header(self, path: str, key: str) -> BackgroundCall:
-        """Read the file's GGUF header off the GUI thread (parameters, quantization, context); its row's
-        details follow when it is read. A file the reader cannot parse keeps its name's and size's details."""
-        def read() -> dict:
-            # Imported only when a file is browsed: the GUI starts light.
-            from wslm.backend.hub.metadata import read_gguf
-
-            meta = read_gguf(Path(path))
-            return {} if meta.error else {k: getattr(meta, k) for k in ("num_params", "quantization",
-                                                                          "context_length")}
-        call = BackgroundCall(read, self)
+        """Read the file's GGUF header off the GUI thread (quantization, context); its row's details follow
+        when it is read. A file that cannot be read keeps its name's and size's details."""
+        call = BackgroundCall(lambda: read_header(path), self)
         call.done.connect(lambda meta, k=key: self._header_read(k, meta))
         return call.start()
 
