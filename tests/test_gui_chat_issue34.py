@@ -461,3 +461,10 @@ def test_gguf_header_reader(tmp_path):
     other = tmp_path / "notes.gguf"
     other.write_bytes(b"not a gguf file")
     assert read_header(str(other)) == {}
+
+
+def test_other_parts_can_say_something_under_the_transcript(panel):
+    panel.show_problem("notes.md was left out: it does not fit the context <4k>")
+    assert panel.error_label.isVisible() and "&lt;4k&gt;" in panel.error_label.text()  # plain text, escaped
+    panel.clear_note()
+    assert panel.error_label.isHidden()

@@ -38,6 +38,16 @@ class ChatSending:
         # link (_show_error), placed in the Tab order by the panel.
         self.error_label.setFocusPolicy(Qt.FocusPolicy.TabFocus)
 
+    # For other parts (documents, tools): the line under the transcript.
+    def show_problem(self, text: str) -> None:
+        """Say what went wrong and what to do, under the transcript (plain text; until the next note)."""
+        self._show_error(text)
+
+    def clear_note(self) -> None:
+        """The line under the transcript goes (its cause is gone)."""
+        self.error_label.hide()
+        self._server_note = False
+
     def _show_error(self, text: str, server: bool = False, rich: bool = False) -> None:
         """`server`: a note about our server's availability (it goes when the server is ready). `rich`: the
         text is HTML (a link to act on); otherwise it is escaped."""
