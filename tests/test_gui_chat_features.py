@@ -231,9 +231,13 @@ def test_sampling_parameters_are_sent_only_when_set(panel, qtbot):
     conv = session.store.get_conversation(conv_id)
     assert conv.top_k == 40 and conv.stop == ["###", "\n\n", "a,b"] and conv.json_mode and conv.reasoning is False
 
-    # Per chat: a new chat starts unset; going back shows the chat's own values.
+    # Per chat: a new chat starts with the last chat's values (issue 34: they no longer reset); changed there,
+    # they stay that chat's own; going back shows the first chat's values.
     panel.new_chat()
-    assert panel.top_k.value() == 0 and panel.stop_strings.text() == "" and panel.reasoning.currentData() is None
+    assert panel.top_k.value() == 40 and panel.stop_strings.text() == r"###, \n\n, a\,b"
+    panel.top_k.setValue(5)
+    panel.reasoning.setCurrentIndex(0)
+    assert session.current().top_k == 5 and session.current().reasoning is None
     session.open(conv_id)
     assert panel.top_k.value() == 40 and panel.seed.value() == 7 and panel.json_mode.isChecked()
     assert panel.stop_strings.text() == r"###, \n\n, a\,b" and panel.reasoning.currentData() is False
@@ -268,7 +272,7 @@ def test_system_prompt_presets(panel, qtbot):
     assert Scripted.requests[-1]["messages"][0] == {"role": "system", "content": "Talk like a pirate."}
     session.open(first)
     assert panel.preset_combo.currentData() == "Terse"
-    panel._delete_preset()
+    panel.params._delete_preset()
     assert session.store.presets() == {"Pirate": "Talk like a pirate."}
     assert session.current().system_prompt == "Be terse."  # the chat keeps its prompt
     assert panel.preset_combo.findData("Terse") < 0 and not panel.preset_delete.isEnabled()

@@ -74,7 +74,8 @@ def test_picker_shows_details_loaded_badge_and_browses_for_a_file(qtbot, store):
     panel._model_chosen(combo.count() - 1)
     assert switches == ["/mnt/c/models/tiny.Q4_K_M.gguf"]
     j = combo.findData("/mnt/c/models/tiny.Q4_K_M.gguf")
-    assert j >= 0 and combo.itemText(j) == "tiny.Q4_K_M.gguf" and combo.itemData(j, DetailsRole) == "file on disk"
+    assert j >= 0 and combo.itemText(j) == "tiny.Q4_K_M.gguf"
+    assert combo.itemData(j, DetailsRole) == "Q4_K_M"  # its quantization, from its name (no such file here)
     # Once it is served, the file's entry is the loaded one (and stays listed).
     panel.show_switch("/mnt/c/models/tiny.Q4_K_M.gguf", "ready", "")
     panel.set_server("http://127.0.0.1:1/v1", "/mnt/c/models/tiny.Q4_K_M.gguf", "")

@@ -32,7 +32,7 @@ from wslm.gui.chat_session import ChatSession  # noqa: E402
 from wslm.gui.chat_store import ChatStore  # noqa: E402
 from wslm.gui.main_window import MainWindow  # noqa: E402
 from wslm.gui.model_picker import LoadedRole  # noqa: E402
-from wslm.gui.server_controller import CRASHED, READY, STOPPED, ServerConfig  # noqa: E402
+from wslm.gui.server_controller import CRASHED, LOADING, READY, STOPPED, ServerConfig  # noqa: E402
 from wslm.gui.settings import Settings  # noqa: E402
 from wslm.wsl_bridge.launcher import Target  # noqa: E402
 
@@ -109,7 +109,12 @@ def test_switch_model_loads_it_beside_the_running_one(qtbot, tmp_path, monkeypat
     chat, server = window.chat_panel, window.server
     combo = chat.model_combo
     window.server_panel.start()  # while the models are listed (both take seconds)
+    # Issue 34 (8): while it comes up, the chip beside the picker says so, as the title bar does.
+    assert "starting…" in chat.connection_label.text() and "not running" not in chat.connection_label.text()
     qtbot.waitUntil(lambda: {"tiny", "broken"} <= set(window.models.table.ids()), timeout=90_000)
+    qtbot.waitUntil(lambda: server.state in (LOADING, READY, CRASHED), timeout=180_000)
+    if server.state == LOADING:  # (the demo loads in seconds: the check runs when the timing lets it)
+        assert "loading…" in chat.connection_label.text() and "loading" in window.windowTitle()
     # Both pickers list the installed models (not free text), by the names users know.
     assert window.server_panel.model.findData("tiny") >= 0 and not window.server_panel.model.isEditable()
     assert combo.findData("demo") >= 0 and combo.findData("tiny") >= 0
@@ -157,6 +162,17 @@ def test_switch_model_loads_it_beside_the_running_one(qtbot, tmp_path, monkeypat
     third = reply(window, qtbot, "And you?")
     assert third["model"] == "demo" and third["tokens"] > 0
 
+    # Issue 34 (11): Models → Serve serves the model (a pool load here, as the picker does), not only picks
+    # it in the Server panel; then back to the demo with the picker.
+    window.show_panel("models")
+    window.models_panel.table.selectRow(window.models.table.ids().index("tiny"))
+    window.models_panel.serve_button.click()
+    qtbot.waitUntil(lambda: chat.server_model == "tiny" and not chat.switching_to, timeout=60_000)
+    assert window.server_panel.model_id() == "tiny" and int(server.ready_event["pid"]) == pid
+    window.sidebar.select("chat")
+    chat.choose_model("demo")
+    qtbot.waitUntil(lambda: chat.server_model == "demo" and not chat.switching_to, timeout=30_000)
+
     # A model that fails to load: the server's error in the chat, the chat stays with the demo.
     chat.choose_model("broken")
     qtbot.waitUntil(lambda: not chat.switching_to, timeout=60_000)
@@ -169,6 +185,11 @@ def test_switch_model_loads_it_beside_the_running_one(qtbot, tmp_path, monkeypat
     assert fourth["model"] == "demo"
     assert states == [] and int(server.ready_event["pid"]) == pid and alive(pid)
     assert [m.role for m in window.session.messages.messages()] == ["user", "assistant"] * 4
+    # Issue 34 (11): a setting changed while it serves says it needs a restart.
+    kv = window.server_panel.kv_dtype
+    kv.setCurrentIndex((kv.currentIndex() + 1) % kv.count())
+    assert "Restart to apply" in window.server_panel.detail.text()
+    kv.setCurrentIndex((kv.currentIndex() - 1) % kv.count())
     close(window, store)
 
 

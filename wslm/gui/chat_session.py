@@ -135,6 +135,9 @@ class ChatSession(QObject):
     reply_failed = Signal(str, str)  # kind, message
     first_token = Signal(float)
     current_changed = Signal(int)  # conversation id (0: none)
+    # The developer view's history: a request's exact body as it went out, then how it ended (stats, error).
+    request_sent = Signal(int, int, dict)  # conversation id, reply message id, body
+    request_ended = Signal(int, int, dict, str)  # conversation id, reply message id, stats, error
 
     def __init__(self, store: ChatStore, defaults: dict | None = None, parent=None) -> None:
         super().__init__(parent)
@@ -161,6 +164,9 @@ class ChatSession(QObject):
         # MCP tools offered to the model and the calls it makes (tool_loop.ToolLoop; mcp_chat.connect_chat
         # sets it), None: no tools.
         self.tool_loop = None
+        # Whether a chat has attached documents (set by the chat panel): an empty chat with files attached is
+        # not reused as a "New chat".
+        self.has_documents = lambda conv_id: False
 
     # Endpoint
     def set_endpoint(self, base_url: str, api_key: str = "", model: str | None = None,
@@ -230,11 +236,22 @@ class ChatSession(QObject):
         self.busy_changed.emit(self.busy)
 
     def new_conversation(self) -> Conversation:
+        """A new chat with the open one's parameters (system prompt, sampling: what the user set last), or
+        the defaults; an empty chat already in the list is reused (opened, given those parameters) rather
+        than a second "New chat" piled up."""
         current = self.current()
+        keys = ("system_prompt", "temperature", "top_p", "max_tokens", *SAMPLING)
+        params = {k: v for k, v in self.defaults.items() if k in keys}
+        if current is not None:
+            params.update({k: getattr(current, k) for k in keys})
         if current is not None and not self.messages.rowCount():
             return current  # an empty chat is already open: no second empty one
-        params = {k: v for k, v in self.defaults.items()
-                  if k in ("system_prompt", "temperature", "top_p", "max_tokens", *SAMPLING)}
+        empty = self.store.empty_conversation()
+        if empty is not None and not self._replies.get(empty) and not self.has_documents(empty):
+            self.store.update_conversation(empty, **params)
+            self.conversations.touch(empty)  # to the top, where a new chat goes
+            self._load(empty)
+            return self.current()
         conv = self.conversations.create(**params)
         self._load(conv.id)
         return conv
@@ -297,6 +314,14 @@ class ChatSession(QObject):
             if items and items[-1].role == "user":  # a failed send left only the question
                 self._start_reply()
                 return True
+        if 0 <= row < len(items) and items[row].role == "user":
+            # A question left without a reply (its reply deleted): answered, as a new branch when another
+            # message follows it.
+            if row + 1 < len(items) and items[row + 1].role == "assistant":
+                return False
+            self.messages.cut_view(row + 1)
+            self._start_reply()
+            return True
         if not (0 <= row < len(items)) or items[row].role != "assistant":
             return False
         if not items[row].content and row == len(items) - 1:
@@ -498,6 +523,7 @@ class ChatSession(QObject):
         worker.done.connect(self._on_done)
         worker.failed.connect(self._on_failed)
         worker.prepared.connect(self._on_prepared)
+        worker.sending.connect(self._on_sending)
         # A bound slot, not a lambda: QThread.finished is emitted on the worker thread, and only a
         # receiver living on the GUI thread makes the call queued (deleting the QThread object from
         # its own, still-running thread crashes).
@@ -522,7 +548,7 @@ class ChatSession(QObject):
         worker = reply.worker
         for sig, slot in ((worker.delta, self._on_delta), (worker.reasoning, self._on_reasoning), (worker.done, self._on_done),
                           (worker.failed, self._on_failed), (worker.first_token, self._on_first_token),
-                          (worker.prepared, self._on_prepared)):
+                          (worker.prepared, self._on_prepared), (worker.sending, self._on_sending)):
             try:
                 sig.disconnect(slot)
             except (RuntimeError, TypeError):
@@ -535,6 +561,7 @@ class ChatSession(QObject):
             reply.message.stats, reply.message.error = stats, error
             self.store.update_message(reply.message.id, content=reply.message.content, stats=stats, error=error)
         self.conversations.set_busy(reply.conv_id, False)
+        self.request_ended.emit(reply.conv_id, reply.message.id, stats, error)
         if reply.conv_id == self.messages.conversation_id:
             self.busy_changed.emit(False)
 
@@ -581,6 +608,11 @@ class ChatSession(QObject):
         reply.message.stats["sources"] = info["sources"]
         if self._shown(reply):
             self.messages.touch_row(self.messages.streaming_row)
+
+    def _on_sending(self, body: dict) -> None:
+        reply = self._reply_of_sender()
+        if reply is not None:
+            self.request_sent.emit(reply.conv_id, reply.message.id, body)
 
     def _on_reasoning(self, text: str) -> None:
         """The model's thinking: kept apart from the answer (shown folded, stored, never sent back)."""

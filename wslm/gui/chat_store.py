@@ -70,6 +70,7 @@ ADDED_COLUMNS = (
     ("conversations", "reasoning", "INTEGER"),  # 1 on, 0 off, NULL the model's default
     ("messages", "parent_id", "INTEGER"),
     ("messages", "active_child", "INTEGER"),
+    ("system_presets", "params", "TEXT"),  # a JSON object: the preset's sampling (temperature, top_p, ...)
 )
 AFTER_LAST = -1  # add_message's default parent: the last message of the shown path
 
@@ -233,6 +234,13 @@ class ChatStore:
                 f"SELECT {CONV_COLUMNS} FROM conversations ORDER BY updated DESC, id DESC"
             ).fetchall()
         return [_conversation(r) for r in rows]
+
+    def empty_conversation(self) -> int | None:
+        """The newest conversation without a message (a "New chat" never written in), None when none."""
+        row = self._db.execute(
+            "SELECT id FROM conversations c WHERE NOT EXISTS (SELECT 1 FROM messages m WHERE m.conversation_id = c.id) "
+            "ORDER BY updated DESC, id DESC LIMIT 1").fetchone()
+        return int(row[0]) if row else None
 
     def update_conversation(self, conv_id: int, **changes) -> None:
         bad = set(changes) - EDITABLE
@@ -401,11 +409,24 @@ class ChatStore:
         rows = self._db.execute("SELECT name, prompt FROM system_presets ORDER BY name COLLATE NOCASE").fetchall()
         return dict(rows)
 
-    def save_preset(self, name: str, prompt: str) -> None:
+    def preset_params(self, name: str) -> dict:
+        """A preset's sampling parameters (temperature, top_p, max_tokens, top_k, ...), {} for a preset saved
+        with its prompt only."""
+        row = self._db.execute("SELECT params FROM system_presets WHERE name = ?", (name,)).fetchone()
+        try:
+            params = json.loads(row[0]) if row and row[0] else {}
+        except ValueError:
+            return {}
+        return {k: v for k, v in params.items() if k in EDITABLE - {"title", "system_prompt", "model"}} \
+            if isinstance(params, dict) else {}
+
+    def save_preset(self, name: str, prompt: str, params: dict | None = None) -> None:
+        """Save (or replace) a preset: its system prompt and, like LM Studio's, its sampling parameters."""
         self._db.execute(
-            "INSERT INTO system_presets (name, prompt, updated) VALUES (?, ?, ?) "
-            "ON CONFLICT(name) DO UPDATE SET prompt = excluded.prompt, updated = excluded.updated",
-            (name, prompt, time.time()))
+            "INSERT INTO system_presets (name, prompt, updated, params) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT(name) DO UPDATE SET prompt = excluded.prompt, updated = excluded.updated, "
+            "params = excluded.params",
+            (name, prompt, time.time(), json.dumps(params) if params else None))
         self._db.commit()
 
     def delete_preset(self, name: str) -> None:

@@ -10,7 +10,7 @@ import json
 
 from PySide6.QtCore import Qt, QTimer, QUrl, Signal
 from PySide6.QtGui import QDesktopServices, QGuiApplication, QTextCursor
-from PySide6.QtWidgets import QPushButton, QTextBrowser, QWidget
+from PySide6.QtWidgets import QPushButton, QTextBrowser
 
 import wslm.gui.qt_fix  # noqa: F401  (PySide6 6.12 emit() refcount bug)
 from wslm.gui import theme
@@ -65,6 +65,16 @@ def pretty_arguments(arguments: str) -> str:
         return arguments
 
 
+def card_html(title: str, body_html: str, kind: str = "info", links: str = "") -> str:
+    """A card in the transcript (a tool call to confirm, its result, a timeout): a tinted box with a bold
+    title, the body (HTML, escaped by the caller) and a line of links ("allow:3:0" …) under it."""
+    bg, color = {"error": ("#2a1517", theme.ERROR), "warn": ("#2a2313", theme.WARN)}.get(kind, ("#161a22", theme.ACCENT))
+    foot = f'<br><span style="font-size:small;">{links}</span>' if links else ""
+    return (f'<table width="100%" cellpadding="10" style="background-color:{bg}; margin:6px 0;"><tr><td>'
+            f'<span style="color:{color}; font-weight:600;">{html.escape(title)}</span><br>{body_html}{foot}'
+            "</td></tr></table>")
+
+
 class ChatView(QTextBrowser):
     regenerate_requested = Signal(int)
     edit_requested = Signal(int)  # a user message's row: put it back in the message box
@@ -87,6 +97,10 @@ class ChatView(QTextBrowser):
         self.open_sources: set[tuple[int, int]] = set()  # (message id, source index): its passage unfolded
         self.open_cards: set[int] = set()  # tool messages (ids) whose card is unfolded
         self._cache: dict[tuple[int, int, str], str] = {}
+        # Hooks for other parts (MCP tool calls, documents): extra HTML per message (cards), and the links
+        # of their own they put there ("allow:ROW:I" -> handler("ROW:I")). See add_message_part().
+        self._parts: list = []
+        self._link_handlers: dict[str, object] = {}
         self._timer = QTimer(self, singleShot=True, interval=RENDER_DELAY_MS)
         self._timer.timeout.connect(self.render)
         # Follow the end of the transcript (as chat apps do) until the user scrolls up; the document
@@ -121,10 +135,19 @@ class ChatView(QTextBrowser):
         )
         self.render()
 
-    def focusNextPrevChild(self, next: bool) -> bool:  # noqa: A002 - Qt's name
-        # QTextBrowser walks Tab through every link (Copy, Edit, … of each message) before leaving; Tab
-        # leaves the transcript at once instead, to the next control (the links stay clickable).
-        return QWidget.focusNextPrevChild(self, next)
+    # Tab walks the messages' links (Copy, Edit, Regenerate, ‹ 1/2 ›, …) as QTextBrowser does, the focused
+    # one highlighted, Enter follows it; after the last one Tab goes on to the next control. Shift+Tab from
+    # the message box reaches the latest message's links first.
+
+    def add_message_part(self, render) -> None:
+        """`render(row, message, streaming) -> str`: HTML added to each message after its text and tool
+        calls ("" for none), e.g. card_html() cards. Re-run on every render: keep it cheap."""
+        self._parts.append(render)
+        self.schedule()
+
+    def add_link_handler(self, action: str, handler) -> None:
+        """Links `action:ARG` in the transcript call `handler(ARG)` (a part's own links: allow, deny, …)."""
+        self._link_handlers[action] = handler
 
     def set_empty_hint(self, text: str) -> None:
         self.empty_hint = text
@@ -196,6 +219,7 @@ class ChatView(QTextBrowser):
             body += f'<span style="color:{theme.ACCENT};">▍</span>' if msg.content else (
                 f'<p style="color:{theme.MUTED};">Thinking…</p>')
         body = self._thought_html(row, msg, streaming) + body + self._tools_html(row, msg)
+        body += "".join(part(row, msg, streaming) or "" for part in self._parts)
         if msg.role == "assistant" and msg.stats.get("sources"):
             body += sources_html(row, msg.stats["sources"], {i for m, i in self.open_sources if m == msg.id})
         who = "You" if msg.role == "user" else "Assistant"
@@ -225,10 +249,18 @@ class ChatView(QTextBrowser):
                 f'{html.escape(footer)}{" &nbsp;·&nbsp; " if footer else ""}{links}</p>'
             )
         elif msg.role == "user":
+            # A question left without a reply (its reply deleted, or never written) can be answered.
+            answer = (f' &nbsp;·&nbsp; <a href="regen:{row}" style="color:{theme.ACCENT};">Regenerate</a>'
+                      if self.unanswered(row) else "")
             parts.append(f'<p style="font-size:small; margin-top:4px;">{self._branch_links(row, msg)}<a href="copy:{row}">Copy</a>'
-                         f' &nbsp;·&nbsp; <a href="edit:{row}">Edit</a> &nbsp;·&nbsp; <a href="delete:{row}">Delete</a></p>')
+                         f' &nbsp;·&nbsp; <a href="edit:{row}">Edit</a>{answer} &nbsp;·&nbsp; <a href="delete:{row}">Delete</a></p>')
         parts.append("</td></tr></table>")
         return "".join(parts)
+
+    def unanswered(self, row: int) -> bool:
+        """The user's message at `row` has no reply after it (the next message is not the assistant's)."""
+        nxt = self.model.message(row + 1) if row + 1 < self.model.rowCount() else None
+        return (nxt is None or nxt.role == "user") and self.model.streaming_row < 0
 
     @staticmethod
     def _branch_links(row: int, msg) -> str:
@@ -297,6 +329,9 @@ class ChatView(QTextBrowser):
             QDesktopServices.openUrl(url)
             return
         action, _, arg = url.toString().partition(":")
+        if action in self._link_handlers:
+            self._link_handlers[action](arg)
+            return
         if action == "copycode":
             row, _, idx = arg.partition(":")
             msg = self.model.message(int(row)) if row.isdigit() else None

@@ -1,5 +1,7 @@
 """The chat's developer view (LM Studio's "</>"): the open chat's request as a curl command and as Python
-(openai client) code that reproduce it, and the last reply's token counts and timings.
+(openai client) code that reproduce it, the last reply's token counts and timings, and a history of the
+requests the chat sent (the last HISTORY_SIZE of the app: each one's exact body, passages from attached
+documents included, the prompt as the model read it, its tokens and timings).
 
 The snippet builders are plain functions (no Qt) so they can be tested and reused."""
 
@@ -7,15 +9,22 @@ from __future__ import annotations
 
 import json
 import pprint
+import time
+from collections import deque
+from dataclasses import dataclass, field
 
+from PySide6.QtCore import QObject, Qt, Signal
 from PySide6.QtGui import QFontDatabase, QGuiApplication
 from PySide6.QtWidgets import (
     QDialog,
     QDialogButtonBox,
     QHBoxLayout,
     QLabel,
+    QListWidget,
+    QListWidgetItem,
     QPlainTextEdit,
     QPushButton,
+    QSplitter,
     QTabWidget,
     QVBoxLayout,
     QWidget,
@@ -30,6 +39,78 @@ KEY_VAR = "WSLM_API_KEY"  # the placeholder: the key itself never goes into a sn
 OPENAI_ARGS = {"model", "messages", "temperature", "top_p", "max_tokens", "stream", "stream_options", "stop",
                "seed", "response_format", "n", "presence_penalty", "frequency_penalty", "logprobs", "tools",
                "tool_choice"}
+
+
+HISTORY_SIZE = 50
+
+
+@dataclass
+class SentRequest:
+    """One request the chat sent: its exact body, and how it ended (stats, error) once it has."""
+
+    conv_id: int
+    message_id: int
+    body: dict
+    sent_at: float = field(default_factory=time.time)
+    stats: dict = field(default_factory=dict)
+    error: str = ""
+    ended: bool = False
+
+
+class RequestHistory(QObject):
+    """The last HISTORY_SIZE requests the chats sent (newest last), from the session's request_sent and
+    request_ended signals. In memory: a developer's log, not part of the chats."""
+
+    changed = Signal()
+
+    def __init__(self, session, parent=None) -> None:
+        super().__init__(parent)
+        self.entries: deque[SentRequest] = deque(maxlen=HISTORY_SIZE)
+        session.request_sent.connect(self._sent)
+        session.request_ended.connect(self._ended)
+
+    def _sent(self, conv_id: int, message_id: int, body: dict) -> None:
+        self.entries.append(SentRequest(conv_id, message_id, body))
+        self.changed.emit()
+
+    def _ended(self, conv_id: int, message_id: int, stats: dict, error: str) -> None:
+        entry = next((e for e in reversed(self.entries) if e.message_id == message_id and not e.ended), None)
+        if entry is not None:
+            entry.stats, entry.error, entry.ended = dict(stats), error, True
+            self.changed.emit()
+
+    def for_conversation(self, conv_id: int) -> list[SentRequest]:
+        """This chat's requests, newest first."""
+        return [e for e in reversed(self.entries) if e.conv_id == conv_id]
+
+
+def prompt_text(body: dict) -> str:
+    """The messages of a request as the model reads them: each role, then its content (passages included)."""
+    parts = []
+    for m in body.get("messages") or []:
+        content = m.get("content")
+        if isinstance(content, list):  # OpenAI content parts
+            content = "\n".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+        parts.append(f"[{m.get('role', '?')}]\n{content or ''}")
+    return "\n\n".join(parts)
+
+
+def history_label(entry: SentRequest) -> str:
+    """One line for the history list: when, the model, tokens in/out, the time to the first token."""
+    s = entry.stats
+    bits = [time.strftime("%H:%M:%S", time.localtime(entry.sent_at)), str(entry.body.get("model") or "")]
+    if not entry.ended:
+        bits.append("running…")
+    elif entry.error:
+        bits.append("failed")
+    else:
+        if s.get("prompt_tokens") is not None:
+            bits.append(f"{int(s['prompt_tokens']):,} in")
+        if s.get("tokens") is not None:
+            bits.append(f"{int(s['tokens']):,} out")
+        if s.get("ttft_s") is not None:
+            bits.append(f"TTFT {float(s['ttft_s']):.2f} s")
+    return " · ".join(b for b in bits if b)
 
 
 def _endpoint(base_url: str) -> str:
@@ -94,7 +175,8 @@ def stats_lines(stats: dict) -> list[tuple[str, str]]:
 class DevViewDialog(QDialog):
     """Read-only code to copy; built from what the chat would send now (not live-updated)."""
 
-    def __init__(self, body: dict, base_url: str, stats: dict, parent=None) -> None:
+    def __init__(self, body: dict, base_url: str, stats: dict, parent=None,
+                 history: list[SentRequest] | None = None) -> None:
         super().__init__(parent)
         self.setWindowTitle("Developer view: this chat's request")
         self.resize(760, 560)
@@ -118,9 +200,12 @@ class DevViewDialog(QDialog):
             lay.addLayout(row)
             self.editors[name] = edit
             self.tabs.addTab(page, name)
+        self.history = list(history or [])
+        self.tabs.addTab(self._history_page(mono), f"History ({len(self.history)})")
         note = QLabel(f"The API key is read from ${KEY_VAR} (set it to the server's key, if it has one). "
                       "Passages from attached documents are picked when a message is sent, so they are not "
-                      "in this request.", objectName="Muted", wordWrap=True)
+                      "in this request: History shows each request as it was sent, passages included.",
+                      objectName="Muted", wordWrap=True)
         rows = stats_lines(stats)
         self.stats_label = QLabel(objectName="Muted", wordWrap=True)
         self.stats_label.setText("Last reply: " + "  ·  ".join(f"{k}: {v}" for k, v in rows) if rows
@@ -133,6 +218,46 @@ class DevViewDialog(QDialog):
         lay.addWidget(note)
         lay.addWidget(buttons)
         self.copied = ""
+
+    def _history_page(self, mono) -> QWidget:
+        """The chat's requests, newest first: pick one to see its body, its prompt and its figures."""
+        page = QWidget()
+        lay = QVBoxLayout(page)
+        split = QSplitter(Qt.Orientation.Vertical)
+        self.history_list = QListWidget()
+        for entry in self.history:
+            item = QListWidgetItem(history_label(entry))
+            self.history_list.addItem(item)
+        self.history_tabs = QTabWidget()
+        self.history_body = QPlainTextEdit(readOnly=True)
+        self.history_prompt = QPlainTextEdit(readOnly=True)
+        self.history_stats = QPlainTextEdit(readOnly=True)
+        for name, edit in (("Request", self.history_body), ("Prompt sent", self.history_prompt),
+                           ("Timings and tokens", self.history_stats)):
+            edit.setFont(mono)
+            self.history_tabs.addTab(edit, name)
+        split.addWidget(self.history_list)
+        split.addWidget(self.history_tabs)
+        split.setSizes([120, 360])
+        lay.addWidget(split, 1)
+        if not self.history:
+            lay.addWidget(QLabel("No request sent from this chat since the app started.", objectName="Muted"))
+        self.history_list.currentRowChanged.connect(self.show_request)
+        if self.history:
+            self.history_list.setCurrentRow(0)
+        return page
+
+    def show_request(self, row: int) -> None:
+        if not 0 <= row < len(self.history):
+            return
+        entry = self.history[row]
+        self.history_body.setPlainText(json.dumps(entry.body, indent=2, ensure_ascii=False))
+        self.history_prompt.setPlainText(prompt_text(entry.body))
+        rows = stats_lines(entry.stats)
+        if entry.error:
+            rows.append(("Error", entry.error))
+        self.history_stats.setPlainText("\n".join(f"{k}: {v}" for k, v in rows) if rows
+                                        else "Still running." if not entry.ended else "No figures reported.")
 
     def copy(self, text: str, name: str) -> None:
         QGuiApplication.clipboard().setText(text)

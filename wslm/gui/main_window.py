@@ -302,8 +302,11 @@ class MainWindow(QMainWindow):
         self.save()
 
     def _serve_model(self, model_id: str) -> None:
+        """Models → Serve: serve that model now, as the chat's picker does (a pool load beside the running
+        model, else a restart, or a start when the server is stopped), and show the Server panel."""
         self.server_panel.set_model(model_id)
         self.sidebar.select("server")
+        self.switch_model(model_id)
 
     def _server_settings_changed(self) -> None:
         self.chat_panel.set_serve_choice(self.server_panel.model_id())  # the chat's picker follows the panel

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import html
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QEvent, Qt, QTimer, Signal
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QFrame,
@@ -74,10 +74,13 @@ class ModelsPanel(QWidget):
         self.table.verticalHeader().hide()
         self.table.verticalHeader().setDefaultSectionSize(34)
         header = self.table.horizontalHeader()
-        header.setSectionResizeMode(0, QHeaderView.ResizeMode.Stretch)
-        for col in range(1, service.table.columnCount()):
-            header.setSectionResizeMode(col, QHeaderView.ResizeMode.ResizeToContents)
+        # Widths set by fit_columns (on resize and on new rows): the name column is never squeezed to "…".
+        header.setSectionResizeMode(QHeaderView.ResizeMode.Interactive)
+        header.setStretchLastSection(False)
+        self.table.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)  # the columns fit
         header.setDefaultAlignment(Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter)
+        self.table.installEventFilter(self)
+        service.table.modelReset.connect(self.fit_columns)
         self.table.doubleClicked.connect(lambda _i: self._serve_selected())
 
         self.details = QLabel()
@@ -164,6 +167,42 @@ class ModelsPanel(QWidget):
                 job.cancel()
                 if job._proc:
                     job._proc.wait(wait_ms)
+
+    NAME_SHARE = 0.3  # of the table's width, at least, for the names when the columns do not all fit
+
+    def eventFilter(self, obj, event) -> bool:
+        if obj is self.table and event.type() == QEvent.Type.Resize:
+            QTimer.singleShot(0, self.fit_columns)  # once the table has laid out its viewport anew
+        return super().eventFilter(obj, event)
+
+    def fit_columns(self) -> None:
+        """Each column as wide as its contents when they all fit, the name column taking the rest; on a
+        narrow window the names keep at least NAME_SHARE of the width (cut in the middle) and the other
+        columns share what is left, each cut to fit, rather than the names shrinking to "…"."""
+        table, header = self.table, self.table.horizontalHeader()
+        cols = table.model().columnCount()
+        if not cols:
+            return
+        avail = table.viewport().width()
+        want = [max(table.sizeHintForColumn(c), header.sectionSizeHint(c)) for c in range(cols)]
+        if sum(want) > avail:  # short of room: a heading is cut before the values under it
+            want = [max(table.sizeHintForColumn(c), 40) for c in range(cols)]
+        rest = sum(want[1:])
+        if want[0] + rest <= avail:
+            widths = [avail - rest, *want[1:]]
+        else:
+            # The names keep at least NAME_SHARE; the other columns share the rest, the widest cut first (a
+            # long architecture name), so the short ones (1B, gguf, Q4_K_M) stay whole.
+            name = max(min(want[0], avail - rest), int(avail * self.NAME_SHARE))
+            budget, others = max(0, avail - name), want[1:]
+            low, high = 0, max(others)
+            while low < high:  # the highest cap at which the others fit the budget
+                mid = (low + high + 1) // 2
+                low, high = (mid, high) if sum(min(w, mid) for w in others) <= budget else (low, mid - 1)
+            widths = [name, *(min(w, low) for w in others)]
+            widths[0] = max(name, avail - sum(widths[1:]))
+        for c, w in enumerate(widths):
+            header.resizeSection(c, w)
 
     def _show_error(self, text: str) -> None:
         self.error.setText(f"<span style='color:#f85149;'>⚠</span> {text}")

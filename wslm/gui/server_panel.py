@@ -36,6 +36,7 @@ from wslm.gui.engine_options import (
 )
 from wslm.gui.log_view import LogView
 from wslm.gui.models_model import display_name
+from wslm.gui.optional_spin import OptionalSpinBox
 from wslm.gui.plot_widget import Sparkline
 from wslm.gui.server_controller import CRASHED, READY, STARTING, STOPPED, ServerConfig, ServerController
 from wslm.gui.settings import Settings
@@ -95,7 +96,7 @@ class ServerPanel(QWidget):
         self.model.setMinimumContentsLength(10)
         self.set_model(settings.model or "demo")
         self.port = QSpinBox(minimum=1, maximum=65535, value=settings.port)
-        self.context = QSpinBox(minimum=0, maximum=1048576, singleStep=1024, value=settings.max_model_len)
+        self.context = OptionalSpinBox(minimum=0, maximum=1048576, singleStep=1024, value=settings.max_model_len)
         self.context.setSpecialValueText("model default")
         self.gpu = QDoubleSpinBox(minimum=0.05, maximum=0.99, singleStep=0.05, decimals=2,
                                   value=settings.gpu_memory_utilization)
@@ -345,6 +346,10 @@ class ServerPanel(QWidget):
         return FAILED_TO_START if state == CRASHED and not self.was_ready else STATE_TEXT.get(state, state)
 
     def _field_edited(self, name: str) -> None:
+        if self.controller.state == READY and name != "model":  # a model switch has its own progress
+            # The running server keeps the settings it started with: say so, not silently nothing.
+            self.detail.setText("Changed while serving: ↻ Restart to apply")
+            self.detail.setToolTip("The server keeps the settings it started with until it restarts")
         cause = self.controller.cause
         if self.controller.state == CRASHED and cause and cause.field == name and not self.crash_box.isHidden():
             self.crash_box.hide()

@@ -71,6 +71,7 @@ class StreamWorker(QThread):
     done = Signal(dict)  # stats: ttft_s, tokens, tokens_per_s, elapsed_s, finish_reason, stopped
     failed = Signal(str, str)  # kind, message (see chat_errors)
     prepared = Signal(dict)  # what request.prepare reported (the documents' passages used), before sending
+    sending = Signal(dict)  # the exact body posted (passages included), as it goes out
 
     def __init__(self, request: ChatRequest, parent=None) -> None:
         super().__init__(parent)
@@ -121,6 +122,7 @@ class StreamWorker(QThread):
         finish_reason = None
         served_by = ""  # the model that answered (the chunk's "model"): shown under the reply
         tools = ToolCallAssembler()
+        self.sending.emit(req.body())
         try:
             timeout = httpx.Timeout(connect=5.0, read=600.0, write=30.0, pool=5.0)
             with httpx.Client(timeout=timeout) as client:

@@ -20,6 +20,7 @@ MUTED = "#8d96a8"
 OK = "#3fb950"
 WARN = "#d29922"
 ERROR = "#f85149"
+FOCUS_ON_ACCENT = "#e6f0ff"  # the focus ring of an accent-filled button (an accent ring would not show)
 LINK = "#6cb6ff"  # links in chat replies: blue and underlined, as links look
 # Code blocks' syntax colours (keywords, strings, comments, numbers and literals, function names).
 SYNTAX = {"keyword": "#c678dd", "string": "#98c379", "comment": "#7f848e", "number": "#d19a66",
@@ -57,7 +58,12 @@ QPushButton#Primary {{ background-color: {ACCENT}; border-color: {ACCENT}; color
 QPushButton#Primary:hover {{ background-color: #6aadff; }}
 QPushButton#Primary:disabled {{ background-color: #2a3b55; border-color: #2a3b55; color: #7f8ba3; }}
 QPushButton#Danger {{ color: {ERROR}; }}
-QTextBrowser#Transcript {{ background-color: {BG}; border: none; }}
+QPushButton:focus, QToolButton:focus {{ border: 2px solid {ACCENT}; padding: 5px 13px; }}
+QPushButton#Primary:focus {{ border: 2px solid {FOCUS_ON_ACCENT}; }}
+QListView:focus, QTableView:focus, QTreeView:focus {{ border-color: {ACCENT}; }}
+QCheckBox:focus, QRadioButton:focus {{ color: {ACCENT}; }}
+QTextBrowser#Transcript {{ background-color: {BG}; border: 1px solid transparent; border-radius: 6px; }}
+QTextBrowser#Transcript:focus {{ border-color: {ACCENT}; }}
 QListView, QTableView, QTreeView {{ background-color: {PANEL}; border: 1px solid {BORDER}; border-radius: 8px;
     alternate-background-color: #1a1d24; outline: 0; }}
 QListView::item {{ padding: 7px 8px; border-radius: 6px; }}
