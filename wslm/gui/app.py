@@ -32,6 +32,12 @@ def _say(text: str) -> None:
         print(text, file=sys.stderr)
 
 
+def _raise(windows: list[MainWindow]) -> None:
+    _say("wslm gui: another `wslm gui` was started: showing this window instead")
+    if windows:
+        windows[0].bring_to_front()
+
+
 def process_events_for(seconds: float, until=None) -> None:
     """Let queued work (subprocess output, layouts) run without blocking the event loop."""
     end = time.monotonic() + seconds
@@ -87,7 +93,7 @@ def run(screenshot_dir: str | None = None) -> int:
     # One app per user and chat store: a second `wslm gui` shows the first one's window and exits. Claimed
     # before the window is built (seconds), so that two started at once do not both open.
     windows: list[MainWindow] = []
-    instance = InstanceServer(lambda: windows[0].bring_to_front() if windows else None)
+    instance = InstanceServer(lambda: _raise(windows))
     pid = ask_running_instance()
     if pid is None and not instance.listen():
         pid = ask_running_instance()
