@@ -138,7 +138,7 @@ class ServerPanel(QWidget):
         self.has_gpu: bool | None = None
         self._fill_tp()
         rows = [("Target", target_row), ("Model", self.model), ("Port", self.port), ("Context length", self.context),
-                ("GPU memory share", self.gpu), ("API key", self.api_key_field), ("Quantization", self.quantization),
+                ("GPU memory share", self.gpu), ("Quantization", self.quantization),
                 ("KV cache dtype", self.kv_dtype), (self.tp_label, self.tp)]
         for combo in (self.quantization, self.kv_dtype, self.tp):
             combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
@@ -150,6 +150,9 @@ class ServerPanel(QWidget):
                 grid.addLayout(w, r, c + 1)
             else:
                 grid.addWidget(w, r, c + 1)
+        # The key and its three buttons get a whole row: in half of one they set the window's minimum width.
+        grid.addWidget(QLabel("API key", objectName="Muted"), 4, 0)
+        grid.addWidget(self.api_key_field, 4, 1, 1, 3)
         grid.addWidget(QLabel("Extra flags", objectName="Muted"), 5, 0)
         grid.addWidget(self.extra, 5, 1)
         grid.addWidget(self.auto_restart, 5, 2, 1, 2)
