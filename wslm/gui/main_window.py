@@ -51,6 +51,9 @@ SERVER_NOT_RUNNING = ("The server is not running: start it in the Server panel; 
                       "require this API key.")
 
 
+MIN_WIDTH = 800
+
+
 class MainWindow(QMainWindow):
     def __init__(self, settings: Settings | None = None, store: ChatStore | None = None,
                  watch: bool = True) -> None:
@@ -111,6 +114,9 @@ class MainWindow(QMainWindow):
         lay.addWidget(self.sidebar)
         lay.addWidget(self.stack, 1)
         self.setCentralWidget(central)
+        # The widest panel sets the minimum width (the Server panel's form, ~800 px); the Chat panel's header
+        # needs about that much to show a chat title's first words, whichever panel happens to be widest.
+        self.setMinimumWidth(MIN_WIDTH)
         self.status = StatusBar(self)
         self.setStatusBar(self.status)
 
