@@ -189,3 +189,23 @@ def test_dialog_fits_the_smallest_window_and_tabs_through(make_window, qtbot):
     f = dialog.api_key
     assert {f.edit, f.show_button, f.copy_button, f.generate_button} <= seen
     dialog.reject()
+
+
+def test_models_folder_reaches_wsl_through_wslenv():
+    env = {"WSLENV": "FOO/p:WSLM_API_KEY"}
+    apply_models_dir("/home/me/models", env)
+    assert env["WSLM_MODELS_DIR"] == "/home/me/models" and env["WSLENV"] == "FOO/p:WSLM_API_KEY:WSLM_MODELS_DIR"
+    apply_models_dir("/home/me/other", env)
+    assert env["WSLENV"].count("WSLM_MODELS_DIR") == 1
+    apply_models_dir("", env)  # back to the backend's default
+    assert "WSLM_MODELS_DIR" not in env and env["WSLENV"] == "FOO/p:WSLM_API_KEY"
+    # The server the app starts gets it (its environment starts from the app's).
+    from wslm.gui.server_controller import ServerConfig
+
+    apply_models_dir("/srv/models")
+    try:
+        for config in (ServerConfig(), ServerConfig(api_key="k")):
+            assert config.env()["WSLM_MODELS_DIR"] == "/srv/models"
+            assert "WSLM_MODELS_DIR" in config.env()["WSLENV"].split(":")
+    finally:
+        apply_models_dir("")
