@@ -208,7 +208,7 @@ class MainWindow(QMainWindow):
                 self.settings_dialog.show_page(page)
             return self.settings_dialog
         self.server_panel._save()  # the dialog starts from what the Server panel shows now
-        dialog = SettingsDialog(self.settings, self.models.table.models, self)
+        dialog = SettingsDialog(self.settings, self.models.table.models, self, backend_path=self._server_path)
         dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
         for title, make in self.settings_pages:
             dialog.add_page(title, make())

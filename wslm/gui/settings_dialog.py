@@ -8,6 +8,7 @@ with their names, and the main window makes the panels follow (and saves). Cance
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
@@ -52,8 +53,11 @@ class SettingsDialog(QDialog):
     applied = Signal(list)  # the names of the Settings fields that changed
     notice = Signal(str)  # a brief word for the status bar ("API key copied")
 
-    def __init__(self, settings: Settings, models: list | None = None, parent: QWidget | None = None) -> None:
+    def __init__(self, settings: Settings, models: list | None = None, parent: QWidget | None = None,
+                 backend_path: Callable[[str], str] | None = None) -> None:
+        """`backend_path`: a folder chosen with Browse… as the backend sees it (C:\\x -> /mnt/c/x under WSL)."""
         super().__init__(parent)
+        self.backend_path = backend_path or (lambda path: path)
         self.setWindowTitle("Settings — wslm")
         self.settings = settings
         self.pages: dict[str, QWidget] = {}
@@ -144,9 +148,13 @@ class SettingsDialog(QDialog):
                                    "the backend's side: a Linux path under WSL, e.g. /home/me/models)")
         browse = QPushButton("Browse…")
         browse.clicked.connect(self._browse_models_dir)
-        row = QHBoxLayout()
-        row.addWidget(self.models_dir, 1)
-        row.addWidget(browse)
+        line = QHBoxLayout()
+        line.addWidget(self.models_dir, 1)
+        line.addWidget(browse)
+        row = QVBoxLayout()  # the note under its field: a label-less form row of its own leaves a gap
+        row.addLayout(line)
+        row.addWidget(_muted("A new folder applies to the model list at once and to the server at its next "
+                             "start; models already downloaded stay where they are."))
         self.theme = QComboBox()
         self.theme.setAccessibleName("Theme")
         for name, label in THEMES.items():
@@ -155,24 +163,21 @@ class SettingsDialog(QDialog):
         form.addRow("Default model", self.model)
         form.addRow("", self.start_on_launch)
         form.addRow("Models folder", row)
-        form.addRow("", _muted("A new folder applies to the model list at once and to the server at its next "
-                               "start; models already downloaded stay where they are."))
         form.addRow("Theme", self.theme)
 
     def _browse_models_dir(self) -> None:
         path = QFileDialog.getExistingDirectory(self, "Models folder", self.models_dir.text())
         if path:
-            self.models_dir.setText(path)
+            self.models_dir.setText(self.backend_path(path))
 
     def _build_api_key(self) -> None:
         form = self._page("API key", "The key clients must send (Authorization: Bearer <key>) to use the server. "
                                      "Empty: no key, anyone who can reach the port can use it. A new key takes "
-                                     "effect when the server (re)starts.")
+                                     "effect when the server (re)starts. The developer view's examples read it "
+                                     "from the WSLM_API_KEY environment variable: set that to the key shown here.")
         self.api_key = ApiKeyField(self.settings.api_key)
         self.api_key.copied.connect(self.notice)
         form.addRow("API key", self.api_key)
-        form.addRow("", _muted("Clients read it from the WSLM_API_KEY environment variable in the developer "
-                               "view's examples: set it there to the key shown here."))
 
     def _build_documents(self) -> None:
         s = self.settings
