@@ -192,6 +192,9 @@ def test_dialog_fits_the_smallest_window_and_tabs_through(make_window, qtbot):
 
 
 def test_models_folder_reaches_wsl_through_wslenv():
+    own = {"WSLM_MODELS_DIR": "/mine"}  # the app was started with its own folder; the setting is empty
+    apply_models_dir("", own)
+    assert own == {"WSLM_MODELS_DIR": "/mine"}
     env = {"WSLENV": "FOO/p:WSLM_API_KEY"}
     apply_models_dir("/home/me/models", env)
     assert env["WSLM_MODELS_DIR"] == "/home/me/models" and env["WSLENV"] == "FOO/p:WSLM_API_KEY:WSLM_MODELS_DIR"
