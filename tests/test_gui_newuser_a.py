@@ -142,9 +142,11 @@ def test_gui_without_the_xcb_libraries_names_the_apt_line(tmp_path):
     assert "sudo apt-get install -y libxcb-cursor0 libxkbcommon-x11-0\n" in p.stderr and "qt.qpa" not in p.stderr
     # Headless platforms need neither; Wayland with a compositor needs no X11 libraries.
     assert display_problem(gui_env(QT_QPA_PLATFORM="offscreen"), "linux") is None
-    (tmp_path / "wayland-0").touch()
-    assert display_problem(gui_env(WAYLAND_DISPLAY="wayland-0", XDG_RUNTIME_DIR=str(tmp_path),
-                                   XDG_SESSION_TYPE="wayland", PATH=env["PATH"]), "linux") is None
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as compositor:  # a socket that accepts, as one's
+        compositor.bind(str(tmp_path / "wayland-0"))
+        compositor.listen(4)
+        assert display_problem(gui_env(WAYLAND_DISPLAY="wayland-0", XDG_RUNTIME_DIR=str(tmp_path),
+                                       XDG_SESSION_TYPE="wayland", PATH=env["PATH"]), "linux") is None
     assert display_problem(gui_env(), "win32") is None
 
 

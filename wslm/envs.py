@@ -131,7 +131,8 @@ VARIABLES: tuple[EnvVar, ...] = (
     EnvVar("WSLM_DATA_DIR", "path", None, "moves the data folder (chat database, logs).",
            (_G,), _EVERYDAY, default_doc="the user data folder (platformdirs)"),
     EnvVar("WSLM_MODELS_DIR", "path", None,
-           "moves wslm's own models folder (`wslm models pull` without the HF cache).",
+           "moves wslm's own models folder (`wslm models pull` without the HF cache). The desktop app's "
+           "Settings → Models folder sets it for every `wslm` the app starts.",
            (_E,), _EVERYDAY, default_doc="`~/.wslm/models`"),
     EnvVar("WSLM_CACHE_DIR", "path", None,
            "moves the cache of converted GGUF copies (`wslm/backend/loader/gguf_cache.py`) and of the unpacked "

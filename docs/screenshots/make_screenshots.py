@@ -110,6 +110,25 @@ def feature_shots(w, out: Path) -> list[Path]:
     return shots
 
 
+def settings_shots(w, out: Path) -> list[Path]:
+    """settings.png (File → Settings…, General) and settings-api-key.png (the key shown, as after Show)."""
+    from wslm.gui.app import process_events_for
+
+    dialog = w.open_settings()
+    shots = []
+    for page, name in (("General", "settings"), ("API key", "settings-api-key")):
+        dialog.show_page(page)
+        if page == "API key":
+            dialog.api_key.set_revealed(True)
+        process_events_for(0.4)
+        dialog.grab()
+        path = out / f"{name}.png"
+        dialog.grab().save(str(path))
+        shots.append(path)
+    dialog.reject()
+    return shots
+
+
 def seed_chats(cfg: Path) -> None:
     from wslm.gui.chat_store import ChatStore
 
@@ -187,6 +206,8 @@ def main(out: Path) -> None:
     for path in screenshot(w, out):
         print(path)
     for path in feature_shots(w, out):
+        print(path)
+    for path in settings_shots(w, out):
         print(path)
     for path in switch_sequence(w, cfg, out / "model-switch"):
         print(path)

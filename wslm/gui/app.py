@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -10,18 +11,31 @@ from PySide6.QtCore import QCoreApplication, QEventLoop
 from PySide6.QtWidgets import QApplication
 
 import wslm.gui.qt_fix  # noqa: F401  (PySide6 6.12 emit() refcount bug)
-from wslm.gui.display_check import display_problem
+from wslm.gui.display_check import display_problem, wayland_fallback
 from wslm.gui.main_window import MainWindow
+from wslm.gui.settings import load_settings
 from wslm.gui.sidebar import PANELS
+from wslm.gui.single_instance import InstanceServer, ask_running_instance
 from wslm.gui.theme import apply_theme
 
 
-def make_app() -> QApplication:
+def make_app(theme: str = "dark") -> QApplication:
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setApplicationName("wslm")
     app.setOrganizationName("wslm")
-    apply_theme(app)
+    apply_theme(app, theme)
     return app
+
+
+def _say(text: str) -> None:
+    if sys.stderr is not None:  # a windowed (packaged) app has no console
+        print(text, file=sys.stderr)
+
+
+def _raise(windows: list[MainWindow]) -> None:
+    _say("wslm gui: another `wslm gui` was started: showing this window instead")
+    if windows:
+        windows[0].bring_to_front()
 
 
 def process_events_for(seconds: float, until=None) -> None:
@@ -56,20 +70,44 @@ def screenshot(window: MainWindow, out_dir: Path) -> list[Path]:
 
 def run(screenshot_dir: str | None = None) -> int:
     if QApplication.instance() is None:
+        # QT_QPA_PLATFORM=wayland without a compositor: Qt's Wayland plugin aborts (SIGABRT). Use X11 when
+        # there is one, and say so.
+        fallback = wayland_fallback()
+        if fallback:
+            os.environ["QT_QPA_PLATFORM"], message = fallback
+            _say(message)
         # Qt aborts (SIGABRT) when it cannot open a window: say why and how to fix it, and exit cleanly.
         problem = display_problem()
         if problem:
-            if sys.stderr is not None:
-                print(problem, file=sys.stderr)
+            _say(problem)
             return 1
-    app = make_app()
-    window = MainWindow(watch=True)
+    settings = load_settings()
+    app = make_app(settings.theme)
     if screenshot_dir:
+        window = MainWindow(settings, watch=True)
         for path in screenshot(window, Path(screenshot_dir)):
             if sys.stdout is not None:  # a windowed (packaged) app has no console
                 print(path)
         window.close()
         return 0
+    # One app per user and chat store: a second `wslm gui` shows the first one's window and exits. Claimed
+    # before the window is built (seconds), so that two started at once do not both open.
+    windows: list[MainWindow] = []
+    instance = InstanceServer(lambda: _raise(windows))
+    pid = ask_running_instance()
+    if pid is None and not instance.listen():
+        pid = ask_running_instance()
+        if pid is None:
+            _say(f"wslm gui: could not claim {instance.server.fullServerName() or instance.name} "
+                 f"({instance.server.errorString()}); a second wslm gui would open another window")
+    if pid is not None:
+        _say(f"wslm gui is already running{f' (PID {pid})' if pid else ''}: its window was brought to the front.")
+        return 0
+    window = MainWindow(settings, watch=True)
+    windows.append(window)
     window.show()
     window.maybe_first_run()
-    return app.exec()
+    try:
+        return app.exec()
+    finally:
+        instance.close()

@@ -79,21 +79,66 @@ def _x_server_listens(display: str) -> bool:
     return False
 
 
-def no_display_message(env: Mapping[str, str]) -> str:
+def no_display_message(env: Mapping[str, str], why: str = "") -> str:
+    """`why`: what is missing, in place of "DISPLAY and WAYLAND_DISPLAY are not set"."""
+    why = why or "DISPLAY and WAYLAND_DISPLAY are not set"
     if in_wsl(env):
-        return ("wslm gui cannot open a window: this WSL has no display (DISPLAY and WAYLAND_DISPLAY are not "
-                "set). WSLg shows Linux windows on the Windows desktop: update WSL to get it (in PowerShell: "
-                "wsl --update, then wsl --shutdown, and open the distro again). Or run an X server on Windows "
-                "(VcXsrv, X410) and set DISPLAY. Without a window, `wslm serve` still runs the server.")
-    return ("wslm gui cannot open a window: there is no display (DISPLAY and WAYLAND_DISPLAY are not set, as in "
-            "a text console or an SSH session without -X). Run it from a desktop session, or connect with "
-            "ssh -X. Without a window, `wslm serve` still runs the server.")
+        return (f"wslm gui cannot open a window: this WSL has no display ({why}). WSLg shows Linux windows on the "
+                "Windows desktop: update WSL to get it (in PowerShell: wsl --update, then wsl --shutdown, and open "
+                "the distro again). Or run an X server on Windows (VcXsrv, X410) and set DISPLAY. Without a window, "
+                "`wslm serve` still runs the server.")
+    return (f"wslm gui cannot open a window: there is no display ({why}, as in a text console or an SSH session "
+            "without -X). Run it from a desktop session, or connect with ssh -X. Without a window, `wslm serve` "
+            "still runs the server.")
+
+
+def _wayland_socket(env: Mapping[str, str]) -> Path | None:
+    name = env.get("WAYLAND_DISPLAY", "").strip() or ("wayland-0" if env.get("QT_QPA_PLATFORM") else "")
+    if not name:
+        return None
+    return Path(name) if name.startswith("/") else Path(env.get("XDG_RUNTIME_DIR", "/nonexistent")) / name
 
 
 def _wayland_listens(env: Mapping[str, str]) -> bool:
-    name = env.get("WAYLAND_DISPLAY", "").strip()
-    path = Path(name) if name.startswith("/") else Path(env.get("XDG_RUNTIME_DIR", "/nonexistent")) / name
-    return bool(name) and path.exists()
+    """A compositor accepts connections on WAYLAND_DISPLAY's socket (a file left by one that ended does not:
+    Qt's Wayland plugin aborts on it as on none)."""
+    path = _wayland_socket(env)
+    if path is None or not path.exists():
+        return False
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(2)
+            s.connect(str(path))
+        return True
+    except OSError:
+        return False
+
+
+def _no_compositor(env: Mapping[str, str]) -> str:
+    path = _wayland_socket(env)
+    where = f"WAYLAND_DISPLAY={env.get('WAYLAND_DISPLAY', '').strip() or '(unset: wayland-0)'}"
+    return f"no Wayland compositor answers at {where} ({path})" if path else f"no Wayland compositor ({where})"
+
+
+def wayland_fallback(env: Mapping[str, str] | None = None, platform: str | None = None) -> tuple[str, str] | None:
+    """QT_QPA_PLATFORM asks for Wayland alone and no compositor answers: Qt's Wayland plugin would abort
+    (SIGABRT). (platform to use instead, the message saying so) when an X11 display is there to fall back on;
+    None otherwise (display_problem() then says what to do)."""
+    env = os.environ if env is None else env
+    platform = sys.platform if platform is None else platform
+    if not platform.startswith("linux"):
+        return None
+    platforms = qt_platforms(env)
+    if not platforms[0].startswith("wayland") or _wayland_listens(env):
+        return None
+    if any(p == "xcb" for p in platforms):
+        return None  # Qt goes on to xcb by itself
+    display = env.get("DISPLAY", "").strip()
+    if not display or not _x_server_listens(display):
+        return None
+    return ("xcb", f"wslm gui: QT_QPA_PLATFORM={env.get('QT_QPA_PLATFORM')} asks for Wayland, but "
+                   f"{_no_compositor(env)}. Using X11 (xcb) on DISPLAY={display} instead; unset QT_QPA_PLATFORM "
+                   "to make this the default.")
 
 
 def qt_platforms(env: Mapping[str, str]) -> list[str]:
@@ -120,10 +165,20 @@ def display_problem(env: Mapping[str, str] | None = None, platform: str | None =
     if any(p.startswith("wayland") for p in platforms) and _wayland_listens(env):
         return None  # Qt tries Wayland (first, or after X11) and a compositor is there
     if "xcb" not in platforms:
+        if all(p.startswith("wayland") for p in platforms):
+            # Qt's Wayland plugin aborts without a compositor; with an X display wayland_fallback() uses it.
+            return (f"wslm gui cannot open a window: QT_QPA_PLATFORM={env.get('QT_QPA_PLATFORM')} asks for "
+                    f"Wayland, but {_no_compositor(env)}, and there is no X11 display to use instead"
+                    f"{'' if not display else f' (DISPLAY={display} does not answer)'}. Run it from a desktop "
+                    "session, or unset QT_QPA_PLATFORM and set DISPLAY to a running X server."
+                    + (" In WSL, WSLg provides both: update WSL (in PowerShell: wsl --update, then wsl "
+                       "--shutdown)." if in_wsl(env) else ""))
         return None  # a platform we know nothing about: let Qt say
     if not display:
-        return ("wslm gui cannot open a window: Qt uses X11 here, and DISPLAY is not set (this session has "
-                "Wayland only). Run it as: QT_QPA_PLATFORM=wayland wslm gui")
+        if _wayland_listens(env):
+            return ("wslm gui cannot open a window: Qt uses X11 here, and DISPLAY is not set (this session has "
+                    "Wayland only). Run it as: QT_QPA_PLATFORM=wayland wslm gui")
+        return no_display_message(env, f"DISPLAY is not set, and {_no_compositor(env)}: a stale WAYLAND_DISPLAY")
     plugins = _plugin_dir(env)
     missing = missing_libraries(plugins / "libqxcb.so", env) if plugins else []
     if missing:

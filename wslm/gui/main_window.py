@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 from PySide6.QtCore import QByteArray, Qt, QTimer
@@ -30,6 +31,7 @@ from wslm.gui.logs_panel import LogsPanel
 from wslm.gui.mcp_chat import connect_chat
 from wslm.gui.mcp_page import McpPage
 from wslm.gui.mcp_service import McpService
+from wslm.gui.models_folder import apply_models_dir
 from wslm.gui.models_panel import ModelsPanel
 from wslm.gui.models_service import ModelsService, kv_estimate_args
 from wslm.gui.pool_client import ModelPoolClient
@@ -38,16 +40,21 @@ from wslm.gui.scroll_page import ScrollPage
 from wslm.gui.server_controller import CRASHED, LOADING, READY, STARTING, STOPPED, STOPPING, ServerController
 from wslm.gui.server_panel import ServerPanel
 from wslm.gui.settings import Settings, load_settings, save_settings
+from wslm.gui.settings_dialog import SettingsDialog
 from wslm.gui.share_panel import SharePanel
 from wslm.gui.share_service import ShareService
 from wslm.gui.sidebar import PANELS, Sidebar
 from wslm.gui.status_bar import StatusBar
+from wslm.gui.theme import apply_theme, current_theme
 from wslm.wsl_bridge.launcher import Target
 
 log = logging.getLogger(__name__)
 
 SERVER_NOT_RUNNING = ("The server is not running: start it in the Server panel; it will listen on the LAN and "
                       "require this API key.")
+
+
+MIN_WIDTH = 800
 
 
 class MainWindow(QMainWindow):
@@ -58,7 +65,11 @@ class MainWindow(QMainWindow):
         self.setWindowTitle("wslm")
         self.settings = settings or load_settings()
         s = self.settings
+        apply_models_dir(s.models_dir)  # before the first `models list`: every wslm the app starts gets it
         self.target = target_from_settings(s.target)
+        # More Settings pages, (title, make the page's widget): the MCP page, say. Made each time it opens.
+        self.settings_pages: list[tuple[str, Callable[[], QWidget]]] = []
+        self.settings_dialog: SettingsDialog | None = None
         self.logs = LogModel(parent=self)
         self._own_store = store is None
         self._switching_to = ""  # the model a switch from the Chat panel is loading
@@ -85,6 +96,7 @@ class MainWindow(QMainWindow):
         self.mcp = McpService(parent=self)
         connect_chat(self, self.session, self.chat_panel.view, self.mcp)
         self._mcp_page: McpPage | None = None
+        self.settings_pages.append(("MCP", lambda: McpPage(self.mcp)))  # Settings → MCP: the same page
         self.chat_panel.server_path = self._server_path
         self.chat_panel.live_switch = self._live_switch
         self.chat_panel.can_eject = self._can_eject
@@ -110,6 +122,9 @@ class MainWindow(QMainWindow):
         lay.addWidget(self.sidebar)
         lay.addWidget(self.stack, 1)
         self.setCentralWidget(central)
+        # The widest panel sets the minimum width (the Server panel's form, ~800 px); the Chat panel's header
+        # needs about that much to show a chat title's first words, whichever panel happens to be widest.
+        self.setMinimumWidth(MIN_WIDTH)
         self.status = StatusBar(self)
         self.setStatusBar(self.status)
 
@@ -156,6 +171,7 @@ class MainWindow(QMainWindow):
         self.session.reply_finished.connect(self._on_reply_finished)
         self.session.reply_finished.connect(lambda _stats: self.pool.refresh() if self.pool.pooled else None)
         self.chat_panel.notice.connect(self.toast)  # copied, exported: a brief word, not silence
+        self.server_panel.notice.connect(self.toast)
         self.server_panel.settings_changed.connect(self.chat_panel.refresh_connection)
         self.server_panel.settings_changed.connect(self._server_settings_changed)
         self.share_panel.server_change.connect(self._on_share_server)
@@ -170,12 +186,16 @@ class MainWindow(QMainWindow):
         file_menu = self.menuBar().addMenu("&File")
         new = QAction("New chat", self, shortcut=QKeySequence("Ctrl+N"))
         new.triggered.connect(lambda: (self.sidebar.select("chat"), self.chat_panel.new_chat()))
+        self.settings_action = QAction("Settings…", self, shortcut=QKeySequence("Ctrl+,"))
+        self.settings_action.setShortcutContext(Qt.ShortcutContext.ApplicationShortcut)
+        self.settings_action.triggered.connect(self.open_settings)
         self.quit_action = QAction("Quit", self, shortcut=QKeySequence("Ctrl+Q"))
         self.quit_action.setShortcutContext(Qt.ShortcutContext.ApplicationShortcut)
         self.quit_action.triggered.connect(self.quit_app)
         tools = QAction("Tools (MCP servers)…", self)
         tools.triggered.connect(self.open_tools)
         file_menu.addAction(new)
+        file_menu.addAction(self.settings_action)
         file_menu.addAction(tools)
         file_menu.addSeparator()
         file_menu.addAction(self.quit_action)
@@ -183,7 +203,7 @@ class MainWindow(QMainWindow):
         if QSystemTrayIcon.isSystemTrayAvailable():
             self.tray = QSystemTrayIcon(self.windowIcon(), self)
             menu = QMenu(self)
-            menu.addAction("Show wslm", lambda: (self.showNormal(), self.raise_(), self.activateWindow()))
+            menu.addAction("Show wslm", self.bring_to_front)
             menu.addAction(self.quit_action)
             self.tray.setContextMenu(menu)
             self.tray.setToolTip("wslm")
@@ -198,6 +218,76 @@ class MainWindow(QMainWindow):
         self._mcp_page.show()
         self._mcp_page.raise_()
         return self._mcp_page
+
+    # Settings (File → Settings…, Ctrl+,)
+    def open_settings(self, page: str = "") -> SettingsDialog:
+        """Open the Settings dialog (non-modal, one at a time) and return it."""
+        if self.settings_dialog is not None and self.settings_dialog.isVisible():
+            self.settings_dialog.raise_()
+            self.settings_dialog.activateWindow()
+            if page:
+                self.settings_dialog.show_page(page)
+            return self.settings_dialog
+        self.server_panel._save()  # the dialog starts from what the Server panel shows now
+        dialog = SettingsDialog(self.settings, self.models.table.models, self, backend_path=self._server_path)
+        dialog.setAttribute(Qt.WidgetAttribute.WA_DeleteOnClose)
+        for title, make in self.settings_pages:
+            dialog.add_page(title, make())
+        dialog.applied.connect(self._on_settings_applied)
+        dialog.notice.connect(self.toast)
+        dialog.destroyed.connect(lambda: setattr(self, "settings_dialog", None))
+        self.settings_dialog = dialog
+        if page:
+            dialog.show_page(page)
+        dialog.show()
+        return dialog
+
+    def _on_settings_applied(self, changed: list) -> None:
+        """Make the panels follow what the Settings dialog changed, and save."""
+        s = self.settings
+        if {"model", "start_server_on_launch", "api_key"} & set(changed):
+            self.server_panel.reload()  # (it saves, and the chat's picker follows its model)
+        if "api_key" in changed and self.server.running:
+            self.toast("The new API key takes effect when the server restarts (Server → Restart)", 8000)
+        if "theme" in changed and current_theme() != s.theme:
+            app = QApplication.instance()
+            if isinstance(app, QApplication):
+                apply_theme(app, s.theme)
+            self.toast("Theme changed: some colours follow at the next start", 6000)
+        if "models_dir" in changed:
+            apply_models_dir(s.models_dir)
+            self.models.refresh()
+            if self.server.running:
+                self.toast("The server uses the new models folder when it restarts", 6000)
+        docs = [n for n in changed if n.startswith("rag_")]
+        if docs:
+            self._sync_document_settings()
+        self.save()
+
+    def _sync_document_settings(self) -> None:
+        """The chat's own Documents fields (if it has them) show the values the dialog set."""
+        view = getattr(self.chat_panel, "document_settings", None)
+        s = self.settings
+        for attr, value in (("url", s.rag_embed_base_url), ("model", s.rag_embed_model), ("key", s.rag_embed_api_key),
+                            ("whole", s.rag_whole_file_tokens), ("top_k", s.rag_top_k)):
+            w = getattr(view, attr, None)
+            if w is None:
+                continue
+            w.blockSignals(True)
+            if hasattr(w, "setValue"):
+                w.setValue(int(value))
+            else:
+                w.setText(str(value))
+            w.blockSignals(False)
+
+    def bring_to_front(self) -> None:
+        """Another `wslm gui` was started: show this window instead (restored, raised, focused)."""
+        if self.isMinimized():
+            self.showNormal()
+        self.show()
+        self.raise_()
+        self.activateWindow()
+        self.toast("wslm is already open: here it is", 4000)
 
     def quit_app(self) -> None:
         """Quit (menu, Ctrl+Q, tray): close the window, which asks first if the server runs."""
@@ -431,8 +521,7 @@ class MainWindow(QMainWindow):
         key = server.get("api_key") or ""
         if key:
             self.settings.api_key = key
-            self.server_panel.api_key.setText(key)
-            self.server_panel.api_key.setCursorPosition(0)
+            self.server_panel.api_key_field.set_text(key)
         self.save()
         if self.server.running and (server.get("restart_required") or self.server.config.host != self.settings.host):
             self.server_panel.restart()

@@ -146,6 +146,8 @@ class ServerController(QObject):
         self._restarts: list[float] = []
         self._restart_after_stop = False
         self._stop_pending = False
+        self._stop_asked = 0.0  # monotonic time of the last stop request (how long the stop took)
+        self._force_killed = False  # _force_kill ended the last run (its exit code is then -9, not its own)
         self._backend_pid = 0  # from the loading event
         self.pool_refused = False  # the target's wslm predates --model-pool: started without it since
         self._health_failures = 0
@@ -203,6 +205,7 @@ class ServerController(QObject):
         proc.finished.connect(lambda code, tail, p=proc: self._on_finished(code, tail) if p is self._proc else None)
         self._proc = proc
         self._stop_pending = False
+        self._force_killed = False
         self._backend_pid = 0
         self._set(STARTING, f"Starting on {self.target.describe()}…")
         proc.start(argv, env=self.config.env())
@@ -219,6 +222,7 @@ class ServerController(QObject):
                 self._set(STOPPED, "")
             return
         self._set(STOPPING, "Stopping…")
+        self._stop_asked = time.monotonic()
         self._health_timer.stop()
         proc = self._proc
         pid = int(self.ready_event.get("pid") or self._backend_pid or 0)
@@ -297,7 +301,7 @@ class ServerController(QObject):
         self.last_lines = self.logs.since(self._log_mark, "server", 12)
         was = self.state
         if was == STOPPING:
-            self._set(STOPPED, f"Stopped (exit code {code})")
+            self._set(STOPPED, self._stopped_words(code))
             if self._restart_after_stop:
                 self._restart_after_stop = False
                 QTimer.singleShot(0, self.start)
@@ -318,9 +322,23 @@ class ServerController(QObject):
         self._set(CRASHED, msg)
         self._maybe_restart()
 
+    def _stopped_words(self, code: int) -> str:
+        """How a stop we asked for ended, in words: a clean exit is just "Stopped"."""
+        took = time.monotonic() - self._stop_asked if self._stop_asked else 0.0
+        self._stop_asked = 0.0
+        if self._force_killed:
+            self._force_killed = False
+            clean = any("Finished server process" in line for line in self.last_lines)
+            return (f"Stopped: it {'shut down' if clean else 'was asked to stop'} but its process had not exited "
+                    f"after {took:.0f} s, so it was ended")
+        if code == 0 or (code == -15 and not self.target.via_wsl):  # its own exit, or our SIGTERM unhandled
+            return "Stopped"
+        return f"Stopped (exit code {code})"
+
     def _force_kill(self) -> None:
         if self._proc and self._proc.running:
-            self.logs.add("server", "backend did not stop in time; killing it")
+            self.logs.add("server", f"backend did not stop within {STOP_GRACE_S + 5:.0f} s; killing it")
+            self._force_killed = True
             self._proc.kill()
 
     def _maybe_restart(self) -> None:

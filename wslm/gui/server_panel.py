@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import html
-import secrets
 import shlex
 
 from PySide6.QtCore import Qt, Signal
@@ -25,6 +24,7 @@ from PySide6.QtWidgets import (
 import wslm.gui.qt_fix  # noqa: F401  (PySide6 6.12 emit() refcount bug)
 from wslm.embed_model import EMBED_NAME
 from wslm.gui import theme
+from wslm.gui.api_key_field import ApiKeyField
 from wslm.gui.backend_target import target_label
 from wslm.gui.engine_options import (
     KV_CACHE_DTYPES,
@@ -51,6 +51,7 @@ FAILED_TO_START = "Failed to start"  # "crashed" before it was ever ready: it di
 class ServerPanel(QWidget):
     change_target = Signal()
     settings_changed = Signal()
+    notice = Signal(str)  # a brief word for the status bar ("API key copied")
 
     def __init__(self, controller: ServerController, settings: Settings, parent=None) -> None:
         super().__init__(parent)
@@ -101,14 +102,10 @@ class ServerPanel(QWidget):
         self.gpu = QDoubleSpinBox(minimum=0.05, maximum=0.99, singleStep=0.05, decimals=2,
                                   value=settings.gpu_memory_utilization)
         self.gpu.setToolTip("Share of GPU memory the engine may use for weights and KV cache (--gpu-memory-utilization)")
-        self.api_key = QLineEdit(settings.api_key, placeholderText="none (anyone on this machine can connect)")
-        self.api_key.setEchoMode(QLineEdit.EchoMode.PasswordEchoOnEdit)
-        self.api_key.setCursorPosition(0)
-        gen = QPushButton("Generate")
-        gen.clicked.connect(lambda: self.api_key.setText("sk-wslm-" + secrets.token_urlsafe(24)))
-        key_row = QHBoxLayout()
-        key_row.addWidget(self.api_key, 1)
-        key_row.addWidget(gen)
+        # Masked, with Show / Copy / Generate: a masked field alone copies nothing on Ctrl+C (issue 34, bug 3).
+        self.api_key_field = ApiKeyField(settings.api_key)
+        self.api_key = self.api_key_field.edit
+        self.api_key_field.copied.connect(self.notice)
         self.extra = QLineEdit(settings.serve_extra_args, placeholderText="more wslm serve flags, e.g. --max-num-seqs 8")
         self.extra.editingFinished.connect(self._save)
         self.auto_restart = QCheckBox("Restart automatically if it crashes")
@@ -143,7 +140,7 @@ class ServerPanel(QWidget):
         self.has_gpu: bool | None = None
         self._fill_tp()
         rows = [("Target", target_row), ("Model", self.model), ("Port", self.port), ("Context length", self.context),
-                ("GPU memory share", self.gpu), ("API key", key_row), ("Quantization", self.quantization),
+                ("GPU memory share", self.gpu), ("Quantization", self.quantization),
                 ("KV cache dtype", self.kv_dtype), (self.tp_label, self.tp)]
         for combo in (self.quantization, self.kv_dtype, self.tp):
             combo.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
@@ -155,6 +152,9 @@ class ServerPanel(QWidget):
                 grid.addLayout(w, r, c + 1)
             else:
                 grid.addWidget(w, r, c + 1)
+        # The key and its three buttons get a whole row: in half of one they set the window's minimum width.
+        grid.addWidget(QLabel("API key", objectName="Muted"), 4, 0)
+        grid.addWidget(self.api_key_field, 4, 1, 1, 3)
         grid.addWidget(QLabel("Extra flags", objectName="Muted"), 5, 0)
         grid.addWidget(self.extra, 5, 1)
         grid.addWidget(self.auto_restart, 5, 2, 1, 2)
@@ -169,7 +169,7 @@ class ServerPanel(QWidget):
         # Another model splits differently: offer its tensor-parallel sizes (before _save stores the choice).
         self.model.currentIndexChanged.connect(lambda _i: self._fill_tp())
         self.model.currentIndexChanged.connect(self._save)
-        self.api_key.editingFinished.connect(self._save)
+        self.api_key_field.edited.connect(self._save)
         # Changing the field the crash card points at answers it: the card goes (it would go stale).
         for name, changed in (("model", self.model.currentIndexChanged), ("port", self.port.valueChanged),
                               ("context", self.context.valueChanged), ("gpu", self.gpu.valueChanged),
@@ -254,6 +254,23 @@ class ServerPanel(QWidget):
                                f"{model_id}  (not in `models list`)", model_id)
             i = self.model.count() - 1
         self.model.setCurrentIndex(i)
+
+    def reload(self) -> None:
+        """Show what the Settings dialog changed in the shared settings (model, API key, start on launch),
+        without treating it as an edit here; then announce it once, as an edit would."""
+        s = self.settings
+        for w in (self.model, self.start_on_launch, self.api_key):
+            w.blockSignals(True)
+        try:
+            self.set_model(s.model or "demo")
+            self.start_on_launch.setChecked(s.start_server_on_launch)
+            self.api_key_field.set_text(s.api_key)
+        finally:
+            for w in (self.model, self.start_on_launch, self.api_key):
+                w.blockSignals(False)
+        self.api_key_field.copy_button.setEnabled(bool(s.api_key))
+        self._fill_tp()
+        self._save()
 
     def extra_args(self) -> list[str] | None:
         """The extra flags split like a shell would; None (and a message) when the quoting is broken."""

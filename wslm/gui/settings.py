@@ -62,7 +62,9 @@ class Settings:
     rag_chunk_chars: int = 1000
     # Models.
     hub_endpoint: str = ""
+    models_dir: str = ""  # WSLM_MODELS_DIR for the backend ("": its default); the Settings dialog sets it
     # Window.
+    theme: str = "dark"  # "dark" | "light" (wslm.gui.theme.THEMES)
     window_geometry: str = ""  # QWidget.saveGeometry() as base64
     last_panel: str = "chat"
     extra: dict = field(default_factory=dict)  # keys this version does not know

@@ -208,7 +208,10 @@ def _serve(args: argparse.Namespace) -> int:
     from wslm.backend.entrypoints.openai.launcher import run
 
     args.model = args.model or args.model_tag or engine_flags.default("model")
-    return run(args)
+    code = run(args)
+    from wslm.backend.entrypoints.cli.fast_exit import exit_now
+
+    exit_now(code)  # the shutdown is done: skip the interpreter's slow teardown (fast_exit.py says why)
 
 
 def _count(value: str) -> int:
