@@ -122,11 +122,12 @@ class StreamWorker(QThread):
         finish_reason = None
         served_by = ""  # the model that answered (the chunk's "model"): shown under the reply
         tools = ToolCallAssembler()
-        self.sending.emit(req.body())
+        body = req.body()  # built once: what the history shows is what is posted
+        self.sending.emit(body)
         try:
             timeout = httpx.Timeout(connect=5.0, read=600.0, write=30.0, pool=5.0)
             with httpx.Client(timeout=timeout) as client:
-                with client.stream("POST", url, json=req.body(), headers=headers) as resp:
+                with client.stream("POST", url, json=body, headers=headers) as resp:
                     self._response = resp
                     if resp.status_code >= 400:
                         body = resp.read().decode("utf-8", "replace")
