@@ -81,6 +81,12 @@ class EngineConfig:
     lora_path: str | None = _flag(
         None, "a LoRA adapter folder (PEFT's format) merged into the model's 16/32-bit weights as they load "
         "(`wslm serve --lora-modules NAME=PATH` serves adapters by name)")
+    # llama.cpp's --no-mmap: GGUF weights kept in their block formats are views of the memory-mapped file
+    # (pages shared with the page cache, dropped and re-read by the OS under memory pressure); this reads
+    # them into private memory instead (a file on a slow or network disk, or pages that must stay resident).
+    no_mmap: bool = _flag(
+        False, "read a GGUF file's weights into private memory instead of memory-mapping the file (llama.cpp's "
+        "--no-mmap)")
 
     def __post_init__(self) -> None:
         if self.tensor_parallel_size < 1:

@@ -17,7 +17,8 @@ class UniProcExecutor(Executor):
         self.device = device
         self.embedding = embedding
         self.vocab_size = model_config.vocab_size
-        model = load_model(source, model_config, device, embedding=embedding, lora_path=config.lora_path)
+        model = load_model(source, model_config, device, embedding=embedding, lora_path=config.lora_path,
+                           use_mmap=not config.no_mmap)
         self.block_size = config.block_size
         self.num_blocks = determine_num_blocks(config, model_config, device)
         self.runner = ModelRunner(model, config.block_size, self.num_blocks)

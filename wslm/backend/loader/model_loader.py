@@ -214,7 +214,7 @@ def _sliding_window(hf_config) -> int | None:
     return window
 
 
-def iter_weights(source: ModelSource, dtype: torch.dtype, quantization: str | None = None):
+def iter_weights(source: ModelSource, dtype: torch.dtype, quantization: str | None = None, use_mmap: bool = True):
     """Yield (hf_name, tensor) for every weight, one file at a time to keep peak memory low. AWQ/GPTQ
     pieces come out as one int4 weight per linear (wslm.backend.quant.packed_checkpoint)."""
     if quantization in ("awq", "gptq"):
@@ -223,7 +223,7 @@ def iter_weights(source: ModelSource, dtype: torch.dtype, quantization: str | No
         yield from repack(iter_weights(source, dtype), quantization, read_quant_config(source.folder))
         return
     if source.gguf_file:
-        yield from _iter_gguf_weights(source, dtype)
+        yield from _iter_gguf_weights(source, dtype, use_mmap)
         return
     files = sorted(source.folder.glob("*.safetensors"))
     if files:
@@ -241,13 +241,13 @@ def iter_weights(source: ModelSource, dtype: torch.dtype, quantization: str | No
         yield from torch.load(str(file), map_location="cpu", weights_only=True).items()
 
 
-def _iter_gguf_weights(source: ModelSource, dtype: torch.dtype):
+def _iter_gguf_weights(source: ModelSource, dtype: torch.dtype, use_mmap: bool = True):
     # Read straight from the file, tensor by tensor, kept quantized (wslm.backend.quant.gguf_weights):
     # faster than reading a converted copy back, and the model never exists in full precision. The
     # converted-copy cache keeps only the tokenizer and config, the slow part to parse.
     from wslm.backend.quant.gguf_weights import iter_gguf_weights
 
-    for item in iter_gguf_weights(source.gguf_path, dtype):
+    for item in iter_gguf_weights(source.gguf_path, dtype, use_mmap):
         return_freed_heap()  # what reading the tensor left, before the model packs it
         yield item
         del item

@@ -16,14 +16,16 @@ from wslm.backend.worker.step_inputs import ModelRunnerOutput, StepInputs, prepa
 logger = logging.getLogger(__name__)
 
 
-def load_model(source, mc, device: torch.device, embedding: bool = False, lora_path: str | None = None):
+def load_model(source, mc, device: torch.device, embedding: bool = False, lora_path: str | None = None,
+               use_mmap: bool = True):
     """Build the model for mc (its family's class) and load its weights (this rank's shard under tensor
     parallelism). embedding: an embedding checkpoint, which may be a bare decoder body (decoder_pooling.py).
-    lora_path: a LoRA adapter merged into the weights (loader/lora.py)."""
+    lora_path: a LoRA adapter merged into the weights (loader/lora.py). use_mmap: False reads a GGUF's block
+    weights into private memory (--no-mmap)."""
     from wslm.backend.loader.model_loader import decoder_body_weights, iter_weights, return_freed_heap
 
     model = get_model_class(mc.architecture)(mc, device)
-    weights = iter_weights(source, mc.dtype, getattr(mc, "quantization", None))
+    weights = iter_weights(source, mc.dtype, getattr(mc, "quantization", None), use_mmap=use_mmap)
     if embedding:
         weights = decoder_body_weights(weights)
     model.load_weights(weights)

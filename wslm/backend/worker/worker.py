@@ -69,7 +69,8 @@ class Worker:
     def load_model(self) -> None:
         from wslm.backend.worker.model_runner import load_model
 
-        self.model = load_model(self.source, self.mc, self.device, lora_path=self.config.lora_path)
+        self.model = load_model(self.source, self.mc, self.device, lora_path=self.config.lora_path,
+                                use_mmap=not self.config.no_mmap)
 
     def determine_num_blocks(self) -> int:
         import dataclasses
