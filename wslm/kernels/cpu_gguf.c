@@ -89,14 +89,34 @@ static inline float x_at(const void *x, int bf16, long i) {
     return bf16 ? bf2f(((const uint16_t *)x)[i]) : ((const float *)x)[i];
 }
 
-static inline int round_i(float v) { return (int)(v >= 0.0f ? v + 0.5f : v - 0.5f); }
-
+/* n (a multiple of 8) values of x from column k0 as int8 codes q and their scale d = max |x| / 127; codes
+   rounded to nearest, ties to even (the AVX2 loop's cvtps and the plain loop's nearbyintf agree) */
 static void quantize_run(const void *x, int bf16, long k0, long n, int8_t *q, float *d) {
     float amax = 0.0f;
+#if defined(__AVX2__)
+    float v[256];
+    for (long i = 0; i < n; i++) v[i] = x_at(x, bf16, k0 + i);
+    __m256 mx = _mm256_setzero_ps();
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (long i = 0; i < n; i += 8) mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, _mm256_loadu_ps(v + i)));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    amax = _mm_cvtss_f32(m4);
+    float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    *d = amax / 127.0f;
+    __m256 iv = _mm256_set1_ps(inv);
+    for (long i = 0; i < n; i += 8) {
+        __m256i c = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + i), iv));
+        __m128i w16 = _mm_packs_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
+        _mm_storel_epi64((__m128i *)(q + i), _mm_packs_epi16(w16, w16));
+    }
+#else
     for (long i = 0; i < n; i++) { float a = fabsf(x_at(x, bf16, k0 + i)); amax = a > amax ? a : amax; }
     float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
     *d = amax / 127.0f;
-    for (long i = 0; i < n; i++) q[i] = (int8_t)round_i(x_at(x, bf16, k0 + i) * inv);
+    for (long i = 0; i < n; i++) q[i] = (int8_t)nearbyintf(x_at(x, bf16, k0 + i) * inv);
+#endif
 }
 
 static void quantize_x(const void *x, int bf16, long K, int need32, int need256, xq_t *o) {
@@ -182,232 +202,282 @@ static inline __m256i bits32(const uint8_t *qh) {
 }
 #endif
 
+/* Each takes nr weight rows rb bytes apart (nr: 1, or NR, a constant once inlined) and writes their dot
+   products with the rounded row to res. Several rows at once load each activation block once for all of
+   them, and their independent sums keep the multiply-adds from waiting on one another (one row alone: one
+   fp32 chain, 4 cycles a block). Each row's arithmetic is the same whatever nr, so its bits do not depend
+   on how rows are grouped or split over threads. */
+#define NR 4
+#define AI static inline __attribute__((always_inline))
+
 /* the 32-column types: sum over the row's blocks of d_w d_x (sum q x) (+ m_w d_x sum x) */
-static float dot_q4_0(const uint8_t *w, const xq_t *x, long K) {
+AI void dot_q4_0(const uint8_t *w, long rb, int nr, const xq_t *x, long K, float *res) {
     long nb = K / 32;
 #if defined(GG_AVX2)
-    __m256 acc = _mm256_setzero_ps();
-    float corr = 0.0f;
-    for (long b = 0; b < nb; b++, w += 18) {
-        float dw = h2f(w);
-        __m256i q = nibbles32(w + 2);
+    __m256 acc[NR];
+    float corr[NR];
+    for (int r = 0; r < NR; r++) { acc[r] = _mm256_setzero_ps(); corr[r] = 0.0f; }
+    for (long b = 0; b < nb; b++) {
         __m256i xv = _mm256_loadu_si256((const __m256i *)(x->q32 + b * 32));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(dw * x->d32[b]), _mm256_cvtepi32_ps(dot_us(q, xv)), acc);
-        corr += dw * x->s32[b];
-    }
-    return hsum_ps(acc) - 8.0f * corr;
-#else
-    float acc = 0.0f;
-    for (long b = 0; b < nb; b++, w += 18) {
-        const int8_t *xq = x->q32 + b * 32;
-        int s = 0;
-        for (int j = 0; j < 16; j++) s += ((w[2 + j] & 15) - 8) * xq[j] + ((w[2 + j] >> 4) - 8) * xq[j + 16];
-        acc += h2f(w) * x->d32[b] * (float)s;
-    }
-    return acc;
-#endif
-}
-
-static float dot_q4_1(const uint8_t *w, const xq_t *x, long K) {
-    long nb = K / 32;
-    float mins = 0.0f;
-#if defined(GG_AVX2)
-    __m256 acc = _mm256_setzero_ps();
-    for (long b = 0; b < nb; b++, w += 20) {
-        __m256i q = nibbles32(w + 4);
-        __m256i xv = _mm256_loadu_si256((const __m256i *)(x->q32 + b * 32));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w) * x->d32[b]), _mm256_cvtepi32_ps(dot_us(q, xv)), acc);
-        mins += h2f(w + 2) * x->s32[b];
-    }
-    return hsum_ps(acc) + mins;
-#else
-    float acc = 0.0f;
-    for (long b = 0; b < nb; b++, w += 20) {
-        const int8_t *xq = x->q32 + b * 32;
-        int s = 0;
-        for (int j = 0; j < 16; j++) s += (w[4 + j] & 15) * xq[j] + (w[4 + j] >> 4) * xq[j + 16];
-        acc += h2f(w) * x->d32[b] * (float)s;
-        mins += h2f(w + 2) * x->s32[b];
-    }
-    return acc + mins;
-#endif
-}
-
-/* Q5_0 / Q5_1: the nibbles plus a fifth bit from qh (bit j: element j, bit j + 16: element j + 16) */
-static float dot_q5_01(const uint8_t *w, const xq_t *x, long K, int with_min) {
-    long nb = K / 32, bs = with_min ? 24 : 22, qs = with_min ? 8 : 6, qh = with_min ? 4 : 2;
-    float mins = 0.0f;
-#if defined(GG_AVX2)
-    __m256 acc = _mm256_setzero_ps();
-    for (long b = 0; b < nb; b++, w += bs) {
-        __m256i q = _mm256_or_si256(nibbles32(w + qs), bits32(w + qh));
-        __m256i xv = _mm256_loadu_si256((const __m256i *)(x->q32 + b * 32));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w) * x->d32[b]), _mm256_cvtepi32_ps(dot_us(q, xv)), acc);
-        mins += (with_min ? h2f(w + 2) : -16.0f * h2f(w)) * x->s32[b];
-    }
-    return hsum_ps(acc) + mins;
-#else
-    float acc = 0.0f;
-    for (long b = 0; b < nb; b++, w += bs) {
-        uint32_t h;
-        memcpy(&h, w + qh, 4);
-        const int8_t *xq = x->q32 + b * 32;
-        int s = 0;
-        for (int j = 0; j < 16; j++) {
-            int x0 = (w[qs + j] & 15) | (((h >> j) << 4) & 0x10);
-            int x1 = (w[qs + j] >> 4) | ((h >> (j + 12)) & 0x10);
-            s += x0 * xq[j] + x1 * xq[j + 16];
+        float dx = x->d32[b], sx = x->s32[b];
+        for (int r = 0; r < nr; r++) {
+            const uint8_t *p = w + r * rb + b * 18;
+            float dw = h2f(p);
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * dx), _mm256_cvtepi32_ps(dot_us(nibbles32(p + 2), xv)), acc[r]);
+            corr[r] += dw * sx;
         }
-        acc += h2f(w) * x->d32[b] * (float)s;
-        mins += (with_min ? h2f(w + 2) : -16.0f * h2f(w)) * x->s32[b];
     }
-    return acc + mins;
+    for (int r = 0; r < nr; r++) res[r] = hsum_ps(acc[r]) - 8.0f * corr[r];
+#else
+    for (int r = 0; r < nr; r++) {
+        const uint8_t *p = w + r * rb;
+        float acc = 0.0f;
+        for (long b = 0; b < nb; b++, p += 18) {
+            const int8_t *xq = x->q32 + b * 32;
+            int s = 0;
+            for (int j = 0; j < 16; j++) s += ((p[2 + j] & 15) - 8) * xq[j] + ((p[2 + j] >> 4) - 8) * xq[j + 16];
+            acc += h2f(p) * x->d32[b] * (float)s;
+        }
+        res[r] = acc;
+    }
 #endif
 }
 
-static float dot_q8_0(const uint8_t *w, const xq_t *x, long K) {
+/* Q4_1, Q5_0, Q5_1: codes q (4 or 5 bits, unsigned) and w = d q + m (Q5_0: m = -16 d) */
+AI void dot_q451(const uint8_t *w, long rb, int nr, const xq_t *x, long K, float *res, long bs, long qs, long qh,
+                 int with_min) {
     long nb = K / 32;
 #if defined(GG_AVX2)
-    __m256 acc = _mm256_setzero_ps();
-    for (long b = 0; b < nb; b++, w += 34) {
-        __m256i q = _mm256_loadu_si256((const __m256i *)(w + 2));
+    __m256 acc[NR];
+    float mins[NR];
+    for (int r = 0; r < NR; r++) { acc[r] = _mm256_setzero_ps(); mins[r] = 0.0f; }
+    for (long b = 0; b < nb; b++) {
         __m256i xv = _mm256_loadu_si256((const __m256i *)(x->q32 + b * 32));
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(h2f(w) * x->d32[b]), _mm256_cvtepi32_ps(dot_ss(q, xv)), acc);
+        float dx = x->d32[b], sx = x->s32[b];
+        for (int r = 0; r < nr; r++) {
+            const uint8_t *p = w + r * rb + b * bs;
+            float dw = h2f(p);
+            __m256i q = nibbles32(p + qs);
+            if (qh) q = _mm256_or_si256(q, bits32(p + qh));
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * dx), _mm256_cvtepi32_ps(dot_us(q, xv)), acc[r]);
+            mins[r] += (with_min ? h2f(p + 2) : -16.0f * dw) * sx;
+        }
     }
-    return hsum_ps(acc);
+    for (int r = 0; r < nr; r++) res[r] = hsum_ps(acc[r]) + mins[r];
 #else
-    float acc = 0.0f;
-    for (long b = 0; b < nb; b++, w += 34) {
-        const int8_t *q = (const int8_t *)(w + 2), *xq = x->q32 + b * 32;
-        int s = 0;
-        for (int j = 0; j < 32; j++) s += q[j] * xq[j];
-        acc += h2f(w) * x->d32[b] * (float)s;
+    for (int r = 0; r < nr; r++) {
+        const uint8_t *p = w + r * rb;
+        float acc = 0.0f, mins = 0.0f;
+        for (long b = 0; b < nb; b++, p += bs) {
+            uint32_t h = 0;
+            if (qh) memcpy(&h, p + qh, 4);
+            const int8_t *xq = x->q32 + b * 32;
+            int s = 0;
+            for (int j = 0; j < 16; j++) {
+                int x0 = (p[qs + j] & 15) | (((h >> j) << 4) & 0x10);
+                int x1 = (p[qs + j] >> 4) | ((h >> (j + 12)) & 0x10);
+                s += x0 * xq[j] + x1 * xq[j + 16];
+            }
+            acc += h2f(p) * x->d32[b] * (float)s;
+            mins += (with_min ? h2f(p + 2) : -16.0f * h2f(p)) * x->s32[b];
+        }
+        res[r] = acc + mins;
     }
-    return acc;
+#endif
+}
+
+AI void dot_q8_0(const uint8_t *w, long rb, int nr, const xq_t *x, long K, float *res) {
+    long nb = K / 32;
+#if defined(GG_AVX2)
+    __m256 acc[NR];
+    for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
+    for (long b = 0; b < nb; b++) {
+        __m256i xv = _mm256_loadu_si256((const __m256i *)(x->q32 + b * 32));
+        float dx = x->d32[b];
+        for (int r = 0; r < nr; r++) {
+            const uint8_t *p = w + r * rb + b * 34;
+            __m256i q = _mm256_loadu_si256((const __m256i *)(p + 2));
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(h2f(p) * dx), _mm256_cvtepi32_ps(dot_ss(q, xv)), acc[r]);
+        }
+    }
+    for (int r = 0; r < nr; r++) res[r] = hsum_ps(acc[r]);
+#else
+    for (int r = 0; r < nr; r++) {
+        const uint8_t *p = w + r * rb;
+        float acc = 0.0f;
+        for (long b = 0; b < nb; b++, p += 34) {
+            const int8_t *q = (const int8_t *)(p + 2), *xq = x->q32 + b * 32;
+            int s = 0;
+            for (int j = 0; j < 32; j++) s += q[j] * xq[j];
+            acc += h2f(p) * x->d32[b] * (float)s;
+        }
+        res[r] = acc;
+    }
 #endif
 }
 
 /* Q4_K / Q5_K: super-blocks of 256 = 8 sub-blocks of 32 with 6-bit scales and minimums:
    d x_d sum_j sc_j (sum q x)_j - dmin x_d sum_j m_j (sum x)_j, the sums over j in integers */
-static float dot_q45_k(const uint8_t *w, const xq_t *x, long K, int five) {
+AI void dot_q45_k(const uint8_t *w, long rb, int nr, const xq_t *x, long K, float *res, int five) {
     long nb = K / 256, bs = five ? 176 : 144;
-    float acc = 0.0f;
-    for (long b = 0; b < nb; b++, w += bs) {
-        const uint8_t *sc12 = w + 4, *qh = w + 16, *qs = w + (five ? 48 : 16);
+#if defined(GG_AVX2)
+    __m256 acc[NR];
+    float mins[NR];
+    for (int r = 0; r < NR; r++) { acc[r] = _mm256_setzero_ps(); mins[r] = 0.0f; }
+    const __m256i low = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);
+    for (long b = 0; b < nb; b++) {
         const int8_t *xq = x->q256 + b * 256;
         const int16_t *bsum = x->bsum + b * 16;
-        int sc[8], mn[8], mins = 0;
-        for (int j = 0; j < 8; j++) {
-            scale_min_k4(j, sc12, &sc[j], &mn[j]);
-            mins += mn[j] * (bsum[2 * j] + bsum[2 * j + 1]);
-        }
-        int isum;
-#if defined(GG_AVX2)
-        __m256i s = _mm256_setzero_si256();
-        const __m256i low = _mm256_set1_epi8(0x0f);
-        __m256i hbits = five ? _mm256_loadu_si256((const __m256i *)qh) : _mm256_setzero_si256();
-        for (int j = 0; j < 4; j++) {
-            __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
-            __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-            if (five) {
-                const __m256i one = _mm256_set1_epi8(1);
-                lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits, 2 * j), one), 4));
-                hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits, 2 * j + 1), one), 4));
-            }
-            __m256i plo = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)(xq + 64 * j)));
-            __m256i phi = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(xq + 64 * j + 32)));
-            s = _mm256_add_epi32(s, _mm256_madd_epi16(plo, _mm256_set1_epi16((short)sc[2 * j])));
-            s = _mm256_add_epi32(s, _mm256_madd_epi16(phi, _mm256_set1_epi16((short)sc[2 * j + 1])));
-        }
-        isum = hsum_i32(s);
-#else
-        isum = 0;
-        for (int j = 0; j < 4; j++) {
-            int s0 = 0, s1 = 0;
-            for (int l = 0; l < 32; l++) {
-                int lo = qs[32 * j + l] & 15, hi = qs[32 * j + l] >> 4;
-                if (five) { lo |= ((qh[l] >> (2 * j)) & 1) << 4; hi |= ((qh[l] >> (2 * j + 1)) & 1) << 4; }
-                s0 += lo * xq[64 * j + l];
-                s1 += hi * xq[64 * j + 32 + l];
-            }
-            isum += sc[2 * j] * s0 + sc[2 * j + 1] * s1;
-        }
-#endif
         float dx = x->d256[b];
-        acc += h2f(w) * dx * (float)isum - h2f(w + 2) * dx * (float)mins;
+        for (int r = 0; r < nr; r++) {
+            const uint8_t *p = w + r * rb + b * bs, *sc12 = p + 4, *qs = p + (five ? 48 : 16);
+            int sc[8], mn[8], m = 0;
+            for (int j = 0; j < 8; j++) {
+                scale_min_k4(j, sc12, &sc[j], &mn[j]);
+                m += mn[j] * (bsum[2 * j] + bsum[2 * j + 1]);
+            }
+            __m256i s = _mm256_setzero_si256();
+            __m256i hbits = five ? _mm256_loadu_si256((const __m256i *)(p + 16)) : _mm256_setzero_si256();
+            for (int j = 0; j < 4; j++) {
+                __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
+                __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+                if (five) {
+                    lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits, 2 * j), one), 4));
+                    hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits, 2 * j + 1), one), 4));
+                }
+                __m256i plo = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)(xq + 64 * j)));
+                __m256i phi = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(xq + 64 * j + 32)));
+                s = _mm256_add_epi32(s, _mm256_madd_epi16(plo, _mm256_set1_epi16((short)sc[2 * j])));
+                s = _mm256_add_epi32(s, _mm256_madd_epi16(phi, _mm256_set1_epi16((short)sc[2 * j + 1])));
+            }
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(h2f(p) * dx), _mm256_cvtepi32_ps(s), acc[r]);
+            mins[r] += h2f(p + 2) * dx * (float)m;
+        }
     }
-    return acc;
+    for (int r = 0; r < nr; r++) res[r] = hsum_ps(acc[r]) - mins[r];
+#else
+    for (int r = 0; r < nr; r++) {
+        const uint8_t *p = w + r * rb;
+        float acc = 0.0f;
+        for (long b = 0; b < nb; b++, p += bs) {
+            const uint8_t *sc12 = p + 4, *qh = p + 16, *qs = p + (five ? 48 : 16);
+            const int8_t *xq = x->q256 + b * 256;
+            const int16_t *bsum = x->bsum + b * 16;
+            int sc[8], mn[8], m = 0, isum = 0;
+            for (int j = 0; j < 8; j++) {
+                scale_min_k4(j, sc12, &sc[j], &mn[j]);
+                m += mn[j] * (bsum[2 * j] + bsum[2 * j + 1]);
+            }
+            for (int j = 0; j < 4; j++) {
+                int s0 = 0, s1 = 0;
+                for (int l = 0; l < 32; l++) {
+                    int lo = qs[32 * j + l] & 15, hi = qs[32 * j + l] >> 4;
+                    if (five) { lo |= ((qh[l] >> (2 * j)) & 1) << 4; hi |= ((qh[l] >> (2 * j + 1)) & 1) << 4; }
+                    s0 += lo * xq[64 * j + l];
+                    s1 += hi * xq[64 * j + 32 + l];
+                }
+                isum += sc[2 * j] * s0 + sc[2 * j + 1] * s1;
+            }
+            float dx = x->d256[b];
+            acc += h2f(p) * dx * (float)isum - h2f(p + 2) * dx * (float)m;
+        }
+        res[r] = acc;
+    }
+#endif
 }
 
 /* Q6_K: ql [128], qh [64], 16 int8 scales (one per 16 columns), d; q = 6 bits - 32 */
-static float dot_q6_k(const uint8_t *w, const xq_t *x, long K) {
+AI void dot_q6_k(const uint8_t *w, long rb, int nr, const xq_t *x, long K, float *res) {
     long nb = K / 256;
-    float acc = 0.0f;
-    for (long b = 0; b < nb; b++, w += 210) {
-        const uint8_t *ql = w, *qh = w + 128;
-        const int8_t *sc = (const int8_t *)(w + 192), *xq = x->q256 + b * 256;
-        const int16_t *bsum = x->bsum + b * 16;
-        int corr = 0;
-        for (int g = 0; g < 16; g++) corr += sc[g] * bsum[g];
-        int isum;
 #if defined(GG_AVX2)
-        __m256i s = _mm256_setzero_si256();
-        const __m256i low = _mm256_set1_epi8(0x0f), three = _mm256_set1_epi8(3);
-        for (int h = 0; h < 2; h++) {
-            __m256i l0 = _mm256_loadu_si256((const __m256i *)(ql + 64 * h));
-            __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 64 * h + 32));
-            __m256i hb = _mm256_loadu_si256((const __m256i *)(qh + 32 * h));
-            __m256i q[4];
-            q[0] = _mm256_or_si256(_mm256_and_si256(l0, low), _mm256_slli_epi16(_mm256_and_si256(hb, three), 4));
-            q[1] = _mm256_or_si256(_mm256_and_si256(l1, low),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), three), 4));
-            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), three), 4));
-            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), three), 4));
-            for (int i = 0; i < 4; i++) {
-                __m256i p = _mm256_maddubs_epi16(q[i], _mm256_loadu_si256((const __m256i *)(xq + 128 * h + 32 * i)));
-                const int8_t *g = sc + 8 * h + 2 * i;  /* this vector's two 16-column groups */
-                __m256i scv = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16(g[0])), _mm_set1_epi16(g[1]), 1);
-                s = _mm256_add_epi32(s, _mm256_madd_epi16(p, scv));
+    __m256 acc[NR];
+    for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
+    const __m256i low = _mm256_set1_epi8(0x0f), three = _mm256_set1_epi8(3);
+    for (long b = 0; b < nb; b++) {
+        const int8_t *xq = x->q256 + b * 256;
+        const int16_t *bsum = x->bsum + b * 16;
+        float dx = x->d256[b];
+        for (int r = 0; r < nr; r++) {
+            const uint8_t *p = w + r * rb + b * 210, *ql = p, *qh = p + 128;
+            const int8_t *sc = (const int8_t *)(p + 192);
+            int corr = 0;
+            for (int g = 0; g < 16; g++) corr += sc[g] * bsum[g];
+            __m256i s = _mm256_setzero_si256();
+            for (int h = 0; h < 2; h++) {
+                __m256i l0 = _mm256_loadu_si256((const __m256i *)(ql + 64 * h));
+                __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 64 * h + 32));
+                __m256i hb = _mm256_loadu_si256((const __m256i *)(qh + 32 * h));
+                __m256i q[4];
+                q[0] = _mm256_or_si256(_mm256_and_si256(l0, low), _mm256_slli_epi16(_mm256_and_si256(hb, three), 4));
+                q[1] = _mm256_or_si256(_mm256_and_si256(l1, low),
+                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), three), 4));
+                q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low),
+                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), three), 4));
+                q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low),
+                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), three), 4));
+                for (int i = 0; i < 4; i++) {
+                    __m256i pr = _mm256_maddubs_epi16(q[i], _mm256_loadu_si256((const __m256i *)(xq + 128 * h + 32 * i)));
+                    const int8_t *g = sc + 8 * h + 2 * i;  /* this vector's two 16-column groups */
+                    __m256i scv = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16(g[0])), _mm_set1_epi16(g[1]), 1);
+                    s = _mm256_add_epi32(s, _mm256_madd_epi16(pr, scv));
+                }
             }
+            /* the -32 of every code: 32 sum_g sc_g bsum_g, spread over the lanes as one lane's share */
+            s = _mm256_sub_epi32(s, _mm256_setr_epi32(32 * corr, 0, 0, 0, 0, 0, 0, 0));
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(h2f(p + 208) * dx), _mm256_cvtepi32_ps(s), acc[r]);
         }
-        isum = hsum_i32(s);
-#else
-        isum = 0;
-        for (int h = 0; h < 2; h++)
-            for (int l = 0; l < 32; l++) {
-                const uint8_t *L = ql + 64 * h, *H = qh + 32 * h;
-                int is = l / 16;
-                int q1 = (L[l] & 15) | ((H[l] & 3) << 4), q2 = (L[l + 32] & 15) | (((H[l] >> 2) & 3) << 4);
-                int q3 = (L[l] >> 4) | (((H[l] >> 4) & 3) << 4), q4 = (L[l + 32] >> 4) | (((H[l] >> 6) & 3) << 4);
-                const int8_t *xh = xq + 128 * h;
-                isum += sc[8 * h + is] * q1 * xh[l] + sc[8 * h + is + 2] * q2 * xh[l + 32]
-                        + sc[8 * h + is + 4] * q3 * xh[l + 64] + sc[8 * h + is + 6] * q4 * xh[l + 96];
-            }
-#endif
-        acc += h2f(w + 208) * x->d256[b] * (float)(isum - 32 * corr);
     }
-    return acc;
+    for (int r = 0; r < nr; r++) res[r] = hsum_ps(acc[r]);
+#else
+    for (int r = 0; r < nr; r++) {
+        const uint8_t *p = w + r * rb;
+        float acc = 0.0f;
+        for (long b = 0; b < nb; b++, p += 210) {
+            const uint8_t *ql = p, *qh = p + 128;
+            const int8_t *sc = (const int8_t *)(p + 192), *xq = x->q256 + b * 256;
+            const int16_t *bsum = x->bsum + b * 16;
+            int corr = 0, isum = 0;
+            for (int g = 0; g < 16; g++) corr += sc[g] * bsum[g];
+            for (int h = 0; h < 2; h++)
+                for (int l = 0; l < 32; l++) {
+                    const uint8_t *L = ql + 64 * h, *H = qh + 32 * h;
+                    int is = l / 16;
+                    int q1 = (L[l] & 15) | ((H[l] & 3) << 4), q2 = (L[l + 32] & 15) | (((H[l] >> 2) & 3) << 4);
+                    int q3 = (L[l] >> 4) | (((H[l] >> 4) & 3) << 4), q4 = (L[l + 32] >> 4) | (((H[l] >> 6) & 3) << 4);
+                    const int8_t *xh = xq + 128 * h;
+                    isum += sc[8 * h + is] * q1 * xh[l] + sc[8 * h + is + 2] * q2 * xh[l + 32]
+                            + sc[8 * h + is + 4] * q3 * xh[l + 64] + sc[8 * h + is + 6] * q4 * xh[l + 96];
+                }
+            acc += h2f(p + 208) * x->d256[b] * (float)(isum - 32 * corr);
+        }
+        res[r] = acc;
+    }
+#endif
 }
 
-static inline float dot_row(long t, const uint8_t *w, const xq_t *x, long K) {
+AI void dot_n(long t, const uint8_t *w, long rb, int nr, const xq_t *x, long K, float *res) {
     switch (t) {
-    case GT_Q4_0: return dot_q4_0(w, x, K);
-    case GT_Q4_1: return dot_q4_1(w, x, K);
-    case GT_Q5_0: return dot_q5_01(w, x, K, 0);
-    case GT_Q5_1: return dot_q5_01(w, x, K, 1);
-    case GT_Q8_0: return dot_q8_0(w, x, K);
-    case GT_Q4_K: return dot_q45_k(w, x, K, 0);
-    case GT_Q5_K: return dot_q45_k(w, x, K, 1);
-    case GT_Q6_K: return dot_q6_k(w, x, K);
-    default: return 0.0f;
+    case GT_Q4_0: dot_q4_0(w, rb, nr, x, K, res); break;
+    case GT_Q4_1: dot_q451(w, rb, nr, x, K, res, 20, 4, 0, 1); break;
+    case GT_Q5_0: dot_q451(w, rb, nr, x, K, res, 22, 6, 2, 0); break;
+    case GT_Q5_1: dot_q451(w, rb, nr, x, K, res, 24, 8, 4, 1); break;
+    case GT_Q8_0: dot_q8_0(w, rb, nr, x, K, res); break;
+    case GT_Q4_K: dot_q45_k(w, rb, nr, x, K, res, 0); break;
+    case GT_Q5_K: dot_q45_k(w, rb, nr, x, K, res, 1); break;
+    case GT_Q6_K: dot_q6_k(w, rb, nr, x, K, res); break;
+    default: for (int r = 0; r < nr; r++) res[r] = 0.0f;
     }
+}
+
+/* nr (<= NR) consecutive rows of one type */
+static void dot_rows(long t, const uint8_t *w, long rb, int nr, const xq_t *x, long K, float *res) {
+    if (nr == NR) dot_n(t, w, rb, NR, x, K, res);
+    else for (int r = 0; r < nr; r++) dot_n(t, w + r * rb, rb, 1, x, K, res + r);
 }
 
 /* ---- rows of a (fused) weight ------------------------------------------------------------------------ */
 #ifndef GGUF_AHEAD
-#define GGUF_AHEAD 4  /* rows asked for ahead: hardware prefetch alone leaves the loop waiting on memory */
+#define GGUF_AHEAD 2  /* groups of NR rows asked for ahead: hardware prefetch alone leaves the loop waiting on memory */
 #endif
 
 static void needs(const wslm_gguf *w, int *n32, int *n256) {
@@ -418,23 +488,28 @@ static void needs(const wslm_gguf *w, int *n32, int *n256) {
     }
 }
 
-/* rows [n0, n1) of w against M rounded activation rows xs[0..M); out [M, n] in bf16 or fp32 */
+/* rows [n0, n1) of w against M rounded activation rows xs[0..M); out [M, n] in bf16 or fp32. NR rows at a
+   time: they stay in L1 while every activation row passes. */
 static void rows_range(const wslm_gguf *w, const xq_t *xs, long M, void *out, int out_bf16, long n0, long n1) {
     long K = w->k, start = 0;
     for (long p = 0; p < w->parts; p++) {
         long t = w->type[p], rb = K / block_cols(t) * block_bytes(t);
         long a = n0 > start ? n0 : start, e = n1 < start + w->rows[p] ? n1 : start + w->rows[p];
-        for (long n = a; n < e; n++) {
-            const uint8_t *row = w->data[p] + (n - start) * rb;
-            if (n + GGUF_AHEAD < e) {
-                const char *ahead = (const char *)row + GGUF_AHEAD * rb;
-                for (long o = 0; o < rb; o += 64) prefetch(ahead + o);
+        for (long n = a; n < e; n += NR) {
+            int nr = e - n < NR ? (int)(e - n) : NR;
+            const uint8_t *rows = w->data[p] + (n - start) * rb;
+            if (n + (GGUF_AHEAD + 1) * NR <= e) {
+                const char *ahead = (const char *)rows + GGUF_AHEAD * NR * rb;
+                for (long o = 0; o < NR * rb; o += 64) prefetch(ahead + o);
             }
-            long col = w->index ? w->index[n] : n;
-            for (long m = 0; m < M; m++) {  /* the row stays in L1 for every activation row */
-                float v = dot_row(t, row, xs + m, K);
-                if (out_bf16) ((uint16_t *)out)[m * w->n + col] = f2bf(v);
-                else ((float *)out)[m * w->n + col] = v;
+            for (long m = 0; m < M; m++) {
+                float res[NR];
+                dot_rows(t, rows, rb, nr, xs + m, K, res);
+                for (int r = 0; r < nr; r++) {
+                    long col = w->index ? w->index[n + r] : n + r;
+                    if (out_bf16) ((uint16_t *)out)[m * w->n + col] = f2bf(res[r]);
+                    else ((float *)out)[m * w->n + col] = res[r];
+                }
             }
         }
         start += w->rows[p];

@@ -119,7 +119,7 @@ class GGUFBlockWeight:
     output-row order, each (ggml type id, uint8 [rows, bytes per row]); index: int32 [out_features], the
     output position of each stored row (q/k of Llama-family files), or None."""
 
-    __slots__ = ("parts", "index", "out_features", "in_features", "_c", "name")
+    __slots__ = ("parts", "index", "out_features", "in_features", "_c", "_ours", "name")
     kind = "gguf"  # registry.WEIGHT_CLASSES
 
     def __init__(self, parts: list[tuple[int, torch.Tensor]], in_features: int,
@@ -134,6 +134,7 @@ class GGUFBlockWeight:
         self.index = index
         self.name = name
         self._c = None  # the C view, built on first use
+        self._ours: bool | None = None  # c_kernel(), once decided
 
     # ---- what the engine asks (registry.QuantizedWeight) ----
     @property
@@ -199,9 +200,12 @@ class GGUFBlockWeight:
         return self.apply(x)
 
     def c_kernel(self) -> bool:
-        from wslm.kernels import cpu_gguf
+        """Whether cpu_gguf's kernels are built here and take every part (decided once)."""
+        if self._ours is None:
+            from wslm.kernels import cpu_gguf
 
-        return cpu_gguf.takes(self)
+            self._ours = cpu_gguf.takes(self)
+        return self._ours
 
     def c_view(self) -> tuple | str:
         """What the C decode step (platforms/cpu/decode_native.py) reads: the C struct of the parts."""
