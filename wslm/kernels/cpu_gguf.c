@@ -200,6 +200,26 @@ static inline __m256i bits32(const uint8_t *qh) {
     b = _mm256_cmpeq_epi8(_mm256_and_si256(b, bit), bit);
     return _mm256_and_si256(b, _mm256_set1_epi8(0x10));
 }
+
+/* The K-quants' 12 bytes of 6-bit scales and minimums as 16 bytes: the 8 scales, then the 8 minimums
+   (scale_min_k4 for all eight at once, on 32-bit words) */
+static inline __m128i k4_scales_mins(const uint8_t *q) {
+    uint32_t u[4];
+    memcpy(u, q, 12);
+    const uint32_t m6 = 0x3f3f3f3fu, m4 = 0x0f0f0f0fu, m2 = 0x03030303u;
+    uint32_t mins_lo = u[1] & m6, mins_hi = ((u[2] >> 4) & m4) | (((u[1] >> 6) & m2) << 4);
+    uint32_t sc_hi = (u[2] & m4) | (((u[0] >> 6) & m2) << 4), sc_lo = u[0] & m6;
+    return _mm_setr_epi32((int)sc_lo, (int)sc_hi, (int)mins_lo, (int)mins_hi);
+}
+/* a shuffle that fills every 16-bit lane with lane i of a vector of 8 16-bit values (in both halves) */
+static inline __m256i k_pick16(int i) {
+    return _mm256_set1_epi16((short)(((2 * i + 1) << 8) | (2 * i)));
+}
+/* Q6_K: 16-bit lanes 0-7 take value 2i of 8, lanes 8-15 value 2i + 1 (one vector's two 16-column groups) */
+static inline __m256i k_pick16_pair(int i) {
+    return _mm256_setr_m128i(_mm_set1_epi16((short)(((4 * i + 1) << 8) | (4 * i))),
+                             _mm_set1_epi16((short)(((4 * i + 3) << 8) | (4 * i + 2))));
+}
 #endif
 
 /* Each takes nr weight rows rb bytes apart (nr: 1, or NR, a constant once inlined) and writes their dot
@@ -319,23 +339,24 @@ AI void dot_q8_0(const uint8_t *w, long rb, int nr, const xq_t *x, long K, float
 /* Q4_K / Q5_K: super-blocks of 256 = 8 sub-blocks of 32 with 6-bit scales and minimums:
    d x_d sum_j sc_j (sum q x)_j - dmin x_d sum_j m_j (sum x)_j, the sums over j in integers */
 AI void dot_q45_k(const uint8_t *w, long rb, int nr, const xq_t *x, long K, float *res, int five) {
-    long nb = K / 256, bs = five ? 176 : 144;
+    long nb = K / 256, bs_k = five ? 176 : 144;
 #if defined(GG_AVX2)
     __m256 acc[NR];
-    float mins[NR];
-    for (int r = 0; r < NR; r++) { acc[r] = _mm256_setzero_ps(); mins[r] = 0.0f; }
+    __m128 mins[NR];
+    for (int r = 0; r < NR; r++) { acc[r] = _mm256_setzero_ps(); mins[r] = _mm_setzero_ps(); }
     const __m256i low = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);
     for (long b = 0; b < nb; b++) {
         const int8_t *xq = x->q256 + b * 256;
-        const int16_t *bsum = x->bsum + b * 16;
+        /* the activation's code sums per 32 columns (pairs of its 16-column sums): the minimums' factor */
+        const __m128i *bs = (const __m128i *)(x->bsum + b * 16);
+        __m128i xsum32 = _mm_hadd_epi16(_mm_loadu_si128(bs), _mm_loadu_si128(bs + 1));
         float dx = x->d256[b];
         for (int r = 0; r < nr; r++) {
-            const uint8_t *p = w + r * rb + b * bs, *sc12 = p + 4, *qs = p + (five ? 48 : 16);
-            int sc[8], mn[8], m = 0;
-            for (int j = 0; j < 8; j++) {
-                scale_min_k4(j, sc12, &sc[j], &mn[j]);
-                m += mn[j] * (bsum[2 * j] + bsum[2 * j + 1]);
-            }
+            const uint8_t *p = w + r * rb + b * bs_k, *qs = p + (five ? 48 : 16);
+            __m128i scm = k4_scales_mins(p + 4);  /* bytes 0-7: the 8 scales, 8-15: the 8 minimums */
+            __m128i mn16 = _mm_cvtepu8_epi16(_mm_unpackhi_epi64(scm, scm));
+            mins[r] = _mm_fmadd_ps(_mm_set1_ps(h2f(p + 2) * dx), _mm_cvtepi32_ps(_mm_madd_epi16(mn16, xsum32)), mins[r]);
+            __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scm));
             __m256i s = _mm256_setzero_si256();
             __m256i hbits = five ? _mm256_loadu_si256((const __m256i *)(p + 16)) : _mm256_setzero_si256();
             for (int j = 0; j < 4; j++) {
@@ -347,19 +368,22 @@ AI void dot_q45_k(const uint8_t *w, long rb, int nr, const xq_t *x, long K, floa
                 }
                 __m256i plo = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)(xq + 64 * j)));
                 __m256i phi = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(xq + 64 * j + 32)));
-                s = _mm256_add_epi32(s, _mm256_madd_epi16(plo, _mm256_set1_epi16((short)sc[2 * j])));
-                s = _mm256_add_epi32(s, _mm256_madd_epi16(phi, _mm256_set1_epi16((short)sc[2 * j + 1])));
+                s = _mm256_add_epi32(s, _mm256_madd_epi16(plo, _mm256_shuffle_epi8(sc16, k_pick16(2 * j))));
+                s = _mm256_add_epi32(s, _mm256_madd_epi16(phi, _mm256_shuffle_epi8(sc16, k_pick16(2 * j + 1))));
             }
             acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(h2f(p) * dx), _mm256_cvtepi32_ps(s), acc[r]);
-            mins[r] += h2f(p + 2) * dx * (float)m;
         }
     }
-    for (int r = 0; r < nr; r++) res[r] = hsum_ps(acc[r]) - mins[r];
+    for (int r = 0; r < nr; r++) {
+        __m128 m = _mm_add_ps(mins[r], _mm_movehl_ps(mins[r], mins[r]));
+        m = _mm_add_ss(m, _mm_movehdup_ps(m));
+        res[r] = hsum_ps(acc[r]) - _mm_cvtss_f32(m);
+    }
 #else
     for (int r = 0; r < nr; r++) {
         const uint8_t *p = w + r * rb;
         float acc = 0.0f;
-        for (long b = 0; b < nb; b++, p += bs) {
+        for (long b = 0; b < nb; b++, p += bs_k) {
             const uint8_t *sc12 = p + 4, *qh = p + 16, *qs = p + (five ? 48 : 16);
             const int8_t *xq = x->q256 + b * 256;
             const int16_t *bsum = x->bsum + b * 16;
@@ -400,13 +424,15 @@ AI void dot_q6_k(const uint8_t *w, long rb, int nr, const xq_t *x, long K, float
         for (int r = 0; r < nr; r++) {
             const uint8_t *p = w + r * rb + b * 210, *ql = p, *qh = p + 128;
             const int8_t *sc = (const int8_t *)(p + 192);
-            int corr = 0;
-            for (int g = 0; g < 16; g++) corr += sc[g] * bsum[g];
-            __m256i s = _mm256_setzero_si256();
+            /* the -32 of every code: 32 sum_g sc_g bsum_g, in the lanes' sums */
+            __m256i s = _mm256_slli_epi32(_mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc)),
+                                                            _mm256_loadu_si256((const __m256i *)bsum)), 5);
+            s = _mm256_sub_epi32(_mm256_setzero_si256(), s);
             for (int h = 0; h < 2; h++) {
                 __m256i l0 = _mm256_loadu_si256((const __m256i *)(ql + 64 * h));
                 __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 64 * h + 32));
                 __m256i hb = _mm256_loadu_si256((const __m256i *)(qh + 32 * h));
+                __m256i sc8 = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)(sc + 8 * h))));
                 __m256i q[4];
                 q[0] = _mm256_or_si256(_mm256_and_si256(l0, low), _mm256_slli_epi16(_mm256_and_si256(hb, three), 4));
                 q[1] = _mm256_or_si256(_mm256_and_si256(l1, low),
@@ -417,13 +443,9 @@ AI void dot_q6_k(const uint8_t *w, long rb, int nr, const xq_t *x, long K, float
                                        _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), three), 4));
                 for (int i = 0; i < 4; i++) {
                     __m256i pr = _mm256_maddubs_epi16(q[i], _mm256_loadu_si256((const __m256i *)(xq + 128 * h + 32 * i)));
-                    const int8_t *g = sc + 8 * h + 2 * i;  /* this vector's two 16-column groups */
-                    __m256i scv = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16(g[0])), _mm_set1_epi16(g[1]), 1);
-                    s = _mm256_add_epi32(s, _mm256_madd_epi16(pr, scv));
+                    s = _mm256_add_epi32(s, _mm256_madd_epi16(pr, _mm256_shuffle_epi8(sc8, k_pick16_pair(i))));
                 }
             }
-            /* the -32 of every code: 32 sum_g sc_g bsum_g, spread over the lanes as one lane's share */
-            s = _mm256_sub_epi32(s, _mm256_setr_epi32(32 * corr, 0, 0, 0, 0, 0, 0, 0));
             acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(h2f(p + 208) * dx), _mm256_cvtepi32_ps(s), acc[r]);
         }
     }
