@@ -176,6 +176,22 @@ def test_one_row_and_many_rows_agree(kind, weights):
     assert torch.equal(many, one)
 
 
+@pytest.mark.parametrize("kind", BLOCK_TYPES)
+def test_many_rows_take_the_dequantized_gemm(kind, weights, blocks_file):
+    """From PREFILL_ROWS rows: the weight dequantized in C (the file's values, up to the fused multiply-add
+    the compiler may use) times the unrounded rows in torch's GEMM."""
+    from wslm.backend.quant.gguf_blocks import PREFILL_ROWS
+    from wslm.kernels import cpu_gguf
+
+    ref = _reference(kind, blocks_file[1][kind])
+    w = weights[kind]
+    torch.testing.assert_close(cpu_gguf.dequant(w.c_struct(), 0, ROWS), ref, rtol=2**-22, atol=1e-9)
+    x = torch.randn(PREFILL_ROWS + 3, COLS, generator=torch.Generator().manual_seed(5))
+    scale = x.double().abs() @ ref.double().abs().t()
+    err = ((w.apply(x).double() - x.double() @ ref.double().t()).abs() / scale).max().item()
+    assert err <= ROUNDING, (kind, err)
+
+
 def test_permuted_and_fused_rows_stay_in_place(blocks_file):
     """q/k rows permuted as llama.cpp stores them, fused with a v of another type: the products come out
     in HF's row order, and no byte of the file is copied."""
@@ -197,6 +213,8 @@ def test_permuted_and_fused_rows_stay_in_place(blocks_file):
     for lo, hi, kind in ((0, 64, "Q4_K"), (64, 128, "Q4_0"), (128, 192, "Q6_K")):
         err, _ = _check(out[:, lo:hi], x, dense[lo:hi], kind)
         assert err <= ROUNDING, kind
+    many = torch.randn(40, k, generator=torch.Generator().manual_seed(6))  # the prefill path
+    torch.testing.assert_close(fused.apply(many), many @ dense.t(), rtol=1e-5, atol=1e-5)
 
 
 def test_plain_c_build_gives_the_same_products(blocks_file, tmp_path):

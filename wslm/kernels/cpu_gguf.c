@@ -587,6 +587,82 @@ int wslm_gguf_rows(const void *wv, const void *x, int x_bf16, void *out, int out
     return 0;
 }
 
+/* ---- prefill: rows dequantized for a GEMM ----------------------------------------------------------
+   Many activation rows (a prompt) are compute-bound; without VNNI an int8 dot costs ~3 instructions per 32
+   products beside the blocks' unpacking, while a float32 (or bf16) GEMM library multiplies 16-32 a cycle.
+   So the caller dequantizes a slice of weight rows once (here) and hands it to torch's GEMM for all rows.
+   Values: gguf-py's dequantization exactly (fp32 products of the fp16 scales and the codes). */
+static void dequant_row(long t, const uint8_t *p, long K, float *y) {
+    long nb = K / block_cols(t), bs = block_bytes(t);
+    for (long b = 0; b < nb; b++, p += bs) {
+        if (t == GT_Q8_0) {
+            float d = h2f(p);
+            for (int j = 0; j < 32; j++) y[b * 32 + j] = (float)((const int8_t *)(p + 2))[j] * d;
+        } else if (t == GT_Q4_0 || t == GT_Q4_1 || t == GT_Q5_0 || t == GT_Q5_1) {
+            int five = t == GT_Q5_0 || t == GT_Q5_1, with_min = t == GT_Q4_1 || t == GT_Q5_1;
+            long qs = with_min ? (five ? 8 : 4) : (five ? 6 : 2);
+            uint32_t h = 0;
+            if (five) memcpy(&h, p + (with_min ? 4 : 2), 4);
+            float d = h2f(p), m = with_min ? h2f(p + 2) : 0.0f;
+            int off = with_min ? 0 : (five ? 16 : 8);
+            for (int j = 0; j < 16; j++) {
+                int x0 = (p[qs + j] & 15) | (five ? (((h >> j) << 4) & 0x10) : 0);
+                int x1 = (p[qs + j] >> 4) | (five ? ((h >> (j + 12)) & 0x10) : 0);
+                y[b * 32 + j] = (float)(x0 - off) * d + m;
+                y[b * 32 + j + 16] = (float)(x1 - off) * d + m;
+            }
+        } else if (t == GT_Q4_K || t == GT_Q5_K) {
+            int five = t == GT_Q5_K;
+            const uint8_t *qh = p + 16, *qs = p + (five ? 48 : 16);
+            float d = h2f(p), dmin = h2f(p + 2);
+            for (int j = 0; j < 4; j++) {
+                int sc0, m0, sc1, m1;
+                scale_min_k4(2 * j, p + 4, &sc0, &m0);
+                scale_min_k4(2 * j + 1, p + 4, &sc1, &m1);
+                float d0 = d * (float)sc0, d1 = d * (float)sc1, n0 = dmin * (float)m0, n1 = dmin * (float)m1;
+                for (int l = 0; l < 32; l++) {
+                    int lo = qs[32 * j + l] & 15, hi = qs[32 * j + l] >> 4;
+                    if (five) { lo |= ((qh[l] >> (2 * j)) & 1) << 4; hi |= ((qh[l] >> (2 * j + 1)) & 1) << 4; }
+                    y[b * 256 + 64 * j + l] = d0 * (float)lo - n0;
+                    y[b * 256 + 64 * j + 32 + l] = d1 * (float)hi - n1;
+                }
+            }
+        } else if (t == GT_Q6_K) {
+            const uint8_t *ql = p, *qh = p + 128;
+            const int8_t *sc = (const int8_t *)(p + 192);
+            float d = h2f(p + 208);
+            for (int h = 0; h < 2; h++)
+                for (int l = 0; l < 32; l++) {
+                    const uint8_t *L = ql + 64 * h, *H = qh + 32 * h;
+                    int is = l / 16;
+                    float *o = y + b * 256 + 128 * h;
+                    o[l] = d * (float)sc[8 * h + is] * (float)(((L[l] & 15) | ((H[l] & 3) << 4)) - 32);
+                    o[l + 32] = d * (float)sc[8 * h + is + 2] * (float)(((L[l + 32] & 15) | (((H[l] >> 2) & 3) << 4)) - 32);
+                    o[l + 64] = d * (float)sc[8 * h + is + 4] * (float)(((L[l] >> 4) | (((H[l] >> 4) & 3) << 4)) - 32);
+                    o[l + 96] = d * (float)sc[8 * h + is + 6] * (float)(((L[l + 32] >> 4) | (((H[l] >> 6) & 3) << 4)) - 32);
+                }
+        }
+    }
+}
+
+/* stored rows [n0, n1) of w as fp32 rows of out [n1 - n0, K] (in stored order: the caller places them by
+   w's index), split over threads */
+int wslm_gguf_dequant(const void *wv, long n0, long n1, float *out, int threads) {
+    const wslm_gguf *w = (const wslm_gguf *)wv;
+    long K = w->k;
+#if defined(_OPENMP)
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && n1 - n0 > 1)
+#endif
+    for (long n = n0; n < n1; n++) {
+        long start = 0, p = 0;
+        while (p < w->parts - 1 && n >= start + w->rows[p]) start += w->rows[p++];
+        long t = w->type[p], rb = K / block_cols(t) * block_bytes(t);
+        dequant_row(t, w->data[p] + (n - start) * rb, K, out + (n - n0) * K);
+    }
+    (void)threads;
+    return 0;
+}
+
 /* The activation row x [K] fp32 as the kernels see it for a type of `cols`-column blocks (32, or 256 for
    the K-quants): each value its int8 code times its block's scale (tests compare against this). */
 void wslm_gguf_round_x(const float *x, long K, long cols, float *y) {

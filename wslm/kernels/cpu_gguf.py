@@ -42,6 +42,8 @@ def library() -> ctypes.CDLL | None:
         lib.wslm_gguf_round_x.restype = None
         lib.wslm_gguf_round_x.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p]
         lib.wslm_gguf_native.restype = ctypes.c_int
+        lib.wslm_gguf_dequant.restype = ctypes.c_int
+        lib.wslm_gguf_dequant.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_int]
         _bound = lib
     return lib
 
@@ -80,6 +82,13 @@ def mm(x: torch.Tensor, s: GGUFStruct, out_dtype: torch.dtype | None = None, thr
         raise MemoryError("wslm_gguf_mm: out of memory for the activations' int8 copy")
     if rc != 0:
         raise RuntimeError(f"wslm_gguf_mm failed ({rc}): a block type or width the kernel does not take")
+    return out
+
+
+def dequant(s: GGUFStruct, n0: int, n1: int, threads: int | None = None) -> torch.Tensor:
+    """Stored rows [n0, n1) of the weight as float32 [n1 - n0, K] (the file's values; in stored order)."""
+    out = torch.empty(n1 - n0, s.k, dtype=torch.float32)
+    library().wslm_gguf_dequant(ctypes.addressof(s), n0, n1, out.data_ptr(), threads or torch.get_num_threads())
     return out
 
 

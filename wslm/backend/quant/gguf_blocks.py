@@ -33,6 +33,12 @@ BLOCK_TYPES = tuple(name for name, _, _ in BLOCKS.values())  # the types kept in
 TYPE_IDS = {name: t for t, (name, _, _) in BLOCKS.items()}
 _BITS = {"Q4_0": 4, "Q4_1": 4, "Q5_0": 5, "Q5_1": 5, "Q8_0": 8, "Q4_K": 4, "Q5_K": 5, "Q6_K": 6}
 MAX_PARTS = 4  # parts of one fused weight (kernels/cpu_gguf.c's GGUF_PARTS)
+# From this many activation rows (prefill, big batches) slices of the weight are dequantized once and
+# multiplied by torch's GEMM: compute-bound there, and without VNNI the blocks' int8 dots reach a fraction
+# of a float GEMM's rate (bench/gguf_kernels.py: prefill GFLOP/s against torch's). Fewer rows: the block
+# kernel, which reads each weight block once for all of them.
+PREFILL_ROWS = 32
+_SLICE_FLOATS = 8 << 20  # float32 values of one dequantized slice (32 MB)
 _DENSE_ROWS = 4096  # rows dequantized at once where no kernel runs (the fallback product, embedding rows)
 
 
@@ -156,7 +162,12 @@ class GGUFBlockWeight:
     def apply(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
-        out = self._mm(x2) if self.c_kernel() and x.device.type == "cpu" else self._fallback(x2)
+        if not (self.c_kernel() and x.device.type == "cpu"):
+            out = self._fallback(x2)
+        elif x2.shape[0] >= PREFILL_ROWS:
+            out = self._prefill(x2)
+        else:
+            out = self._mm(x2)
         out = out.reshape(*shape[:-1], self.out_features)
         return out if bias is None else out + bias
 
@@ -173,6 +184,25 @@ class GGUFBlockWeight:
         if not (self.c_kernel() and x.device.type == "cpu" and x.dim() == 2):
             return None
         return self._mm(x, torch.float32)
+
+    def _prefill(self, x: torch.Tensor) -> torch.Tensor:
+        """Many rows: the weight dequantized a slice of rows at a time (C, the file's exact values), each slice
+        multiplied by torch's GEMM in the activations' dtype."""
+        from wslm.kernels import cpu_gguf
+
+        s, n = self.c_struct(), self.out_features
+        out = torch.empty(x.shape[0], n, dtype=x.dtype)
+        index = None if self.index is None else self.index.long()
+        step = max(16, _SLICE_FLOATS // self.in_features)
+        for n0 in range(0, n, step):
+            n1 = min(n, n0 + step)
+            w = cpu_gguf.dequant(s, n0, n1)
+            part = F.linear(x, w if x.dtype == torch.float32 else w.to(x.dtype))
+            if index is None:
+                out[:, n0:n1] = part
+            else:
+                out.index_copy_(1, index[n0:n1], part)
+        return out
 
     def _fallback(self, x: torch.Tensor) -> torch.Tensor:
         """No C kernel here: the product on the dequantized weight, a slice of rows at a time."""
