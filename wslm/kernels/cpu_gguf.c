@@ -510,27 +510,40 @@ static void needs(const wslm_gguf *w, int *n32, int *n256) {
     }
 }
 
-/* rows [n0, n1) of w against M rounded activation rows xs[0..M); out [M, n] in bf16 or fp32. NR rows at a
-   time: they stay in L1 while every activation row passes. */
+/* rows [n0, n1) of w against M rounded activation rows xs[0..M); out [M, n] in bf16 or fp32. Blocked for
+   the caches: a chunk of CHUNK weight rows (tens of KB, kept in L2 and read from memory once) meets the
+   activation rows MTILE at a time (their int8 copies stay in L1), NR weight rows a pass. */
+#ifndef GGUF_CHUNK
+#define GGUF_CHUNK 32
+#endif
+#ifndef GGUF_MTILE
+#define GGUF_MTILE 8
+#endif
 static void rows_range(const wslm_gguf *w, const xq_t *xs, long M, void *out, int out_bf16, long n0, long n1) {
     long K = w->k, start = 0;
     for (long p = 0; p < w->parts; p++) {
         long t = w->type[p], rb = K / block_cols(t) * block_bytes(t);
         long a = n0 > start ? n0 : start, e = n1 < start + w->rows[p] ? n1 : start + w->rows[p];
-        for (long n = a; n < e; n += NR) {
-            int nr = e - n < NR ? (int)(e - n) : NR;
-            const uint8_t *rows = w->data[p] + (n - start) * rb;
-            if (n + (GGUF_AHEAD + 1) * NR <= e) {
-                const char *ahead = (const char *)rows + GGUF_AHEAD * NR * rb;
-                for (long o = 0; o < NR * rb; o += 64) prefetch(ahead + o);
-            }
-            for (long m = 0; m < M; m++) {
-                float res[NR];
-                dot_rows(t, rows, rb, nr, xs + m, K, res);
-                for (int r = 0; r < nr; r++) {
-                    long col = w->index ? w->index[n + r] : n + r;
-                    if (out_bf16) ((uint16_t *)out)[m * w->n + col] = f2bf(res[r]);
-                    else ((float *)out)[m * w->n + col] = res[r];
+        for (long c = a; c < e; c += GGUF_CHUNK) {
+            long ce = c + GGUF_CHUNK < e ? c + GGUF_CHUNK : e;
+            for (long m0 = 0; m0 < M; m0 += GGUF_MTILE) {
+                long m1 = m0 + GGUF_MTILE < M ? m0 + GGUF_MTILE : M;
+                for (long n = c; n < ce; n += NR) {
+                    int nr = ce - n < NR ? (int)(ce - n) : NR;
+                    const uint8_t *rows = w->data[p] + (n - start) * rb;
+                    if (m0 == 0 && n + (GGUF_AHEAD + 1) * NR <= e) {
+                        const char *ahead = (const char *)rows + GGUF_AHEAD * NR * rb;
+                        for (long o = 0; o < NR * rb; o += 64) prefetch(ahead + o);
+                    }
+                    for (long m = m0; m < m1; m++) {
+                        float res[NR];
+                        dot_rows(t, rows, rb, nr, xs + m, K, res);
+                        for (int r = 0; r < nr; r++) {
+                            long col = w->index ? w->index[n + r] : n + r;
+                            if (out_bf16) ((uint16_t *)out)[m * w->n + col] = f2bf(res[r]);
+                            else ((float *)out)[m * w->n + col] = res[r];
+                        }
+                    }
                 }
             }
         }

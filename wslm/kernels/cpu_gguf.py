@@ -75,7 +75,7 @@ def mm(x: torch.Tensor, s: GGUFStruct, out_dtype: torch.dtype | None = None, thr
     """x [M, K] (bf16 or float32, contiguous) @ W.T -> [M, N] in out_dtype (bf16 or float32; None: x's)."""
     m = x.shape[0]
     out = torch.empty(m, s.n, dtype=out_dtype or x.dtype)
-    rc = _bound.wslm_gguf_mm(ctypes.addressof(s), x.data_ptr(), m, int(x.dtype == torch.bfloat16), out.data_ptr(),
+    rc = (_bound or library()).wslm_gguf_mm(ctypes.addressof(s), x.data_ptr(), m, int(x.dtype == torch.bfloat16), out.data_ptr(),
                              int(out.dtype == torch.bfloat16),
                              threads or torch.get_num_threads())  # fmt: skip
     if rc == -1:

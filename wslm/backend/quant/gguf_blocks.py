@@ -34,10 +34,11 @@ TYPE_IDS = {name: t for t, (name, _, _) in BLOCKS.items()}
 _BITS = {"Q4_0": 4, "Q4_1": 4, "Q5_0": 5, "Q5_1": 5, "Q8_0": 8, "Q4_K": 4, "Q5_K": 5, "Q6_K": 6}
 MAX_PARTS = 4  # parts of one fused weight (kernels/cpu_gguf.c's GGUF_PARTS)
 # From this many activation rows (prefill, big batches) slices of the weight are dequantized once and
-# multiplied by torch's GEMM: compute-bound there, and without VNNI the blocks' int8 dots reach a fraction
-# of a float GEMM's rate (bench/gguf_kernels.py: prefill GFLOP/s against torch's). Fewer rows: the block
-# kernel, which reads each weight block once for all of them.
-PREFILL_ROWS = 32
+# multiplied by torch's GEMM; fewer rows: the block kernel, which reads each weight block once for all of
+# them. Measured on a Zen 3 core (AVX2, CPU time of one thread, 3072x3072): the kernel 45-50 GFLOP/s at any
+# row count (Q4_K, Q6_K; Q4_0 37-40), dequantized slices + torch's float32 GEMM 12 at 8 rows, 40-46 at
+# 32-64, 54-59 at 512.
+PREFILL_ROWS = 64
 _SLICE_FLOATS = 8 << 20  # float32 values of one dequantized slice (32 MB)
 _DENSE_ROWS = 4096  # rows dequantized at once where no kernel runs (the fallback product, embedding rows)
 
