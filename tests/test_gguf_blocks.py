@@ -195,6 +195,7 @@ def test_many_rows_take_the_dequantized_gemm(kind, weights, blocks_file):
 def test_permuted_and_fused_rows_stay_in_place(blocks_file):
     """q/k rows permuted as llama.cpp stores them, fused with a v of another type: the products come out
     in HF's row order, and no byte of the file is copied."""
+    from wslm.backend.quant.gguf_blocks import PREFILL_ROWS
     from wslm.backend.quant.gguf_weights import _unpermute_rows
     from wslm.backend.quant.linear import fuse_rows
 
@@ -213,7 +214,7 @@ def test_permuted_and_fused_rows_stay_in_place(blocks_file):
     for lo, hi, kind in ((0, 64, "Q4_K"), (64, 128, "Q4_0"), (128, 192, "Q6_K")):
         err, _ = _check(out[:, lo:hi], x, dense[lo:hi], kind)
         assert err <= ROUNDING, kind
-    many = torch.randn(40, k, generator=torch.Generator().manual_seed(6))  # the prefill path
+    many = torch.randn(PREFILL_ROWS + 1, k, generator=torch.Generator().manual_seed(6))  # the prefill path
     torch.testing.assert_close(fused.apply(many), many @ dense.t(), rtol=1e-5, atol=1e-5)
 
 
