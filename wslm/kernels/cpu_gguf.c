@@ -222,32 +222,43 @@ static inline __m256i k_pick16_pair(int i) {
 }
 #endif
 
-/* Each takes nr weight rows rb bytes apart (nr: 1, or NR, a constant once inlined) and writes their dot
-   products with the rounded row to res. Several rows at once load each activation block once for all of
-   them, and their independent sums keep the multiply-adds from waiting on one another (one row alone: one
-   fp32 chain, 4 cycles a block). Each row's arithmetic is the same whatever nr, so its bits do not depend
-   on how rows are grouped or split over threads. */
+/* Each takes NR weight rows rb bytes apart and writes their dot products with the rounded row to res.
+   Several rows at once load each activation block once for all of them, and their independent sums keep
+   the multiply-adds from waiting on one another (one row alone: one fp32 chain, 4 cycles a block). */
 #define NR 4
 #define AI static inline __attribute__((always_inline))
 
-/* the 32-column types: sum over the row's blocks of d_w d_x (sum q x) (+ m_w d_x sum x) */
+#if defined(GG_AVX2)
+/* 4 rows' 8-lane integer sums -> their 4 totals (exact) */
+AI __m128i sum4_i32(__m256i p0, __m256i p1, __m256i p2, __m256i p3) {
+    __m256i c = _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3));
+    return _mm_add_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
+}
+/* the fp16 values at p, p + stride, p + 2 stride, p + 3 stride */
+AI __m128 f16x4(const uint8_t *p, long stride) {
+    uint16_t h[4];
+    for (int r = 0; r < 4; r++) memcpy(&h[r], p + r * stride, 2);
+    return _mm_cvtph_ps(_mm_setr_epi16((short)h[0], (short)h[1], (short)h[2], (short)h[3], 0, 0, 0, 0));
+}
+#endif
+
+/* the 32-column types: sum over the row's blocks of d_w d_x (sum q x) (+ m_w d_x sum x). AVX2: the four
+   rows' integer sums of a block reduced together (exact), then scaled as one vector of four. */
 AI void dot_q4_0(const uint8_t *w, long rb, int nr, const xq_t *x, long K, float *res) {
     long nb = K / 32;
 #if defined(GG_AVX2)
-    __m256 acc[NR];
-    float corr[NR];
-    for (int r = 0; r < NR; r++) { acc[r] = _mm256_setzero_ps(); corr[r] = 0.0f; }
+    __m128 acc = _mm_setzero_ps(), corr = _mm_setzero_ps();
+    (void)nr;
     for (long b = 0; b < nb; b++) {
         __m256i xv = _mm256_loadu_si256((const __m256i *)(x->q32 + b * 32));
-        float dx = x->d32[b], sx = x->s32[b];
-        for (int r = 0; r < nr; r++) {
-            const uint8_t *p = w + r * rb + b * 18;
-            float dw = h2f(p);
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * dx), _mm256_cvtepi32_ps(dot_us(nibbles32(p + 2), xv)), acc[r]);
-            corr[r] += dw * sx;
-        }
+        const uint8_t *p = w + b * 18;
+        __m128i isum = sum4_i32(dot_us(nibbles32(p + 2), xv), dot_us(nibbles32(p + rb + 2), xv),
+                                dot_us(nibbles32(p + 2 * rb + 2), xv), dot_us(nibbles32(p + 3 * rb + 2), xv));
+        __m128 dw = f16x4(p, rb);
+        acc = _mm_fmadd_ps(_mm_cvtepi32_ps(isum), _mm_mul_ps(dw, _mm_set1_ps(x->d32[b])), acc);
+        corr = _mm_fmadd_ps(dw, _mm_set1_ps(x->s32[b]), corr);
     }
-    for (int r = 0; r < nr; r++) res[r] = hsum_ps(acc[r]) - 8.0f * corr[r];
+    _mm_storeu_ps(res, _mm_fnmadd_ps(_mm_set1_ps(8.0f), corr, acc));
 #else
     for (int r = 0; r < nr; r++) {
         const uint8_t *p = w + r * rb;
@@ -268,22 +279,22 @@ AI void dot_q451(const uint8_t *w, long rb, int nr, const xq_t *x, long K, float
                  int with_min) {
     long nb = K / 32;
 #if defined(GG_AVX2)
-    __m256 acc[NR];
-    float mins[NR];
-    for (int r = 0; r < NR; r++) { acc[r] = _mm256_setzero_ps(); mins[r] = 0.0f; }
+    __m128 acc = _mm_setzero_ps(), mins = _mm_setzero_ps();
+    (void)nr;
     for (long b = 0; b < nb; b++) {
         __m256i xv = _mm256_loadu_si256((const __m256i *)(x->q32 + b * 32));
-        float dx = x->d32[b], sx = x->s32[b];
-        for (int r = 0; r < nr; r++) {
-            const uint8_t *p = w + r * rb + b * bs;
-            float dw = h2f(p);
-            __m256i q = nibbles32(p + qs);
-            if (qh) q = _mm256_or_si256(q, bits32(p + qh));
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(dw * dx), _mm256_cvtepi32_ps(dot_us(q, xv)), acc[r]);
-            mins[r] += (with_min ? h2f(p + 2) : -16.0f * dw) * sx;
+        const uint8_t *p = w + b * bs;
+        __m256i pr[4];
+        for (int r = 0; r < 4; r++) {
+            __m256i q = nibbles32(p + r * rb + qs);
+            if (qh) q = _mm256_or_si256(q, bits32(p + r * rb + qh));
+            pr[r] = dot_us(q, xv);
         }
+        __m128 dw = f16x4(p, rb), sx = _mm_set1_ps(x->s32[b]);
+        acc = _mm_fmadd_ps(_mm_cvtepi32_ps(sum4_i32(pr[0], pr[1], pr[2], pr[3])), _mm_mul_ps(dw, _mm_set1_ps(x->d32[b])), acc);
+        mins = _mm_fmadd_ps(with_min ? f16x4(p + 2, rb) : _mm_mul_ps(_mm_set1_ps(-16.0f), dw), sx, mins);
     }
-    for (int r = 0; r < nr; r++) res[r] = hsum_ps(acc[r]) + mins[r];
+    _mm_storeu_ps(res, _mm_add_ps(acc, mins));
 #else
     for (int r = 0; r < nr; r++) {
         const uint8_t *p = w + r * rb;
@@ -309,18 +320,17 @@ AI void dot_q451(const uint8_t *w, long rb, int nr, const xq_t *x, long K, float
 AI void dot_q8_0(const uint8_t *w, long rb, int nr, const xq_t *x, long K, float *res) {
     long nb = K / 32;
 #if defined(GG_AVX2)
-    __m256 acc[NR];
-    for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
+    __m128 acc = _mm_setzero_ps();
+    (void)nr;
     for (long b = 0; b < nb; b++) {
         __m256i xv = _mm256_loadu_si256((const __m256i *)(x->q32 + b * 32));
-        float dx = x->d32[b];
-        for (int r = 0; r < nr; r++) {
-            const uint8_t *p = w + r * rb + b * 34;
-            __m256i q = _mm256_loadu_si256((const __m256i *)(p + 2));
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(h2f(p) * dx), _mm256_cvtepi32_ps(dot_ss(q, xv)), acc[r]);
-        }
+        const uint8_t *p = w + b * 34;
+        __m256i pr[4];
+        for (int r = 0; r < 4; r++) pr[r] = dot_ss(_mm256_loadu_si256((const __m256i *)(p + r * rb + 2)), xv);
+        acc = _mm_fmadd_ps(_mm_cvtepi32_ps(sum4_i32(pr[0], pr[1], pr[2], pr[3])),
+                           _mm_mul_ps(f16x4(p, rb), _mm_set1_ps(x->d32[b])), acc);
     }
-    for (int r = 0; r < nr; r++) res[r] = hsum_ps(acc[r]);
+    _mm_storeu_ps(res, acc);
 #else
     for (int r = 0; r < nr; r++) {
         const uint8_t *p = w + r * rb;
@@ -491,10 +501,15 @@ AI void dot_n(long t, const uint8_t *w, long rb, int nr, const xq_t *x, long K, 
     }
 }
 
-/* nr (<= NR) consecutive rows of one type */
+/* nr (<= NR) consecutive rows of one type. Always NR rows' code: a last group of fewer takes each row as
+   NR copies of itself (rb = 0), so a row's bits never depend on how rows are grouped or split. */
 static void dot_rows(long t, const uint8_t *w, long rb, int nr, const xq_t *x, long K, float *res) {
-    if (nr == NR) dot_n(t, w, rb, NR, x, K, res);
-    else for (int r = 0; r < nr; r++) dot_n(t, w + r * rb, rb, 1, x, K, res + r);
+    if (nr == NR) { dot_n(t, w, rb, NR, x, K, res); return; }
+    for (int r = 0; r < nr; r++) {
+        float one[NR];
+        dot_n(t, w + r * rb, 0, NR, x, K, one);
+        res[r] = one[0];
+    }
 }
 
 /* ---- rows of a (fused) weight ------------------------------------------------------------------------ */
