@@ -24,11 +24,10 @@ import ctypes
 import torch
 import torch.nn.functional as F
 
+from wslm.backend.quant.gguf_formats import BLOCK_FORMATS
+
 # ggml type id -> (name, columns per block, bytes per block)
-BLOCKS: dict[int, tuple[str, int, int]] = {
-    2: ("Q4_0", 32, 18), 3: ("Q4_1", 32, 20), 6: ("Q5_0", 32, 22), 7: ("Q5_1", 32, 24), 8: ("Q8_0", 32, 34),
-    12: ("Q4_K", 256, 144), 13: ("Q5_K", 256, 176), 14: ("Q6_K", 256, 210),
-}  # fmt: skip
+BLOCKS: dict[int, tuple[str, int, int]] = {t: (name, cols, size) for name, (t, cols, size) in BLOCK_FORMATS.items()}
 BLOCK_TYPES = tuple(name for name, _, _ in BLOCKS.values())  # the types kept in place
 TYPE_IDS = {name: t for t, (name, _, _) in BLOCKS.items()}
 _BITS = {"Q4_0": 4, "Q4_1": 4, "Q5_0": 5, "Q5_1": 5, "Q8_0": 8, "Q4_K": 4, "Q5_K": 5, "Q6_K": 6}
