@@ -308,8 +308,9 @@ class GGUFBlockWeight:
         from wslm.backend.quant.gguf_weights import _convert
         from wslm.backend.quant.linear import fuse_rows
 
+        table = self.name in ("token_embd.weight", "output.weight")  # tables go to int8, never int4
         forms = [
-            _convert(raw.numpy(), gguf.GGMLQuantizationType(t), (raw.shape[0], self.in_features), False, False,
+            _convert(raw.numpy(), gguf.GGMLQuantizationType(t), (raw.shape[0], self.in_features), False, table,
                      self.name)
             for t, raw in self.parts
         ]  # fmt: skip
@@ -321,9 +322,10 @@ class GGUFBlockWeight:
         return w
 
     def to_runtime(self, device: torch.device, dtype: torch.dtype):
-        """CPU: itself (the kernels read the blocks in place); elsewhere the repacked forms, until the GPU
-        kernels for these blocks land."""
-        if device.type == "cpu":
+        """CPU: itself (the kernels read the blocks in place); elsewhere, and on a CPU where the C kernels
+        cannot be built (no compiler, WSLM_CPU_KERNELS=0: each product would dequantize the weight), the
+        repacked forms, until the GPU kernels for these blocks land."""
+        if device.type == "cpu" and self.c_kernel():
             return self
         from wslm.backend.quant.linear import finalize
 
