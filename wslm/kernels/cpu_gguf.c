@@ -234,6 +234,33 @@ AI __m128i sum4_i32(__m256i p0, __m256i p1, __m256i p2, __m256i p3) {
     __m256i c = _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3));
     return _mm_add_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
 }
+/* Four rows' sums of (4-bit codes . x) for one 32-column block, exact: two rows a vector (one row's 16 code
+   bytes per 128-bit half), so each nibble split and multiply serves two rows. p: row 0's 16 code bytes,
+   the others rb apart; xl, xh: the block's x[0..15] and x[16..31] in both halves. */
+AI __m128i q4x4_sums(const uint8_t *p, long rb, __m256i xl, __m256i xh) {
+    const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    __m256i m[2];
+    for (int i = 0; i < 2; i++) {
+        const uint8_t *a = p + 2 * i * rb;
+        __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)a)),
+                                            _mm_loadu_si128((const __m128i *)(a + rb)), 1);
+        __m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(_mm256_and_si256(v, low), xl),
+                                     _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), low), xh));
+        m[i] = _mm256_madd_epi16(s, ones);  /* [row 2i: 4 sums | row 2i + 1: 4 sums] */
+    }
+    __m256i h = _mm256_hadd_epi32(m[0], m[1]);  /* [r0 r0 r2 r2 | r1 r1 r3 r3] */
+    h = _mm256_hadd_epi32(h, h);                /* [r0 r2 r0 r2 | r1 r3 r1 r3] */
+    return _mm_unpacklo_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+/* the fp16 pairs (d, m) at p, p + stride, ...: four rows' d and m */
+AI void f16_pairs4(const uint8_t *p, long stride, __m128 *d, __m128 *m) {
+    int32_t v[4];
+    for (int r = 0; r < 4; r++) memcpy(&v[r], p + r * stride, 4);
+    __m256 f = _mm256_cvtph_ps(_mm_setr_epi32(v[0], v[1], v[2], v[3]));  /* d0 m0 d1 m1 d2 m2 d3 m3 */
+    __m128 a = _mm256_castps256_ps128(f), b = _mm256_extractf128_ps(f, 1);
+    *d = _mm_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0));
+    *m = _mm_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1));
+}
 /* the fp16 values at p, p + stride, p + 2 stride, p + 3 stride */
 AI __m128 f16x4(const uint8_t *p, long stride) {
     uint16_t h[4];
@@ -252,8 +279,10 @@ AI void dot_q4_0(const uint8_t *w, long rb, int nr, const xq_t *x, long K, float
     for (long b = 0; b < nb; b++) {
         __m256i xv = _mm256_loadu_si256((const __m256i *)(x->q32 + b * 32));
         const uint8_t *p = w + b * 18;
-        __m128i isum = sum4_i32(dot_us(nibbles32(p + 2), xv), dot_us(nibbles32(p + rb + 2), xv),
-                                dot_us(nibbles32(p + 2 * rb + 2), xv), dot_us(nibbles32(p + 3 * rb + 2), xv));
+        (void)xv;
+        const __m128i *xb = (const __m128i *)(x->q32 + b * 32);
+        __m128i isum = q4x4_sums(p + 2, rb, _mm256_broadcastsi128_si256(_mm_loadu_si128(xb)),
+                                 _mm256_broadcastsi128_si256(_mm_loadu_si128(xb + 1)));
         __m128 dw = f16x4(p, rb);
         acc = _mm_fmadd_ps(_mm_cvtepi32_ps(isum), _mm_mul_ps(dw, _mm_set1_ps(x->d32[b])), acc);
         corr = _mm_fmadd_ps(dw, _mm_set1_ps(x->s32[b]), corr);
@@ -284,15 +313,23 @@ AI void dot_q451(const uint8_t *w, long rb, int nr, const xq_t *x, long K, float
     for (long b = 0; b < nb; b++) {
         __m256i xv = _mm256_loadu_si256((const __m256i *)(x->q32 + b * 32));
         const uint8_t *p = w + b * bs;
-        __m256i pr[4];
-        for (int r = 0; r < 4; r++) {
-            __m256i q = nibbles32(p + r * rb + qs);
-            if (qh) q = _mm256_or_si256(q, bits32(p + r * rb + qh));
-            pr[r] = dot_us(q, xv);
+        __m128i isum;
+        __m128 dw, mw, sx = _mm_set1_ps(x->s32[b]);
+        if (!qh) {  /* Q4_1: two rows a vector, (d, m) of four rows in one conversion */
+            const __m128i *xb = (const __m128i *)(x->q32 + b * 32);
+            isum = q4x4_sums(p + qs, rb, _mm256_broadcastsi128_si256(_mm_loadu_si128(xb)),
+                             _mm256_broadcastsi128_si256(_mm_loadu_si128(xb + 1)));
+            f16_pairs4(p, rb, &dw, &mw);
+        } else {
+            __m256i pr[4];
+            for (int r = 0; r < 4; r++)
+                pr[r] = dot_us(_mm256_or_si256(nibbles32(p + r * rb + qs), bits32(p + r * rb + qh)), xv);
+            isum = sum4_i32(pr[0], pr[1], pr[2], pr[3]);
+            dw = f16x4(p, rb);
+            mw = with_min ? f16x4(p + 2, rb) : _mm_mul_ps(_mm_set1_ps(-16.0f), dw);
         }
-        __m128 dw = f16x4(p, rb), sx = _mm_set1_ps(x->s32[b]);
-        acc = _mm_fmadd_ps(_mm_cvtepi32_ps(sum4_i32(pr[0], pr[1], pr[2], pr[3])), _mm_mul_ps(dw, _mm_set1_ps(x->d32[b])), acc);
-        mins = _mm_fmadd_ps(with_min ? f16x4(p + 2, rb) : _mm_mul_ps(_mm_set1_ps(-16.0f), dw), sx, mins);
+        acc = _mm_fmadd_ps(_mm_cvtepi32_ps(isum), _mm_mul_ps(dw, _mm_set1_ps(x->d32[b])), acc);
+        mins = _mm_fmadd_ps(mw, sx, mins);
     }
     _mm_storeu_ps(res, _mm_add_ps(acc, mins));
 #else
