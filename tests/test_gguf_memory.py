@@ -91,6 +91,12 @@ def test_server_takes_what_models_info_says(monkeypatch):
     server = ServerProcess("demo", "--port", "0", "--max-model-len", "2048", "--uvicorn-log-level", "warning",
                            env=env)
     try:
+        # One request first: GGUF block weights are pages of the mapped file (issue 36), resident once read.
+        import urllib.request
+
+        body = json.dumps({"model": "demo", "prompt": "Hello", "max_tokens": 2}).encode()
+        request = urllib.request.Request(server.base_url + "/completions", body, {"Content-Type": "application/json"})
+        urllib.request.urlopen(request, timeout=300).read()
         rss = psutil.Process(server.ready["pid"]).memory_info().rss
     finally:
         server.stop()

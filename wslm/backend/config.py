@@ -71,8 +71,9 @@ class EngineConfig:
         None, "which snapshot of a repo id in the HF cache to serve: a branch, tag or commit")
     download_dir: str | None = _flag(
         None, "the Hugging Face cache folder to find repo ids in (default: the usual HF cache)")
-    # Weights used as stored stay pages of the memory-mapped file, shared with the OS's file cache (llama.cpp's
-    # default); no_mmap reads each into memory of its own instead (llama.cpp's --no-mmap).
+    # Weights used as stored (safetensors tensors, a GGUF's block weights) stay pages of the memory-mapped file,
+    # shared with the OS's file cache and dropped and re-read by it under memory pressure (llama.cpp's
+    # default); no_mmap reads each into memory of its own instead (a file on a slow or network disk).
     no_mmap: bool = _flag(False, "read the weights into memory of their own instead of memory-mapping the model "
                                  "file (default: mapped, its pages shared with the OS's file cache)")
     # "pooling" is not a choice: it comes from vLLM's --runner (launcher._task)

@@ -40,6 +40,10 @@ int wslm_int4_mv_q8(const uint16_t *x, const uint8_t *packed, const uint16_t *sz
 #define ROW_SCRATCH_BYTES(K) ((size_t)(K) * 8 + 256)
 int wslm_int4_mv_q8_rows(const uint16_t *x, const uint8_t *packed, const uint16_t *sz, uint16_t *out,
                          long N, long K, long G, long BN, long n0, long n1, void *scratch);
+/* GGUF blocks in place (cpu_gguf.c); w: its wslm_gguf struct; x / out bf16 (1) or fp32 (0) */
+int wslm_gguf_mm(const void *w, const void *x, long M, int x_bf16, void *out, int out_bf16, int threads);
+int wslm_gguf_rows(const void *w, const void *x, int x_bf16, void *out, int out_bf16, long n0, long n1,
+                   void *scratch);
 int wslm_int8_mv_rows(const uint16_t *x, const int8_t *w, const uint16_t *scale, uint16_t *out, long N, long K,
                       long n0, long n1, void *scratch);
 #endif

@@ -13,11 +13,12 @@
 #include "cpu_kernels.h"
 #include <sched.h>
 
-enum { LIN_INT4 = 1, LIN_INT8 = 2, LIN_BF16 = 3, LIN_F32 = 4 };
+enum { LIN_INT4 = 1, LIN_INT8 = 2, LIN_BF16 = 3, LIN_F32 = 4, LIN_GGUF = 5 };
 
 typedef struct {
     int64_t kind;
-    const void *w;           /* int4: torch's CPU pack; int8: [N, K]; bf16 / f32: [N, K] dense */
+    const void *w;           /* int4: torch's CPU pack; int8: [N, K]; bf16 / f32: [N, K] dense; gguf: the
+                                parts' struct (cpu_gguf.c's wslm_gguf: blocks in the mapped file) */
     const uint16_t *scales;  /* int4: [K/G, N, 2] bf16 (scale, zero); int8: [N] bf16; dense: unused */
     const void *bias;        /* [N] in the activations' dtype, or NULL: added to the rounded product */
     int64_t n, k, group;
@@ -153,6 +154,7 @@ static int linear_bf16_rows(const wslm_linear *l, const uint16_t *x, uint16_t *o
         return wslm_int4_mv_q8(x, (const uint8_t *)l->w, l->scales, out, l->n, l->k, l->group, l->block, threads);
     if (l->kind == LIN_INT8)
         return wslm_int8_mm_bf16(x, 1, (const int8_t *)l->w, l->scales, out, l->n, l->k, threads);
+    if (l->kind == LIN_GGUF) return wslm_gguf_mm(l->w, x, 1, 1, out, 1, threads);
     return -2;
 }
 
@@ -256,7 +258,7 @@ static void team_wait(team_bar *b, int *sense) {
 /* the rows [*n0, *n1) of an n-row product that thread t of nt computes: whole pack blocks for int4, whole
    groups of 4 otherwise (the kernels' units), the last thread taking any rest */
 static void team_rows(const wslm_linear *l, int t, int nt, long *n0, long *n1) {
-    long unit = l->kind == LIN_INT4 ? l->block : 4, units = l->n / unit;
+    long unit = l->kind == LIN_INT4 ? l->block : 4, units = l->n / unit;  /* gguf: any rows; 4 as int8 */
     *n0 = units * t / nt * unit;
     *n1 = t == nt - 1 ? l->n : units * (t + 1) / nt * unit;
 }
@@ -270,6 +272,7 @@ static int team_bf16_rows(const wslm_linear *l, const uint16_t *x, uint16_t *out
     if (l->kind == LIN_INT8)
         return wslm_int8_mv_rows(x, (const int8_t *)l->w, l->scales, out, l->n, l->k, n0, n1, scratch);
     if (l->kind == LIN_BF16) { dense_rows_bf16(x, l->w, out, l->k, n0, n1); return 0; }
+    if (l->kind == LIN_GGUF) return wslm_gguf_rows(l->w, x, 1, out, 1, n0, n1, scratch);
     return -2;
 }
 #endif

@@ -56,6 +56,7 @@ static int NAME(linear)(const wslm_linear *l, const T *x, T *out, int threads, u
     else rc = linear_bf16_rows(l, x, out, threads);
 #else
     if (l->kind == LIN_F32) dense(dense_rows_f32, x, l->w, out, l->n, l->k, threads);
+    else if (l->kind == LIN_GGUF) rc = wslm_gguf_mm(l->w, x, 1, 0, out, 0, threads);  /* fp32 in and out */
     else if (l->kind == LIN_INT4 || l->kind == LIN_INT8) {
         for (long i = 0; i < l->k; i++) xb[i] = f2bf(x[i]);
         rc = linear_bf16_rows(l, xb, ob, threads);
@@ -212,6 +213,7 @@ static void NAME(team_linear)(const wslm_linear *l, const T *x, T *out, int t, i
     team_bf16_rows(l, x, out, n0, n1, scratch);
 #else
     if (l->kind == LIN_F32) dense_rows_f32(x, l->w, out, l->k, n0, n1);
+    else if (l->kind == LIN_GGUF) wslm_gguf_rows(l->w, x, 0, out, 0, n0, n1, scratch);
     else {
         for (long i = 0; i < l->k; i++) xb[i] = f2bf(x[i]);
         team_bf16_rows(l, xb, ob, n0, n1, scratch);
@@ -234,7 +236,7 @@ static int NAME(step_team)(const wslm_layer *layers, long n_layers, long d, long
         const wslm_linear *ls[4] = {&layers[i].qkv, &layers[i].o, &layers[i].gate_up, &layers[i].down};
         for (int j = 0; j < 4; j++) {
             long k = ls[j]->kind;
-            if (!(k == LIN_INT4 || k == LIN_INT8 || k == (ACT_BF16 ? LIN_BF16 : LIN_F32))) return -2;
+            if (!(k == LIN_INT4 || k == LIN_INT8 || k == LIN_GGUF || k == (ACT_BF16 ? LIN_BF16 : LIN_F32))) return -2;
         }
     }
     long qkv_n, gu_n, widest = NAME(widest)(layers, n_layers, &qkv_n, &gu_n);

@@ -217,8 +217,8 @@ def _sliding_window(hf_config) -> int | None:
 def iter_weights(source: ModelSource, dtype: torch.dtype, quantization: str | None = None, no_mmap: bool = False):
     """Yield (hf_name, tensor) for every weight, one file at a time to keep peak memory low, logging load
     progress (load_progress.py). AWQ/GPTQ pieces come out as one int4 weight per linear
-    (wslm.backend.quant.packed_checkpoint). Safetensors come memory-mapped (safetensors_mmap.py) unless
-    no_mmap: each tensor then is a private copy."""
+    (wslm.backend.quant.packed_checkpoint). Safetensors, and a GGUF's block weights, come memory-mapped
+    (safetensors_mmap.py, quant/gguf_blocks.py) unless no_mmap: each tensor then is a private copy."""
     if quantization in ("awq", "gptq"):
         from wslm.backend.quant.packed_checkpoint import read_quant_config, repack
 
@@ -230,7 +230,8 @@ def iter_weights(source: ModelSource, dtype: torch.dtype, quantization: str | No
     if source.gguf_file:
         sizes = _gguf_stored_bytes(source)
         progress = LoadProgress(sum(sizes.values()), source.name)
-        yield from track(_iter_gguf_weights(source, dtype), progress, lambda name, _item: sizes.get(name, 0))
+        yield from track(_iter_gguf_weights(source, dtype, not no_mmap), progress,
+                         lambda name, _item: sizes.get(name, 0))
         return
     files = sorted(source.folder.glob("*.safetensors"))
     if files:
@@ -294,13 +295,13 @@ def _gguf_stored_bytes(source: ModelSource) -> dict[str, int]:
         reader.close()
 
 
-def _iter_gguf_weights(source: ModelSource, dtype: torch.dtype):
+def _iter_gguf_weights(source: ModelSource, dtype: torch.dtype, use_mmap: bool = True):
     # Read straight from the file, tensor by tensor, kept quantized (wslm.backend.quant.gguf_weights):
     # faster than reading a converted copy back, and the model never exists in full precision. The
     # converted-copy cache keeps only the tokenizer and config, the slow part to parse.
     from wslm.backend.quant.gguf_weights import iter_gguf_weights
 
-    for item in iter_gguf_weights(source.gguf_path, dtype):
+    for item in iter_gguf_weights(source.gguf_path, dtype, use_mmap):
         return_freed_heap()  # what reading the tensor left, before the model packs it
         yield item
         del item

@@ -1,7 +1,10 @@
-"""GGUF weights read one tensor at a time (memory-mapped, gguf_file.py) and repacked, never
-dequantized whole (MoE experts too, one expert at a time): Q4_0, Q4_1 and Q4_K go to int4 groups of 32
-exactly (same codes, same scales up to bf16 rounding); Q5_0/Q5_1/Q5_K/Q6_K/Q8_0/Q2_K/Q3_K go to int8 per
-output channel (no fewer bits than the source; at most half a row step off); F32/F16/BF16 stay dense. A
+"""GGUF weights read one tensor at a time from the memory-mapped file (gguf_file.py). By default the
+types of gguf_blocks.BLOCK_TYPES (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) stay as they are in the
+file: GGUFBlockWeight views of the mapping (no copy; use_mmap=False, `--no-mmap`, reads them into private
+memory), multiplied in place by kernels/cpu_gguf.c. MoE experts and the other quantized types (Q2_K, Q3_K)
+are repacked, never dequantized whole (one expert at a time): Q4_0, Q4_1 and Q4_K to int4 groups of 32
+exactly (same codes, same scales up to bf16 rounding); the others to int8 per output channel (no fewer bits
+than the source; at most half a row step off); F32/F16/BF16 stay dense. A
 float32 model under WSLM_QUANT_FLOAT32=1 gets the file's values exactly (dequantize_mode). Names come out
 as HF's, with llama.cpp's q/k row permutation undone, so the model code loads them like a safetensors
 checkpoint.
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import re
+import warnings
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,6 +24,7 @@ import numpy as np
 import torch
 
 from wslm import envs
+from wslm.backend.quant.gguf_blocks import BLOCK_TYPES, TYPE_IDS, GGUFBlockWeight
 from wslm.backend.quant.gguf_file import GGUFFile
 from wslm.backend.quant.gguf_formats import DENSE_TYPES, INT4_TYPES, INT8_TYPES
 from wslm.backend.quant.int4 import Int4Codes
@@ -89,16 +94,18 @@ def _unpermute_rows(n_rows: int, n_head: int) -> torch.Tensor:
     return torch.arange(n_rows).reshape(n_head, dim, 2).transpose(1, 2).reshape(-1)
 
 
-def iter_gguf_weights(path: str | Path, dtype: torch.dtype | None = None) -> Iterator[tuple[str, object]]:
-    """(hf_name, weight) for each tensor: a dense tensor, Int4Codes or Int8Weight (dtype: the model's,
-    which decides dequantize_mode)."""
+def iter_gguf_weights(
+    path: str | Path, dtype: torch.dtype | None = None, use_mmap: bool = True
+) -> Iterator[tuple[str, object]]:
+    """(hf_name, weight) for each tensor: a dense tensor, GGUFBlockWeight, Int4Codes or Int8Weight (dtype:
+    the model's, which decides dequantize_mode; use_mmap=False: block weights copied out of the mapping)."""
     # Not gguf.GGUFReader: it parses the vocabulary into arrays 1.6x the file's size (gguf_file.py).
     reader = GGUFFile(path)
     arch = str(reader.values["general.architecture"])
     n_head = _first(reader.values.get(f"{arch}.attention.head_count"))
     n_kv = _first(reader.values.get(f"{arch}.attention.head_count_kv")) or n_head
     dequant = dequantize_mode(dtype)
-    yield from _iter_tensors(reader, arch, n_head, n_kv, dequant)
+    yield from _iter_tensors(reader, arch, n_head, n_kv, dequant, use_mmap)
     if not dequant:
         _say_requantized(reader)
     reader.close()
@@ -108,7 +115,7 @@ def _say_requantized(reader: GGUFFile) -> None:
     """One log line when the file has types kept as per-row int8 instead of their own bits: what that costs."""
     kinds: dict[str, int] = {}
     for t in reader.tensors:
-        if t.tensor_type.name in INT8_TYPES:
+        if t.tensor_type.name in INT8_TYPES and t.tensor_type.name not in BLOCK_TYPES:
             kinds[t.tensor_type.name] = kinds.get(t.tensor_type.name, 0) + 1
     if kinds:
         listed = ", ".join(f"{n} {k}" for k, n in sorted(kinds.items()))
@@ -122,7 +129,9 @@ def _first(value):
     return value[0] if isinstance(value, list) else value
 
 
-def _iter_tensors(reader: GGUFFile, arch: str, n_head, n_kv, dequant: bool | str) -> Iterator[tuple[str, object]]:
+def _iter_tensors(
+    reader: GGUFFile, arch: str, n_head, n_kv, dequant: bool | str, use_mmap: bool = True
+) -> Iterator[tuple[str, object]]:
     for t in reader.tensors:
         m = re.fullmatch(r"blk\.(\d+)\.(ffn_\w+_exps)\.weight", t.name)
         if m and m.group(2) in _EXPERT_NAMES:
@@ -135,7 +144,12 @@ def _iter_tensors(reader: GGUFFile, arch: str, n_head, n_kv, dequant: bool | str
         if name is None:  # rope_freqs and the like: the engine computes them from the config
             continue
         kind = t.tensor_type.name
-        weight = _read_tensor(t, kind, dequant, is_table=name.startswith(("model.embed_tokens", "lm_head")))
+        in_place = not dequant and kind in BLOCK_TYPES and len(t.shape) == 2
+        if in_place:  # the file's blocks, where they lie (or copied once: --no-mmap)
+            data = _mapped(t.data) if use_mmap else torch.from_numpy(np.array(t.data))
+            weight = GGUFBlockWeight([(TYPE_IDS[kind], data)], int(t.shape[0]), name=t.name)
+        else:
+            weight = _read_tensor(t, kind, dequant, is_table=name.startswith(("model.embed_tokens", "lm_head")))
         if arch in _SHIFTED_NORM_ARCHS and name.endswith("norm.weight"):
             weight = weight - 1
         if arch in _PERMUTED_ARCHS and (".q_proj." in name or ".k_proj." in name):
@@ -144,8 +158,19 @@ def _iter_tensors(reader: GGUFFile, arch: str, n_head, n_kv, dequant: bool | str
         if name.endswith(("mlp.gate.weight", "shared_expert_gate.weight")):  # small routers: plain layers
             weight = weight if isinstance(weight, torch.Tensor) else weight.dequantize(torch.float32)
             weight = weight.reshape(-1, weight.shape[-1])  # the shared gate may come as one row, [hidden]
+        elif in_place:
+            yield name, weight  # its pages are the weight's now: not dropped
+            continue
         _drop_pages(reader, t)
         yield name, weight
+
+
+def _mapped(data: np.ndarray) -> torch.Tensor:
+    """A tensor over the read-only mapping itself (as llama.cpp maps the file: shared with the page cache).
+    torch warns that it could write there; nothing does (the kernels only read weights)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        return torch.from_numpy(data)
 
 
 def _expert_slices(t, dequant: bool | str = False) -> Iterator[object]:

@@ -28,8 +28,9 @@ DENSE = QuantMethod(None, "the checkpoint's 16/32-bit weights as they are", ())
 METHODS: dict[str | None, QuantMethod] = {
     m.name: m
     for m in (
-        QuantMethod("gguf", "GGUF file: Q4_0/Q4_1/Q4_K exactly to int4, the other quantized types to int8",
-                    ("int4", "int8"), prequantized=True),
+        QuantMethod("gguf", "GGUF file: Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K computed in the file's own "
+                    "blocks, memory-mapped; other types repacked (int4 / int8)", ("gguf", "int4", "int8"),
+                    prequantized=True),
         QuantMethod("awq", "AutoAWQ GEMM safetensors repacked to int4", ("int4",), prequantized=True),
         # int8: act-order column shards under tensor parallelism (shard.py)
         QuantMethod("gptq", "GPTQ safetensors repacked to int4", ("int4", "int8"), prequantized=True),
@@ -46,6 +47,7 @@ METHODS: dict[str | None, QuantMethod] = {
 WEIGHT_CLASSES: dict[str, tuple[str, str]] = {
     "int8": ("wslm.backend.quant.int8", "Int8Weight"),
     "int4": ("wslm.backend.quant.int4", "Int4Weight"),
+    "gguf": ("wslm.backend.quant.gguf_blocks", "GGUFBlockWeight"),
 }
 
 

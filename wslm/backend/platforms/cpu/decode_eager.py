@@ -60,7 +60,7 @@ def _bind_linear(layer, dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Te
     if rows is not None:
         mm = w.decode_rows  # the kernel apply picks for these rows
         kd = _kernel_dtype(layer)
-        if dtype != kd:  # a float32 engine over bf16 kernels (CPUs without bf16): converted as apply does
+        if kd is not None and dtype != kd:  # a float32 engine over bf16 kernels (CPUs without bf16): as apply does
             if b is None:
                 return lambda x: mm(x.to(kd)).to(dtype) if x.shape[0] < rows else w.apply(x)
             return lambda x: mm(x.to(kd)).to(dtype) + b if x.shape[0] < rows else w.apply(x, b)

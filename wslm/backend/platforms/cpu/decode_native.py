@@ -32,8 +32,8 @@ from wslm.kernels.torch_rotary import _cos_sin
 
 logger = logging.getLogger(__name__)
 ENV_VAR = "WSLM_CPU_NATIVE_DECODE"
-INT4, INT8, BF16, F32 = 1, 2, 3, 4  # cpu_layer.c's weight kinds
-_QUANT = {"int4": INT4, "int8": INT8}  # the kinds of quantized weights' c_view
+INT4, INT8, BF16, F32, GGUF = 1, 2, 3, 4, 5  # cpu_layer.c's weight kinds
+_QUANT = {"int4": INT4, "int8": INT8, "gguf": GGUF}  # the kinds of quantized weights' c_view
 _DENSE = {torch.bfloat16: BF16, torch.float32: F32}
 
 
@@ -72,7 +72,9 @@ def _linear(fn, dtype: torch.dtype) -> tuple[_Linear, list[torch.Tensor]] | str:
         return f"{type(w).__name__} weights ({getattr(w, 'dtype', 'packed')})"
     kind, main, scales, group, n, k, block = spec
     keep = [t for t in (main, scales, bias) if t is not None]
-    ptr = [None if t is None else t.data_ptr() for t in (main, scales, bias)]
+    # GGUF blocks: main is the C struct of the weight's parts (kernels/cpu_gguf.py), read in place
+    ptr = [None if t is None else ctypes.addressof(t) if isinstance(t, ctypes.Structure) else t.data_ptr()
+           for t in (main, scales, bias)]  # fmt: skip
     return _Linear(kind, ptr[0], ptr[1], ptr[2], n, k, group, block), keep
 
 

@@ -1,0 +1,749 @@
+/* GGUF weights multiplied in the file's own block formats (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K),
+   read in place from the memory-mapped file; built with cpu_gemv.c by cpu_gemv.py, called through
+   cpu_gguf.py and from cpu_layer.c's decode step.
+
+   As llama.cpp does, each activation row is first rounded to int8: per 32 columns for the 32-column block
+   types (one float scale and the block's code sum: "Q8_0 + sum"), per 256 columns for the K-quants (one
+   float scale and the code sums of every 16 columns: "Q8_K"). A weight block's dot product with it is then
+   integer arithmetic (AVX2: maddubs + madd, 32 products an instruction pair), and the block's scales and
+   minimums are applied once per block or sub-block in fp32. The result is the exact product of the
+   dequantized weight with the int8-rounded row, up to fp32 rounding of the per-block sums
+   (tests/test_gguf_blocks.py checks every type against gguf-py's dequantization).
+
+   A fused weight (q|k|v, gate|up) is a list of parts, each a [rows, bytes per row] array of blocks of one
+   type (Q4_K_M files mix Q4_K and Q6_K inside one layer). `index`, when set, is the output position of
+   every row: llama.cpp's converter stores the q/k rows of Llama-family models permuted, and rows kept in
+   place in the mapped file cannot be reordered without copying them; writing each row's result to its
+   HF position costs one indexed store per output value (see gguf_blocks.py for why not RoPE). */
+#include "cpu_kernels.h"
+#if defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+enum { GT_Q4_0 = 2, GT_Q4_1 = 3, GT_Q5_0 = 6, GT_Q5_1 = 7, GT_Q8_0 = 8, GT_Q4_K = 12, GT_Q5_K = 13, GT_Q6_K = 14 };
+
+#define GGUF_PARTS 4
+typedef struct {
+    int64_t parts;
+    int64_t type[GGUF_PARTS];
+    const uint8_t *data[GGUF_PARTS];  /* [rows, bytes per row] of blocks, in the file's layout */
+    int64_t rows[GGUF_PARTS];
+    const int32_t *index;             /* [n] output column of each row, or NULL (in order) */
+    int64_t n, k;
+} wslm_gguf;
+
+static inline float h2f(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+#if defined(__F16C__)
+    return _cvtsh_ss(h);
+#else
+    uint32_t s = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 31, m = h & 1023, u;
+    if (e == 0) {
+        if (m == 0) u = s;
+        else {  /* subnormal: normalise */
+            e = 113;
+            while (!(m & 1024)) { m <<= 1; e--; }
+            u = s | (e << 23) | ((m & 1023) << 13);
+        }
+    } else if (e == 31) u = s | 0x7f800000u | (m << 13);
+    else u = s | ((e + 112) << 23) | (m << 13);
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+#endif
+}
+
+/* ---- types ---------------------------------------------------------------------------------------- */
+static long block_cols(long t) { return (t == GT_Q4_K || t == GT_Q5_K || t == GT_Q6_K) ? 256 : 32; }
+static long block_bytes(long t) {
+    switch (t) {
+    case GT_Q4_0: return 18;
+    case GT_Q4_1: return 20;
+    case GT_Q5_0: return 22;
+    case GT_Q5_1: return 24;
+    case GT_Q8_0: return 34;
+    case GT_Q4_K: return 144;
+    case GT_Q5_K: return 176;
+    case GT_Q6_K: return 210;
+    default: return 0;
+    }
+}
+static int is_k(long t) { return block_cols(t) == 256; }
+
+/* 1 when this library multiplies blocks of ggml type t */
+int wslm_gguf_takes(long t) { return block_bytes(t) > 0; }
+
+/* ---- the activation row rounded to int8 --------------------------------------------------------------
+   Q8_0 + sum (32 columns a block): q [K], d [K/32], s [K/32] = d * sum of the block's codes (for the
+   types with a minimum, whose dot product needs sum(x)). Q8_K (256 columns): q [K], d [K/256],
+   bsum [K/16] int16: the codes' sums per 16 columns (the K-quants' sub-block minimums and Q6_K's -32). */
+typedef struct {
+    int8_t *q32, *q256;
+    float *d32, *s32, *d256;
+    int16_t *bsum;
+    int32_t *sum32;
+} xq_t;
+
+static inline float x_at(const void *x, int bf16, long i) {
+    return bf16 ? bf2f(((const uint16_t *)x)[i]) : ((const float *)x)[i];
+}
+
+/* n (a multiple of 8) values of x from column k0 as int8 codes q and their scale d = max |x| / 127; codes
+   rounded to nearest, ties to even (the AVX2 loop's cvtps and the plain loop's nearbyintf agree) */
+static void quantize_run(const void *x, int bf16, long k0, long n, int8_t *q, float *d) {
+    float amax = 0.0f;
+#if defined(__AVX2__)
+    float v[256];
+    for (long i = 0; i < n; i++) v[i] = x_at(x, bf16, k0 + i);
+    __m256 mx = _mm256_setzero_ps();
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (long i = 0; i < n; i += 8) mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, _mm256_loadu_ps(v + i)));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    amax = _mm_cvtss_f32(m4);
+    float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    *d = amax / 127.0f;
+    __m256 iv = _mm256_set1_ps(inv);
+    for (long i = 0; i < n; i += 8) {
+        __m256i c = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + i), iv));
+        __m128i w16 = _mm_packs_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
+        _mm_storel_epi64((__m128i *)(q + i), _mm_packs_epi16(w16, w16));
+    }
+#else
+    for (long i = 0; i < n; i++) { float a = fabsf(x_at(x, bf16, k0 + i)); amax = a > amax ? a : amax; }
+    float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    *d = amax / 127.0f;
+    for (long i = 0; i < n; i++) q[i] = (int8_t)nearbyintf(x_at(x, bf16, k0 + i) * inv);
+#endif
+}
+
+static void quantize_x(const void *x, int bf16, long K, int need32, int need256, xq_t *o) {
+    if (need32)
+        for (long b = 0; b < K / 32; b++) {
+            quantize_run(x, bf16, b * 32, 32, o->q32 + b * 32, o->d32 + b);
+            int s = 0;
+            for (int i = 0; i < 32; i++) s += o->q32[b * 32 + i];
+            o->sum32[b] = s;
+            o->s32[b] = o->d32[b] * (float)s;
+        }
+    if (need256)
+        for (long b = 0; b < K / 256; b++) {
+            quantize_run(x, bf16, b * 256, 256, o->q256 + b * 256, o->d256 + b);
+            for (int g = 0; g < 16; g++) {
+                int s = 0;
+                for (int i = 0; i < 16; i++) s += o->q256[b * 256 + g * 16 + i];
+                o->bsum[b * 16 + g] = (int16_t)s;
+            }
+        }
+}
+
+/* bytes quantize_x needs for one row of K (both forms) */
+static size_t xq_bytes(long K) {
+    return (size_t)K * 2 + sizeof(float) * (size_t)(K / 32 * 2 + K / 256 + 1) + sizeof(int16_t) * (size_t)(K / 16)
+           + sizeof(int32_t) * (size_t)(K / 32) + 64;
+}
+
+static void xq_carve(void *mem, long K, xq_t *o) {
+    char *p = (char *)mem;
+    o->d32 = (float *)p; p += sizeof(float) * (size_t)(K / 32);
+    o->s32 = (float *)p; p += sizeof(float) * (size_t)(K / 32);
+    o->d256 = (float *)p; p += sizeof(float) * (size_t)(K / 256 + 1);
+    o->sum32 = (int32_t *)p; p += sizeof(int32_t) * (size_t)(K / 32);
+    o->bsum = (int16_t *)p; p += sizeof(int16_t) * (size_t)(K / 16);
+    o->q32 = (int8_t *)p; p += K;
+    o->q256 = (int8_t *)p;
+}
+
+/* the K-quants' 6-bit scale and minimum of sub-block j (llama.cpp's get_scale_min_k4) */
+static inline void scale_min_k4(int j, const uint8_t *q, int *sc, int *m) {
+    if (j < 4) { *sc = q[j] & 63; *m = q[j + 4] & 63; }
+    else { *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4); *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4); }
+}
+
+/* ---- one weight row . one rounded activation row, per type ------------------------------------------ */
+#if defined(__AVX2__) && defined(__FMA__)
+#define GG_AVX2 1
+static inline __m256i dot_us(__m256i u, __m256i s) {  /* 8 lanes, each the sum of 4 u8 * s8 products */
+    return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+}
+static inline __m256i dot_ss(__m256i a, __m256i b) {  /* s8 * s8 the same way: |a| times b with a's sign */
+    return dot_us(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a));
+}
+static inline float hsum_ps(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+static inline int hsum_i32(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
+}
+/* 16 bytes of nibbles as 32 bytes: low nibbles (elements 0-15) then high ones (16-31) */
+static inline __m256i nibbles32(const uint8_t *p) {
+    __m128i v = _mm_loadu_si128((const __m128i *)p);
+    __m256i b = _mm256_inserti128_si256(_mm256_castsi128_si256(v), _mm_srli_epi16(v, 4), 1);
+    return _mm256_and_si256(b, _mm256_set1_epi8(0x0f));
+}
+/* the 32 bits of qh as 32 bytes, 0x10 where the bit is set (the Q5 types' fifth bit) */
+static inline __m256i bits32(const uint8_t *qh) {
+    uint32_t v;
+    memcpy(&v, qh, 4);
+    const __m256i shuf = _mm256_setr_epi64x(0x0000000000000000LL, 0x0101010101010101LL, 0x0202020202020202LL,
+                                            0x0303030303030303LL);
+    __m256i b = _mm256_shuffle_epi8(_mm256_set1_epi32((int)v), shuf);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ULL);
+    b = _mm256_cmpeq_epi8(_mm256_and_si256(b, bit), bit);
+    return _mm256_and_si256(b, _mm256_set1_epi8(0x10));
+}
+
+/* The K-quants' 12 bytes of 6-bit scales and minimums as 16 bytes: the 8 scales, then the 8 minimums
+   (scale_min_k4 for all eight at once, on 32-bit words) */
+static inline __m128i k4_scales_mins(const uint8_t *q) {
+    uint32_t u[4];
+    memcpy(u, q, 12);
+    const uint32_t m6 = 0x3f3f3f3fu, m4 = 0x0f0f0f0fu, m2 = 0x03030303u;
+    uint32_t mins_lo = u[1] & m6, mins_hi = ((u[2] >> 4) & m4) | (((u[1] >> 6) & m2) << 4);
+    uint32_t sc_hi = (u[2] & m4) | (((u[0] >> 6) & m2) << 4), sc_lo = u[0] & m6;
+    return _mm_setr_epi32((int)sc_lo, (int)sc_hi, (int)mins_lo, (int)mins_hi);
+}
+/* a shuffle that fills every 16-bit lane with lane i of a vector of 8 16-bit values (in both halves) */
+static inline __m256i k_pick16(int i) {
+    return _mm256_set1_epi16((short)(((2 * i + 1) << 8) | (2 * i)));
+}
+/* Q6_K: 16-bit lanes 0-7 take value 2i of 8, lanes 8-15 value 2i + 1 (one vector's two 16-column groups) */
+static inline __m256i k_pick16_pair(int i) {
+    return _mm256_setr_m128i(_mm_set1_epi16((short)(((4 * i + 1) << 8) | (4 * i))),
+                             _mm_set1_epi16((short)(((4 * i + 3) << 8) | (4 * i + 2))));
+}
+#endif
+
+/* Each takes NR weight rows rb bytes apart and writes their dot products with the rounded row to res.
+   Several rows at once load each activation block once for all of them, and their independent sums keep
+   the multiply-adds from waiting on one another (one row alone: one fp32 chain, 4 cycles a block). */
+#define NR 4
+#define AI static inline __attribute__((always_inline))
+
+#if defined(GG_AVX2)
+/* 4 rows' 8-lane integer sums -> their 4 totals (exact) */
+AI __m128i sum4_i32(__m256i p0, __m256i p1, __m256i p2, __m256i p3) {
+    __m256i c = _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3));
+    return _mm_add_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
+}
+/* Four rows' sums of (4-bit codes . x) for one 32-column block, exact: two rows a vector (one row's 16 code
+   bytes per 128-bit half), so each nibble split and multiply serves two rows. p: row 0's 16 code bytes,
+   the others rb apart; xl, xh: the block's x[0..15] and x[16..31] in both halves. */
+AI __m128i q4x4_sums(const uint8_t *p, long rb, __m256i xl, __m256i xh) {
+    const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    __m256i m[2];
+    for (int i = 0; i < 2; i++) {
+        const uint8_t *a = p + 2 * i * rb;
+        __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)a)),
+                                            _mm_loadu_si128((const __m128i *)(a + rb)), 1);
+        __m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(_mm256_and_si256(v, low), xl),
+                                     _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), low), xh));
+        m[i] = _mm256_madd_epi16(s, ones);  /* [row 2i: 4 sums | row 2i + 1: 4 sums] */
+    }
+    __m256i h = _mm256_hadd_epi32(m[0], m[1]);  /* [r0 r0 r2 r2 | r1 r1 r3 r3] */
+    h = _mm256_hadd_epi32(h, h);                /* [r0 r2 r0 r2 | r1 r3 r1 r3] */
+    return _mm_unpacklo_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+}
+/* the fp16 pairs (d, m) at p, p + stride, ...: four rows' d and m */
+AI void f16_pairs4(const uint8_t *p, long stride, __m128 *d, __m128 *m) {
+    int32_t v[4];
+    for (int r = 0; r < 4; r++) memcpy(&v[r], p + r * stride, 4);
+    __m256 f = _mm256_cvtph_ps(_mm_setr_epi32(v[0], v[1], v[2], v[3]));  /* d0 m0 d1 m1 d2 m2 d3 m3 */
+    __m128 a = _mm256_castps256_ps128(f), b = _mm256_extractf128_ps(f, 1);
+    *d = _mm_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0));
+    *m = _mm_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1));
+}
+/* the fp16 values at p, p + stride, p + 2 stride, p + 3 stride */
+AI __m128 f16x4(const uint8_t *p, long stride) {
+    uint16_t h[4];
+    for (int r = 0; r < 4; r++) memcpy(&h[r], p + r * stride, 2);
+    return _mm_cvtph_ps(_mm_setr_epi16((short)h[0], (short)h[1], (short)h[2], (short)h[3], 0, 0, 0, 0));
+}
+#endif
+
+/* the 32-column types: sum over the row's blocks of d_w d_x (sum q x) (+ m_w d_x sum x). AVX2: the four
+   rows' integer sums of a block reduced together (exact), then scaled as one vector of four. */
+AI void dot_q4_0(const uint8_t *w, long rb, int nr, const xq_t *x, long K, float *res) {
+    long nb = K / 32;
+#if defined(GG_AVX2)
+    __m128 acc = _mm_setzero_ps(), corr = _mm_setzero_ps();
+    (void)nr;
+    for (long b = 0; b < nb; b++) {
+        __m256i xv = _mm256_loadu_si256((const __m256i *)(x->q32 + b * 32));
+        const uint8_t *p = w + b * 18;
+        (void)xv;
+        const __m128i *xb = (const __m128i *)(x->q32 + b * 32);
+        __m128i isum = q4x4_sums(p + 2, rb, _mm256_broadcastsi128_si256(_mm_loadu_si128(xb)),
+                                 _mm256_broadcastsi128_si256(_mm_loadu_si128(xb + 1)));
+        __m128 dw = f16x4(p, rb);
+        acc = _mm_fmadd_ps(_mm_cvtepi32_ps(isum), _mm_mul_ps(dw, _mm_set1_ps(x->d32[b])), acc);
+        corr = _mm_fmadd_ps(dw, _mm_set1_ps(x->s32[b]), corr);
+    }
+    _mm_storeu_ps(res, _mm_fnmadd_ps(_mm_set1_ps(8.0f), corr, acc));
+#else
+    for (int r = 0; r < nr; r++) {
+        const uint8_t *p = w + r * rb;
+        float acc = 0.0f;
+        for (long b = 0; b < nb; b++, p += 18) {
+            const int8_t *xq = x->q32 + b * 32;
+            int s = 0;
+            for (int j = 0; j < 16; j++) s += ((p[2 + j] & 15) - 8) * xq[j] + ((p[2 + j] >> 4) - 8) * xq[j + 16];
+            acc += h2f(p) * x->d32[b] * (float)s;
+        }
+        res[r] = acc;
+    }
+#endif
+}
+
+/* Q4_1, Q5_0, Q5_1: codes q (4 or 5 bits, unsigned) and w = d q + m (Q5_0: m = -16 d) */
+AI void dot_q451(const uint8_t *w, long rb, int nr, const xq_t *x, long K, float *res, long bs, long qs, long qh,
+                 int with_min) {
+    long nb = K / 32;
+#if defined(GG_AVX2)
+    __m128 acc = _mm_setzero_ps(), mins = _mm_setzero_ps();
+    (void)nr;
+    for (long b = 0; b < nb; b++) {
+        __m256i xv = _mm256_loadu_si256((const __m256i *)(x->q32 + b * 32));
+        const uint8_t *p = w + b * bs;
+        __m128i isum;
+        __m128 dw, mw, sx = _mm_set1_ps(x->s32[b]);
+        if (!qh) {  /* Q4_1: two rows a vector, (d, m) of four rows in one conversion */
+            const __m128i *xb = (const __m128i *)(x->q32 + b * 32);
+            isum = q4x4_sums(p + qs, rb, _mm256_broadcastsi128_si256(_mm_loadu_si128(xb)),
+                             _mm256_broadcastsi128_si256(_mm_loadu_si128(xb + 1)));
+            f16_pairs4(p, rb, &dw, &mw);
+        } else {
+            __m256i pr[4];
+            for (int r = 0; r < 4; r++)
+                pr[r] = dot_us(_mm256_or_si256(nibbles32(p + r * rb + qs), bits32(p + r * rb + qh)), xv);
+            isum = sum4_i32(pr[0], pr[1], pr[2], pr[3]);
+            dw = f16x4(p, rb);
+            mw = with_min ? f16x4(p + 2, rb) : _mm_mul_ps(_mm_set1_ps(-16.0f), dw);
+        }
+        acc = _mm_fmadd_ps(_mm_cvtepi32_ps(isum), _mm_mul_ps(dw, _mm_set1_ps(x->d32[b])), acc);
+        mins = _mm_fmadd_ps(mw, sx, mins);
+    }
+    _mm_storeu_ps(res, _mm_add_ps(acc, mins));
+#else
+    for (int r = 0; r < nr; r++) {
+        const uint8_t *p = w + r * rb;
+        float acc = 0.0f, mins = 0.0f;
+        for (long b = 0; b < nb; b++, p += bs) {
+            uint32_t h = 0;
+            if (qh) memcpy(&h, p + qh, 4);
+            const int8_t *xq = x->q32 + b * 32;
+            int s = 0;
+            for (int j = 0; j < 16; j++) {
+                int x0 = (p[qs + j] & 15) | (((h >> j) << 4) & 0x10);
+                int x1 = (p[qs + j] >> 4) | ((h >> (j + 12)) & 0x10);
+                s += x0 * xq[j] + x1 * xq[j + 16];
+            }
+            acc += h2f(p) * x->d32[b] * (float)s;
+            mins += (with_min ? h2f(p + 2) : -16.0f * h2f(p)) * x->s32[b];
+        }
+        res[r] = acc + mins;
+    }
+#endif
+}
+
+AI void dot_q8_0(const uint8_t *w, long rb, int nr, const xq_t *x, long K, float *res) {
+    long nb = K / 32;
+#if defined(GG_AVX2)
+    __m128 acc = _mm_setzero_ps();
+    (void)nr;
+    for (long b = 0; b < nb; b++) {
+        __m256i xv = _mm256_loadu_si256((const __m256i *)(x->q32 + b * 32));
+        const uint8_t *p = w + b * 34;
+        __m256i pr[4];
+        for (int r = 0; r < 4; r++) pr[r] = dot_ss(_mm256_loadu_si256((const __m256i *)(p + r * rb + 2)), xv);
+        acc = _mm_fmadd_ps(_mm_cvtepi32_ps(sum4_i32(pr[0], pr[1], pr[2], pr[3])),
+                           _mm_mul_ps(f16x4(p, rb), _mm_set1_ps(x->d32[b])), acc);
+    }
+    _mm_storeu_ps(res, acc);
+#else
+    for (int r = 0; r < nr; r++) {
+        const uint8_t *p = w + r * rb;
+        float acc = 0.0f;
+        for (long b = 0; b < nb; b++, p += 34) {
+            const int8_t *q = (const int8_t *)(p + 2), *xq = x->q32 + b * 32;
+            int s = 0;
+            for (int j = 0; j < 32; j++) s += q[j] * xq[j];
+            acc += h2f(p) * x->d32[b] * (float)s;
+        }
+        res[r] = acc;
+    }
+#endif
+}
+
+/* Q4_K / Q5_K: super-blocks of 256 = 8 sub-blocks of 32 with 6-bit scales and minimums:
+   d x_d sum_j sc_j (sum q x)_j - dmin x_d sum_j m_j (sum x)_j, the sums over j in integers */
+AI void dot_q45_k(const uint8_t *w, long rb, int nr, const xq_t *x, long K, float *res, int five) {
+    long nb = K / 256, bs_k = five ? 176 : 144;
+#if defined(GG_AVX2)
+    __m256 acc[NR];
+    __m128 mins[NR];
+    for (int r = 0; r < NR; r++) { acc[r] = _mm256_setzero_ps(); mins[r] = _mm_setzero_ps(); }
+    const __m256i low = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);
+    for (long b = 0; b < nb; b++) {
+        const int8_t *xq = x->q256 + b * 256;
+        /* the activation's code sums per 32 columns (pairs of its 16-column sums): the minimums' factor */
+        const __m128i *bs = (const __m128i *)(x->bsum + b * 16);
+        __m128i xsum32 = _mm_hadd_epi16(_mm_loadu_si128(bs), _mm_loadu_si128(bs + 1));
+        float dx = x->d256[b];
+        for (int r = 0; r < nr; r++) {
+            const uint8_t *p = w + r * rb + b * bs_k, *qs = p + (five ? 48 : 16);
+            __m128i scm = k4_scales_mins(p + 4);  /* bytes 0-7: the 8 scales, 8-15: the 8 minimums */
+            __m128i mn16 = _mm_cvtepu8_epi16(_mm_unpackhi_epi64(scm, scm));
+            mins[r] = _mm_fmadd_ps(_mm_set1_ps(h2f(p + 2) * dx), _mm_cvtepi32_ps(_mm_madd_epi16(mn16, xsum32)), mins[r]);
+            __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scm));
+            __m256i s = _mm256_setzero_si256();
+            __m256i hbits = five ? _mm256_loadu_si256((const __m256i *)(p + 16)) : _mm256_setzero_si256();
+            for (int j = 0; j < 4; j++) {
+                __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
+                __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+                if (five) {
+                    lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits, 2 * j), one), 4));
+                    hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits, 2 * j + 1), one), 4));
+                }
+                __m256i plo = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)(xq + 64 * j)));
+                __m256i phi = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(xq + 64 * j + 32)));
+                s = _mm256_add_epi32(s, _mm256_madd_epi16(plo, _mm256_shuffle_epi8(sc16, k_pick16(2 * j))));
+                s = _mm256_add_epi32(s, _mm256_madd_epi16(phi, _mm256_shuffle_epi8(sc16, k_pick16(2 * j + 1))));
+            }
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(h2f(p) * dx), _mm256_cvtepi32_ps(s), acc[r]);
+        }
+    }
+    for (int r = 0; r < nr; r++) {
+        __m128 m = _mm_add_ps(mins[r], _mm_movehl_ps(mins[r], mins[r]));
+        m = _mm_add_ss(m, _mm_movehdup_ps(m));
+        res[r] = hsum_ps(acc[r]) - _mm_cvtss_f32(m);
+    }
+#else
+    for (int r = 0; r < nr; r++) {
+        const uint8_t *p = w + r * rb;
+        float acc = 0.0f;
+        for (long b = 0; b < nb; b++, p += bs_k) {
+            const uint8_t *sc12 = p + 4, *qh = p + 16, *qs = p + (five ? 48 : 16);
+            const int8_t *xq = x->q256 + b * 256;
+            const int16_t *bsum = x->bsum + b * 16;
+            int sc[8], mn[8], m = 0, isum = 0;
+            for (int j = 0; j < 8; j++) {
+                scale_min_k4(j, sc12, &sc[j], &mn[j]);
+                m += mn[j] * (bsum[2 * j] + bsum[2 * j + 1]);
+            }
+            for (int j = 0; j < 4; j++) {
+                int s0 = 0, s1 = 0;
+                for (int l = 0; l < 32; l++) {
+                    int lo = qs[32 * j + l] & 15, hi = qs[32 * j + l] >> 4;
+                    if (five) { lo |= ((qh[l] >> (2 * j)) & 1) << 4; hi |= ((qh[l] >> (2 * j + 1)) & 1) << 4; }
+                    s0 += lo * xq[64 * j + l];
+                    s1 += hi * xq[64 * j + 32 + l];
+                }
+                isum += sc[2 * j] * s0 + sc[2 * j + 1] * s1;
+            }
+            float dx = x->d256[b];
+            acc += h2f(p) * dx * (float)isum - h2f(p + 2) * dx * (float)m;
+        }
+        res[r] = acc;
+    }
+#endif
+}
+
+/* Q6_K: ql [128], qh [64], 16 int8 scales (one per 16 columns), d; q = 6 bits - 32 */
+AI void dot_q6_k(const uint8_t *w, long rb, int nr, const xq_t *x, long K, float *res) {
+    long nb = K / 256;
+#if defined(GG_AVX2)
+    __m256 acc[NR];
+    for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
+    const __m256i low = _mm256_set1_epi8(0x0f), three = _mm256_set1_epi8(3);
+    for (long b = 0; b < nb; b++) {
+        const int8_t *xq = x->q256 + b * 256;
+        const int16_t *bsum = x->bsum + b * 16;
+        float dx = x->d256[b];
+        for (int r = 0; r < nr; r++) {
+            const uint8_t *p = w + r * rb + b * 210, *ql = p, *qh = p + 128;
+            const int8_t *sc = (const int8_t *)(p + 192);
+            /* the -32 of every code: 32 sum_g sc_g bsum_g, in the lanes' sums */
+            __m256i s = _mm256_slli_epi32(_mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc)),
+                                                            _mm256_loadu_si256((const __m256i *)bsum)), 5);
+            s = _mm256_sub_epi32(_mm256_setzero_si256(), s);
+            for (int h = 0; h < 2; h++) {
+                __m256i l0 = _mm256_loadu_si256((const __m256i *)(ql + 64 * h));
+                __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 64 * h + 32));
+                __m256i hb = _mm256_loadu_si256((const __m256i *)(qh + 32 * h));
+                __m256i sc8 = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)(sc + 8 * h))));
+                __m256i q[4];
+                q[0] = _mm256_or_si256(_mm256_and_si256(l0, low), _mm256_slli_epi16(_mm256_and_si256(hb, three), 4));
+                q[1] = _mm256_or_si256(_mm256_and_si256(l1, low),
+                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), three), 4));
+                q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low),
+                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), three), 4));
+                q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low),
+                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), three), 4));
+                for (int i = 0; i < 4; i++) {
+                    __m256i pr = _mm256_maddubs_epi16(q[i], _mm256_loadu_si256((const __m256i *)(xq + 128 * h + 32 * i)));
+                    s = _mm256_add_epi32(s, _mm256_madd_epi16(pr, _mm256_shuffle_epi8(sc8, k_pick16_pair(i))));
+                }
+            }
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(h2f(p + 208) * dx), _mm256_cvtepi32_ps(s), acc[r]);
+        }
+    }
+    for (int r = 0; r < nr; r++) res[r] = hsum_ps(acc[r]);
+#else
+    for (int r = 0; r < nr; r++) {
+        const uint8_t *p = w + r * rb;
+        float acc = 0.0f;
+        for (long b = 0; b < nb; b++, p += 210) {
+            const uint8_t *ql = p, *qh = p + 128;
+            const int8_t *sc = (const int8_t *)(p + 192), *xq = x->q256 + b * 256;
+            const int16_t *bsum = x->bsum + b * 16;
+            int corr = 0, isum = 0;
+            for (int g = 0; g < 16; g++) corr += sc[g] * bsum[g];
+            for (int h = 0; h < 2; h++)
+                for (int l = 0; l < 32; l++) {
+                    const uint8_t *L = ql + 64 * h, *H = qh + 32 * h;
+                    int is = l / 16;
+                    int q1 = (L[l] & 15) | ((H[l] & 3) << 4), q2 = (L[l + 32] & 15) | (((H[l] >> 2) & 3) << 4);
+                    int q3 = (L[l] >> 4) | (((H[l] >> 4) & 3) << 4), q4 = (L[l + 32] >> 4) | (((H[l] >> 6) & 3) << 4);
+                    const int8_t *xh = xq + 128 * h;
+                    isum += sc[8 * h + is] * q1 * xh[l] + sc[8 * h + is + 2] * q2 * xh[l + 32]
+                            + sc[8 * h + is + 4] * q3 * xh[l + 64] + sc[8 * h + is + 6] * q4 * xh[l + 96];
+                }
+            acc += h2f(p + 208) * x->d256[b] * (float)(isum - 32 * corr);
+        }
+        res[r] = acc;
+    }
+#endif
+}
+
+AI void dot_n(long t, const uint8_t *w, long rb, int nr, const xq_t *x, long K, float *res) {
+    switch (t) {
+    case GT_Q4_0: dot_q4_0(w, rb, nr, x, K, res); break;
+    case GT_Q4_1: dot_q451(w, rb, nr, x, K, res, 20, 4, 0, 1); break;
+    case GT_Q5_0: dot_q451(w, rb, nr, x, K, res, 22, 6, 2, 0); break;
+    case GT_Q5_1: dot_q451(w, rb, nr, x, K, res, 24, 8, 4, 1); break;
+    case GT_Q8_0: dot_q8_0(w, rb, nr, x, K, res); break;
+    case GT_Q4_K: dot_q45_k(w, rb, nr, x, K, res, 0); break;
+    case GT_Q5_K: dot_q45_k(w, rb, nr, x, K, res, 1); break;
+    case GT_Q6_K: dot_q6_k(w, rb, nr, x, K, res); break;
+    default: for (int r = 0; r < nr; r++) res[r] = 0.0f;
+    }
+}
+
+/* nr (<= NR) consecutive rows of one type. Always NR rows' code: a last group of fewer takes each row as
+   NR copies of itself (rb = 0), so a row's bits never depend on how rows are grouped or split. */
+static void dot_rows(long t, const uint8_t *w, long rb, int nr, const xq_t *x, long K, float *res) {
+    if (nr == NR) { dot_n(t, w, rb, NR, x, K, res); return; }
+    for (int r = 0; r < nr; r++) {
+        float one[NR];
+        dot_n(t, w + r * rb, 0, NR, x, K, one);
+        res[r] = one[0];
+    }
+}
+
+/* ---- rows of a (fused) weight ------------------------------------------------------------------------ */
+#ifndef GGUF_AHEAD
+#define GGUF_AHEAD 2  /* groups of NR rows asked for ahead: hardware prefetch alone leaves the loop waiting on memory */
+#endif
+
+static void needs(const wslm_gguf *w, int *n32, int *n256) {
+    *n32 = *n256 = 0;
+    for (long p = 0; p < w->parts; p++) {
+        if (is_k(w->type[p])) *n256 = 1;
+        else *n32 = 1;
+    }
+}
+
+/* rows [n0, n1) of w against M rounded activation rows xs[0..M); out [M, n] in bf16 or fp32. Blocked for
+   the caches: a chunk of CHUNK weight rows (tens of KB, kept in L2 and read from memory once) meets the
+   activation rows MTILE at a time (their int8 copies stay in L1), NR weight rows a pass. */
+#ifndef GGUF_CHUNK
+#define GGUF_CHUNK 32
+#endif
+#ifndef GGUF_MTILE
+#define GGUF_MTILE 8
+#endif
+static void rows_range(const wslm_gguf *w, const xq_t *xs, long M, void *out, int out_bf16, long n0, long n1) {
+    long K = w->k, start = 0;
+    for (long p = 0; p < w->parts; p++) {
+        long t = w->type[p], rb = K / block_cols(t) * block_bytes(t);
+        long a = n0 > start ? n0 : start, e = n1 < start + w->rows[p] ? n1 : start + w->rows[p];
+        for (long c = a; c < e; c += GGUF_CHUNK) {
+            long ce = c + GGUF_CHUNK < e ? c + GGUF_CHUNK : e;
+            for (long m0 = 0; m0 < M; m0 += GGUF_MTILE) {
+                long m1 = m0 + GGUF_MTILE < M ? m0 + GGUF_MTILE : M;
+                for (long n = c; n < ce; n += NR) {
+                    int nr = ce - n < NR ? (int)(ce - n) : NR;
+                    const uint8_t *rows = w->data[p] + (n - start) * rb;
+                    if (m0 == 0 && n + (GGUF_AHEAD + 1) * NR <= e) {
+                        const char *ahead = (const char *)rows + GGUF_AHEAD * NR * rb;
+                        for (long o = 0; o < NR * rb; o += 64) prefetch(ahead + o);
+                    }
+                    for (long m = m0; m < m1; m++) {
+                        float res[NR];
+                        dot_rows(t, rows, rb, nr, xs + m, K, res);
+                        for (int r = 0; r < nr; r++) {
+                            long col = w->index ? w->index[n + r] : n + r;
+                            if (out_bf16) ((uint16_t *)out)[m * w->n + col] = f2bf(res[r]);
+                            else ((float *)out)[m * w->n + col] = res[r];
+                        }
+                    }
+                }
+            }
+        }
+        start += w->rows[p];
+    }
+}
+
+/* x [M, K] (bf16 or fp32) @ W.T -> out [M, n] (bf16 or fp32), rows split over threads as cpu_gemv.c's
+   products are. Returns 0, -1 out of memory, -2 a type this library does not take. */
+int wslm_gguf_mm(const void *wv, const void *x, long M, int x_bf16, void *out, int out_bf16, int threads) {
+    const wslm_gguf *w = (const wslm_gguf *)wv;
+    for (long p = 0; p < w->parts; p++)
+        if (!wslm_gguf_takes(w->type[p]) || w->k % block_cols(w->type[p])) return -2;
+    long K = w->k;
+    size_t per = (xq_bytes(K) + 63) & ~(size_t)63;
+    char *mem = (char *)malloc(per * (size_t)M + sizeof(xq_t) * (size_t)M);
+    if (!mem) return -1;
+    xq_t *xs = (xq_t *)(mem + per * (size_t)M);
+    int n32, n256;
+    needs(w, &n32, &n256);
+    for (long m = 0; m < M; m++) {
+        xq_carve(mem + per * (size_t)m, K, xs + m);
+        quantize_x((const char *)x + (size_t)(m * K) * (x_bf16 ? 2 : 4), x_bf16, K, n32, n256, xs + m);
+    }
+    long N = w->n, units = (N + 3) / 4;
+#if defined(_OPENMP)
+#pragma omp parallel num_threads(threads) if (threads > 1 && units > 1)
+#endif
+    {
+        int t = 0, nt = 1;
+#if defined(_OPENMP)
+        t = omp_get_thread_num(), nt = omp_get_num_threads();
+#endif
+        long a = units * t / nt * 4, b = units * (t + 1) / nt * 4;
+        rows_range(w, xs, M, out, out_bf16, a, b < N ? b : N);
+    }
+    (void)threads;
+    free(mem);
+    return 0;
+}
+
+/* a team thread's rows [n0, n1) of one activation row's product, no threads of its own (cpu_layer.c);
+   scratch: ROW_SCRATCH_BYTES(K) bytes of the thread's own. Every thread rounds the row the same way. */
+int wslm_gguf_rows(const void *wv, const void *x, int x_bf16, void *out, int out_bf16, long n0, long n1,
+                   void *scratch) {
+    const wslm_gguf *w = (const wslm_gguf *)wv;
+    xq_t xs;
+    int n32, n256;
+    if (xq_bytes(w->k) > ROW_SCRATCH_BYTES(w->k)) return -1;
+    xq_carve(scratch, w->k, &xs);
+    needs(w, &n32, &n256);
+    quantize_x(x, x_bf16, w->k, n32, n256, &xs);
+    rows_range(w, &xs, 1, out, out_bf16, n0, n1);
+    return 0;
+}
+
+/* ---- prefill: rows dequantized for a GEMM ----------------------------------------------------------
+   Many activation rows (a prompt) are compute-bound; without VNNI an int8 dot costs ~3 instructions per 32
+   products beside the blocks' unpacking, while a float32 (or bf16) GEMM library multiplies 16-32 a cycle.
+   So the caller dequantizes a slice of weight rows once (here) and hands it to torch's GEMM for all rows.
+   Values: gguf-py's dequantization exactly (fp32 products of the fp16 scales and the codes). */
+static void dequant_row(long t, const uint8_t *p, long K, float *y) {
+    long nb = K / block_cols(t), bs = block_bytes(t);
+    for (long b = 0; b < nb; b++, p += bs) {
+        if (t == GT_Q8_0) {
+            float d = h2f(p);
+            for (int j = 0; j < 32; j++) y[b * 32 + j] = (float)((const int8_t *)(p + 2))[j] * d;
+        } else if (t == GT_Q4_0 || t == GT_Q4_1 || t == GT_Q5_0 || t == GT_Q5_1) {
+            int five = t == GT_Q5_0 || t == GT_Q5_1, with_min = t == GT_Q4_1 || t == GT_Q5_1;
+            long qs = with_min ? (five ? 8 : 4) : (five ? 6 : 2);
+            uint32_t h = 0;
+            if (five) memcpy(&h, p + (with_min ? 4 : 2), 4);
+            float d = h2f(p), m = with_min ? h2f(p + 2) : 0.0f;
+            int off = with_min ? 0 : (five ? 16 : 8);
+            for (int j = 0; j < 16; j++) {
+                int x0 = (p[qs + j] & 15) | (five ? (((h >> j) << 4) & 0x10) : 0);
+                int x1 = (p[qs + j] >> 4) | (five ? ((h >> (j + 12)) & 0x10) : 0);
+                y[b * 32 + j] = (float)(x0 - off) * d + m;
+                y[b * 32 + j + 16] = (float)(x1 - off) * d + m;
+            }
+        } else if (t == GT_Q4_K || t == GT_Q5_K) {
+            int five = t == GT_Q5_K;
+            const uint8_t *qh = p + 16, *qs = p + (five ? 48 : 16);
+            float d = h2f(p), dmin = h2f(p + 2);
+            for (int j = 0; j < 4; j++) {
+                int sc0, m0, sc1, m1;
+                scale_min_k4(2 * j, p + 4, &sc0, &m0);
+                scale_min_k4(2 * j + 1, p + 4, &sc1, &m1);
+                float d0 = d * (float)sc0, d1 = d * (float)sc1, n0 = dmin * (float)m0, n1 = dmin * (float)m1;
+                for (int l = 0; l < 32; l++) {
+                    int lo = qs[32 * j + l] & 15, hi = qs[32 * j + l] >> 4;
+                    if (five) { lo |= ((qh[l] >> (2 * j)) & 1) << 4; hi |= ((qh[l] >> (2 * j + 1)) & 1) << 4; }
+                    y[b * 256 + 64 * j + l] = d0 * (float)lo - n0;
+                    y[b * 256 + 64 * j + 32 + l] = d1 * (float)hi - n1;
+                }
+            }
+        } else if (t == GT_Q6_K) {
+            const uint8_t *ql = p, *qh = p + 128;
+            const int8_t *sc = (const int8_t *)(p + 192);
+            float d = h2f(p + 208);
+            for (int h = 0; h < 2; h++)
+                for (int l = 0; l < 32; l++) {
+                    const uint8_t *L = ql + 64 * h, *H = qh + 32 * h;
+                    int is = l / 16;
+                    float *o = y + b * 256 + 128 * h;
+                    o[l] = d * (float)sc[8 * h + is] * (float)(((L[l] & 15) | ((H[l] & 3) << 4)) - 32);
+                    o[l + 32] = d * (float)sc[8 * h + is + 2] * (float)(((L[l + 32] & 15) | (((H[l] >> 2) & 3) << 4)) - 32);
+                    o[l + 64] = d * (float)sc[8 * h + is + 4] * (float)(((L[l] >> 4) | (((H[l] >> 4) & 3) << 4)) - 32);
+                    o[l + 96] = d * (float)sc[8 * h + is + 6] * (float)(((L[l + 32] >> 4) | (((H[l] >> 6) & 3) << 4)) - 32);
+                }
+        }
+    }
+}
+
+/* stored rows [n0, n1) of w as fp32 rows of out [n1 - n0, K] (in stored order: the caller places them by
+   w's index), split over threads */
+int wslm_gguf_dequant(const void *wv, long n0, long n1, float *out, int threads) {
+    const wslm_gguf *w = (const wslm_gguf *)wv;
+    long K = w->k;
+#if defined(_OPENMP)
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && n1 - n0 > 1)
+#endif
+    for (long n = n0; n < n1; n++) {
+        long start = 0, p = 0;
+        while (p < w->parts - 1 && n >= start + w->rows[p]) start += w->rows[p++];
+        long t = w->type[p], rb = K / block_cols(t) * block_bytes(t);
+        dequant_row(t, w->data[p] + (n - start) * rb, K, out + (n - n0) * K);
+    }
+    (void)threads;
+    return 0;
+}
+
+/* The activation row x [K] fp32 as the kernels see it for a type of `cols`-column blocks (32, or 256 for
+   the K-quants): each value its int8 code times its block's scale (tests compare against this). */
+void wslm_gguf_round_x(const float *x, long K, long cols, float *y) {
+    for (long b = 0; b < K / cols; b++) {
+        int8_t q[256];
+        float d;
+        quantize_run(x, 0, b * cols, cols, q, &d);
+        for (long i = 0; i < cols; i++) y[b * cols + i] = (float)q[i] * d;
+    }
+}
+
+/* 256 where the block dot products have AVX2 loops here, else 0 (the plain ones) */
+int wslm_gguf_native(void) {
+#if defined(GG_AVX2)
+    return 256;
+#else
+    return 0;
+#endif
+}
