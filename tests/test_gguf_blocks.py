@@ -306,3 +306,17 @@ def test_mapped_load_adds_no_private_copy_of_the_weights():
     assert mapped["private"] < 0.5 * mapped["blocks"], mapped
     assert private["private"] - mapped["private"] >= 0.9 * mapped["blocks"], (mapped, private)
     assert private["tokens"] == mapped["tokens"]
+
+
+def test_compiled_batch_graph_takes_the_repacked_form(weights):
+    """The compiled batch graph freezes a copy of its weights anyway: blocks hand it the repacked form the
+    loader gave before (its spec), made once and kept, so the graph's buffers are that one copy."""
+    from wslm.backend.quant.linear import finalize
+
+    for kind in ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K"):
+        w = weights[kind]
+        spec = w.graph_spec(None)
+        legacy = finalize(w.legacy(), torch.device("cpu"), torch.bfloat16)
+        expected = legacy.graph_spec(None)
+        assert spec is not None and spec[0] == expected[0], kind
+        assert w.graph_spec(None)[1][0] is spec[1][0]  # made once: the same tensors on every call

@@ -125,7 +125,7 @@ class GGUFBlockWeight:
     output-row order, each (ggml type id, uint8 [rows, bytes per row]); index: int32 [out_features], the
     output position of each stored row (q/k of Llama-family files), or None."""
 
-    __slots__ = ("parts", "index", "out_features", "in_features", "_c", "_ours", "name")
+    __slots__ = ("parts", "index", "out_features", "in_features", "_c", "_ours", "name", "_dtype", "_graph")
     kind = "gguf"  # registry.WEIGHT_CLASSES
 
     def __init__(self, parts: list[tuple[int, torch.Tensor]], in_features: int,
@@ -141,6 +141,8 @@ class GGUFBlockWeight:
         self.name = name
         self._c = None  # the C view, built on first use
         self._ours: bool | None = None  # c_kernel(), once decided
+        self._dtype = torch.bfloat16  # the model's activations' dtype (to_runtime)
+        self._graph = None  # the repacked form the compiled batch graph multiplies by, made once when asked
 
     # ---- what the engine asks (registry.QuantizedWeight) ----
     @property
@@ -244,7 +246,15 @@ class GGUFBlockWeight:
         return ("gguf", self.c_struct(), None, 0, self.out_features, self.in_features, 0)
 
     def graph_spec(self, bias: torch.Tensor | None, c_kernels: bool = True) -> tuple | None:
-        return None  # the compiled batch graph does not take these yet: the eager path runs batches
+        """The compiled batch graph freezes a copy of its weights anyway (it compiles only models under 1 GiB
+        by default): it takes the repacked form, whose kernels it was tuned with (the demo's 32 chats kept
+        their speed), while lone chats and eager batches read the blocks."""
+        from wslm.backend.quant.linear import finalize
+
+        if self._graph is None:  # the graph's buffers are these very tensors: one copy, not two
+            self._graph = finalize(self.legacy(), torch.device("cpu"), self._dtype)
+        spec = getattr(self._graph, "graph_spec", None)
+        return spec(bias, c_kernels=c_kernels) if spec is not None else None
 
     def c_struct(self) -> ctypes.Structure:
         if self._c is None:
@@ -326,6 +336,7 @@ class GGUFBlockWeight:
         cannot be built (no compiler, WSLM_CPU_KERNELS=0: each product would dequantize the weight), the
         repacked forms, until the GPU kernels for these blocks land."""
         if device.type == "cpu" and self.c_kernel():
+            self._dtype = dtype
             return self
         from wslm.backend.quant.linear import finalize
 
