@@ -87,7 +87,8 @@ class PeakSampler:
 
 def _memory(before: dict, peak: dict) -> dict:
     after = _status()
-    return {"before": before.get("VmRSS", 0), "after_anon": after.get("RssAnon", 0),
+    return {"before": before.get("VmRSS", 0), "before_anon": before.get("RssAnon", 0),
+            "before_file": before.get("RssFile", 0) + before.get("RssShmem", 0), "after_anon": after.get("RssAnon", 0),
             "after_file": after.get("RssFile", 0) + after.get("RssShmem", 0), "after": after.get("VmRSS", 0),
             "peak_anon": peak["anon"], "peak_file": peak["file"], "peak": max(peak["total"], peak["hwm"])}  # fmt: skip
 
@@ -97,13 +98,14 @@ def _context_needed(metrics: list[str], tokens: int) -> int:
 
 
 def child_wslm(args, ids: list[int]) -> dict:
+    os.environ["WSLM_GGUF_DEQUANTIZE"] = "0"  # kept quantized, as `wslm serve` (the test suite sets 1)
     import torch
 
     import wslm.backend  # noqa: F401  (OMP_WAIT_POLICY before torch's first parallel region, as `wslm serve`)
 
     torch.set_num_threads(args.threads)
     from wslm.backend import LLM, SamplingParams
-    from wslm.backend.modeling.weight_bytes import weight_bytes
+    from wslm.backend.modeling.weight_bytes import _walk, weight_bytes
 
     before, sampler = _status(), PeakSampler()
     start = time.perf_counter()
@@ -112,7 +114,10 @@ def child_wslm(args, ids: list[int]) -> dict:
     load_s = time.perf_counter() - start
     out = {"load_s": load_s, "memory": _memory(before, sampler.done())}
     executor = llm.llm_engine.executor
-    out["held_bytes"] = sum(weight_bytes(executor.runner.model).values())
+    model = executor.runner.model
+    out["held_bytes"] = sum(weight_bytes(model).values())
+    seen: set[int] = set()  # what a token reads of it: the layers and the LM head, not the embedding table
+    out["held_read_bytes"] = _walk(model.layers, seen) + _walk(model.lm_head, seen)
     out["kv_bytes"] = int(getattr(executor, "kv_cache_bytes", 0) or 0)
     out["dtype"] = str(llm.llm_engine.model_config.dtype).removeprefix("torch.")
 
@@ -296,9 +301,12 @@ def record_child(rec: Recorder, key: tuple, r: dict, metrics: list[str], load: f
     if "memory" in metrics:
         rec.add((*key, "rss_after_load", "bytes", False), mem["after"], load,
                 {"file_backed": mem["after_file"], "anonymous": mem["after_anon"], "before_load": mem["before"],
-                 "kv_bytes": r.get("kv_bytes")})  # fmt: skip
+                 "before_file_backed": mem["before_file"], "before_anonymous": mem["before_anon"],
+                 "kv_bytes": r.get("kv_bytes") or roof.get("kv_per_token", 0) * _context_needed(metrics, roof["tokens"]),
+                 "file_bytes": roof["file"]})  # fmt: skip
         rec.add((*key, "peak_during_load", "bytes", False), mem["peak"], load,
-                {"file_backed": mem["peak_file"], "anonymous": mem["peak_anon"], "before_load": mem["before"]})
+                {"file_backed": mem["peak_file"], "anonymous": mem["peak_anon"], "before_load": mem["before"],
+                 "file_bytes": roof["file"]})  # fmt: skip
     for m in metrics:
         if m.startswith("prefill") and m in r:
             rec.add((*key, m, "s", False), r[m], load, {"tokens_per_s": PROMPTS[m] / r[m]})
@@ -306,9 +314,9 @@ def record_child(rec: Recorder, key: tuple, r: dict, metrics: list[str], load: f
             bw = roof["bandwidth"][threads]
             extra = {"bandwidth_bytes_per_s": bw, "read_bytes_per_token": roof["read"],
                      "roofline_pct": 100 * r[m] / (bw / roof["read"]) if roof["read"] else None}  # fmt: skip
-            if r.get("held_bytes"):
-                extra["held_bytes"] = r["held_bytes"]
-                extra["roofline_pct_of_held"] = 100 * r[m] / (bw / r["held_bytes"])
+            if r.get("held_read_bytes"):  # wslm: what it holds (repacked), as a token reads it
+                extra["held_bytes"], extra["held_read_bytes"] = r["held_bytes"], r["held_read_bytes"]
+                extra["roofline_pct_of_held"] = 100 * r[m] / (bw / r["held_read_bytes"])
             rec.add((*key, m, "tok/s", True), r[m], load, extra)
 
 
@@ -375,7 +383,10 @@ def main() -> int:
                 else:
                     sizes = files.weight_bytes_per_token(path)
                     roof = {"read": sizes["read_per_token"], "file": sizes["file_bytes"]}
-                roof["bandwidth"] = bw
+                roof["bandwidth"], roof["tokens"] = bw, args.decode_tokens
+                shape = files.SHAPES.get(model.removesuffix("-hf"))
+                if shape:  # llama.cpp's f16 KV cache per token of context (its n_ctx is what the child asks)
+                    roof["kv_per_token"] = shape.layers * 2 * shape.kv_heads * shape.dim_head * 2
                 print(f"{model} {quant}: {path} ({roof['file'] / 1e9:.2f} GB, {roof['read'] / 1e9:.2f} GB read "
                       "per token)", flush=True)  # fmt: skip
                 first_load = "wslm" in engines and not hf and _needs_conversion(path)
