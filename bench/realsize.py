@@ -204,7 +204,11 @@ def child_transformers(args, ids: list[int]) -> dict:
 def child(args) -> int:
     ids = json.loads(Path(args.ids).read_text())
     run = {"wslm": child_wslm, "llama.cpp": child_llama, "transformers": child_transformers}[args.child]
-    print("RESULT " + json.dumps(run(args, ids)), flush=True)
+    result = run(args, ids)
+    end = _status()  # after the runs: a mapped file's pages are resident once a token has read them
+    result["memory_end"] = {"total": end.get("VmRSS", 0), "anon": end.get("RssAnon", 0),
+                            "file": end.get("RssFile", 0) + end.get("RssShmem", 0)}  # fmt: skip
+    print("RESULT " + json.dumps(result), flush=True)
     return 0
 
 
@@ -307,6 +311,10 @@ def record_child(rec: Recorder, key: tuple, r: dict, metrics: list[str], load: f
         rec.add((*key, "peak_during_load", "bytes", False), mem["peak"], load,
                 {"file_backed": mem["peak_file"], "anonymous": mem["peak_anon"], "before_load": mem["before"],
                  "file_bytes": roof["file"]})  # fmt: skip
+    if "memory" in metrics and any(m in PROMPTS for m in metrics) and r.get("memory_end"):
+        end = r["memory_end"]
+        rec.add((*key, "rss_after_run", "bytes", False), end["total"], load,
+                {"file_backed": end["file"], "anonymous": end["anon"], "file_bytes": roof["file"]})
     for m in metrics:
         if m.startswith("prefill") and m in r:
             rec.add((*key, m, "s", False), r[m], load, {"tokens_per_s": PROMPTS[m] / r[m]})

@@ -31,6 +31,7 @@ LABELS = {  # metric: what the row says; metrics not listed show their own name
     "load_first": "first load s (wslm: with the tokenizer conversion)",
     "rss_after_load": "resident after load",
     "peak_during_load": "peak resident during load",
+    "rss_after_run": "resident after the runs (mapped pages touched)",
     "single_stream": "single stream tok/s",
     "concurrent_32": "32 concurrent chats, output tok/s",
 }
