@@ -93,6 +93,15 @@ def _memory(before: dict, peak: dict) -> dict:
             "peak_anon": peak["anon"], "peak_file": peak["file"], "peak": max(peak["total"], peak["hwm"])}  # fmt: skip
 
 
+def _memory_end(out: dict) -> dict:
+    """out with the resident memory now, the engine still loaded: after the runs a mapped file's pages are
+    resident once a token has read them."""
+    end = _status()
+    out["memory_end"] = {"total": end.get("VmRSS", 0), "anon": end.get("RssAnon", 0),
+                         "file": end.get("RssFile", 0) + end.get("RssShmem", 0)}  # fmt: skip
+    return out
+
+
 def _context_needed(metrics: list[str], tokens: int) -> int:
     return max([PROMPTS[m] for m in metrics if m in PROMPTS] + [16]) + tokens + 64
 
@@ -133,7 +142,7 @@ def child_wslm(args, ids: list[int]) -> dict:
             out[m] = min(run(ids[: PROMPTS[m]], 1)[0] for _ in range(args.inner))
         elif m.startswith("decode"):
             out[m] = args.tokens / min(run(ids[: PROMPTS[m]], args.tokens + 1)[1] for _ in range(args.inner))
-    return out
+    return _memory_end(out)
 
 
 def child_llama(args, ids: list[int]) -> dict:
@@ -169,7 +178,7 @@ def child_llama(args, ids: list[int]) -> dict:
                     llm.eval([llm.sample(temp=0.0)])
                 best = min(best, time.perf_counter() - t)
             out[m] = args.tokens / best
-    return out
+    return _memory_end(out)
 
 
 def child_transformers(args, ids: list[int]) -> dict:
@@ -198,16 +207,13 @@ def child_transformers(args, ids: list[int]) -> dict:
             out[m] = min(gen(prompt, 1) for _ in range(args.inner))
         elif m.startswith("decode"):  # the tokens after the first: a whole generate less a one-token one
             out[m] = args.tokens / min(gen(prompt, args.tokens + 1) - gen(prompt, 1) for _ in range(args.inner))
-    return out
+    return _memory_end(out)
 
 
 def child(args) -> int:
     ids = json.loads(Path(args.ids).read_text())
     run = {"wslm": child_wslm, "llama.cpp": child_llama, "transformers": child_transformers}[args.child]
     result = run(args, ids)
-    end = _status()  # after the runs: a mapped file's pages are resident once a token has read them
-    result["memory_end"] = {"total": end.get("VmRSS", 0), "anon": end.get("RssAnon", 0),
-                            "file": end.get("RssFile", 0) + end.get("RssShmem", 0)}  # fmt: skip
     print("RESULT " + json.dumps(result), flush=True)
     return 0
 

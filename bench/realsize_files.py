@@ -213,6 +213,12 @@ def gguf_file(shape_name: str, quant: str, llama_python: str | None, base: str =
     if out.exists():
         return out
     if not llama_python or not Path(llama_python).exists():
+        if quant in GGUF_PY_QUANTS:
+            alt = folder / f"{shape.name}-{quant}-ggufpy.gguf"
+            if not alt.exists():
+                log(f"no llama.cpp: quantizing {base_path.name} -> {alt.name} with gguf-py (every 2-D weight) ...")
+                quantize_gguf_py(base_path, alt, quant)
+            return alt
         raise FileNotFoundError(f"{out} is missing and llama.cpp's quantizer needs llama-cpp-python: give "
                                 "--llama-python (or WSLM_LLAMA_PYTHON) a venv that has it.")  # fmt: skip
     log(f"quantizing {base_path.name} -> {out.name} with llama.cpp ...")
@@ -223,6 +229,56 @@ def gguf_file(shape_name: str, quant: str, llama_python: str | None, base: str =
         raise RuntimeError(f"llama.cpp's quantizer failed ({rc}) on {base_path} -> {quant}")
     tmp.rename(out)
     return out
+
+
+GGUF_PY_QUANTS = ("Q4_0", "Q8_0")  # what gguf-py can quantize of QUANTS (no K-quants)
+
+
+def quantize_gguf_py(src: Path, dst: Path, quant: str) -> Path:
+    """Without llama.cpp: every 2-D weight of src to `quant` with gguf-py, the rest copied, one tensor at a time.
+    Not llama.cpp's file: its Q4_0 keeps the LM head in Q6_K; this one quantizes it as the rest."""
+    import gguf
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from wslm.backend.quant.gguf_file import GGUFFile
+
+    qtype = gguf.GGMLQuantizationType[quant]
+    f = GGUFFile(src)
+    reader = gguf.GGUFReader(src)  # the metadata as gguf-py types (the tensors are read from f's mapping)
+    arch = f.values["general.architecture"]
+    w = gguf.GGUFWriter(dst.with_suffix(".part"), arch)
+    for name, field in reader.fields.items():
+        if name.startswith("GGUF.") or name == "general.architecture":
+            continue
+        kind = field.types[0]
+        value = field.contents()
+        if name == "general.file_type":
+            value = {"Q4_0": 2, "Q8_0": 7}[quant]
+        w.add_key_value(name, value, kind, sub_type=field.types[-1] if kind == gguf.GGUFValueType.ARRAY else None)
+    del reader
+    plan = []
+    for t in f.tensors:
+        rows = tuple(reversed(t.shape))
+        quantize = len(rows) >= 2 and rows[-1] % gguf.GGML_QUANT_SIZES[qtype][0] == 0
+        kind = qtype if quantize else t.tensor_type
+        nbytes = t.n_elements * gguf.GGML_QUANT_SIZES[kind][1] // gguf.GGML_QUANT_SIZES[kind][0]
+        plan.append((t, quantize))
+        w.add_tensor_info(t.name, rows, np.dtype(np.float32), nbytes, raw_dtype=kind)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_ti_data_to_file()
+    for t, quantize in plan:
+        if quantize:
+            data = t.data.reshape(-1, t.data.shape[-1])
+            out = np.concatenate([gguf.quants.quantize(data[i : i + 4096].astype(np.float32), qtype)
+                                  for i in range(0, data.shape[0], 4096)])  # fmt: skip
+            w.write_tensor_data(out)
+        else:
+            w.write_tensor_data(np.array(t.data))
+    w.close()
+    f.close()
+    dst.with_suffix(".part").rename(dst)
+    return dst
 
 
 def weight_bytes_per_token(path: Path) -> dict[str, int]:
