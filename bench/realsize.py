@@ -391,6 +391,8 @@ def main() -> int:
             for quant in ["bf16"] if hf else args.quants:
                 path = files.hf_folder(model.removesuffix("-hf")) if hf else files.gguf_file(
                     model, quant, args.llama_python if llama_ok else None)
+                if path.name.endswith("-ggufpy.gguf"):
+                    quant += " (gguf-py)"  # not llama.cpp's file (realsize_files.quantize_gguf_py)
                 if hf:
                     size = sum(p.stat().st_size for p in path.glob("*.safetensors"))
                     roof = {"read": size, "file": size}
