@@ -17,7 +17,7 @@ the file as `wslm serve` would: LLM(path, dtype="auto"), kept quantized, prefix 
 llama-cpp-python in its own venv (--llama-python or $WSLM_LLAMA_PYTHON). Metrics:
 - decode_0, decode_4k: tokens/s of --decode-tokens greedy tokens after a 16-token / 4000-token prompt, first
   token to last; with the roofline: the machine's copy bandwidth (bytes read + written by a large numpy copy on
-  that many threads) ÷ the bytes of weights a token reads (the file's; for wslm also what it holds), and each
+  that many threads, measured again just before each process: other work on the machine changes it) ÷ the bytes of weights a token reads (the file's; for wslm also what it holds), and each
   engine's tok/s as a % of that;
 - prefill_512, prefill_2k: seconds from a 512 / 2048-token prompt to its first token;
 - load_warm: seconds to load with the file in the page cache; load_cold: after dropping the page cache
@@ -413,6 +413,8 @@ def main() -> int:
                         order = engines if rep % 2 == 0 else engines[::-1]
                         for engine in order:
                             load = os.getloadavg()[0]
+                            if any(m.startswith("decode") for m in timed):  # the bandwidth of this moment
+                                roof["bandwidth"] = {**roof["bandwidth"], threads: bandwidth(threads, 1 << 29)}
                             r = spawn(engine, path, threads, timed, args, f.name)
                             load = max(load, os.getloadavg()[0])
                             print(f"  rep {rep + 1} {engine} x{threads}: {_brief(r)} (load {load:.2f})", flush=True)
