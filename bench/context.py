@@ -8,7 +8,7 @@
   4000), timed from the first token to the last (the request's own metrics; prefix caching off).
 Prompts are token ids of bench/data/fidelity_text.md (EN + ZH + code), the same ids for both. Best of 3.
 wslm runs the file kept quantized with dtype=auto (what `wslm serve` does); llama.cpp is llama-cpp-python in
-its own venv (see bench/quant.py) with the same thread count. Appends a table to docs/benchmarks.md."""
+its own venv (see bench/quant.py) with the same thread count. Appends a table to docs/benchmarks-log.md and its figures to bench/results/ (docs/benchmarks.md's table)."""
 
 from __future__ import annotations
 
@@ -174,8 +174,14 @@ def main() -> int:
     table = "\n".join(lines) + "\n"
     print(table)
     if not args.no_write:
+        model = "demo" + (" (AVX2 emulated)" if args.emulate_avx2 else "")
+        records = [{"metric": metric, "model": model, "quant": "Q4_1", "threads": threads, "engine": engine,
+                    "value": r[key], "unit": "tok/s", "higher_is_better": True, "loadavg": os.getloadavg()[0]}
+                   for threads, ours, theirs in rows for engine, r in (("wslm", ours), ("llama.cpp", theirs)) if r
+                   for metric, key in ((f"prefill_{args.prefill_tokens}", "prefill"),
+                                       (f"decode_{args.context_tokens // 1000}k", "decode"))]  # fmt: skip
         print("written to", machine.append_section("prefill and long-context decode vs llama.cpp (bench/context.py)",
-                                                   table))
+                                                   table, records, bench="demo-context"))
     return 0
 
 

@@ -37,7 +37,7 @@ of the prompt's tokens equal the public `prompt_logprobs` values. Prompt steps r
 prefill; the decode kernels (the C decode step, cpu_gemv's int4/int8 GEMV) are not measured here.
 WSLM_CPU_COMPILE=0 unless set: the background decode compile would only take CPU from the others.
 
-Appends the table to docs/benchmarks.md (unless --no-docs or --limit-tokens)."""
+Appends the table to docs/benchmarks-log.md (unless --no-docs or --limit-tokens)."""
 
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ tensor (sum) and a copy; and the product of 512 rows (prefill) with the o projec
 kernel itself, the engine's path from gguf_blocks.PREFILL_ROWS rows (slices dequantized in C, then torch's
 GEMM), and torch's float32 GEMM of the weight dequantized beforehand. Each number is the best of --repeat runs, with
 os.getloadavg() at its time (the machine may be shared). Results: bench/results/gguf_kernels-<stamp>.json
-and a section in docs/benchmarks.md.
+and a section in docs/benchmarks-log.md (machine.append_section).
 
     python bench/gguf_kernels.py [--types Q4_K,Q6_K] [--models 3b,8b] [--repeat 5] [--no-docs]
 """

@@ -8,9 +8,9 @@ Reports
       one 3B and one 8B decoder layer at 1/8/32 rows (GB/s, % of peak, dense cuBLAS beside) and 512 rows
   3. end to end (if wslm.backend.LLM imports): engine output tok/s vs HF transformers' batched generate at
      64 concurrent requests, same model, same GPU, same dtype
-prints a markdown table and appends it, with the device name, to docs/benchmarks.md.
+prints a markdown table and appends it, with the device name, to docs/benchmarks-log.md.
 
-    .venv/bin/python bench/kernels_gpu.py                 # everything, appends to docs/benchmarks.md
+    .venv/bin/python bench/kernels_gpu.py                 # everything, appends to docs/benchmarks-log.md
     .venv/bin/python bench/kernels_gpu.py --no-engine     # kernels only
     .venv/bin/python bench/kernels_gpu.py --smoke         # CPU, TRITON_INTERPRET=1, tiny shapes: checks
                                                           # that the script runs; records nothing
@@ -410,7 +410,7 @@ def main() -> int:
     ap.add_argument("--kv-heads", type=int, default=8)
     ap.add_argument("--head-dim", type=int, default=128)
     ap.add_argument("--peak-bw", type=float, default=None, help="peak memory bandwidth in GB/s")
-    ap.add_argument("--output", default=str(REPO / "docs" / "benchmarks.md"), help="markdown file to append to")
+    ap.add_argument("--output", default=str(REPO / "docs" / "benchmarks-log.md"), help="markdown file to append to")
     args = ap.parse_args()
 
     if args.smoke:

@@ -1,4 +1,5 @@
-"""One line describing the machine a benchmark ran on, for docs/benchmarks.md."""
+"""The machine a benchmark ran on, the dated log (docs/benchmarks-log.md), JSON results (bench/results/) and
+the child processes benchmarks run."""
 
 from __future__ import annotations
 
@@ -39,17 +40,56 @@ def describe() -> str:
             f"{platform.system()} {platform.release()}; Python {platform.python_version()}")
 
 
-def append_section(title: str, body: str) -> Path:
-    """Append a dated section to docs/benchmarks.md and return its path."""
+ROOT = Path(__file__).resolve().parent.parent
+LOG = ROOT / "docs" / "benchmarks-log.md"  # the dated log; docs/benchmarks.md is bench/summarize.py's summary
+RESULTS = ROOT / "bench" / "results"
+
+
+def short() -> str:
+    """The machine in a few words, for a table cell: CPU model and core count."""
+    return describe().split(" (", 1)[0]
+
+
+def append_section(title: str, body: str, records: list[dict] | None = None, bench: str | None = None) -> Path:
+    """Append a dated section to docs/benchmarks-log.md and return its path. With records (dicts with at least
+    metric, model, threads, engine, value, unit, higher_is_better), also write them as JSON under bench/results/
+    for bench/summarize.py's table, each stamped with the date, the machine and the commit."""
     import datetime
 
-    path = Path(__file__).resolve().parent.parent / "docs" / "benchmarks.md"
+    path = LOG
     if not path.exists():
-        path.write_text("# Benchmarks\n\nEach section: what ran, on which machine, when.\n")
-    stamp = datetime.datetime.now().strftime("%Y-%m-%d %H:%M")
+        path.write_text("# Benchmark log\n\nEach section: what ran, on which machine, when. The current figures are "
+                        "in docs/benchmarks.md.\n")  # fmt: skip
+    now = datetime.datetime.now()
+    stamp = now.strftime("%Y-%m-%d %H:%M")
     with path.open("a", encoding="utf-8") as f:
         f.write(f"\n## {stamp} — {title}\n\nMachine: {describe()}\n\n{body.rstrip()}\n")
+    if records:
+        save_records(bench or title.split()[0], records)
     return path
+
+
+def save_records(bench: str, records: list[dict]) -> Path:
+    """bench/results/BENCH-DATE.json: the records, each with bench, date (UTC), machine and commit added."""
+    import datetime
+
+    now = datetime.datetime.now(datetime.timezone.utc)
+    meta = {"bench": bench, "date": now.strftime("%Y-%m-%d %H:%M UTC"), "machine": describe(), "machine_short": short(),
+            "commit": git_commit()}  # fmt: skip
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    out = RESULTS / f"{bench}-{now:%Y%m%d-%H%M%S}.json"
+    out.write_text(json.dumps([{**meta, **r} for r in records], indent=1) + "\n")
+    return out
+
+
+def git_commit() -> str:
+    """The tree's commit, +dirty when tracked files differ from it."""
+    try:
+        run = lambda *a: subprocess.run(["git", "-C", str(ROOT), *a], capture_output=True, text=True).stdout.strip()  # noqa: E731
+        head = run("rev-parse", "--short", "HEAD")
+        return (head or "unknown") + ("+dirty" if run("status", "--porcelain", "--untracked-files=no") else "")
+    except OSError:
+        return "unknown"
 
 
 # What a CPU without AVX-512 runs, on one that has it: torch held to its AVX2 kernels (which also gives its

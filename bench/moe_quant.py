@@ -7,7 +7,7 @@ The model is bench/moe_vs_dense.py's random-weight tiny-qwen3-moe (8 layers, hid
 top-2), written here as GGUFs with gguf's writer and quantizers: experts in Q4_0 or Q8_0, every other
 tensor F32. Each configuration loads in its own process (so resident memory is its own): RSS after load,
 the experts' bytes, output tok/s at 1 stream and at --requests concurrent; the table goes to
-docs/benchmarks.md."""
+docs/benchmarks-log.md."""
 
 from __future__ import annotations
 

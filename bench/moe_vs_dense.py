@@ -7,7 +7,7 @@ hidden 512, 8 query / 2 KV heads of 64; the dense MLP is 1536 wide, the MoE has 
 routing (the same 1536 active MLP width per token, 4x the expert weights). The folders stay in --out, so
 `bench/throughput.py --model DIR/tiny-qwen3-moe` can rerun either. Reports output tok/s at 1 stream and at
 --requests concurrent (bench/throughput.py's runs), HF generate as one padded batch, and appends the table
-to docs/benchmarks.md."""
+to docs/benchmarks-log.md."""
 
 from __future__ import annotations
 
@@ -83,7 +83,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3, help="alternating rounds; the best of each is kept")
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--no-hf", action="store_true")
-    ap.add_argument("--no-write", action="store_true", help="print only, leave docs/benchmarks.md alone")
+    ap.add_argument("--no-write", action="store_true", help="print only, leave docs/benchmarks-log.md alone")
     args = ap.parse_args()
 
     from wslm.backend import LLM, SamplingParams

@@ -9,7 +9,7 @@ load), GGUF-native (kept quantized: Q4_1 -> int4, Q8_0 -> int8). Single-stream g
 3) and --concurrent chats at once (output tok/s). llama.cpp: llama-cpp-python with the same thread count,
 single stream (install it in its own venv: `python -m venv /work/llama-venv && /work/llama-venv/bin/pip
 install llama-cpp-python`, ~10 min to compile); HF: its padded batch in float32. Appends the table to
-docs/benchmarks.md.
+docs/benchmarks-log.md.
 
 --emulate-avx2 measures what a CPU without AVX-512 (most desktops) runs, on one that has it: torch held to
 its AVX2 kernels (ATEN_CPU_CAPABILITY=avx2, ONEDNN_MAX_CPU_ISA=AVX2, which also gives its AVX2 int4 pack),
@@ -178,6 +178,23 @@ def spawn(name: str, args, python: str = sys.executable) -> dict | None:
     return machine.run_child(name, cmd, ROOT, args.emulate_avx2)
 
 
+def summary_records(results: dict, args) -> list[dict]:
+    """docs/benchmarks-log.md's rows (bench/summarize.py): the kept-quantized row's single stream against llama.cpp,
+    its --concurrent chats against HF's batch."""
+    model, records = "demo" + (" (AVX2 emulated)" if args.emulate_avx2 else ""), []
+    common = {"model": model, "quant": "Q4_1", "unit": "tok/s", "higher_is_better": True, "loadavg": os.getloadavg()[0]}
+    for engine, name in (("wslm", "gguf-native"), ("llama.cpp", "llama.cpp"), ("transformers", "hf")):
+        r = results.get(name)
+        if not r:
+            continue
+        threads = args.llama_threads or args.threads if engine == "llama.cpp" else args.threads
+        records.append({**common, "metric": "single_stream", "threads": threads, "engine": engine, "value": r["single"]})
+        if r.get("batch") and engine != "llama.cpp":
+            records.append({**common, "metric": f"concurrent_{args.concurrent}", "threads": args.threads,
+                            "engine": engine, "value": r["batch"]})  # fmt: skip
+    return records
+
+
 def main() -> int:
     p = argparse.ArgumentParser()
     p.add_argument("--tokens", type=int, default=64)
@@ -246,7 +263,8 @@ def main() -> int:
         + "\n\n" + "\n".join(rows)
     )
     print(body)
-    print("written to", machine.append_section("weight formats on the demo GGUF (bench/quant.py)", body))
+    print("written to", machine.append_section("weight formats on the demo GGUF (bench/quant.py)", body,
+                                               summary_records(results, args), bench="demo-quant"))
     return 0
 
 

@@ -3,7 +3,7 @@
 Reports output tok/s, time to first token (p50/p99) and inter-token latency (p50/p99) over the server, then
 runs LLM.generate on the same prompts with the same sampling to give the share of the offline throughput the
 server keeps (target: >= 85% at 32 streams). Appends a dated markdown section, with the machine, to
-docs/benchmarks.md.
+docs/benchmarks-log.md.
 
     .venv/bin/python bench/serve.py                        # starts a server on the demo model, 32 streams
     .venv/bin/python bench/serve.py --url http://127.0.0.1:8000 --model demo   # a running server
@@ -204,7 +204,7 @@ def main() -> int:
     ap.add_argument("--max-model-len", default=None)
     ap.add_argument("--rounds", type=int, default=3, help="alternating server/offline rounds; best of each")
     ap.add_argument("--no-offline", action="store_true", help="skip the LLM.generate comparison")
-    ap.add_argument("--no-record", action="store_true", help="do not append to docs/benchmarks.md")
+    ap.add_argument("--no-record", action="store_true", help="do not append to docs/benchmarks-log.md")
     args = ap.parse_args()
     args.num_prompts = args.num_prompts or args.concurrency
     prompts = make_prompts(args.num_prompts)
@@ -238,7 +238,7 @@ def main() -> int:
     text = report(args, served, offline, "started by the script" if proc else url)
     print(text)
     if not args.no_record:
-        path = REPO / "docs" / "benchmarks.md"
+        path = REPO / "docs" / "benchmarks-log.md"
         if not path.exists():
             path.write_text("# Benchmarks\n\nNumbers from the scripts in `bench/`, newest last, with the machine "
                             "they ran on.\n\n")

@@ -189,7 +189,7 @@ def main() -> int:
     ap.add_argument("--fanout-n", type=int, default=64, help="n of the fan-out request in the middle (default 64)")
     ap.add_argument("--model", default="demo")
     ap.add_argument("--kv-cache-memory", default="2GiB")
-    ap.add_argument("--no-record", action="store_true", help="do not append to docs/benchmarks.md")
+    ap.add_argument("--no-record", action="store_true", help="do not append to docs/benchmarks-log.md")
     ap.add_argument("--note", default="", help="a line added to the record (e.g. that the machine was shared)")
     args = ap.parse_args()
 

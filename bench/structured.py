@@ -117,7 +117,7 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--no-write", action="store_true", help="print only, leave docs/benchmarks.md alone")
+    ap.add_argument("--no-write", action="store_true", help="print only, leave docs/benchmarks-log.md alone")
     args = ap.parse_args()
 
     from wslm.backend import LLM

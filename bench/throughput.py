@@ -5,7 +5,7 @@
 Chat requests with ignore_eos (every request makes exactly --max-tokens tokens). Reports output tok/s and
 TTFT for wslm at batch 1 and at --requests concurrent requests, the per-step Python overhead (step time
 outside the model forward), and HF's generate one request at a time and as one left-padded batch.
-Appends the table to docs/benchmarks.md."""
+Appends the table to docs/benchmarks-log.md."""
 
 from __future__ import annotations
 
@@ -103,7 +103,7 @@ def main() -> int:
     ap.add_argument("--hf-batch", type=int, default=16)
     ap.add_argument("--no-hf", action="store_true")
     ap.add_argument("--dtype", default="auto", help="auto (also runs float32 when auto is not float32) or a dtype")
-    ap.add_argument("--no-write", action="store_true", help="print only, leave docs/benchmarks.md alone")
+    ap.add_argument("--no-write", action="store_true", help="print only, leave docs/benchmarks-log.md alone")
     args = ap.parse_args()
 
     import torch

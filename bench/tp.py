@@ -14,7 +14,7 @@ all-reduce of one decode step's activations outside it (2 per layer, what the in
 best), and whether the greedy tokens match TP=1 (dense float32 weights: they must; quantized ones, such as
 the demo GGUF's, hold the same codes and scales on the ranks, but their kernels round each rank's partial
 sum to bf16, so a near-tie can go the other way). The demo model has 9 heads and 3 KV heads: its sizes
-are 1 and 3. Appends a table to docs/benchmarks.md."""
+are 1 and 3. Appends a table to docs/benchmarks-log.md."""
 
 from __future__ import annotations
 
