@@ -51,14 +51,16 @@ def _blocks(kind: str, seed: int, rows: int = ROWS, cols: int = COLS) -> np.ndar
 
 @pytest.fixture(scope="module", autouse=True)
 def _kept_in_blocks():
-    """The default load (conftest dequantizes GGUF for the HF parity tests)."""
-    saved = os.environ.get("WSLM_GGUF_DEQUANTIZE")
-    os.environ["WSLM_GGUF_DEQUANTIZE"] = "0"
+    """Blocks in place (WSLM_GGUF_BLOCKS=1, not yet the default) and not dequantized (conftest dequantizes
+    GGUF for the HF parity tests), for every test here and the processes they start."""
+    saved = {k: os.environ.get(k) for k in ("WSLM_GGUF_DEQUANTIZE", "WSLM_GGUF_BLOCKS")}
+    os.environ.update(WSLM_GGUF_DEQUANTIZE="0", WSLM_GGUF_BLOCKS="1")
     yield
-    if saved is None:
-        os.environ.pop("WSLM_GGUF_DEQUANTIZE")
-    else:
-        os.environ["WSLM_GGUF_DEQUANTIZE"] = saved
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k)
+        else:
+            os.environ[k] = v
 
 
 @pytest.fixture(scope="module")
