@@ -20,7 +20,8 @@ SCRIPT = textwrap.dedent(
         fields = open(f"/proc/self/task/{tid}/stat").read().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
-    llm = LLM("demo", kv_cache_memory=32 << 20, max_model_len=1024, max_num_seqs=2)
+    # 64 MiB: 1024 tokens fit in float32 too (a CPU without bf16 runs the demo in float32: 45 KiB a token).
+    llm = LLM("demo", kv_cache_memory=64 << 20, max_model_len=1024, max_num_seqs=2)
     # Two sequences: the first batch starts the batch graph's compile (decode_plan.backends).
     llm.generate(["Hello", "The capital of France is"], SamplingParams(max_tokens=4, temperature=0))
     compiled = llm.llm_engine.executor.runner.compiled

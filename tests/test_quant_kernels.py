@@ -146,7 +146,8 @@ def _blocks(kind: str, rows: int, cols: int, seed: int) -> np.ndarray:
 def test_gguf_types_repack_to_what_gguf_dequantizes(tmp_path, kind):
     import gguf
 
-    from wslm.backend.quant.gguf_weights import INT4_TYPES, iter_gguf_weights
+    from wslm.backend.quant.gguf_formats import INT4_TYPES
+    from wslm.backend.quant.gguf_weights import iter_gguf_weights
 
     qtype = gguf.GGMLQuantizationType[kind]
     heads, rows, cols = 4, 64, 256

@@ -263,6 +263,10 @@ class GGUFBlockWeight:
             self._c = cpu_gguf.struct_for(self)
         return self._c
 
+    @classmethod
+    def fuse(cls, parts: list) -> GGUFBlockWeight | None:
+        return fuse_blocks(parts)
+
     # ---- loading ----
     def take_rows(self, rows: torch.Tensor) -> GGUFBlockWeight:
         """The weight with output row i = this weight's row rows[i] (GGUF's q/k order undone), without
@@ -315,12 +319,12 @@ class GGUFBlockWeight:
         """The repacked form gguf_weights.py gives these types elsewhere (int4 codes / int8): GPU engines."""
         import gguf
 
-        from wslm.backend.quant.gguf_weights import _convert
+        from wslm.backend.quant.gguf_convert import convert_tensor
         from wslm.backend.quant.linear import fuse_rows
 
         table = self.name in ("token_embd.weight", "output.weight")  # tables go to int8, never int4
         forms = [
-            _convert(raw.numpy(), gguf.GGMLQuantizationType(t), (raw.shape[0], self.in_features), False, table,
+            convert_tensor(raw.numpy(), gguf.GGMLQuantizationType(t), (raw.shape[0], self.in_features), False, table,
                      self.name)
             for t, raw in self.parts
         ]  # fmt: skip
@@ -341,6 +345,14 @@ class GGUFBlockWeight:
         from wslm.backend.quant.linear import finalize
 
         return finalize(self.legacy(), device, dtype)
+
+
+def fuse_blocks(parts: list) -> GGUFBlockWeight | None:
+    """Block weights fused along output rows as one (linear.fuse_rows asks), or None when they are not all
+    blocks or have more parts than a fused weight holds."""
+    if all(isinstance(p, GGUFBlockWeight) for p in parts) and sum(len(p.parts) for p in parts) <= MAX_PARTS:
+        return cat_blocks(parts)
+    return None
 
 
 def cat_blocks(parts: list[GGUFBlockWeight]) -> GGUFBlockWeight:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from wslm.backend.quant.gguf_blocks import MAX_PARTS, GGUFBlockWeight, cat_blocks
 from wslm.backend.quant.int4 import Int4Codes, Int4Weight, cat_codes, pick_group_size, quantize_int4_codes
 from wslm.backend.quant.int8 import Int8Weight, quantize_int8
 from wslm.backend.quant.registry import quantizes_on_load
@@ -53,8 +52,10 @@ def fuse_rows(parts: list) -> object:
     block weights (gguf_blocks.py) are fused as a list of their parts, nothing copied."""
     if all(isinstance(p, torch.Tensor) for p in parts):
         return torch.cat(parts, dim=0).contiguous()
-    if all(isinstance(p, GGUFBlockWeight) for p in parts) and sum(len(p.parts) for p in parts) <= MAX_PARTS:
-        return cat_blocks(parts)  # GGUF blocks stay where they lie in the file, whatever their types
+    if all(getattr(p, "kind", None) == "gguf" for p in parts):
+        fused = type(parts[0]).fuse(parts)  # gguf_blocks.GGUFBlockWeight (it imports this module, not back)
+        if fused is not None:
+            return fused  # GGUF blocks stay where they lie in the file, whatever their types
     if all(isinstance(p, Int4Codes) for p in parts) and len({p.group_size for p in parts}) == 1:
         perms = [p.perm for p in parts]
         if all(q is None for q in perms) or all(q is not None and torch.equal(q, perms[0]) for q in perms):

@@ -3,6 +3,7 @@ count). Pure arithmetic: no torch, so the model list stays fast."""
 
 from __future__ import annotations
 
+from wslm import envs
 from wslm.backend.quant.gguf_formats import BLOCK_FORMATS, INT4_TYPES, INT8_TYPES
 
 # int4 groups of 32 with a bf16 scale and zero each: 4 + 32 / 32 bits.
@@ -13,11 +14,12 @@ DENSE_BYTES = 2.0  # 16-bit on a GPU (and on bf16-native CPUs)
 
 def gguf_runtime_bytes(elements_by_type: dict[str, int]) -> int:
     """Resident bytes of a GGUF's weights as the engine keeps them (gguf_weights.py's mapping): the file's own
-    bytes for the block types a CPU engine computes in place (mapped pages, resident once read; GPU engines
-    still repack them, to within ~20% of this), else the repacked forms' bytes."""
+    bytes for the block types a CPU engine computes in place with WSLM_GGUF_BLOCKS=1 (mapped pages, resident
+    once read; GPU engines still repack them, to within ~20% of this), else the repacked forms' bytes."""
     total = 0.0
+    blocks = envs.WSLM_GGUF_BLOCKS  # in place only when asked for (envs.py says why)
     for kind, n in elements_by_type.items():
-        if kind in BLOCK_FORMATS:
+        if blocks and kind in BLOCK_FORMATS:
             _, cols, size = BLOCK_FORMATS[kind]
             total += n * size / cols
         elif kind in INT4_TYPES:
