@@ -87,6 +87,19 @@ class EngineConfig:
     lora_path: str | None = _flag(
         None, "a LoRA adapter folder (PEFT's format) merged into the model's 16/32-bit weights as they load "
         "(`wslm serve --lora-modules NAME=PATH` serves adapters by name)")
+    # vLLM's speculative decoding config (spec_decode/config.py): {"method": "ngram", "num_speculative_tokens": K,
+    # "prompt_lookup_max": N, "prompt_lookup_min": M} or {"model": PATH, "num_speculative_tokens": K}; a dict, or
+    # its JSON text (the flag).
+    speculative_config: dict | str | None = _flag(
+        None, 'speculative decoding, as vLLM: \'{"method": "ngram", "num_speculative_tokens": 4, '
+        '"prompt_lookup_max": 4}\' (prompt lookup) or \'{"model": PATH, "num_speculative_tokens": 4}\' (a draft '
+        "model with the same tokenizer)")
+
+    def speculative(self):
+        """The parsed speculative_config (spec_decode.config.SpeculativeConfig), or None when off."""
+        from wslm.backend.spec_decode.config import parse_speculative_config
+
+        return parse_speculative_config(self.speculative_config)
 
     def __post_init__(self) -> None:
         if self.tensor_parallel_size < 1:
@@ -115,6 +128,13 @@ class EngineConfig:
         if self.lora_path and self.tensor_parallel_size > 1:
             raise ValueError("a LoRA adapter (lora_path) cannot be merged under tensor parallelism yet: serve it at "
                              "--tensor-parallel-size 1, or merge it with peft (merge_and_unload) first.")
+        spec = self.speculative()  # ValueError naming the fix
+        if spec is not None and self.tensor_parallel_size > 1:
+            raise ValueError("speculative decoding (speculative_config) runs at --tensor-parallel-size 1 for now: "
+                             "drop one of the two.")
+        if spec is not None and ":" in (self.distributed_executor_backend or ""):
+            raise ValueError("speculative decoding (speculative_config) runs in wslm's single-device executor, not "
+                             "in an executor class of your own: drop one of the two.")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"max_model_len must be positive, got {self.max_model_len}.")
         from wslm.backend.quant import check_quantization

@@ -37,6 +37,8 @@ class Sequence:
     num_cached_tokens: int = -1  # prefix-cache hit at first schedule; -1 until scheduled
     # Set on the first completion of an n > 1 request: how many siblings to fork off after the prompt.
     pending_forks: list[Sequence] = field(default_factory=list)
+    # Speculative decoding: tokens proposed after this decode's last token, verified in this step (spec_decode/).
+    spec_token_ids: list[int] = field(default_factory=list)
     generator: object | None = None  # torch.Generator for a seeded request
     grammar: object | None = None  # structured.GrammarState when the output must follow a grammar
     token_rules: object | None = None  # token_rules.TokenRules: logit_bias, allowed_token_ids, bad_words

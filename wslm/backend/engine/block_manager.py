@@ -149,7 +149,8 @@ class BlockManager:
         if not self.enable_prefix_caching:
             return
         bs = self.block_size
-        num_full = seq.num_computed_tokens // bs
+        # A speculative run's accepted tokens are computed before the front end appends them: hash known ones.
+        num_full = min(seq.num_computed_tokens, seq.num_tokens) // bs
         hashes = self._block_hashes(seq, num_full)
         for i in range(num_full - 1, seq.num_freed_blocks - 1, -1):
             block = self.blocks[seq.block_table[i]]
@@ -173,6 +174,13 @@ class BlockManager:
             self._release(block_id)
         seq.block_table = []
         seq.num_freed_blocks = 0
+
+    def trim(self, seq: Sequence, num_tokens: int) -> None:
+        """Give back the blocks past seq's first num_tokens tokens: slots a speculative step took for drafts
+        the target rejected (fresh blocks, never hashed: they go to the front of the free queue)."""
+        keep = max(-(-num_tokens // self.block_size), seq.num_freed_blocks)
+        while len(seq.block_table) > keep:
+            self._release(seq.block_table.pop())
 
     def fork(self, parent: Sequence, child: Sequence) -> list[tuple[int, int]] | None:
         """Give child parent's KV: full blocks are shared, the partial last block is copied.

@@ -78,6 +78,12 @@ class EngineCore:
         self.prompt_tokens_total = 0
         self.generation_tokens_total = 0
         self._finished_seq_ids: list[int] = []  # told to the executor with the next step (its per-seq state)
+        self.speculator = None  # spec_decode.engine_hook.Speculator when speculative decoding is on
+        spec = config.speculative() if hasattr(config, "speculative") else None
+        if spec is not None:
+            from wslm.backend.spec_decode.engine_hook import Speculator
+
+            self.speculator = Speculator(spec, model_config.max_model_len or 1 << 30, model_config.vocab_size)
 
     # ---- requests ------------------------------------------------------------------------------
     def add_request(self, req: EngineRequest) -> RequestState:
@@ -145,11 +151,15 @@ class EngineCore:
     # ---- the step ------------------------------------------------------------------------------
     def step(self) -> EngineCoreOutputs:
         out = EngineCoreOutputs()
+        if self.speculator is not None:
+            self.speculator.propose(self.scheduler.running)
         sched = self.scheduler.schedule()
         if sched.is_empty():
             return out
         try:
             so, forks = self._scheduler_output(sched.scheduled)
+            if self.speculator is not None:
+                so.spec = self.speculator.batch(sched.scheduled)
             result = self.executor.execute(so)
         except EngineDeadError:
             raise  # the workers are gone: nothing more can be served (the server exits, LLM raises)
@@ -167,8 +177,15 @@ class EngineCore:
             message = f"The engine failed on this request: {type(exc).__name__}: {exc}"
             out.failed = self._fail([s for s, _ in sched.scheduled], ErrorKind.ENGINE, message)
             return out
+        new_tokens = result.spec_token_ids or [[t] for t in result.token_ids]
+        spec_runs = {seq.seq_id: len(toks) for seq, toks in zip(so.sample_seqs, new_tokens) if seq.spec_token_ids}
         for seq, n in sched.scheduled:
-            seq.num_computed_tokens += n
+            if seq.seq_id in spec_runs:  # the verified run's KV: its last token and the drafts accepted
+                n = spec_runs[seq.seq_id]
+                seq.num_computed_tokens += n
+                self.speculator.verified(seq, n, self.block_manager)
+            else:
+                seq.num_computed_tokens += n
             self.block_manager.cache_full_blocks(seq)
         for (seq, _), entries in zip(so.prompt_rows, result.prompt_logprobs):
             seq.prompt_logprobs.extend(entries)
@@ -177,10 +194,13 @@ class EngineCore:
         for i, seq in enumerate(so.sample_seqs):
             if seq.num_output_tokens == 0 and seq.index == 0:
                 self.prompt_tokens_total += seq.num_prompt_tokens
-            token = result.token_ids[i]
-            grammar_done = seq.grammar is not None and seq.grammar.accept(token)
-            out.tokens.append(EngineCoreOutput(seq, token, result.logprobs[i], grammar_done))
-        self.generation_tokens_total += len(so.sample_seqs)
+            logprobs = result.spec_logprobs[i] if result.spec_logprobs else [result.logprobs[i]]
+            for token, lp in zip(new_tokens[i], logprobs):  # several after a speculative run: in order
+                grammar_done = seq.grammar is not None and seq.grammar.accept(token)
+                out.tokens.append(EngineCoreOutput(seq, token, lp, grammar_done))
+                self.generation_tokens_total += 1
+                if grammar_done:
+                    break
         return out
 
     def step_pooling(self) -> tuple[torch.Tensor | None, list[Sequence], list[EngineCoreFailure]]:
@@ -212,7 +232,7 @@ class EngineCore:
         running, free = len(sched.running), bm.num_free_blocks
         row = -1
         for seq, n in scheduled:
-            if seq.num_computed_tokens + n != seq.num_tokens:
+            if seq.num_computed_tokens + n < seq.num_tokens:
                 continue  # a prompt chunk short of the end: no token yet
             row += 1
             rows.append(row)
@@ -296,4 +316,5 @@ class EngineCore:
             "prompt_tokens_total": self.prompt_tokens_total,
             "generation_tokens_total": self.generation_tokens_total,
             "num_preemptions_total": self.scheduler.num_preemptions,
+            **(self.speculator.stats() if self.speculator is not None else {}),
         }

@@ -69,12 +69,19 @@ class Scheduler:
             if remaining == 1:
                 decodes_left -= 1
                 num_new = 1
+                if seq.spec_token_ids:  # speculative decoding: its drafts are verified in this step too
+                    del seq.spec_token_ids[max(0, budget - decodes_left - 1):]
+                    num_new += len(seq.spec_token_ids)
             else:
                 num_new = min(remaining, budget - decodes_left, prefill_budget)
                 if num_new <= 0:
                     i += 1  # this prefill waits a step: the decodes behind it go first
                     continue
             while not bm.allocate_slots(seq, num_new):
+                if seq.spec_token_ids:  # no room for the drafts: decode one token, as without speculation
+                    seq.spec_token_ids = []
+                    num_new = 1
+                    continue
                 # Out of blocks: preempt the newest running sequence (maybe this one) and recompute it later.
                 # Victims come from the end, so none of them was scheduled in this step already.
                 victim = self.running.pop()
@@ -144,6 +151,7 @@ class Scheduler:
     def _preempt(self, seq: Sequence) -> None:
         self.block_manager.free(seq)
         seq.num_computed_tokens = 0
+        seq.spec_token_ids = []
         seq.status = SequenceStatus.WAITING
         seq.num_preemptions += 1
         self.num_preemptions += 1

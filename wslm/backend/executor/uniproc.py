@@ -24,6 +24,18 @@ class UniProcExecutor(Executor):
         self.runner = ModelRunner(model, config.block_size, self.num_blocks)
         self.kv_cache_bytes = self.runner.kv_cache_bytes
         self.sampler = Sampler(model_config.vocab_size, device, config.seed)
+        self.spec_step = None  # speculative decoding (spec_decode/step.py): steps where a sequence speculates
+        spec = config.speculative()
+        if spec is not None and not embedding:
+            from wslm.backend.spec_decode.step import SpecStep
+
+            draft = None
+            if spec.method == "draft_model":
+                from wslm.backend.spec_decode.draft import load_draft
+
+                draft = load_draft(spec.model, model_config, device, self.block_size, self.num_blocks,
+                                   config.trust_remote_code)
+            self.spec_step = SpecStep(draft)
 
     def warm_up(self, max_num_seqs: int, max_model_len: int, enforce_eager: bool) -> None:
         if self.embedding:
@@ -38,6 +50,8 @@ class UniProcExecutor(Executor):
             self.runner.start_cpu_compile()
 
     def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
+        if so.spec is not None and self.spec_step is not None:
+            return self.spec_step.execute(self.runner, self.sampler, so, self.vocab_size)
         logits, sampled = self.runner.execute(so.scheduled)
         return finish_step(logits, len(sampled), so.sample_rows, so.sample_seqs, so.prompt_targets(), self.sampler,
                            self.vocab_size)

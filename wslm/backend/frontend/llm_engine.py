@@ -62,6 +62,16 @@ class LLMEngine:
         logger.info("Kernels: %s", kernels.backend_description(self.device))
         if self.device.type == "cpu" and (why := cpu_gemv.why_unavailable()):  # else ~2x slower, silently
             logger.warning("Fast CPU path off: %s; torch's slower kernels run instead", why)
+        spec = config.speculative()
+        if spec is not None and self.pooling is None:
+            logger.info("Speculative decoding: %s", spec.describe())
+            if spec.method == "draft_model":
+                from wslm.backend.spec_decode.draft import check_draft_tokenizer
+
+                check_draft_tokenizer(self.tokenizer, spec.model, config.trust_remote_code)
+            if spec.method == "draft_model" and mc.uniform_sliding_window:
+                raise ValueError("speculative_config: a draft model cannot run beside a sliding-window model yet; "
+                                 'use "method": "ngram".')
         self.executor = make_executor(config, source, mc, self.device, embedding=self.pooling is not None)
         num_blocks = self.executor.num_blocks
         # Every layer windowed: the block manager frees blocks behind the window, so one sequence holds at most
@@ -200,6 +210,8 @@ class LLMEngine:
         touched: dict[str, list[Sequence]] = {}
         for out in result.tokens:
             seq = out.seq
+            if seq.is_finished:
+                continue  # a speculative run's tokens after the one that stopped it (EOS, stop string, length)
             if self.output_processor.append_token(seq, out.token_id, out.logprobs, now, out.grammar_done):
                 seq.finished_time = now
                 self.core.finish(seq)

@@ -31,11 +31,23 @@ class Sampler:
     def __call__(self, logits: torch.Tensor, seqs: list[Sequence], grammar_bitmask=None) -> SamplerOutput:
         """seqs: Sequences, or SampleRows on a tensor-parallel rank 0; grammar_bitmask: (rows, bitmask) the
         engine filled from its grammar states (rank 0 holds none), instead of each seq's grammar."""
-        logits = logits[:, : self.vocab_size].float()
         params = [s.params for s in seqs]
         want_logprobs = [p.logprobs is not None for p in params]
-        raw_logprobs = torch.log_softmax(logits, dim=-1) if any(want_logprobs) else None
+        logits, raw_logprobs = self.process(logits, seqs, grammar_bitmask)
+        greedy = [p.greedy for p in params]
+        if all(greedy):
+            tokens = logits.argmax(dim=-1)
+        else:
+            tokens = self._sample(logits, seqs, greedy)
+        token_list = tokens.tolist()
+        return SamplerOutput(token_list, self._logprobs(raw_logprobs, token_list, params, want_logprobs))
 
+    def process(self, logits: torch.Tensor, seqs: list, grammar_bitmask=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Every request's logits processing (penalties, min_tokens, token rules, grammar): the logits to
+        choose from, and the raw log-softmax when some row wants logprobs (speculative verification reuses it)."""
+        logits = logits[:, : self.vocab_size].float()
+        params = [s.params for s in seqs]
+        raw_logprobs = torch.log_softmax(logits, dim=-1) if any(p.logprobs is not None for p in params) else None
         if any(p.has_penalties for p in params):
             logits = self._apply_penalties(logits.clone(), seqs)
         logits = self._block_early_stop(logits, seqs)
@@ -44,14 +56,7 @@ class Sampler:
             logits = self.grammar_masker.apply_bitmask(logits, *grammar_bitmask)
         else:
             logits = self._apply_grammars(logits, seqs)
-
-        greedy = [p.greedy for p in params]
-        if all(greedy):
-            tokens = logits.argmax(dim=-1)
-        else:
-            tokens = self._sample(logits, seqs, greedy)
-        token_list = tokens.tolist()
-        return SamplerOutput(token_list, self._logprobs(raw_logprobs, token_list, params, want_logprobs))
+        return logits, raw_logprobs
 
     # ---- logits processing ----------------------------------------------------------------------
     def _apply_penalties(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
@@ -104,16 +109,8 @@ class Sampler:
 
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence], greedy: list[bool]) -> torch.Tensor:
         dev = logits.device
-        params = [s.params for s in seqs]
         greedy_tokens = logits.argmax(dim=-1)
-        temps = torch.tensor([1.0 if g else p.temperature for p, g in zip(params, greedy)], device=dev)
-        logits = logits / temps.unsqueeze(1)
-        if any(p.top_k > 0 or p.top_p < 1.0 for p in params):
-            logits = self._top_k_top_p(logits, params)
-        probs = torch.softmax(logits, dim=-1)
-        if any(p.min_p > 0 for p in params):
-            min_p = torch.tensor([p.min_p for p in params], device=dev).unsqueeze(1)
-            probs = torch.where(probs < min_p * probs.max(dim=-1, keepdim=True).values, 0.0, probs)
+        probs = self.probs(logits, [s.params for s in seqs], greedy)
         # Exponential race (Gumbel-max): argmax(p / E) with E ~ Exp(1) samples from p. A seeded request
         # draws its noise from its own generator, so its tokens do not depend on the rest of the batch.
         noise = torch.empty_like(probs)
@@ -124,6 +121,19 @@ class Sampler:
         sampled = (probs / noise).argmax(dim=-1)
         is_greedy = torch.tensor(greedy, device=dev)
         return torch.where(is_greedy, greedy_tokens, sampled)
+
+    def probs(self, logits: torch.Tensor, params: list, greedy: list[bool]) -> torch.Tensor:
+        """The distribution each row samples from: temperature, top-k/top-p, min-p (unnormalized after min-p)."""
+        dev = logits.device
+        temps = torch.tensor([1.0 if g else p.temperature for p, g in zip(params, greedy)], device=dev)
+        logits = logits / temps.unsqueeze(1)
+        if any(p.top_k > 0 or p.top_p < 1.0 for p in params):
+            logits = self._top_k_top_p(logits, params)
+        probs = torch.softmax(logits, dim=-1)
+        if any(p.min_p > 0 for p in params):
+            min_p = torch.tensor([p.min_p for p in params], device=dev).unsqueeze(1)
+            probs = torch.where(probs < min_p * probs.max(dim=-1, keepdim=True).values, 0.0, probs)
+        return probs
 
     def _top_k_top_p(self, logits: torch.Tensor, params) -> torch.Tensor:
         dev = logits.device

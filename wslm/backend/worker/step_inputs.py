@@ -38,7 +38,8 @@ def prepare_step(scheduled: list[tuple[Sequence, int]], block_size: int) -> tupl
     for seq, n in scheduled:
         start = seq.num_computed_tokens
         end = start + n
-        input_ids.extend(seq.tokens_slice(start, end))
+        spec = seq.spec_token_ids  # a speculative decode: its last token and the drafts, all scored
+        input_ids.extend(seq.tokens_slice(start, end) if not spec else seq.tokens_slice(start, seq.num_tokens) + spec)
         positions.extend(range(start, end))
         table = seq.block_table
         if n == 1:
@@ -49,8 +50,8 @@ def prepare_step(scheduled: list[tuple[Sequence, int]], block_size: int) -> tupl
         cu.append(cu[-1] + n)
         seq_lens.append(end)
         max_q = max(max_q, n)
-        if end == seq.num_tokens:  # reached the end of what is known: a new token is due
-            logits_idx.append(cu[-1] - 1)
+        if end >= seq.num_tokens:  # reached the end of what is known: a new token is due
+            logits_idx.extend(range(cu[-1] - 1 - len(spec), cu[-1]))
             sampled.append(seq)
     max_blocks = -(-max(seq_lens) // bs)
     tables = [seq.block_table[:max_blocks] + [0] * (max_blocks - len(seq.block_table)) for seq, _ in scheduled]
@@ -73,6 +74,7 @@ class SchedulerOutput:
     sample_rows: list[int]
     prompt_rows: list[tuple[Sequence, range]]
     finished_seq_ids: list[int] = field(default_factory=list)  # since the last step: workers drop their state
+    spec: Any = None  # spec_decode.engine_hook.SpecBatch when some sequence speculates this step
 
     def prompt_targets(self) -> list[tuple[list[int], int]]:
         """Per prompt_logprobs row: the prompt tokens it scores and how many top entries it wants."""
@@ -93,6 +95,9 @@ class ModelRunnerOutput:
     token_ids: list[int]
     logprobs: list[tuple[float, int, list[int], list[float]] | None]
     prompt_logprobs: list[list[dict]]
+    # A speculative step: every new token per sample_seqs entry (1 + accepted drafts), and their logprobs.
+    spec_token_ids: list[list[int]] | None = None
+    spec_logprobs: list[list] | None = None
 
 
 @dataclass(slots=True)
