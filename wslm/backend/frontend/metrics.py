@@ -59,6 +59,14 @@ _ENGINE_METRICS = (
     ("wslm:num_preemptions_total", "num_preemptions_total", "counter", "Number of preemptions (KV cache full)."),
 )
 
+# Speculative decoding's counters, under vLLM's own names (dashboards and the desktop app read them as they are);
+# only while the engine speculates (EngineCore.get_stats has the keys then).
+_SPEC_METRICS = (
+    ("vllm:spec_decode_num_drafts_total", "spec_decode_num_drafts", "Speculative runs verified."),
+    ("vllm:spec_decode_num_draft_tokens_total", "spec_decode_num_draft_tokens", "Tokens proposed."),
+    ("vllm:spec_decode_num_accepted_tokens_total", "spec_decode_num_accepted_tokens", "Proposed tokens accepted."),
+)
+
 
 class ServerMetrics:
     """Histograms and request counters; observed on the engine thread, rendered on the HTTP thread."""
@@ -102,6 +110,9 @@ class ServerMetrics:
         lines: list[str] = []
         for name, key, kind, help_text in _ENGINE_METRICS:
             lines += [f"# HELP {name} {help_text}", f"# TYPE {name} {kind}", f"{name}{{{labels}}} {_num(stats.get(key, 0))}"]
+        for name, key, help_text in _SPEC_METRICS:
+            if key in stats:
+                lines += [f"# HELP {name} {help_text}", f"# TYPE {name} counter", f"{name}{{{labels}}} {stats[key]}"]
         queries, hits = stats.get("prefix_cache_queries", 0), stats.get("prefix_cache_hits", 0)
         lines += ["# HELP wslm:prefix_cache_hit_rate Prefix-cache hits over queries since start (0..1).",
                   "# TYPE wslm:prefix_cache_hit_rate gauge",

@@ -88,3 +88,27 @@ def parse_speculative_config(value: Any) -> SpeculativeConfig | None:
         raise ValueError(f"speculative_config: prompt_lookup_min ({lo}) is larger than prompt_lookup_max ({hi}); "
                          "make min <= max.")
     return SpeculativeConfig(method, k, str(model) if model else None, hi, lo)
+
+
+def fold_legacy_flags(config: Any, model: str | None, k: int | None, lookup_max: int | None,
+                      lookup_min: int | None) -> Any:
+    """vLLM's older --speculative-model / --num-speculative-tokens / --ngram-prompt-lookup-max|min as one
+    speculative_config (the JSON flag wins where both say something); config unchanged when none is given."""
+    if model is None and k is None and lookup_max is None and lookup_min is None:
+        return config
+    if config is not None:
+        raise ValueError("give either --speculative-config or the older --speculative-model / "
+                         "--num-speculative-tokens / --ngram-prompt-lookup-* flags, not both.")
+    if model is None:
+        raise ValueError("--num-speculative-tokens and --ngram-prompt-lookup-* need --speculative-model (a draft "
+                         "model, or [ngram]); or use --speculative-config.")
+    out: dict[str, Any] = {"num_speculative_tokens": k}
+    if model in ("[ngram]", "ngram"):
+        out["method"] = "ngram"
+        if lookup_max is not None:
+            out["prompt_lookup_max"] = lookup_max
+        if lookup_min is not None:
+            out["prompt_lookup_min"] = lookup_min
+    else:
+        out["model"] = model
+    return out

@@ -76,6 +76,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "max_model_len": {"type": None}, "kv_cache_memory": {"type": None},
         "distributed_executor_backend": {"type": _executor_backend},
     })
+    # vLLM's older speculative flags, folded into --speculative-config (spec_decode/config.py).
+    vllm_group.add_argument("--speculative-model", default=None, metavar="PATH",
+                            help="a draft model with the same tokenizer, or [ngram] (vLLM's older flag; "
+                                 "--speculative-config says it all)")
+    vllm_group.add_argument("--num-speculative-tokens", type=int, default=None, metavar="K",
+                            help="tokens proposed per step with --speculative-model")
+    vllm_group.add_argument("--ngram-prompt-lookup-max", type=int, default=None, metavar="N",
+                            help="with --speculative-model [ngram]: the longest n-gram looked up")
+    vllm_group.add_argument("--ngram-prompt-lookup-min", type=int, default=None, metavar="N",
+                            help="with --speculative-model [ngram]: the shortest n-gram looked up")
     p.add_argument("--shutdown-timeout", type=float, default=5.0,
                    help="seconds running requests get to finish after SIGTERM/SIGINT (default 5)")
     p.add_argument("--allowed-origins", default=None,

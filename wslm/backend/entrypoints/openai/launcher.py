@@ -101,6 +101,14 @@ def engine_config(args: Namespace):
             kwargs[name] = parse(kwargs[name])
     kwargs["task"] = _task(args)
     try:
+        from wslm.backend.spec_decode.config import fold_legacy_flags
+
+        spec = fold_legacy_flags(kwargs.get("speculative_config"), getattr(args, "speculative_model", None),
+                                 getattr(args, "num_speculative_tokens", None),
+                                 getattr(args, "ngram_prompt_lookup_max", None),
+                                 getattr(args, "ngram_prompt_lookup_min", None))
+        if spec is not None:
+            kwargs["speculative_config"] = spec
         return EngineConfig(**kwargs)
     except ValueError as exc:
         raise StartupError(str(exc)) from exc

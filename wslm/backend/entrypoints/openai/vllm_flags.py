@@ -41,7 +41,7 @@ NO_EFFECT: dict[str, tuple[str, str]] = {
     "--chat-template-content-format": ("value", "message content reaches the chat template as one string (text "
                                                 "parts joined), vLLM's 'string' format"),
     "--use-v2-block-manager": ("flag", "vLLM removed it too; the block manager is always wslm's own"),
-    "--num-lookahead-slots": ("value", "vLLM removed it too; no speculative decoding here"),
+    "--num-lookahead-slots": ("value", "vLLM removed it too; speculation takes --speculative-config"),
     "--num-scheduler-steps": ("value", "vLLM removed it too; the scheduler runs every step"),
     "--disable-async-output-proc": ("flag", "vLLM removed it too; outputs are processed after each step"),
     "--tokenizer-pool-size": ("value", "vLLM removed it too; prompts are tokenized in the server's worker threads"),
@@ -95,8 +95,6 @@ NOT_SUPPORTED: dict[str, tuple[str, str]] = {
     "--cpu-offload-gb": ("value", "wslm keeps a model's weights on one device; for a model larger than the GPU's "
                                   "memory serve a smaller quantized file (GGUF, int4) or run it on the CPU "
                                   "(--device cpu)"),
-    "--speculative-config": ("value", "wslm's engine has no speculative decoding"),
-    "--speculative-model": ("value", "wslm's engine has no speculative decoding"),
     "--enable-sleep-mode": ("bool", "there are no /sleep and /wake_up endpoints: stop the server to free its memory"),
     "--kv-transfer-config": ("value", "the KV cache is never transferred between servers (no disaggregated "
                                       "prefill)"),
