@@ -22,9 +22,8 @@ from wslm.backend.spec_decode.rejection import accept_greedy, accept_sampled
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 1}
 QUOTE = ("Copy this list exactly, then stop.\nalpha, beta, gamma, delta, epsilon, zeta, eta, theta, iota, kappa\n"
          "alpha, beta, gamma, delta, epsilon, zeta, eta, theta, iota, kappa\nalpha, beta,")
-PROMPTS = [QUOTE, "def add(a, b):\n    return a + b\n\n\ndef add(a, b, c):\n", "The capital of France is",
-           "1, 2, 3, 4, 5, 6,"]
-GREEDY = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+PROMPTS = [QUOTE, "def add(a, b):\n    return a + b\n\n\ndef add(a, b, c):\n", "The capital of France is"]
+GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 
 
 # ---- no model ---------------------------------------------------------------------------------
@@ -74,7 +73,7 @@ def test_rejection_sampler_matches_the_target_distribution():
                       [0.30, 0.10, 0.20, 0.10, 0.10, 0.20],
                       [0.10, 0.10, 0.10, 0.40, 0.20, 0.10]])
     drafts = [1, 5]  # a likely token, then an unlikely one
-    n = 20000
+    n = 6000
     first = torch.zeros(6)
     second = torch.zeros(6)
     third = torch.zeros(6)
@@ -87,7 +86,7 @@ def test_rejection_sampler_matches_the_target_distribution():
                 third[out[2]] += 1
     for counts, row in ((first, p[0]), (second, p[1]), (third, p[2])):
         total = counts.sum()
-        assert total > 200
+        assert total > 100
         assert chisquare(counts.numpy(), (row * total).numpy()).pvalue > 1e-3, (counts, row)
     assert accept_greedy([4, 7, 9], [4, 8]) == [4, 7]
     assert accept_greedy([4, 8, 9], [4, 8]) == [4, 8, 9]
@@ -118,11 +117,11 @@ def test_ngram_greedy_identical_alone_and_batched(engines):
     base, ngram = engines
     want = _tokens(base, PROMPTS)
     before = ngram.llm_engine.get_stats()
-    assert [_tokens(ngram, [p])[0] for p in PROMPTS[:2]] == want[:2]
+    assert _tokens(ngram, PROMPTS[:1]) == want[:1]
     assert _tokens(ngram, PROMPTS) == want
     stats = ngram.llm_engine.get_stats()
     accepted = stats["spec_decode_num_accepted_tokens"] - before["spec_decode_num_accepted_tokens"]
-    assert stats["spec_decode_num_drafts"] > before["spec_decode_num_drafts"] and accepted > 20
+    assert stats["spec_decode_num_drafts"] > before["spec_decode_num_drafts"] and accepted > 10
     assert _free(ngram)
     # a prompt whose prefix is cached (the same prompt again): same tokens
     assert _tokens(ngram, PROMPTS[:1]) == want[:1]
@@ -143,9 +142,9 @@ def test_grammar_logprobs_and_penalties_per_verified_position(engines):
     schema = {"type": "object", "properties": {"names": {"type": "array", "items": {"type": "string"},
                                                          "maxItems": 4}}, "required": ["names"]}
     params = [
-        SamplingParams(temperature=0, max_tokens=60, structured_outputs=StructuredOutputsParams(json=schema)),
-        SamplingParams(temperature=0, max_tokens=24, logprobs=2, ignore_eos=True),
-        SamplingParams(temperature=0, max_tokens=24, frequency_penalty=0.3, ignore_eos=True),
+        SamplingParams(temperature=0, max_tokens=40, structured_outputs=StructuredOutputsParams(json=schema)),
+        SamplingParams(temperature=0, max_tokens=16, logprobs=2, ignore_eos=True),
+        SamplingParams(temperature=0, max_tokens=16, frequency_penalty=0.3, ignore_eos=True),
     ]
     prompt = QUOTE + ' As JSON: {"names": ["alpha", "beta", "gamma"]} and again: '
     for sp in params:
@@ -164,7 +163,7 @@ def test_grammar_logprobs_and_penalties_per_verified_position(engines):
 
 def test_seeded_sampling_is_reproducible(engines):
     _, ngram = engines
-    sp = SamplingParams(temperature=0.8, top_p=0.95, seed=7, max_tokens=30, ignore_eos=True)
+    sp = SamplingParams(temperature=0.8, top_p=0.95, seed=7, max_tokens=16, ignore_eos=True)
     assert _tokens(ngram, [QUOTE], sp) == _tokens(ngram, [QUOTE], sp)
 
 
@@ -193,9 +192,9 @@ def test_draft_model_greedy_identical(engines):
     try:
         draft = LLM("demo", dtype="float32", num_gpu_blocks_override=160, max_model_len=1024, max_num_seqs=8,
                     speculative_config={"model": "demo", "num_speculative_tokens": 3})
-        want = _tokens(base, PROMPTS[:3])
+        want = _tokens(base, PROMPTS[:2])
         assert _tokens(draft, PROMPTS[:1]) == want[:1]
-        assert _tokens(draft, PROMPTS[:3]) == want
+        assert _tokens(draft, PROMPTS[:2]) == want
         stats = draft.llm_engine.get_stats()
         assert stats["spec_decode_num_draft_tokens"] > 30
         assert stats["spec_decode_num_accepted_tokens"] >= 0.95 * stats["spec_decode_num_draft_tokens"]

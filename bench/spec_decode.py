@@ -1,0 +1,113 @@
+"""Speculative decoding (n-gram prompt lookup): single-stream decode tok/s with and without it, on prompts
+whose answer repeats the prompt (edit this code, quote this document) and on one with no repeats.
+
+    .venv/bin/python bench/spec_decode.py [--model demo|PATH.gguf] [--k 4] [--max-tokens 128] [--repeats 2]
+    .venv/bin/python bench/spec_decode.py --model ~/.cache/wslm-bench/3b-Q4_K_M.gguf --max-tokens 64
+
+One engine per model with speculation configured; the runs without it switch the engine's proposer off (the
+same weights, KV pool and threads), alternating with and without so that a change of machine load hits both.
+decode tok/s = (tokens - 1) / (last token time - first token time), from the request's own metrics; greedy;
+the best of --repeats. Prints a table (load average included) and, with --log, appends it to
+docs/benchmarks-log.md with JSON records in bench/results/."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import machine  # noqa: E402
+
+CODE = '''def parse_rows(lines):
+    rows = []
+    for line in lines:
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        name, value = line.split("=", 1)
+        rows.append((name.strip(), int(value)))
+    return rows
+
+
+def total(rows):
+    return sum(value for _, value in rows)
+'''
+DOC = ("The lighthouse at Point Reyes was built in 1870 and stands on a rocky headland three hundred feet above the "
+       "Pacific. Its first-order Fresnel lens, made in France, has 24 panels of glass prisms that focus the light of a "
+       "single lamp into beams visible 24 nautical miles out to sea. The keepers climbed 308 steps every evening to "
+       "wind the clockwork that turned the lens. Fog is frequent here: the headland is one of the foggiest places on "
+       "the west coast of North America, and a steam foghorn was added in 1871.")
+PROMPTS = {
+    "edit code": [{"role": "user", "content": "Rename the function parse_rows to read_rows in this code and give "
+                                              "back the whole file, unchanged otherwise:\n\n" + CODE}],
+    "quote document": [{"role": "user", "content": "Here is a document:\n\n" + DOC + "\n\nQuote the document "
+                                                   "above word for word."}],
+    "no repeats": [{"role": "user", "content": "Write a short poem about a cat who wants to fly."}],
+}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", default="demo")
+    ap.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
+    ap.add_argument("--lookup-max", type=int, default=4)
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--log", action="store_true", help="append to docs/benchmarks-log.md and bench/results/")
+    args = ap.parse_args()
+    from wslm.backend import LLM, SamplingParams
+
+    spec = {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_max": args.lookup_max}
+    llm = LLM(os.path.expanduser(args.model), speculative_config=spec, max_model_len=2048, kv_cache_memory=512 << 20)
+    core = llm.llm_engine.core
+    speculator = core.speculator
+    params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
+
+    def run(messages, on: bool) -> tuple[float, int, list[int]]:
+        core.speculator = speculator if on else None
+        before = speculator.stats()
+        out = llm.chat(messages, params)[0]
+        m = out.metrics
+        n = len(out.outputs[0].token_ids)
+        after = speculator.stats()
+        accepted = after["spec_decode_num_accepted_tokens"] - before["spec_decode_num_accepted_tokens"]
+        return (n - 1) / (m.finished_time - m.first_token_time), accepted, out.outputs[0].token_ids
+
+    run(PROMPTS["no repeats"], False)  # warm-up: kernels, thread counts
+    run(PROMPTS["no repeats"], True)
+    rows, records = [], []
+    load_start = os.getloadavg()[0]
+    for name, messages in PROMPTS.items():
+        best = {True: 0.0, False: 0.0}
+        accepted, same, ref = 0, True, []
+        for _ in range(args.repeats):
+            for on in (False, True):
+                rate, acc, tokens = run(messages, on)
+                best[on] = max(best[on], rate)
+                if on:
+                    accepted = acc
+                    same = same and tokens == ref
+                else:
+                    ref = tokens
+        speedup = best[True] / best[False]
+        rows.append(f"| {name} | {best[False]:.1f} | {best[True]:.1f} | {speedup:.2f}x | {accepted} of "
+                    f"{args.max_tokens} | {'yes' if same else 'no'} |")
+        records.append({"metric": f"ngram speculation speed-up, {name}", "model": Path(args.model).name,
+                        "threads": os.cpu_count(), "engine": "wslm", "value": round(speedup, 3), "unit": "x",
+                        "higher_is_better": True, "off_tok_s": best[False], "on_tok_s": best[True]})
+    load = f"{load_start:.1f} / {os.getloadavg()[0]:.1f}"
+    body = (f"`bench/spec_decode.py --model {args.model} --k {args.k} --max-tokens {args.max_tokens}`; "
+            f"load average (1 min) at start / end: {load}\n\n"
+            "| prompt | decode tok/s, no speculation | with ngram | speed-up | drafted tokens accepted | "
+            "same tokens |\n|---|---:|---:|---:|---:|---|\n" + "\n".join(rows))
+    print(body)
+    print("Machine:", machine.describe())
+    if args.log:
+        machine.append_section("speculative decoding (n-gram)", body, records, "spec_decode")
+
+
+if __name__ == "__main__":
+    main()
