@@ -56,6 +56,8 @@ def main() -> None:
     ap.add_argument("--lookup-max", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=2)
+    ap.add_argument("--wait-compile", type=float, default=0.0, metavar="S",
+                    help="first wait up to S seconds for the compiled CPU decode step (verification rows use it)")
     ap.add_argument("--log", action="store_true", help="append to docs/benchmarks-log.md and bench/results/")
     args = ap.parse_args()
     from wslm.backend import LLM, SamplingParams
@@ -65,6 +67,15 @@ def main() -> None:
     core = llm.llm_engine.core
     speculator = core.speculator
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
+    plan = core.executor.runner.cpu_plan
+    compiled = "no CPU plan"
+    if plan is not None:
+        compiled = "not built"
+        if plan.compiled is not None:
+            if args.wait_compile:
+                plan.compiled.start()
+                plan.compiled.wait(args.wait_compile)
+            compiled = "ready" if plan.compiled.ready.is_set() else "not ready"
 
     def run(messages, on: bool) -> tuple[float, int, list[int]]:
         core.speculator = speculator if on else None
@@ -100,7 +111,7 @@ def main() -> None:
                         "higher_is_better": True, "off_tok_s": best[False], "on_tok_s": best[True]})
     load = f"{load_start:.1f} / {os.getloadavg()[0]:.1f}"
     body = (f"`bench/spec_decode.py --model {args.model} --k {args.k} --max-tokens {args.max_tokens}`; "
-            f"load average (1 min) at start / end: {load}\n\n"
+            f"load average (1 min) at start / end: {load}; compiled CPU decode step at start: {compiled}\n\n"
             "| prompt | decode tok/s, no speculation | with ngram | speed-up | drafted tokens accepted | "
             "same tokens |\n|---|---:|---:|---:|---:|---|\n" + "\n".join(rows))
     print(body)

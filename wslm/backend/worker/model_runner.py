@@ -144,8 +144,9 @@ class ModelRunner:
     def execute(self, scheduled: list[tuple[Sequence, int]]) -> tuple[torch.Tensor | None, list[Sequence]]:
         """Run one step. Returns logits [len(sampled), vocab] for the sequences that get a new token."""
         input_ids, positions, meta, sampled = self.prepare(scheduled)
-        is_decode = meta.max_seqlen_q == 1 and len(sampled) == len(scheduled)
-        if self.graphs is not None and is_decode and self.graphs.can_run(len(scheduled)):
+        # Every row one token, every row sampled (a speculative sequence's drafts are rows of their own).
+        is_decode = meta.max_seqlen_q == 1 and meta.logits_indices.numel() == input_ids.shape[0]
+        if self.graphs is not None and is_decode and self.graphs.can_run(input_ids.shape[0]):
             return self.graphs.run(input_ids, positions, meta), sampled
         if self.cpu_plan is not None and is_decode:
             logits = self.cpu_plan.run(input_ids, positions, meta)

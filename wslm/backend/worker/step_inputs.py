@@ -35,13 +35,29 @@ def prepare_step(scheduled: list[tuple[Sequence, int]], block_size: int) -> tupl
     sampled: list[Sequence] = []
     max_q = 0
     prompt_rows: list[int] = []  # prompt_logprobs rows, after the sampled ones (see prompt_logprobs.py)
+    row_seqs: list[Sequence] = []  # whose block table each query row reads
     for seq, n in scheduled:
         start = seq.num_computed_tokens
         end = start + n
-        spec = seq.spec_token_ids  # a speculative decode: its last token and the drafts, all scored
-        input_ids.extend(seq.tokens_slice(start, end) if not spec else seq.tokens_slice(start, seq.num_tokens) + spec)
-        positions.extend(range(start, end))
         table = seq.block_table
+        if seq.spec_token_ids:
+            # A speculative decode: its last token and each draft as a one-token row of its own that attends up
+            # to its position (all K/V are written before any row attends), so that verification is a decode
+            # batch the fast decode paths take (CPU plan, CUDA graphs) rather than a prefill.
+            for i, token in enumerate([seq.token_at(start), *seq.spec_token_ids]):
+                pos = start + i
+                input_ids.append(token)
+                positions.append(pos)
+                slots.append(table[pos // bs] * bs + pos % bs)
+                cu.append(cu[-1] + 1)
+                seq_lens.append(pos + 1)
+                logits_idx.append(cu[-1] - 1)
+                row_seqs.append(seq)
+            max_q = max(max_q, 1)
+            sampled.append(seq)
+            continue
+        input_ids.extend(seq.tokens_slice(start, end))
+        positions.extend(range(start, end))
         if n == 1:
             slots.append(table[start // bs] * bs + start % bs)
         else:
@@ -49,12 +65,13 @@ def prepare_step(scheduled: list[tuple[Sequence, int]], block_size: int) -> tupl
         prompt_rows.extend(cu[-1] + p - start for p in prompt_logprob_positions(seq, n))
         cu.append(cu[-1] + n)
         seq_lens.append(end)
+        row_seqs.append(seq)
         max_q = max(max_q, n)
-        if end >= seq.num_tokens:  # reached the end of what is known: a new token is due
-            logits_idx.extend(range(cu[-1] - 1 - len(spec), cu[-1]))
+        if end == seq.num_tokens:  # reached the end of what is known: a new token is due
+            logits_idx.append(cu[-1] - 1)
             sampled.append(seq)
     max_blocks = -(-max(seq_lens) // bs)
-    tables = [seq.block_table[:max_blocks] + [0] * (max_blocks - len(seq.block_table)) for seq, _ in scheduled]
+    tables = [seq.block_table[:max_blocks] + [0] * (max_blocks - len(seq.block_table)) for seq in row_seqs]
     step = StepInputs(input_ids, positions, slots, cu, seq_lens, logits_idx + prompt_rows, tables, max_q,
                       len(prompt_rows))
     return step, sampled
