@@ -201,3 +201,22 @@ def test_draft_model_greedy_identical(engines):
         assert _free(draft)
     finally:
         mp.undo()
+
+
+def test_speculating_beside_a_prefill(engines):
+    """One stream speculates while a newcomer's prompt is prefilled in the same steps (a mixed batch)."""
+    base, ngram = engines
+    want = _tokens(base, PROMPTS[:2])
+    eng = ngram.llm_engine
+    eng.add_request("first", PROMPTS[0], GREEDY)
+    drafts = eng.get_stats()["spec_decode_num_drafts"]
+    while eng.get_stats()["spec_decode_num_drafts"] == drafts:
+        eng.step()
+    eng.add_request("second", PROMPTS[1], GREEDY)
+    done = {}
+    while eng.has_unfinished_requests():
+        for out in eng.step():
+            if out.finished:
+                done[out.request_id] = out.outputs[0].token_ids
+    assert [done["first"], done["second"]] == want
+    assert _free(ngram)
