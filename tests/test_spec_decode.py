@@ -208,15 +208,18 @@ def test_speculating_beside_a_prefill(engines):
     base, ngram = engines
     want = _tokens(base, PROMPTS[:2])
     eng = ngram.llm_engine
+    done: dict[str, list[int]] = {"first": [], "second": []}
+
+    def step() -> None:
+        for out in eng.step():  # deltas: a speculative step's tokens arrive together
+            done[out.request_id] += out.outputs[0].token_ids
+
     eng.add_request("first", PROMPTS[0], GREEDY)
     drafts = eng.get_stats()["spec_decode_num_drafts"]
     while eng.get_stats()["spec_decode_num_drafts"] == drafts:
-        eng.step()
+        step()
     eng.add_request("second", PROMPTS[1], GREEDY)
-    done = {}
     while eng.has_unfinished_requests():
-        for out in eng.step():
-            if out.finished:
-                done[out.request_id] = out.outputs[0].token_ids
+        step()
     assert [done["first"], done["second"]] == want
     assert _free(ngram)
