@@ -54,6 +54,7 @@ def main() -> None:
     ap.add_argument("--model", default="demo")
     ap.add_argument("--k", type=int, default=4, help="num_speculative_tokens")
     ap.add_argument("--lookup-max", type=int, default=4)
+    ap.add_argument("--lookup-min", type=int, default=None, help="default: --lookup-max (vLLM's rule)")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--wait-compile", type=float, default=0.0, metavar="S",
@@ -62,7 +63,8 @@ def main() -> None:
     args = ap.parse_args()
     from wslm.backend import LLM, SamplingParams
 
-    spec = {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_max": args.lookup_max}
+    spec = {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_max": args.lookup_max,
+            "prompt_lookup_min": args.lookup_min or args.lookup_max}
     llm = LLM(os.path.expanduser(args.model), speculative_config=spec, max_model_len=2048, kv_cache_memory=512 << 20)
     core = llm.llm_engine.core
     speculator = core.speculator
@@ -77,14 +79,15 @@ def main() -> None:
                 plan.compiled.wait(args.wait_compile)
             compiled = "ready" if plan.compiled.ready.is_set() else "not ready"
 
-    def run(messages, on: bool) -> tuple[float, int, list[int]]:
+    def run(messages, on: bool) -> tuple[float, tuple[int, int], list[int]]:
         core.speculator = speculator if on else None
         before = speculator.stats()
         out = llm.chat(messages, params)[0]
         m = out.metrics
         n = len(out.outputs[0].token_ids)
         after = speculator.stats()
-        accepted = after["spec_decode_num_accepted_tokens"] - before["spec_decode_num_accepted_tokens"]
+        accepted = (after["spec_decode_num_accepted_tokens"] - before["spec_decode_num_accepted_tokens"],
+                    after["spec_decode_num_draft_tokens"] - before["spec_decode_num_draft_tokens"])
         return (n - 1) / (m.finished_time - m.first_token_time), accepted, out.outputs[0].token_ids
 
     run(PROMPTS["no repeats"], False)  # warm-up: kernels, thread counts
@@ -93,7 +96,7 @@ def main() -> None:
     load_start = os.getloadavg()[0]
     for name, messages in PROMPTS.items():
         best = {True: 0.0, False: 0.0}
-        accepted, same, ref = 0, True, []
+        accepted, same, ref = (0, 0), True, []
         for _ in range(args.repeats):
             for on in (False, True):
                 rate, acc, tokens = run(messages, on)
@@ -104,15 +107,16 @@ def main() -> None:
                 else:
                     ref = tokens
         speedup = best[True] / best[False]
-        rows.append(f"| {name} | {best[False]:.1f} | {best[True]:.1f} | {speedup:.2f}x | {accepted} of "
-                    f"{args.max_tokens} | {'yes' if same else 'no'} |")
+        rows.append(f"| {name} | {best[False]:.1f} | {best[True]:.1f} | {speedup:.2f}x | {accepted[0]} of "
+                    f"{accepted[1]} | {'yes' if same else 'no'} |")
         records.append({"metric": f"ngram speculation speed-up, {name}", "model": Path(args.model).name,
                         "threads": os.cpu_count(), "engine": "wslm", "value": round(speedup, 3), "unit": "x",
                         "higher_is_better": True, "off_tok_s": best[False], "on_tok_s": best[True]})
     load = f"{load_start:.1f} / {os.getloadavg()[0]:.1f}"
-    body = (f"`bench/spec_decode.py --model {args.model} --k {args.k} --max-tokens {args.max_tokens}`; "
+    body = (f"`bench/spec_decode.py --model {args.model} --k {args.k} --lookup-max {args.lookup_max} --lookup-min "
+            f"{args.lookup_min or args.lookup_max} --max-tokens {args.max_tokens}`; "
             f"load average (1 min) at start / end: {load}; compiled CPU decode step at start: {compiled}\n\n"
-            "| prompt | decode tok/s, no speculation | with ngram | speed-up | drafted tokens accepted | "
+            "| prompt | decode tok/s, no speculation | with ngram | speed-up | proposed tokens accepted | "
             "same tokens |\n|---|---:|---:|---:|---:|---|\n" + "\n".join(rows))
     print(body)
     print("Machine:", machine.describe())

@@ -28,8 +28,10 @@ GREEDY = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
 
 # ---- no model ---------------------------------------------------------------------------------
 def test_config_parsing_and_errors():
-    cfg = parse_speculative_config('{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 5}')
-    assert (cfg.method, cfg.num_speculative_tokens, cfg.prompt_lookup_max, cfg.prompt_lookup_min) == ("ngram", 3, 5, 1)
+    cfg = parse_speculative_config('{"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 3}')
+    assert (cfg.method, cfg.num_speculative_tokens, cfg.prompt_lookup_max, cfg.prompt_lookup_min) == ("ngram", 3, 3, 3)
+    cfg = parse_speculative_config({"method": "ngram", "num_speculative_tokens": 3})  # vLLM's defaults
+    assert (cfg.prompt_lookup_max, cfg.prompt_lookup_min) == (5, 5)
     cfg = parse_speculative_config({"model": "demo", "num_speculative_tokens": 2})
     assert (cfg.method, cfg.model) == ("draft_model", "demo")
     assert parse_speculative_config({"method": "draft_model", "model": "x", "num_speculative_tokens": 1}).model == "x"

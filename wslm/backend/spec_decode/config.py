@@ -22,8 +22,8 @@ class SpeculativeConfig:
     method: str  # "ngram" or "draft_model"
     num_speculative_tokens: int
     model: str | None = None  # the draft model (draft_model)
-    prompt_lookup_max: int = 4  # n-gram: the longest suffix looked up in the context...
-    prompt_lookup_min: int = 1  # ...and the shortest
+    prompt_lookup_max: int = 5  # n-gram: the longest suffix looked up in the context...
+    prompt_lookup_min: int = 5  # ...and the shortest
 
     def describe(self) -> str:
         if self.method == "ngram":
@@ -81,9 +81,12 @@ def parse_speculative_config(value: Any) -> SpeculativeConfig | None:
     for name, v in (("prompt_lookup_min", lo), ("prompt_lookup_max", hi)):
         if v is not None and (not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= 64):
             raise ValueError(f"speculative_config: {name} must be an integer from 1 to 64, got {v!r}.")
-    # As vLLM: one of the two given sets the other when it would otherwise be out of order.
-    hi = hi if hi is not None else max(4, lo or 1)
-    lo = lo if lo is not None else min(1, hi)
+    # As vLLM: neither given is 5 and 5; one given sets the other. Short n-grams recur by chance in any text,
+    # and each wrong proposal costs a verification row (bench/spec_decode.py measures it).
+    if hi is None and lo is None:
+        hi = lo = 5
+    hi = hi if hi is not None else lo
+    lo = lo if lo is not None else hi
     if lo > hi:
         raise ValueError(f"speculative_config: prompt_lookup_min ({lo}) is larger than prompt_lookup_max ({hi}); "
                          "make min <= max.")
