@@ -26,6 +26,7 @@ def accept_sampled(probs: torch.Tensor, drafts: list[int], generator: torch.Gene
     """probs: [k + 1, vocab], the target's final sampling distribution at each position (temperature, top-k/p,
     min-p applied). Two draws per run: k uniforms, and one categorical sample (the correction or bonus)."""
     k = len(drafts)
+    probs = probs / probs.sum(dim=-1, keepdim=True)  # min-p leaves the rows unnormalized; acceptance reads p(d)
     out: list[int] = []
     if k:
         d = torch.tensor(drafts, device=probs.device)
