@@ -226,3 +226,24 @@ def test_speculating_beside_a_prefill(engines):
         step()
     assert [done["first"], done["second"]] == want
     assert _free(ngram)
+
+
+def test_preemption_and_forks_mid_speculation(engines):
+    """A pool too small for the batch: sequences are preempted while speculating and recomputed; n > 1
+    siblings fork and speculate on their own. Same tokens as without speculation, every block back."""
+    base, _ = engines
+    mp = pytest.MonkeyPatch()
+    mp.setenv("WSLM_GGUF_DEQUANTIZE", "1")
+    try:
+        small = LLM("demo", dtype="float32", num_gpu_blocks_override=24, max_model_len=256, max_num_seqs=8,
+                    speculative_config=NGRAM)
+    finally:
+        mp.undo()
+    sp = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+    assert _tokens(small, PROMPTS * 3, sp) == _tokens(base, PROMPTS * 3, sp)
+    stats = small.llm_engine.get_stats()
+    assert stats["num_preemptions_total"] > 0 and stats["spec_decode_num_accepted_tokens"] > 0
+    fan = SamplingParams(temperature=0, max_tokens=16, n=3, ignore_eos=True)
+    assert ([c.token_ids for c in small.generate(PROMPTS[:1], fan)[0].outputs]
+            == [c.token_ids for c in base.generate(PROMPTS[:1], fan)[0].outputs])
+    assert _free(small)
