@@ -247,3 +247,21 @@ def test_preemption_and_forks_mid_speculation(engines):
     assert ([c.token_ids for c in small.generate(PROMPTS[:1], fan)[0].outputs]
             == [c.token_ids for c in base.generate(PROMPTS[:1], fan)[0].outputs])
     assert _free(small)
+
+
+def test_draft_with_another_tokenizer_is_refused(tmp_path):
+    """A draft whose vocabulary differs from the target's, even by two swapped ids, is an error naming the fix."""
+    from engine_helpers import demo_tokenizer, make_tiny_model
+
+    from wslm.backend.spec_decode.draft import check_draft_tokenizer
+
+    target = demo_tokenizer()
+    folder = make_tiny_model(tmp_path / "draft", "llama", target)
+    check_draft_tokenizer(target, str(folder))  # the same tokenizer: fine
+    spec = json.loads((folder / "tokenizer.json").read_text())
+    vocab = spec["model"]["vocab"]
+    a, b = "hello", "world"
+    vocab[a], vocab[b] = vocab[b], vocab[a]
+    (folder / "tokenizer.json").write_text(json.dumps(spec))
+    with pytest.raises(ValueError, match="another tokenizer than the served model.*same tokenizer.*ngram"):
+        check_draft_tokenizer(target, str(folder))
