@@ -145,6 +145,9 @@ def _add_vllm_flags(g: argparse._ArgumentGroup) -> None:
                    help="report usage.prompt_tokens_details.cached_tokens (prefix-cache hits)")
     g.add_argument("--enable-force-include-usage", action="store_true",
                    help="send usage on every response, streams too, as if stream_options.include_usage")
+    g.add_argument("--enable-per-request-metrics", action="store_true",
+                   help="add vLLM's `metrics` object (time to first token, queue and decode time, mean inter-token "
+                        "latency, tokens/s) to each one-stream answer; on streams, to the final usage chunk")
     g.add_argument("--enable-server-load-tracking", action="store_true",
                    help="count requests in flight, served at GET /load")
     g.add_argument("--enable-tokenizer-info-endpoint", action="store_true",

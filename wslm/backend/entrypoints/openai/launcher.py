@@ -393,6 +393,7 @@ def _serve(args: Namespace, engine: Any, sock: socket.socket) -> int:
         bound_host=sock.getsockname()[0],
         enable_prompt_tokens_details=bool(getattr(args, "enable_prompt_tokens_details", False)),
         enable_force_include_usage=bool(getattr(args, "enable_force_include_usage", False)),
+        enable_per_request_metrics=bool(getattr(args, "enable_per_request_metrics", False)),
         enable_server_load_tracking=bool(getattr(args, "enable_server_load_tracking", False)),
         enable_tokenizer_info_endpoint=bool(getattr(args, "enable_tokenizer_info_endpoint", False)),
         return_tokens_as_token_ids=bool(getattr(args, "return_tokens_as_token_ids", False)),

@@ -141,6 +141,7 @@ async def create_chat_completion(state: ServerState, request: Request) -> Respon
         "choices": choices,
         "usage": tracker.usage(),
     }
+    tracker.add_metrics(body)
     token_ids = [results[(0, i)].token_ids for i in range(params.n)]
     return JSONResponse(chat_response_extras(body, req, tracker, prompt_ids, state.tokenizer, token_ids))
 

@@ -94,14 +94,14 @@ async def create_completion(state: ServerState, request: Request) -> Response:
             }
             _add_extras(choice, state, req, tracker, p, prompts_ids[p], r.token_ids, first=True)
             choices.append(choice)
-    return JSONResponse({
+    return JSONResponse(tracker.add_metrics({
         "id": response_id,
         "object": "text_completion",
         "created": created,
         "model": model,
         "choices": choices,
         "usage": tracker.usage(),
-    })
+    }))
 
 
 async def _beam_completion(state: ServerState, request: Request, req: CompletionRequest, model: str) -> Response:

@@ -599,6 +599,7 @@ def _finish(state: ServerState, store: ResponseStore, entry: StoredResponse | No
         "output_tokens_details": {"reasoning_tokens": output.reasoning_tokens(state.tokenizer)},
         "total_tokens": prompt + tracker.completion_tokens,
     }
+    tracker.add_metrics(body)
     if entry is not None:
         entry.body = body
         entry.reply = output.chat_messages()
