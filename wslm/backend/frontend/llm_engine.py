@@ -97,6 +97,9 @@ class LLMEngine:
 
     def _resolve_max_model_len(self, capacity: int) -> int:
         model_max = self.model_config.max_position_embeddings
+        if self.pooling is not None and self.pooling.pooler.max_seq_length:
+            # sentence_bert_config.json's max_seq_length, as for encoders (encoder_engine.py) and vLLM
+            model_max = min(model_max, self.pooling.pooler.max_seq_length)
         asked = self.config.max_model_len
         if asked is None:
             if capacity < model_max:
