@@ -10,8 +10,8 @@ from pathlib import Path
 
 import openai
 import pytest
-import toy_format
 import torch
+import toy_format
 from test_server_helpers import ServerProcess
 
 from wslm.backend.quant import QUANTIZATION_METHODS, check_quantization
