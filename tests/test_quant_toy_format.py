@@ -15,14 +15,30 @@ import toy_format
 from test_server_helpers import ServerProcess
 
 from wslm.backend.quant import QUANTIZATION_METHODS, check_quantization
-from wslm.backend.quant.registry import detect_method, quantization_options, weight_kind
+from wslm.backend.quant.registry import (
+    detect_method,
+    quantization_options,
+    register_method,
+    unregister_method,
+    weight_kind,
+)
 
 TESTS = Path(__file__).resolve().parent
 PROMPT = [{"role": "user", "content": "Name three colours."}]
 
 
+@pytest.fixture(scope="module", autouse=True)
+def toy_format():
+    """The toy module, registered for this file's tests only (other files see the built-in formats)."""
+    import toy_format as module
+
+    register_method(module.METHOD, {module.NAME: module.RowmaxWeight}, replace=True)  # again, after a previous file
+    yield module
+    unregister_method(module.NAME)
+
+
 @pytest.fixture(scope="module")
-def checkpoints(tiny_models, tmp_path_factory):
+def checkpoints(toy_format, tiny_models, tmp_path_factory):
     """(toy, dense): the tiny Llama in the toy format, and the same values dequantized to a dense folder."""
     from safetensors.torch import load_file, save_file
 
@@ -57,7 +73,7 @@ def dense_tokens(checkpoints):
     return ids, text
 
 
-def test_registered_from_one_file():
+def test_registered_from_one_file(toy_format):
     assert "int8-rowmax" in QUANTIZATION_METHODS and check_quantization("int8-rowmax") == "int8-rowmax"
     method = detect_method({"quant_method": "int8-rowmax", "bits": 8})
     assert method is toy_format.METHOD
@@ -101,3 +117,19 @@ def test_serve_answers_a_chat(checkpoints, dense_tokens):
         assert r.usage.completion_tokens == len(dense_tokens[0])
     finally:
         srv.stop()
+
+
+def test_models_list_and_the_gui_offer_it(checkpoints, tmp_path):
+    """`wslm models list` describes the toy checkpoint through its format (runnable, its options), and the
+    GUI's Quantization field offers and checks what the entry lists."""
+    from wslm.backend.hub.catalog import list_models
+    from wslm.gui.engine_options import check_quantization as gui_check
+    from wslm.gui.engine_options import quantization_choices
+
+    info = next(m for m in list_models(cache_dir=tmp_path, models_root=checkpoints[0].parent) if m.id == "toy")
+    entry = info.to_dict()
+    assert info.supported and info.quantization == "int8-rowmax-8bit", info.unsupported_reason
+    assert [o["value"] for o in entry["quantization_options"]] == ["", "int8-rowmax"]
+    assert ("int8 rowmax (toy)", "int8-rowmax") in quantization_choices([entry])
+    assert gui_check("int8-rowmax", entry) == "" and gui_check("", entry) == ""
+    assert "pick auto or int8 rowmax (toy)" in gui_check("int4", entry)

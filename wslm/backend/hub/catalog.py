@@ -251,8 +251,17 @@ def _all_entries(cache_dir: Path | None = None, models_root: Path | None = None)
 
 
 def _dequantized_on_load(meta: ModelMetadata) -> bool:
-    """gpt-oss's MXFP4 experts: the engine dequantizes them, so the model runs (and weighs) as a 16-bit one."""
-    return meta.architecture == "GptOssForCausalLM" and str(meta.quantization).startswith("mxfp4")
+    """A checkpoint whose format the engine dequantizes on load (its method resolves to dense: gpt-oss's MXFP4
+    experts, which only gpt-oss's model code reads), so the model runs (and weighs) as a 16-bit one."""
+    from wslm.backend.quant.registry import detect_method
+
+    if meta.architecture != "GptOssForCausalLM" or not meta.quant_config:
+        return False
+    try:
+        method = detect_method(meta.quant_config)
+    except ValueError:
+        return False
+    return method is not None and method.resolve(None) is None
 
 
 def _prequantized_support(meta: ModelMetadata) -> str | None:

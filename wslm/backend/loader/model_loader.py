@@ -222,9 +222,11 @@ def iter_weights(source: ModelSource, dtype: torch.dtype, quantization: str | No
 
 
 def _iter_folder(source: ModelSource, no_mmap: bool):
+    """A checkpoint folder's raw tensors: its safetensors files, else its pytorch_model*.bin files."""
+    from wslm.backend.loader.load_progress import LoadProgress, track
+
     files = sorted(source.folder.glob("*.safetensors"))
     if files:
-        from wslm.backend.loader.load_progress import LoadProgress, track
         from wslm.backend.loader.safetensors_mmap import stored_bytes
 
         by_file = [(file, stored_bytes(file)) for file in files]
@@ -234,8 +236,6 @@ def _iter_folder(source: ModelSource, no_mmap: bool):
                              lambda name, _t, sizes=sizes: sizes.get(name, 0), finish=False)
         progress.finish()
         return
-    from wslm.backend.loader.load_progress import LoadProgress, track
-
     bins = sorted(source.folder.glob("pytorch_model*.bin"))
     if not bins:
         raise FileNotFoundError(f"No weights (*.safetensors or pytorch_model*.bin) in {source.folder}.")

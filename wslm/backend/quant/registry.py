@@ -24,7 +24,7 @@ from wslm.backend.quant.method import QuantMethod
 __all__ = [
     "DENSE", "METHODS", "QuantMethod", "QuantizedWeight", "WEIGHT_CLASSES", "checkpoint_group", "detect_method",
     "get_method", "method_names", "quantization_options", "quantizes_on_load", "register_method", "resolve",
-    "stored_method", "weight_class", "weight_kind",
+    "stored_method", "unregister_method", "weight_class", "weight_kind",
 ]  # fmt: skip
 
 
@@ -69,6 +69,19 @@ def register_method(method: QuantMethod, weight_classes: dict[str, tuple[str, st
     METHODS[method.name] = method
     if dense is not None and method is not DENSE:
         METHODS[None] = dense  # dense stays last
+    return method
+
+
+def unregister_method(name: str) -> QuantMethod | None:
+    """Remove a format of one's own (and its weight kinds) again; returns it, or None when none had that name.
+    The built-in formats stay."""
+    if name in _BUILTIN or name is None:
+        raise ValueError(f"{name!r} is a built-in weight format")
+    method = METHODS.pop(name, None)
+    if method is not None:
+        for kind in method.weight_kinds:
+            if not any(kind in m.weight_kinds for m in METHODS.values()):
+                WEIGHT_CLASSES.pop(kind, None)
     return method
 
 
