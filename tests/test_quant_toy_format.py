@@ -11,7 +11,6 @@ from pathlib import Path
 import openai
 import pytest
 import torch
-import toy_format
 from test_server_helpers import ServerProcess
 
 from wslm.backend.quant import QUANTIZATION_METHODS, check_quantization
