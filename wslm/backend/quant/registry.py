@@ -175,7 +175,8 @@ def detect_method(quant_config: dict | None, file_name: str | None = None) -> Qu
         readable = ", ".join(m.name for m in METHODS.values() if m.prequantized and m.listed and m.name)
         raise ValueError(f"Checkpoints quantized with {found!r} are not supported "
                          f"(supported: {readable}). Use the model's unquantized repo (with --quantization int8 or "
-                         "int4 to shrink it) or a GGUF.")
+                         "int4 to shrink it) or a GGUF, or register a format of your own that reads it "
+                         "(WSLM_QUANT_MODULES, docs/architecture.md).")
     return None
 
 
