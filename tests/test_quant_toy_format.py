@@ -1,7 +1,7 @@
 """A weight format registered from one file (tests/toy_format.py, through the public register_method) loads
 and serves like a built-in one: LLM() generates with its weights kept in its own form, and `wslm serve
---quantization int8-rowmax` answers a chat through the official openai client with the tokens of the same
-model's dequantized (dense) weights (issue 36, "each weight format is one file")."""
+--quantization int8-rowmax` split over two ranks answers a chat through the official openai client with the
+tokens of the same model's dequantized (dense) weights (issue 36, "each weight format is one file")."""
 
 from __future__ import annotations
 
@@ -103,11 +103,12 @@ def test_llm_generates_in_the_format(checkpoints, dense_tokens):
 
 
 def test_serve_answers_a_chat(checkpoints, dense_tokens):
-    # A worker process imports the format too: WSLM_QUANT_MODULES names the module.
+    # Split over two CPU ranks: each worker process imports the format too (WSLM_QUANT_MODULES names the
+    # module), and its weights shard themselves (RowmaxWeight.shard).
     env = {"WSLM_QUANT_MODULES": "toy_format",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(TESTS), os.environ.get("PYTHONPATH")]))}
     srv = ServerProcess("--port", "0", "--model", str(checkpoints[0]), "--quantization", "int8-rowmax",
-                        "--dtype", "float32", "--served-model-name", "toy", "--max-model-len", "256",
+                        "--dtype", "float32", "--served-model-name", "toy", "--max-model-len", "256", "-tp", "2",
                         "--kv-cache-memory", "64MiB", "--uvicorn-log-level", "warning", env=env)
     try:
         client = openai.OpenAI(base_url=srv.base_url, api_key="x", max_retries=0)
