@@ -155,6 +155,11 @@ VARIABLES: tuple[EnvVar, ...] = (
     EnvVar("WSLM_GGUF_DEQUANTIZE", "bool", False,
            "`1` loads a GGUF dequantized to float32, as transformers does (exact HF parity; 4-8x the memory).",
            (_E,), _TUNING),
+    EnvVar("WSLM_QUANT_MODULES", "str", None,
+           "Python modules (comma-separated) that register weight formats of your own "
+           "(`wslm.backend.quant.registry.register_method`), imported wherever the engine looks formats up, worker "
+           "processes included.",
+           (_E,), _TUNING),
     EnvVar("WSLM_GGUF_CACHE", "bool", True, "`0`: no converted copy of a GGUF is written or read.",
            (_E,), _TUNING),
     EnvVar("WSLM_GGUF_BLOCKS", "bool", False,

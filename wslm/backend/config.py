@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from wslm import defaults
+from wslm.backend.quant.registry import method_names
 
 # vLLM's --kv-cache-dtype values that wslm runs.
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
@@ -60,7 +61,7 @@ class EngineConfig:
     # quantize a 16-bit checkpoint's linear weights while loading. vLLM's name and values.
     quantization: str | None = _flag(
         None, "weights format; a GGUF file or an AWQ/GPTQ checkpoint needs no flag; int8/int4 quantize a 16-bit "
-        "checkpoint while loading", choices=("gguf", "awq", "gptq", "int8", "int4"), aliases=("-q",))
+        "checkpoint while loading", choices=method_names(), aliases=("-q",))
     # "auto": the KV cache in the model dtype; "fp8" / "fp8_e4m3": one byte per value (e4m3, per-tensor
     # scale 1.0 as vLLM's default without calibrated scales), twice the tokens in the same memory.
     # fp8_e5m2 is a choice only so that the start-up error can say it is not supported.

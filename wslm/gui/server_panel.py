@@ -33,6 +33,7 @@ from wslm.gui.engine_options import (
     check_quantization,
     check_tensor_parallel,
     fitting_tp_sizes,
+    quantization_choices,
 )
 from wslm.gui.log_view import LogView
 from wslm.gui.models_model import display_name
@@ -242,6 +243,15 @@ class ServerPanel(QWidget):
         self.model.blockSignals(False)
         self.set_model(current or "demo")
         self._fill_tp()
+        self._fill_quantizations()
+
+    def _fill_quantizations(self) -> None:
+        """Formats the backend registers beyond QUANTIZATIONS (its models list's options) join the field."""
+        self.quantization.blockSignals(True)
+        for label, value in quantization_choices(self.models):
+            if self.quantization.findData(value) < 0:
+                self.quantization.addItem(label, value)
+        self.quantization.blockSignals(False)
 
     def model_id(self) -> str:
         return str(self.model.currentData() or self.model.currentText()).strip()
