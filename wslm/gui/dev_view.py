@@ -31,6 +31,7 @@ from PySide6.QtWidgets import (
 )
 
 import wslm.gui.qt_fix  # noqa: F401  (PySide6 6.12 emit() refcount bug)
+from wslm.gui.content_parts import elide_images
 from wslm.gui.format import human_duration
 
 KEY_VAR = "WSLM_API_KEY"  # the placeholder: the key itself never goes into a snippet that gets pasted around
@@ -70,7 +71,7 @@ class RequestHistory(QObject):
         session.request_ended.connect(self._ended)
 
     def _sent(self, conv_id: int, message_id: int, body: dict) -> None:
-        self.entries.append(SentRequest(conv_id, message_id, body))
+        self.entries.append(SentRequest(conv_id, message_id, elide_images(body)))
         self.changed.emit()
 
     def _ended(self, conv_id: int, message_id: int, stats: dict, error: str) -> None:
@@ -180,6 +181,7 @@ class DevViewDialog(QDialog):
         super().__init__(parent)
         self.setWindowTitle("Developer view: this chat's request")
         self.resize(760, 560)
+        body = elide_images(body)  # images' base64 shortened: the text views stay quick
         self.curl = curl_command(body, base_url)
         self.python = python_snippet(body, base_url)
         mono = QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont)
