@@ -51,6 +51,7 @@ from wslm.gui.image_draft import ImageDraft
 from wslm.gui.image_strip import bubble_images_html, show_full_image
 from wslm.gui.rag_store import WHOLE
 from wslm.gui.settings import Settings
+from wslm.gui.spec_metrics import SpecMeter
 from wslm.gui.wheel_guard import guard_wheel
 
 
@@ -85,6 +86,7 @@ class ChatPanel(ModelSwitching, ChatSending, QWidget):
         self.attachments.usage_changed.connect(self.update_context_meter)
         session.has_documents = lambda conv_id: bool(self.attachments.store.of_chat(conv_id))
         self.history = RequestHistory(session, self)  # the developer view's per-request log
+        self.spec_meter = SpecMeter(session, self)  # speculative decoding's acceptance, from /metrics
         self.image_draft = ImageDraft(self)  # the next message's images (composer thumbnails)
         self.image_draft.failed.connect(self._show_error)
         self.setAcceptDrops(True)  # image files (and documents) dropped anywhere on the chat
@@ -405,7 +407,8 @@ class ChatPanel(ModelSwitching, ChatSending, QWidget):
         requests this chat sent (newest first)."""
         return DevViewDialog(self.session.request_preview(), self.session.base_url,
                              self.session.last_reply_stats(), self,
-                             history=self.history.for_conversation(self.session.messages.conversation_id))
+                             history=self.history.for_conversation(self.session.messages.conversation_id),
+                             spec=self.spec_meter)
 
     def show_dev_view(self) -> None:
         dialog = self.dev_view()
