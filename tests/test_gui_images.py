@@ -170,6 +170,13 @@ def test_images_go_as_content_parts_are_stored_and_resent(qtbot, tmp_path, serve
     history = Server.bodies[-1]["messages"]
     assert history[0]["content"][1]["image_url"]["url"] == part["image_url"]["url"]
     assert history[-1] == {"role": "user", "content": "And its colour?"}
+    # Exports keep the image (JSON as content parts, Markdown inline).
+    conv_id = p2.session.messages.conversation_id
+    p2.export_chat(conv_id, str(tmp_path / "chat.json"))
+    exported = json.loads((tmp_path / "chat.json").read_text())["messages"][0]["content"]
+    assert exported[1]["image_url"]["url"] == part["image_url"]["url"]
+    p2.export_chat(conv_id, str(tmp_path / "chat.md"))
+    assert "](data:image/png;base64," in (tmp_path / "chat.md").read_text()
     # Edit puts the message's images back in the composer; the developer view elides the base64.
     p2.edit_message(0)
     assert p2.image_draft.rowCount() == 1
@@ -235,3 +242,31 @@ def _shot(qtbot, tmp_path, server) -> None:
     qtbot.wait(300)
     themed_shot(p, "image-chat.png", 900)
     _close(p)
+
+
+def test_the_real_server_with_the_text_only_demo_refuses_and_nothing_is_lost(qtbot, tmp_path):
+    """`wslm serve` with the demo model (text only): a 400 the chat shows with what to do; the message and its
+    image stay; the developer view reads the real /metrics (no speculative decoding there: "off")."""
+    from test_server_helpers import SMALL, ServerProcess
+
+    srv = ServerProcess("demo", "--port", "0", *SMALL)
+    try:
+        png = tmp_path / "red.png"
+        assert _picture().save(str(png))
+        p = _panel(qtbot, tmp_path / "chats.sqlite3", srv.base_url, model="demo")
+        p.add_files([str(png)])
+        qtbot.waitUntil(lambda: p.image_draft.rowCount() == 1, timeout=5000)
+        p.input.setPlainText("What is this?")
+        with qtbot.waitSignal(p.session.reply_failed, timeout=30000) as failed:
+            p.send()
+        message = failed.args[1]
+        assert "400" in message and "image" in message and "kept" in message
+        msgs = p.session.messages.messages()
+        assert msgs[0].content == "What is this?" and msgs[0].images[0].data == png.read_bytes()
+        qtbot.waitUntil(lambda: p.spec_meter.available is False, timeout=10000)
+        dialog = p.dev_view()
+        assert "Speculative decoding: off" in dialog.spec_label.text()
+        dialog.close()
+        _close(p)
+    finally:
+        srv.stop()

@@ -15,7 +15,7 @@ import wslm.gui.qt_fix  # noqa: F401  (PySide6 6.12 emit() refcount bug)
 from wslm.gui.chat_errors import normalize_base_url
 from wslm.gui.chat_model import ConversationListModel, MessageListModel
 from wslm.gui.chat_store import SAMPLING, ChatStore, Conversation, Message, is_cut_short
-from wslm.gui.content_parts import content_bytes, message_content
+from wslm.gui.content_parts import content_bytes, explain_refusal, message_content
 from wslm.gui.context_fit import (
     DEFAULT_POLICY,
     LENIENT_BYTES_PER_TOKEN,
@@ -644,6 +644,7 @@ class ChatSession(QObject):
             return
         if kind == "context":
             message = self._learn_context(reply.worker, message)
+        message = explain_refusal(message, reply.worker.request.messages)
         if (self.tool_loop is not None and self._shown(reply)
                 and self.tool_loop.refused_auto(reply.worker.request.extra, message)):
             self._retry_without_tools(reply)

@@ -87,3 +87,14 @@ def elide_images(body: dict) -> dict:
                 head, data = url.split(",", 1)
                 p["image_url"]["url"] = f"{head},…({len(data) * 3 // 4:,} bytes)"
     return out
+
+
+IMAGES_REFUSED_HINT = (" The model may not take images: your message and its images are kept. Serve a model that "
+                       "sees images (Qwen2.5-VL, Gemma 3, SmolVLM) and Retry, or Edit the message and remove them.")
+
+
+def explain_refusal(message: str, messages: list[dict]) -> str:
+    """A server's 4xx to a request with images: say that the images may be why, and that nothing is lost."""
+    if has_images(messages) and "answered 4" in message and IMAGES_REFUSED_HINT not in message:
+        return message.rstrip() + IMAGES_REFUSED_HINT
+    return message
