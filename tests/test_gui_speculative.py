@@ -74,7 +74,7 @@ def test_switch_and_draft_build_the_exact_flag_and_are_remembered(server_panel, 
     p.extra.setText("")
     box.draft.setCurrentIndex(0)
     if __import__("os").environ.get("WSLM_SCREENSHOTS"):
-        from tests.test_gui_images import themed_shot
+        from test_gui_images import themed_shot
 
         p.resize(900, 620)
         p.show()

@@ -46,6 +46,7 @@ from wslm.gui.chat_switch import ModelSwitching
 from wslm.gui.chat_view import ChatView
 from wslm.gui.composer import Composer, local_files
 from wslm.gui.connection_box import ConnectionBox
+from wslm.gui.content_parts import IMAGE_TOKEN_ESTIMATE
 from wslm.gui.dev_view import DevViewDialog, RequestHistory
 from wslm.gui.image_draft import ImageDraft
 from wslm.gui.image_strip import bubble_images_html, show_full_image
@@ -162,7 +163,8 @@ class ChatPanel(ModelSwitching, ChatSending, QWidget):
         for sig in (session.messages.rowsInserted, session.messages.rowsRemoved, session.messages.modelReset,
                     session.reply_finished, session.busy_changed, self.input.textChanged,
                     self.attachments.model.modelReset, self.attachments.model.rowsInserted,
-                    self.attachments.model.rowsRemoved, self.attachments.model.dataChanged):
+                    self.attachments.model.rowsRemoved, self.attachments.model.dataChanged,
+                    self.image_draft.rowsInserted, self.image_draft.rowsRemoved, self.image_draft.modelReset):
             sig.connect(self.update_context_meter)
         self._apply_connection()
         first = session.conversations.conversation(0)
@@ -383,6 +385,10 @@ class ChatPanel(ModelSwitching, ChatSending, QWidget):
         if draft:
             used += max(1, len(draft.encode()) // 4)
             parts.append("your draft")
+        pictures = self.image_draft.rowCount()
+        if pictures:
+            used += pictures * IMAGE_TOKEN_ESTIMATE
+            parts.append("your images")
         files = sum(a.tokens for a in self.attachments.model.attachments() if a.status == WHOLE) if conv else 0
         if files:
             used += files
