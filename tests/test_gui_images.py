@@ -16,8 +16,16 @@ import pytest
 pytest.importorskip("PySide6")
 
 from PySide6.QtCore import QMimeData, QPointF, Qt, QUrl  # noqa: E402
-from PySide6.QtGui import QColor, QDragEnterEvent, QDropEvent, QGuiApplication, QImage, QPainter  # noqa: E402
-from PySide6.QtWidgets import QApplication, QFileDialog  # noqa: E402
+from PySide6.QtGui import (  # noqa: E402
+    QColor,
+    QDragEnterEvent,
+    QDropEvent,
+    QGuiApplication,
+    QImage,
+    QPainter,
+    QTextDocument,
+)
+from PySide6.QtWidgets import QApplication, QDialog, QFileDialog, QLabel  # noqa: E402
 
 from wslm.gui import chat_images  # noqa: E402
 from wslm.gui.chat_panel import ChatPanel  # noqa: E402
@@ -155,7 +163,7 @@ def test_images_go_as_content_parts_are_stored_and_resent(qtbot, tmp_path, serve
     part = user["content"][1]
     assert part["type"] == "image_url" and part["image_url"]["url"].startswith("data:image/png;base64,")
     assert base64.b64decode(part["image_url"]["url"].split(",", 1)[1]) == png.read_bytes()  # the file as it is
-    qtbot.waitUntil(lambda: "<img" in p.view.toHtml() or "data:image/png" in p.view.toHtml(), timeout=3000)
+    qtbot.waitUntil(lambda: 'src="chatimg:' in p.view.toHtml(), timeout=3000)
     _close(p)
 
     # Reopened from the SQLite file: the bubble shows the image, and the next request sends it again.
@@ -163,7 +171,14 @@ def test_images_go_as_content_parts_are_stored_and_resent(qtbot, tmp_path, serve
     msgs = p2.session.messages.messages()
     assert [m.role for m in msgs] == ["user", "assistant"] and len(msgs[0].images) == 1
     assert msgs[0].images[0].data == png.read_bytes()
-    qtbot.waitUntil(lambda: "data:image/png" in p2.view.toHtml() or "<img" in p2.view.toHtml(), timeout=3000)
+    qtbot.waitUntil(lambda: 'src="chatimg:' in p2.view.toHtml(), timeout=3000)
+    name = p2.view.toHtml().split('src="', 1)[1].split('"', 1)[0]
+    shown = p2.view.document().resource(QTextDocument.ResourceType.ImageResource, QUrl(name))
+    assert isinstance(shown, QImage) and not shown.isNull() and shown.width() <= chat_images.THUMB_SIDE
+    p2.view.anchorClicked.emit(QUrl("image:0:0"))  # a thumbnail clicked: the full image in a window
+    full = next(d for d in p2.findChildren(QDialog) if "red.png" in d.windowTitle())
+    assert "120×80" in full.windowTitle() and full.findChild(QLabel).pixmap().width() == 120
+    full.close()
     p2.input.setPlainText("And its colour?")
     with qtbot.waitSignal(p2.session.reply_finished, timeout=10000):
         p2.send()

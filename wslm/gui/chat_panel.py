@@ -49,7 +49,7 @@ from wslm.gui.connection_box import ConnectionBox
 from wslm.gui.content_parts import IMAGE_TOKEN_ESTIMATE
 from wslm.gui.dev_view import DevViewDialog, RequestHistory
 from wslm.gui.image_draft import ImageDraft
-from wslm.gui.image_strip import bubble_images_html, show_full_image
+from wslm.gui.image_strip import BubbleImages, show_full_image
 from wslm.gui.rag_store import WHOLE
 from wslm.gui.settings import Settings
 from wslm.gui.spec_metrics import SpecMeter
@@ -111,7 +111,7 @@ class ChatPanel(ModelSwitching, ChatSending, QWidget):
         lay.addWidget(h)
         self._init_notes(lay)  # the model hint, switch note (above the transcript) and error line
         self.view = ChatView(session.messages)
-        self.view.add_message_part(bubble_images_html)  # a user message's images, as thumbnails
+        self.view.add_message_part(BubbleImages(self.view))  # a user message's images, as thumbnails
         self.view.add_link_handler("image", lambda arg: show_full_image(self, session.messages, arg))
         self.composer = Composer(self.attachments, images=self.image_draft)
         c = self.composer

@@ -5,8 +5,8 @@ ImageStrip is a view over image_draft.ImageDraft: it rebuilds from the model and
 
 from __future__ import annotations
 
-from PySide6.QtCore import QPointF, QRectF, Qt
-from PySide6.QtGui import QColor, QIcon, QPainter, QPen, QPixmap, QPolygonF
+from PySide6.QtCore import QPointF, QRectF, Qt, QUrl
+from PySide6.QtGui import QColor, QIcon, QImage, QPainter, QPen, QPixmap, QPolygonF, QTextDocument
 from PySide6.QtWidgets import QDialog, QFrame, QHBoxLayout, QLabel, QToolButton, QVBoxLayout, QWidget
 
 import wslm.gui.qt_fix  # noqa: F401  (PySide6 6.12 emit() refcount bug)
@@ -97,18 +97,31 @@ class ImageStrip(QWidget):
         return tile
 
 
-def bubble_images_html(row: int, msg, _streaming: bool) -> str:
-    """A user message's images as thumbnails (a ChatView message part); each opens the full image."""
-    images = getattr(msg, "images", None) if msg.role == "user" else None
-    if not images:
-        return ""
-    tiles = []
-    for i, im in enumerate(images):
-        w, h = max(1, im.width), max(1, im.height)
-        scale = min(1.0, BUBBLE_SIDE / max(w, h))
-        tiles.append(f'<a href="image:{row}:{i}"><img src="{im.thumb_url()}" width="{max(1, round(w * scale))}" '
-                     f'height="{max(1, round(h * scale))}"></a>&nbsp;')
-    return '<p style="margin-top:6px;">' + "".join(tiles) + "</p>"
+class BubbleImages:
+    """A user message's images as thumbnails in the transcript (a ChatView message part); each opens the full
+    image. The thumbnails are decoded once and kept as the document's resources ("chatimg:ID/I", which
+    survive setHtml), so re-rendering while a reply streams costs no image decoding."""
+
+    def __init__(self, view) -> None:
+        self.view = view
+        self._added: set[str] = set()
+
+    def __call__(self, row: int, msg, _streaming: bool) -> str:
+        images = getattr(msg, "images", None) if msg.role == "user" else None
+        if not images:
+            return ""
+        tiles = []
+        for i, im in enumerate(images):
+            name = f"chatimg:{msg.id}/{i}"
+            if name not in self._added:
+                self.view.document().addResource(QTextDocument.ResourceType.ImageResource, QUrl(name),
+                                                 QImage.fromData(im.thumb or im.data))
+                self._added.add(name)
+            w, h = max(1, im.width), max(1, im.height)
+            scale = min(1.0, BUBBLE_SIDE / max(w, h))
+            tiles.append(f'<a href="image:{row}:{i}"><img src="{name}" width="{max(1, round(w * scale))}" '
+                         f'height="{max(1, round(h * scale))}"></a>&nbsp;')
+        return '<p style="margin-top:6px;">' + "".join(tiles) + "</p>"
 
 
 def show_full_image(parent: QWidget, messages, arg: str) -> QDialog | None:

@@ -36,16 +36,18 @@ class SpecMeter(QObject):
         self.total: SpecCounts | None = None
         self._before: SpecCounts | None = None  # the reading before the request now running
         self._url = ""
+        self._no_metrics: set[str] = set()  # servers whose /metrics failed (not asked again)
         session.request_sent.connect(self._sent)
         session.request_ended.connect(self._ended)
 
     def _read(self, then) -> None:
         url, key = self.session.base_url, self.session.api_key
-        if not url:
+        if not url or url in self._no_metrics:
             return
         call = BackgroundCall(lambda: (url, read_counts(url, key)), self)
         call.done.connect(then)
-        call.failed.connect(lambda _why: None)  # no /metrics (another kind of server): nothing to show
+        # A server without /metrics (another kind of server) is not asked again; a connection error may pass.
+        call.failed.connect(lambda why: self._no_metrics.add(url) if why.startswith("HTTPStatusError") else None)
         call.start()
 
     def _sent(self, *_args) -> None:
