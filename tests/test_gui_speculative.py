@@ -67,6 +67,10 @@ def test_switch_and_draft_build_the_exact_flag_and_are_remembered(server_panel, 
     again = server_panel(load_settings(path))
     assert again.speculative.enabled() and again.speculative.draft_id() == "qwen-0.5b"
     assert again.config().serve_args() == p.config().serve_args()
+    # Serving the draft itself: it cannot draft for itself, prompt lookup instead.
+    again.set_model("qwen-0.5b")
+    assert again.settings.speculative_draft == "" and again.speculative.draft_id() == "" and "qwen-0.5b" not in [
+        again.speculative.draft.itemData(i) for i in range(again.speculative.draft.count())]
     # The extra flags' own --speculative-config wins.
     p.extra.setText("--speculative-config '{\"method\": \"ngram\", \"num_speculative_tokens\": 2}'")
     args = p.config().serve_args()

@@ -54,6 +54,8 @@ class SpeculativeBox(QWidget):
         """Offer the installed models (not the one being served, nor the embedding model) as drafts; the
         chosen draft stays chosen (a saved one not installed now is kept, marked)."""
         keep = self.draft_id() if draft is None else draft
+        if keep and keep == main:  # a model cannot be its own draft: prompt lookup instead
+            keep = ""
         self.models = [m for m in models if isinstance(m, dict)]
         self.draft.blockSignals(True)
         self.draft.clear()
