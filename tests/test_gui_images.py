@@ -285,3 +285,33 @@ def test_the_real_server_with_the_text_only_demo_refuses_and_nothing_is_lost(qtb
         _close(p)
     finally:
         srv.stop()
+
+
+def test_content_parts_through_the_context_fit_and_the_developer_view():
+    from wslm.gui.content_parts import (
+        IMAGE_TOKEN_ESTIMATE,
+        ChatImage,
+        content_bytes,
+        elide_images,
+        explain_refusal,
+        message_content,
+        text_of,
+    )
+    from wslm.gui.context_fit import TRUNCATE_MIDDLE, fit_messages
+
+    im = ChatImage("image/png", b"\x89PNG" + b"x" * 3000, "a.png")
+    assert message_content("hi", []) == "hi"
+    assert message_content("", [im]) == [im.part()]  # no empty text part
+    long = message_content("word " * 4000, [im])
+    assert text_of(long) == "word " * 4000 and content_bytes(long) == 20000 + IMAGE_TOKEN_ESTIMATE * 4
+    # Cut to fit: the text's middle goes, the image stays a content part (never its repr as text).
+    fit = fit_messages([{"role": "user", "content": long}], 2048, 256, TRUNCATE_MIDDLE)
+    assert fit.messages is not None and "characters cut" in fit.note
+    kept = fit.messages[0]["content"]
+    assert kept[1] == im.part() and len(text_of(kept)) < 20000 and "left out" in text_of(kept)
+    body = elide_images({"messages": [{"role": "user", "content": long}]})
+    assert body["messages"][0]["content"][1]["image_url"]["url"] == "data:image/png;base64,…(3,004 bytes)"
+    assert explain_refusal("The server answered 400: no", [{"role": "user", "content": long}]).endswith(
+        "remove them.")
+    assert explain_refusal("The server answered 400: no", [{"role": "user", "content": "x"}]) == \
+        "The server answered 400: no"

@@ -38,10 +38,10 @@ class ChatImage:
 
 
 def message_content(text: str, images: list[ChatImage] | None) -> str | list[dict]:
-    """A message's content: the text alone, or (with images) the text part then one image_url part each."""
+    """A message's content: the text alone, or (with images) the text part (if any) then one image_url part each."""
     if not images:
         return text
-    return [{"type": "text", "text": text}, *(im.part() for im in images)]
+    return ([{"type": "text", "text": text}] if text else []) + [im.part() for im in images]
 
 
 def text_of(content) -> str:
@@ -85,7 +85,8 @@ def elide_images(body: dict) -> dict:
             url = p.get("image_url", {}).get("url", "") if isinstance(p, dict) else ""
             if url.startswith("data:") and "," in url:
                 head, data = url.split(",", 1)
-                p["image_url"]["url"] = f"{head},…({len(data) * 3 // 4:,} bytes)"
+                size = len(data) * 3 // 4 - len(data) + len(data.rstrip("="))
+                p["image_url"]["url"] = f"{head},…({size:,} bytes)"
     return out
 
 
