@@ -181,3 +181,13 @@ def test_developer_view_shows_the_acceptance_rate(qtbot, tmp_path):
         httpd.shutdown()
         httpd.server_close()
         QApplication.processEvents()
+
+
+def test_a_draft_that_fails_points_at_the_draft_field():
+    from wslm.gui.crash_hints import crash_cause
+
+    cause = crash_cause(1, ["ValueError: the draft model /models/x has another tokenizer than the model "
+                            "(vocabulary 32000 vs 49152): a draft model must share it."])
+    assert cause.field == "speculative" and "Draft" in cause.advice
+    cause = crash_cause(1, ["error: --speculative-config: draft model 'qwen-0.5b' was not found"])
+    assert cause.field == "speculative"

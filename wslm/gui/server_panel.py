@@ -182,7 +182,8 @@ class ServerPanel(QWidget):
                               ("context", self.context.valueChanged), ("gpu", self.gpu.valueChanged),
                               ("api_key", self.api_key.textEdited), ("extra", self.extra.textEdited),
                               ("quantization", self.quantization.currentIndexChanged),
-                              ("kv_dtype", self.kv_dtype.currentIndexChanged), ("tp", self.tp.currentIndexChanged)):
+                              ("kv_dtype", self.kv_dtype.currentIndexChanged), ("tp", self.tp.currentIndexChanged),
+                              ("speculative", self.speculative.changed)):
             changed.connect(lambda *_a, n=name: self._field_edited(n))
 
         self.crash_box = QLabel()
@@ -437,7 +438,7 @@ class ServerPanel(QWidget):
         """Outline the field the crash box tells the user to change (and put the cursor there)."""
         fields = {"model": self.model, "port": self.port, "context": self.context, "gpu": self.gpu,
                   "api_key": self.api_key, "extra": self.extra, "quantization": self.quantization,
-                  "kv_dtype": self.kv_dtype, "tp": self.tp}
+                  "kv_dtype": self.kv_dtype, "tp": self.tp, "speculative": self.speculative.draft}
         for key, w in fields.items():
             w.setStyleSheet(f"border: 1px solid {theme.ERROR};" if key == name else "")
         if name in fields and focus:
