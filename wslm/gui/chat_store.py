@@ -281,7 +281,7 @@ class ChatStore:
         """Add a message under `parent_id` (None: a first message; AFTER_LAST: after the shown path's last)
         and show it: it becomes its parent's active child, so a second child is a new branch."""
         if parent_id == AFTER_LAST:
-            path = self.messages(conv_id)
+            path = self.messages(conv_id, images=False)
             parent_id = path[-1].id if path else None
         now = time.time()
         cur = self._db.execute(
@@ -409,9 +409,10 @@ class ChatStore:
             row = self._db.execute("SELECT active_child FROM messages WHERE id = ?", (parent_id,)).fetchone()
         return row[0] if row else None
 
-    def messages(self, conv_id: int) -> list[Message]:
+    def messages(self, conv_id: int, images: bool = True) -> list[Message]:
         """The chat as shown: the path from the first message through each one's active child (the newest
-        child where none was chosen), each message with its siblings (the other branches there)."""
+        child where none was chosen), each message with its siblings (the other branches there) and, unless
+        `images` is False (only the path wanted), its images."""
         rows = self._db.execute(
             f"SELECT {MSG_COLUMNS} FROM messages WHERE conversation_id = ? ORDER BY created, id", (conv_id,)
         ).fetchall()
@@ -426,7 +427,7 @@ class ChatStore:
             msg.siblings = [k[0] for k in kids]
             path.append(msg)
             kids, chosen = children.get(r[0], []), r[8]
-        return self._with_images(path)
+        return self._with_images(path) if images else path
 
     def all_messages(self, conv_id: int) -> list[Message]:
         """Every message of every branch, oldest first."""
