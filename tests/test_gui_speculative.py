@@ -110,7 +110,7 @@ vllm:num_requests_running{model_name="demo"} 1.0
 class Metrics(BaseHTTPRequestHandler):
     """Chat completions (SSE) and /metrics; each request drafts 8 tokens and 6 are accepted."""
 
-    draft, accepted, spec = 100, 50, True
+    draft, accepted, spec, step = 100, 50, True, 1
     lock = threading.Lock()
 
     def log_message(self, *args) -> None:
@@ -139,14 +139,14 @@ class Metrics(BaseHTTPRequestHandler):
         self.wfile.write(f"data: {json.dumps(chunk)}\n\n".encode())
         self.wfile.flush()
         with type(self).lock:  # the tokens are counted as they are decoded, after the request came in
-            type(self).draft += 8
-            type(self).accepted += 6
+            type(self).draft += 8 * type(self).step
+            type(self).accepted += 6 * type(self).step
         end = {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}], "usage": {"completion_tokens": 1}}
         self.wfile.write(f"data: {json.dumps(end)}\n\ndata: [DONE]\n\n".encode())
 
 
 def test_developer_view_shows_the_acceptance_rate(qtbot, tmp_path):
-    Metrics.draft, Metrics.accepted, Metrics.spec = 100, 50, True
+    Metrics.draft, Metrics.accepted, Metrics.spec, Metrics.step = 100, 50, True, 1
     httpd = ThreadingHTTPServer(("127.0.0.1", 0), Metrics)
     httpd.daemon_threads = True
     threading.Thread(target=httpd.serve_forever, daemon=True).start()
@@ -168,7 +168,13 @@ def test_developer_view_shows_the_acceptance_rate(qtbot, tmp_path):
         assert dialog.spec_label.isVisibleTo(dialog)
         assert "last request 6/8 draft tokens accepted (75%)" in dialog.spec_label.text()
         assert "overall 62/116" in dialog.spec_label.text()
-        # The server restarted without speculative decoding: "off".
+        # The server restarted without speculative decoding (counters at zero, or none): "off".
+        Metrics.draft = Metrics.accepted = Metrics.step = 0
+        with qtbot.waitSignal(meter.changed, timeout=10000):
+            p.input.setPlainText("zero")
+            p.send()
+        qtbot.waitUntil(lambda: not session.busy, timeout=5000)
+        assert meter.available is False and "off" in dialog.spec_label.text()
         Metrics.spec = False
         with qtbot.waitSignal(meter.changed, timeout=10000):
             p.input.setPlainText("three")

@@ -66,7 +66,7 @@ class SpecMeter(QObject):
 
     def _got_after(self, result) -> None:
         url, counts = result
-        if counts is None:
+        if counts is None or not counts.draft:  # no counters, or all zero (a server exporting them while off)
             self._set_off()
             return
         if self._before is not None and url == self._url:
