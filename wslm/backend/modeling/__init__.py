@@ -22,6 +22,7 @@ _MODELS: dict[str, tuple[str, str]] = {
     "Gemma3ForCausalLM": ("gemma3", "Gemma3ForCausalLM"),
     "Gemma3ForConditionalGeneration": ("gemma3", "Gemma3ForConditionalGeneration"),
     "GptOssForCausalLM": ("gpt_oss", "GptOssForCausalLM"),
+    "LlavaForConditionalGeneration": ("llava", "LlavaForConditionalGeneration"),
 }
 
 # Kept under its old name: the model catalog and the loader test membership and list the keys.
