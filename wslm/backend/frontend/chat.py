@@ -77,15 +77,14 @@ def _normalize_message(i: int, msg: Any, images: list | None = None) -> dict:
                 parts.append({"type": "text", "text": part["text"]})
             elif isinstance(part, dict) and part.get("type") in IMAGE_PARTS:
                 where = f"messages.{i}.content.{j}"
-                if images is not None:
-                    images.append((image_source(part, where), where))
+                if images is None:
+                    raise ImagesRefused(where)
+                images.append((image_source(part, where), where))
                 parts.append({"type": "image"})
             else:
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
                 raise RequestError(f"messages[{i}] has a {kind!r} content part; only text and image parts are "
                                    "supported.", param=f"messages.{i}.content", code="unsupported_parameter")
-        if any(p["type"] == "image" for p in parts) and images is None:
-            raise ImagesRefused(f"messages.{i}.content")
         content = parts if images is not None else "\n".join(texts)
     elif not isinstance(content, str):
         raise RequestError(f"messages[{i}].content must be a string or a list of text parts.",

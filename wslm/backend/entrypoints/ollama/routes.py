@@ -132,7 +132,6 @@ async def generate(state: ServerState, request: Request) -> Response:
     (done_reason "load"), or unloads it with keep_alive 0 (the pool acts on keep_alive)."""
     body = await _json_body(request)
     model = convert.require_model(body)
-    convert.no_images(body, "images")
     for unsupported in ("suffix", "template"):
         if body.get(unsupported):
             raise bad_request(f"{unsupported} is not supported by wslm: it renders prompts with the model's own "
@@ -148,6 +147,9 @@ async def generate(state: ServerState, request: Request) -> Response:
     context = body.get("context")
     if context is not None and (not isinstance(context, list) or not all(isinstance(t, int) for t in context)):
         raise bad_request("context must be the list of token ids a previous reply returned.", param="context")
+    if body.get("images") and (body.get("raw") or context):
+        raise bad_request("images with raw or context are not supported: send them through /api/chat, or without "
+                          "raw and context.", param="images")
     if body.get("raw") or context:
         # Ollama appends the new (templated) prompt to the earlier conversation's tokens.
         ids = state.tokenizer.encode(prompt, add_special_tokens=False) if body.get("raw") else \
@@ -161,6 +163,7 @@ async def generate(state: ServerState, request: Request) -> Response:
         handler, kind = serving_completion.create_completion, "generate"
     else:
         openai_body["messages"] = _generate_messages(body, prompt)
+        openai_body["messages"][-1]["content"] = convert.with_images(prompt, body.get("images"), "images")
         handler, kind = serving_chat.create_chat_completion, "generate-chat"
     openai_body["return_token_ids"] = True  # the final line's `context`
     return await _generate(state, request, body, openai_body, handler, kind)
