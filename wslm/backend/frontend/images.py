@@ -84,8 +84,8 @@ def load_image(source: str | bytes, limits: ImageLimits, where: str) -> LoadedIm
 
     try:
         img = Image.open(io.BytesIO(data))
-    except (UnidentifiedImageError, OSError) as exc:
-        raise RequestError(f"{where}: the image could not be read ({exc}); send PNG, JPEG, WebP or GIF.",
+    except (UnidentifiedImageError, OSError):
+        raise RequestError(f"{where}: the data is not an image wslm can read; send PNG, JPEG, WebP or GIF.",
                            param=where, code="invalid_image") from None
     if img.format not in FORMATS:
         raise RequestError(f"{where}: {img.format} images are not accepted; send PNG, JPEG, WebP or GIF.",
@@ -137,8 +137,11 @@ def _read_bytes(source: str | bytes, limits: ImageLimits, where: str) -> bytes:
 def _b64(payload: str, limits: ImageLimits, where: str) -> bytes:
     # Base64 is 4/3 of the bytes: refuse before decoding a huge string.
     _check_bytes(len(payload) * 3 // 4 - 2, limits, where)
+    payload = "".join(payload.split())  # some clients wrap base64 in lines
     try:
-        return base64.b64decode(payload.strip(), validate=False)
+        if "-" in payload or "_" in payload:
+            return base64.b64decode(payload, altchars=b"-_", validate=True)  # the URL-safe alphabet
+        return base64.b64decode(payload, validate=True)
     except (binascii.Error, ValueError) as exc:
         raise RequestError(f"{where}: the image's base64 data is not valid ({exc}).", param=where,
                            code="invalid_image") from None
