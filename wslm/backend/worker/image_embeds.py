@@ -4,22 +4,43 @@ kept while its tokens are prefilled, so an image cut by chunked prefill is encod
 
 from __future__ import annotations
 
+import logging
 from collections import OrderedDict
 
 import torch
 
 from wslm.backend.multimodal import ImageInput
 
+logger = logging.getLogger("wslm.engine")
 
-def image_rows(images: tuple[ImageInput, ...], start: int, end: int, row0: int) -> list:
-    """For a sequence computing tokens [start, end) from step row row0: (row, first, end index into the
-    image's embeddings, image) of each image whose tokens overlap."""
+
+def image_rows(images: tuple[ImageInput, ...], start: int, end: int, row0: int, seq_index: int) -> list:
+    """For the step's sequence seq_index computing tokens [start, end) from step row row0: (row, first, end
+    index into the image's embeddings, image, seq_index) of each image whose tokens overlap."""
     out = []
     for im in images:
         a, b = max(start, im.offset), min(end, im.offset + im.length)
         if a < b:
-            out.append((row0 + a - start, a - im.offset, b - im.offset, im))
+            out.append((row0 + a - start, a - im.offset, b - im.offset, im, seq_index))
     return out
+
+
+def image_spans(images: list) -> list[tuple[int, int, int, int]]:
+    """For a model whose image tokens see their whole image (Gemma 3): the attention spans of the images that
+    end in this step (layers/image_attention.py). An image whose tokens run on into the next step (chunked
+    prefill) attends causally in this step: logged once."""
+    spans = []
+    for row, first, last, im, seq_index in images:
+        if last == im.length:
+            spans.append((row, row + last - first, seq_index, im.offset + first))
+        elif not _warned:
+            _warned.append(True)
+            logger.warning("An image's tokens were split over prefill steps: its first part attends causally, "
+                           "not to the whole image (raise --max-num-batched-tokens above the image's tokens).")
+    return spans
+
+
+_warned: list[bool] = []
 
 
 class ImageEmbedder:
@@ -32,7 +53,7 @@ class ImageEmbedder:
     def embeds(self, input_ids: torch.Tensor, images: list) -> torch.Tensor:
         """The step's input embeddings: the tokens' own, with image rows replaced by the image's."""
         embeds = self.model.embed(input_ids)
-        for row, first, last, im in images:
+        for row, first, last, im, _ in images:
             embeds[row : row + last - first] = self.features(im)[first:last].to(embeds.dtype)
         return embeds
 

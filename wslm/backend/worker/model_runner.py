@@ -168,6 +168,10 @@ class ModelRunner:
 
             self.image_embedder = ImageEmbedder(self.model)
         embeds = self.image_embedder.embeds(input_ids, images)
+        if getattr(self.model, "bidirectional_images", False):
+            from wslm.backend.worker.image_embeds import image_spans
+
+            meta.image_spans = image_spans(images)
         return self.model.forward(input_ids, positions, meta, self.kv_caches, inputs_embeds=embeds)
 
     def execute_pooling(self, scheduled: list[tuple[Sequence, int]]) -> tuple[torch.Tensor, list[Sequence]]:

@@ -24,7 +24,7 @@ class StepInputs:
     max_seqlen_q: int
     prompt_logprob_rows: int = 0  # how many of logits_indices are prompt_logprobs rows (the last ones)
     # Image tokens this step computes: (first row in the step, first and end index into the image's
-    # embeddings, multimodal.ImageInput); their rows take the image's embeddings instead of the token's.
+    # embeddings, multimodal.ImageInput, sequence index); their rows take the image's embeddings.
     images: list = field(default_factory=list)
 
 
@@ -52,7 +52,7 @@ def prepare_step(scheduled: list[tuple[Sequence, int]], block_size: int) -> tupl
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
         prompt_rows.extend(cu[-1] + p - start for p in prompt_logprob_positions(seq, n))
         if seq.images:
-            images.extend(image_rows(seq.images, start, end, cu[-1]))
+            images.extend(image_rows(seq.images, start, end, cu[-1], len(cu) - 1))
         cu.append(cu[-1] + n)
         seq_lens.append(end)
         max_q = max(max_q, n)

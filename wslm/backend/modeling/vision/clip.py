@@ -45,6 +45,10 @@ class CLIPVisionTower:
     def weight_names(self) -> list[str]:
         names = ["embeddings.class_embedding", "embeddings.patch_embedding.weight",
                  "embeddings.position_embedding.weight", "pre_layrnorm.weight", "pre_layrnorm.bias"]
+        return names + self.layer_weight_names()
+
+    def layer_weight_names(self) -> list[str]:
+        names = []
         for i in range(self.num_layers):
             p = f"encoder.layers.{i}"
             for part in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.out_proj",
@@ -58,18 +62,22 @@ class CLIPVisionTower:
     def hidden_states(self, pixel_values: torch.Tensor, layers: list[int]) -> list[torch.Tensor]:
         """The encoder's hidden states after each layer count in `layers` (HF's hidden_states[i]: 0 is the
         embeddings after the pre-LayerNorm, negative counts from the end)."""
-        w = self.w
-        x = F.conv2d(pixel_values.to(w.dtype), w["embeddings.patch_embedding.weight"], stride=self.patch_size)
-        x = x.flatten(2).transpose(1, 2)  # [n, patches, hidden]
-        cls = w["embeddings.class_embedding"].expand(x.shape[0], 1, -1)
-        x = torch.cat([cls, x], dim=1) + w["embeddings.position_embedding.weight"][: x.shape[1] + 1]
-        x = F.layer_norm(x, (self.hidden,), w["pre_layrnorm.weight"], w["pre_layrnorm.bias"], self.eps)
+        x = self.embeddings(pixel_values)
         wanted = sorted({i % (self.num_layers + 1) for i in layers})
         states = {0: x}
         for i in range(max(wanted)):
             x = self._layer(i, x)
             states[i + 1] = x
         return [states[i % (self.num_layers + 1)] for i in layers]
+
+    def embeddings(self, pixel_values: torch.Tensor) -> torch.Tensor:
+        w = self.w
+        x = F.conv2d(pixel_values.to(w.dtype), w["embeddings.patch_embedding.weight"], stride=self.patch_size)
+        x = x.flatten(2).transpose(1, 2)  # [n, patches, hidden]
+        cls = w["embeddings.class_embedding"].expand(x.shape[0], 1, -1)
+        x = torch.cat([cls, x], dim=1)
+        x = x + w["embeddings.position_embedding.weight"][: x.shape[1]]
+        return F.layer_norm(x, (self.hidden,), w["pre_layrnorm.weight"], w["pre_layrnorm.bias"], self.eps)
 
     def _layer(self, i: int, x: torch.Tensor) -> torch.Tensor:
         w, p = self.w, f"encoder.layers.{i}"
