@@ -452,6 +452,20 @@ def _model_info(path: str) -> dict:
     return out
 
 
+def _takes_images(path: str) -> bool:
+    """A vision model wslm runs, with its image processor's settings beside it (docs/vision.md)."""
+    from wslm.backend.modeling import SUPPORTED_ARCHITECTURES, get_model_class
+    from wslm.backend.modeling.vision import has_image_processor
+
+    folder = Path(path)
+    try:
+        archs = json.loads((folder / "config.json").read_text(encoding="utf-8")).get("architectures") or []
+    except (OSError, ValueError, AttributeError):
+        return False
+    return (bool(archs) and archs[0] in SUPPORTED_ARCHITECTURES and has_image_processor(folder)
+            and getattr(get_model_class(archs[0]), "takes_images", False))
+
+
 def _describe_path(path: str) -> Any:
     from wslm.backend.hub import catalog
 
@@ -475,6 +489,8 @@ async def show(state: ServerState, request: Request) -> Response:
             caps.append("tools")
         if state.reasoning_parser:
             caps.append("thinking")
+        if await asyncio.to_thread(_takes_images, path):
+            caps.append("vision")  # apps (Open WebUI, ...) offer image upload by it
     model_info = {"general.architecture": arch, "general.basename": name,
                   "general.parameter_count": info.get("num_params") or 0,
                   f"{arch}.context_length": state.max_model_len}
