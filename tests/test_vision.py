@@ -131,3 +131,19 @@ def test_gemma3_logits_equal_hf_with_bidirectional_image_attention(gemma3):
     outs = llm.chat([_gemma_chat(img, q)[0] for img, q in cases], _params())
     for out, ref in zip(outs, refs):
         _check(out, *ref)
+
+
+def test_tensor_parallel_two_ranks_match_hf(gemma3):
+    """Two CPU ranks (mp executor): the step's images travel to both workers, each runs the (replicated)
+    vision tower and its own heads' bidirectional image rows; Gemma 3 still equals HF (LLaVA's path is the
+    same minus the image rows)."""
+    from wslm.backend.entrypoints.llm import LLM
+
+    folder, _ = gemma3
+    messages, hf_messages = _gemma_chat(IMG_A, "What is it?")
+    llm = LLM(str(folder), tensor_parallel_size=2, dtype="float32", max_model_len=256, block_size=8,
+              num_gpu_blocks_override=64)
+    try:
+        _check(llm.chat(messages, _params())[0], *hf_greedy_top(folder, hf_messages, [IMG_A], STEPS))
+    finally:
+        llm.llm_engine.shutdown()

@@ -84,6 +84,10 @@ def load_image(source: str | bytes, limits: ImageLimits, where: str) -> LoadedIm
 
     try:
         img = Image.open(io.BytesIO(data))
+    except Image.DecompressionBombError:  # PIL's own guard, far above any sane --max-image-pixels
+        raise RequestError(f"{where}: the image has more pixels than the {limits.max_image_pixels} allowed (start "
+                           "the server with a larger --max-image-pixels, or scale it down).", param=where,
+                           code="image_too_large") from None
     except (UnidentifiedImageError, OSError):
         raise RequestError(f"{where}: the data is not an image wslm can read; send PNG, JPEG, WebP or GIF.",
                            param=where, code="invalid_image") from None

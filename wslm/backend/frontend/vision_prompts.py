@@ -54,8 +54,12 @@ class VisionPrompts:
 
     def prompt(self, text: str, images: list[LoadedImage]) -> PromptIds:
         """text: the rendered prompt with one placeholder per image (the template wrote them)."""
-        out = self.processor(text=[text], images=[im.image for im in images], add_special_tokens=False,
-                             return_tensors="pt")
+        try:
+            out = self.processor(text=[text], images=[im.image for im in images], add_special_tokens=False,
+                                 return_tensors="pt")
+        except ValueError as exc:  # e.g. an image too small or too oddly shaped for the processor
+            raise RequestError(f"The model's image processor refused an image: {exc}", param="messages",
+                               code="invalid_image") from None
         ids = out["input_ids"][0].tolist()
         runs = _runs(ids, self.image_token_id)
         if len(runs) != len(images):
