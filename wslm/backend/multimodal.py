@@ -34,3 +34,14 @@ class PromptIds(list):
 def block_image_hashes(images: tuple[ImageInput, ...], start: int, end: int) -> tuple[str, ...]:
     """The hashes of the images whose placeholder tokens overlap token positions [start, end)."""
     return tuple(im.content_hash for im in images if im.offset < end and im.offset + im.length > start)
+
+
+def whole_images(images: tuple[ImageInput, ...], start: int, num_new: int) -> int:
+    """A prefill chunk [start, start + num_new) cut back to end where an image begins rather than inside it,
+    so that an image's tokens are computed in one step (Gemma 3's image tokens see their whole image; vLLM's
+    disable_chunked_mm_input). An image the chunk starts inside, or one larger than the chunk, is split."""
+    end = start + num_new
+    for im in images:
+        if start < im.offset < end < im.offset + im.length:
+            return im.offset - start
+    return num_new
