@@ -95,6 +95,10 @@ def test_png_through_openai_responses_anthropic_and_ollama(server, client, expec
     reply = _chat(client, _parts(data_url(PNG)))
     assert reply.choices[0].message.content == expected
     assert reply.usage.prompt_tokens > 16  # the image's 16 placeholder tokens are counted
+    # /tokenize (the desktop app's context meter) counts a chat with an image as the engine runs it.
+    counted = httpx.post(server.url + "/tokenize", json={"model": "tiny-vlm", "messages": [
+        {"role": "user", "content": _parts(data_url(PNG))}]}, timeout=60).json()
+    assert counted["count"] == reply.usage.prompt_tokens
     stream = _chat(client, _parts(data_url(PNG)), stream=True)
     assert "".join(c.choices[0].delta.content or "" for c in stream if c.choices) == expected
     resp = client.responses.create(model="tiny-vlm", max_output_tokens=TOKENS, temperature=0, input=[
