@@ -165,6 +165,8 @@ def test_each_limit_is_a_400_naming_it(client, image_host, case, flag):
 
 def test_server_still_serves_text_and_placeholder_text_is_refused(server, client):
     assert _chat(client, "Plain text, no image.").choices[0].message.content is not None
+    with pytest.raises(openai.BadRequestError, match="use_beam_search does not take images"):
+        _chat(client, _parts(data_url(PNG)), extra_body={"use_beam_search": True, "n": 2})
     # The placeholder token typed as text, with no image behind it, is a 400, not garbage embeddings.
     r = httpx.post(server.base_url + "/completions", json={"model": "tiny-vlm", "prompt": "USER: <image>\nhi",
                                                            "max_tokens": 2}, timeout=60)
