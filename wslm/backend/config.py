@@ -88,6 +88,14 @@ class EngineConfig:
     lora_path: str | None = _flag(
         None, "a LoRA adapter folder (PEFT's format) merged into the model's 16/32-bit weights as they load "
         "(`wslm serve --lora-modules NAME=PATH` serves adapters by name)")
+    # Images in chat (vision models; frontend/images.py): vLLM's --limit-mm-per-prompt, and wslm's own caps.
+    limit_mm_per_prompt: str | None = _flag(
+        None, 'most images per prompt, as JSON: \'{"image": N}\' (vLLM\'s flag; default 8)')
+    max_image_bytes: int = _flag(20 * 2**20, "largest image a request may send, in bytes (encoded; also the cap "
+                                             "on an http(s) image download; default 20 MiB)")
+    max_image_pixels: int = _flag(16_000_000, "largest image a request may send, in pixels (width x height; "
+                                              "default 16 million)")
+    image_fetch_timeout: float = _flag(10.0, "seconds to fetch an http(s) image URL (default 10)")
 
     def __post_init__(self) -> None:
         if self.tensor_parallel_size < 1:

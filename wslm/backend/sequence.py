@@ -58,6 +58,7 @@ class Sequence:
     last_token_time: float | None = None
     num_preemptions: int = 0
     pooling: object | None = None  # PoolingParams of an embedding request (prefill only; pooling/decoder.py)
+    images: tuple = ()  # multimodal.ImageInput of each image in the prompt (their tokens' embeddings)
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from wslm.backend.multimodal import block_image_hashes
 from wslm.backend.sequence import Sequence
 
 # What a freed table entry holds: any valid block id, since the kernels may load it (masked) when a tile
@@ -67,7 +68,10 @@ class BlockManager:
         while len(hashes) < num_full_blocks:
             i = len(hashes)
             parent = hashes[-1] if hashes else None
-            hashes.append(hash((parent, tuple(seq.tokens_slice(i * bs, (i + 1) * bs)))))
+            key = (parent, tuple(seq.tokens_slice(i * bs, (i + 1) * bs)))
+            if seq.images:  # the same placeholder ids stand for different pictures: the image's hash decides
+                key += block_image_hashes(seq.images, i * bs, (i + 1) * bs)
+            hashes.append(hash(key))
         return hashes
 
     def get_computed_blocks(self, seq: Sequence) -> list[int]:

@@ -38,6 +38,7 @@ class EngineRequest:
     arrival_time: float
     grammar: object | None = None  # structured.CompiledGrammar
     token_rules: object | None = None  # worker.token_rules.TokenRules
+    images: tuple = ()  # multimodal.ImageInput of each image in the prompt
 
 
 @dataclass(slots=True)
@@ -104,6 +105,7 @@ class EngineCore:
                     seq.generator.manual_seed(p.seed)
                 seq.grammar = GrammarState(req.grammar) if req.grammar is not None else None
                 seq.token_rules = req.token_rules
+                seq.images = req.images
                 seqs.append(seq)
             # Siblings wait for the first completion's prompt, then share its KV blocks (see _scheduler_output).
             seqs[0].pending_forks = seqs[1:]

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from wslm.backend.config import EngineConfig
 from wslm.backend.engine.block_manager import BlockManager
+from wslm.backend.multimodal import whole_images
 from wslm.backend.sequence import Sequence, SequenceStatus
 
 
@@ -71,6 +72,8 @@ class Scheduler:
                 num_new = 1
             else:
                 num_new = min(remaining, budget - decodes_left, prefill_budget)
+                if seq.images and num_new > 0:
+                    num_new = whole_images(seq.images, seq.num_computed_tokens, num_new)
                 if num_new <= 0:
                     i += 1  # this prefill waits a step: the decodes behind it go first
                     continue
@@ -107,6 +110,8 @@ class Scheduler:
             computed = bm.get_computed_blocks(seq) if getattr(seq.params, "prompt_logprobs", None) is None else []
             num_cached = len(computed) * bm.block_size
             num_new = min(seq.num_tokens - num_cached, budget, prefill_budget)
+            if seq.images and num_new > 0:
+                num_new = whole_images(seq.images, num_cached, num_new)
             if num_new <= 0 or not bm.allocate_slots(seq, num_new, computed):
                 break
             self.waiting.popleft()

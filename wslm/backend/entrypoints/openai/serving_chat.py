@@ -151,6 +151,9 @@ async def _beam_chat(state: ServerState, request: Request, req: ChatCompletionRe
     with as_bad_request():
         validation.check_batch(1, req.n, state.limits)
     prompt_ids, _, _ = await prepare_chat(state, req, None)
+    if getattr(prompt_ids, "images", None):
+        raise bad_request("use_beam_search does not take images yet: send the request without it.",
+                          param="use_beam_search")
     params = serving_beam.beam_params(state, req, req.requested_max_tokens(), len(prompt_ids))
     response_id = f"chatcmpl-{uuid.uuid4().hex}"
     results = await serving_beam.search(state, request, response_id, [prompt_ids], [params])
