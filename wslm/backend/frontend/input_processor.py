@@ -28,6 +28,7 @@ class InputProcessor:
         self.structured = structured
         self.chat_template = read_template(chat_template)
         self.model_name = model_name
+        self.lora_checker: Any = None  # lora.checks.AdapterChecker (LLMEngine sets it): a request's adapter
 
     def render_chat(self, messages: list[dict], chat_template: str | None = None, add_generation_prompt: bool = True,
                     **options: Any) -> list[int]:
@@ -38,7 +39,7 @@ class InputProcessor:
 
     def process(self, request_id: str, prompt: str | list[int] | dict, params: SamplingParams | None = None,
                 arrival_time: float | None = None, what: str = "prompt",
-                structured_param: str | None = None) -> EngineRequest:
+                structured_param: str | None = None, lora_request: Any = None) -> EngineRequest:
         """Raises RequestError (a ValueError carrying OpenAI's param and code) when the request cannot be
         served. what: the request field the prompt came from (named in errors); structured_param: the field
         the grammar came from (response_format, tools, structured_outputs)."""
@@ -59,7 +60,11 @@ class InputProcessor:
                 exc.code = exc.code or "invalid_structured_output"
                 raise
         rules = TokenRules.build(params, self.tokenizer)
-        return EngineRequest(request_id, text, ids, params, arrival, grammar, rules)
+        if lora_request is not None:
+            if self.lora_checker is None:
+                raise RequestError("This engine serves no LoRA adapters.", param="lora_request")
+            self.lora_checker(lora_request)
+        return EngineRequest(request_id, text, ids, params, arrival, grammar, rules, lora_request)
 
     def process_pooling(self, request_id: str, prompt: Any, params: PoolingParams,
                         arrival_time: float | None = None) -> EngineRequest:

@@ -82,6 +82,9 @@ class LLMEngine:
         structured = None if self.pooling else StructuredOutputCompiler(self.tokenizer, mc.vocab_size,
                                                                          sorted(mc.eos_token_ids))
         self.processor = InputProcessor(self.tokenizer, limits, structured, config.chat_template, self.model_name)
+        from wslm.backend.lora.checks import AdapterChecker
+
+        self.processor.lora_checker = AdapterChecker(config.enable_lora and not self.pooling, config.max_lora_rank)
         self.output_processor = OutputProcessor(self.tokenizer, mc.max_model_len)
         self._pending: list = []  # outputs made outside step() (aborts)
         kv_gib = self.executor.kv_cache_bytes / 2**30
