@@ -60,7 +60,8 @@ async def create_completion(state: ServerState, request: Request) -> Response:
     # The engine's input processor tokenizes, truncates, checks and compiles the grammar (once).
     group, prompts_ids = await start_group(state.engine, response_id, [p if isinstance(p, str) else list(p)
                                                                        for p in prompts], params, what="prompt",
-                                           structured_param=req.structured_source or "structured_outputs")
+                                           structured_param=req.structured_source or "structured_outputs",
+                                           **state.lora_names(model))
     # The echoed prompt: the text as sent, or (token ids, truncation) what the model saw.
     prompt_texts = [p if isinstance(p, str) and req.truncate_prompt_tokens is None else state.tokenizer.decode(ids)
                     for p, ids in zip(prompts, prompts_ids)] if req.echo else []

@@ -1,0 +1,181 @@
+"""LoRA adapters per request over one shared base (wslm/backend/lora): a batch mixing 4 adapters and the base
+gives each request exactly the greedy tokens of its adapter merged into the weights (the loader's merge math,
+float32, a tiny random Llama and PEFT folders written here); the adapters take their own bytes beside one base;
+prefix caching never shares KV between adapters; the server's --lora-modules, /v1/load_lora_adapter,
+/v1/unload_lora_adapter and /v1/models through the official openai client."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import openai
+import pytest
+import torch
+from lora_helpers import write_adapter
+from test_server_helpers import ServerProcess
+
+from wslm.backend import LLM, LoRARequest, SamplingParams
+
+PROMPTS = ["The quick brown fox", "Once upon a time", "Hello there", "A B C D", "Paris is", "The quick brown fox",
+           "Once upon a time", "zzz top"]
+# rank, targets (None: all seven projections), rslora
+SPECS = [(8, None, False), (4, ("q_proj", "v_proj"), False), (16, ("gate_proj", "up_proj", "down_proj", "o_proj"), True),
+         (2, ("k_proj", "down_proj"), False)]
+GREEDY = SamplingParams(temperature=0, max_tokens=10, ignore_eos=True)
+KW = dict(kv_cache_memory=16 << 20, dtype="float32")
+
+
+def _runner(llm):
+    return llm.llm_engine.core.executor.runner
+
+
+@pytest.fixture(scope="module")
+def setup(tiny_models, tmp_path_factory):
+    """The tiny llama, 4 adapters (and their tensor bytes), and each adapter's greedy tokens for PROMPTS with
+    it merged into the weights by loader/lora.py (one engine, weights restored between adapters)."""
+    from wslm.backend.loader.lora import merge_lora
+
+    folder = tiny_models["llama"]
+    config = json.loads((folder / "config.json").read_text())
+    root = tmp_path_factory.mktemp("adapters")
+    paths, sizes = [], []
+    for i, (rank, targets, rslora) in enumerate(SPECS):
+        paths.append(root / f"a{i}")
+        sizes.append(write_adapter(paths[-1], config, rank, seed=10 + i, rslora=rslora,
+                                   **({"targets": targets} if targets else {})))
+    write_adapter(root / "big", config, 32, seed=99)
+    ref = LLM(str(folder), enable_prefix_caching=False, **KW)
+    runner = _runner(ref)
+    saved = {k: t.clone() for k, t in _weights(runner.model).items()}
+    merged = {None: [o.outputs[0].token_ids for o in ref.generate(PROMPTS, GREEDY)]}
+    for i, path in enumerate(paths):
+        merge_lora(runner.model, path)
+        runner.weights_updated()
+        merged[i] = [o.outputs[0].token_ids for o in ref.generate(PROMPTS, GREEDY)]
+        for k, t in _weights(runner.model).items():
+            t.copy_(saved[k])
+        runner.weights_updated()
+    assert len({tuple(map(tuple, v)) for v in merged.values()}) == 5  # every adapter changes the answers
+    del ref
+    return folder, config, paths, sizes, merged, root
+
+
+def _weights(model) -> dict[str, torch.Tensor]:
+    return {f"{i}.{n}": getattr(getattr(layer, b), n).weight for i, layer in enumerate(model.layers)
+            for b, names in (("self_attn", ("qkv_proj", "o_proj")), ("mlp", ("gate_up_proj", "down_proj")))
+            for n in names}
+
+
+@pytest.fixture(scope="module")
+def llm(setup):
+    return LLM(str(setup[0]), enable_lora=True, max_loras=4, max_lora_rank=16, **KW)
+
+
+def _requests(paths) -> list[LoRARequest]:
+    return [LoRARequest(f"a{i}", i + 1, str(p)) for i, p in enumerate(paths)]
+
+
+def test_a_batch_mixing_four_adapters_and_the_base_gives_each_its_merged_tokens(setup, llm):
+    _, _, paths, sizes, merged, _ = setup
+    reqs = _requests(paths)
+    # Same adapter at batch rows 0 and 5: its rows are not contiguous (the index path), others are.
+    assign = [0, 1, None, 2, 3, 0, None, 1]
+    outs = llm.generate(PROMPTS, GREEDY, lora_request=[None if a is None else reqs[a] for a in assign])
+    for j, a in enumerate(assign):
+        assert outs[j].outputs[0].token_ids == merged[a][j], (j, a)
+    # Memory: one base, and beside it exactly the adapters' own tensors (nothing padded, no merged copies).
+    from wslm.backend.modeling.weight_bytes import weight_bytes
+
+    runner = _runner(llm)
+    base = sum(weight_bytes(runner.model).values())
+    assert sorted(runner.lora.list_loras()) == [1, 2, 3, 4]
+    assert runner.lora.nbytes() == sum(sizes)
+    assert base + runner.lora.nbytes() <= 1.1 * (base + sum(sizes))
+    # One adapter for every prompt (a single request list form) equals its merged model too.
+    outs = llm.generate(PROMPTS[:3], GREEDY, lora_request=reqs[2])
+    assert [o.outputs[0].token_ids for o in outs] == merged[2][:3]
+
+
+def test_prefix_cache_is_keyed_on_the_adapter(setup, llm):
+    _, _, paths, _, merged, _ = setup
+    a0, a1 = _requests(paths)[:2]
+    prompt = " ".join(["token"] * 40)  # several full KV blocks
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    first = llm.generate([prompt], params, lora_request=a0)[0]
+    other = llm.generate([prompt], params, lora_request=a1)[0]
+    again = llm.generate([prompt], params, lora_request=a1)[0]
+    base = llm.generate([prompt], params)[0]
+    assert first.num_cached_tokens == 0 and other.num_cached_tokens == 0 and base.num_cached_tokens == 0
+    assert again.num_cached_tokens > 0 and again.outputs[0].token_ids == other.outputs[0].token_ids
+    assert first.outputs[0].token_ids != other.outputs[0].token_ids
+
+
+def test_bad_adapters_are_refused_naming_the_cause(setup, llm, tmp_path):
+    folder, _, paths, _, _, root = setup
+    with pytest.raises(ValueError, match="above --max-lora-rank 16; raise --max-lora-rank"):
+        llm.generate(PROMPTS[:1], GREEDY, lora_request=LoRARequest("big", 9, str(root / "big")))
+    with pytest.raises(ValueError, match="no adapter_config.json"):
+        llm.generate(PROMPTS[:1], GREEDY, lora_request=LoRARequest("none", 10, str(tmp_path)))
+    with pytest.raises(ValueError, match="2 prompts but 1 LoRA requests"):
+        llm.generate(PROMPTS[:2], GREEDY, lora_request=[_requests(paths)[0]])
+    with pytest.raises(ValueError, match="lora_int_id must be a positive"):
+        LoRARequest("x", 0, str(paths[0]))
+
+
+def test_more_adapters_than_max_loras_wait_their_turn(setup):
+    folder, _, paths, _, merged, _ = setup
+    small = LLM(str(folder), enable_lora=True, max_loras=2, **KW)
+    reqs = _requests(paths)
+    assign = [0, 1, 2, 3, 0, 1, 2, 3]
+    outs = small.generate(PROMPTS, GREEDY, lora_request=[reqs[a] for a in assign])
+    assert [o.outputs[0].token_ids for o in outs] == [merged[a][j] for j, a in enumerate(assign)]
+    assert len(_runner(small).lora.list_loras()) <= 2
+
+
+@pytest.fixture(scope="module")
+def server(setup):
+    folder, _, paths, _, _, _ = setup
+    srv = ServerProcess("--model", str(folder), "--port", "0", "--served-model-name", "base", "--dtype", "float32",
+                        "--kv-cache-memory", "16MiB", "--enable-lora", "--max-loras", "2",
+                        "--lora-modules", f"a0={paths[0]}",
+                        json.dumps({"name": "a2", "path": str(paths[2]), "base_model_name": "base"}),
+                        env={"VLLM_ALLOW_RUNTIME_LORA_UPDATING": "1"})  # fmt: skip
+    yield srv
+    srv.stop()
+
+
+def test_server_serves_adapters_by_name_and_loads_them_at_run_time(setup, llm, server):
+    _, _, paths, _, merged, _ = setup
+    client = openai.OpenAI(base_url=server.base_url, api_key="x", max_retries=0)
+    cards = {m.id: m for m in client.models.list().data}
+    assert set(cards) == {"base", "a0", "a2"}
+    assert cards["a0"].model_extra["parent"] == "base" and cards["a0"].model_extra["root"] == str(paths[0])
+    assert cards["base"].model_extra["parent"] is None
+    ids = llm.get_tokenizer().encode(PROMPTS[0])
+    for model, want in (("a0", merged[0][0]), ("base", merged[None][0]), ("a2", merged[2][0])):
+        r = client.completions.create(model=model, prompt=PROMPTS[0], max_tokens=10, temperature=0,
+                                      extra_body={"ignore_eos": True, "return_token_ids": True})
+        assert r.model == model and r.choices[0].token_ids == want, model
+        assert r.usage.prompt_tokens == len(ids)
+
+    admin = httpx.Client(base_url=server.base_url.removesuffix("/v1"), timeout=60)
+    r = admin.post("/v1/load_lora_adapter", json={"lora_name": "a1", "lora_path": str(paths[1])})
+    assert r.status_code == 200 and "a1" in r.text
+    assert admin.post("/v1/load_lora_adapter", json={"lora_name": "a1", "lora_path": str(paths[1])}).status_code == 400
+    assert admin.post("/v1/load_lora_adapter", json={"lora_name": "x"}).status_code == 400
+    missing = admin.post("/v1/load_lora_adapter", json={"lora_name": "x", "lora_path": str(paths[0]) + "-gone"})
+    assert missing.status_code == 404
+    assert client.models.retrieve("a1").model_extra["parent"] == "base"
+
+    messages = [{"role": "user", "content": "Say something"}]
+    chat = client.chat.completions.create(model="a1", messages=messages, max_tokens=8, temperature=0)
+    want = llm.chat(messages, SamplingParams(temperature=0, max_tokens=8),
+                    lora_request=LoRARequest("a1", 2, str(paths[1])))[0].outputs[0].text
+    assert chat.model == "a1" and chat.choices[0].message.content == want
+
+    assert admin.post("/v1/unload_lora_adapter", json={"lora_name": "a1"}).status_code == 200
+    assert admin.post("/v1/unload_lora_adapter", json={"lora_name": "a1"}).status_code == 404
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="a1", messages=messages, max_tokens=2)
+    assert "a1" not in {m.id for m in client.models.list().data}
