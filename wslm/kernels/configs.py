@@ -123,12 +123,13 @@ def rms_norm_config(hidden: int) -> tuple[int, int]:
 
 
 def lora_config(k: int, r: int, n: int) -> tuple[int, int, int, int, int]:
-    """(BLOCK_R, BLOCK_K, BLOCK_N, R_PAD, num_warps) of the LoRA shrink/expand kernels (triton_lora.py): a
-    tile of at most 64 x 128 fp32 values a program, the whole rank in one expand tile."""
+    """(BLOCK_R, BLOCK_K, BLOCK_N, R_PAD, num_warps) of the LoRA shrink/expand kernels (triton_lora.py): at
+    most 4096 fp32 values a tile (32 a thread: no spills, checked by tests/kernel_compile.py), the whole rank in
+    one expand tile."""
     r_pad = next_power_of_2(max(r, 16))
     block_r = min(r_pad, 64)
     block_k = min(next_power_of_2(k), 128 if block_r <= 32 else 64)
-    block_n = max(16, min(next_power_of_2(n), 8192 // r_pad))
+    block_n = max(16, min(next_power_of_2(n), 4096 // r_pad))
     return block_r, block_k, block_n, r_pad, 4
 
 
