@@ -75,6 +75,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         # Text, parsed at start-up (launcher.engine_config): 4k, 4GiB, and a bad value is an error event.
         "max_model_len": {"type": None}, "kv_cache_memory": {"type": None},
         "distributed_executor_backend": {"type": _executor_backend},
+        "enable_lora": {"action": argparse.BooleanOptionalAction},  # vLLM's --[no-]enable-lora
     })
     p.add_argument("--shutdown-timeout", type=float, default=5.0,
                    help="seconds running requests get to finish after SIGTERM/SIGINT (default 5)")
