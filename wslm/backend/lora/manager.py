@@ -85,38 +85,20 @@ class LoraManager:
     def begin_step(self, scheduled: list) -> bool:
         """Set up the hooks for a step ((sequence, tokens) in batch order); False (nothing set) when no
         sequence of the step runs an adapter: the base's fast paths then serve it."""
-        ids: list[int] = []
-        spans: dict[int, list[tuple[int, int]]] = {}
-        start = 0
+        reqs = _requests(scheduled)
+        if not reqs:
+            return False
+        keep = {r.lora_int_id for r in reqs}
+        for req in reqs:
+            self.add(req, keep)
+        row_ids: list[int] = []
         for seq, n in scheduled:
             req = getattr(seq, "lora_request", None)
-            if req is not None:
-                runs = spans.get(req.lora_int_id)
-                if runs is None:
-                    ids.append(req.lora_int_id)
-                    runs = spans[req.lora_int_id] = []
-                    self.add(req, keep={r.lora_int_id for r in _requests(scheduled)})
-                if runs and runs[-1][1] == start:
-                    runs[-1] = (runs[-1][0], start + n)
-                else:
-                    runs.append((start, start + n))
-            start += n
-        if not spans:
-            return False
-        batch = LoraBatch()
-        for lora_int_id in ids:
-            runs = spans[lora_int_id]
-            if len(runs) == 1:
-                rows = slice(*runs[0])
-            else:
-                rows = torch.cat([torch.arange(a, b) for a, b in runs]).to(self.device)
-            batch.groups.append((lora_int_id, rows))
+            row_ids += [req.lora_int_id if req is not None else 0] * n
+        batch = LoraBatch(torch.tensor(row_ids, dtype=torch.int64).to(self.device), frozenset(keep))
         if self.device.type == "cuda":
-            slot = torch.full((start,), -1, dtype=torch.int32)
-            for lora_int_id, runs in spans.items():
-                for a, b in runs:
-                    slot[a:b] = self.resident[lora_int_id][0]
-            batch.token_slot = slot.to(self.device, non_blocking=True)
+            slots = {i: slot for i, (slot, _) in self.resident.items()}
+            batch.token_slot = torch.tensor([slots.get(i, -1) for i in row_ids], dtype=torch.int32).to(self.device)
         self.state.batch = batch
         return True
 

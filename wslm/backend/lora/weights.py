@@ -1,17 +1,16 @@
 """One adapter's A and B laid out for the base's fused linear layers, never merged into them.
 
 A PEFT adapter has an (A [r, in], B [out, r]) pair per projection (q_proj, k_proj, ..., down_proj); the base
-fuses q|k|v and gate|up into one layer each. Per fused layer we keep the A of every part it has stacked into
-one [sum r, in] matrix (one x @ A^T for the layer) and each part's B, scaled by alpha / r (alpha / sqrt(r)
-with use_rslora) once here, beside the rows of the layer's output it adds to. Exactly the adapter's own
-numbers of values: nothing padded to --max-lora-rank and no full-size deltas."""
+fuses q|k|v and gate|up into one layer each. Per fused layer we keep each part's A and its B, scaled by
+alpha / r (alpha / sqrt(r) with use_rslora) once here, beside the rows of the layer's output it adds to
+(layers.py stacks the resident adapters' parts). Exactly the adapter's own numbers of values: nothing padded
+to --max-lora-rank and no full-size deltas."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from wslm.backend.loader.lora import _TARGETS, LoraAdapter, load_adapter
 
@@ -20,30 +19,13 @@ LayerKey = tuple[int, str, str]  # (decoder layer, "self_attn" | "mlp", fused la
 
 @dataclass(slots=True)
 class LayerDelta:
-    """scale * (x @ A^T) @ B^T for one fused layer: a [R, in] (the parts' A stacked), parts: (first output row,
-    rows, first column of x @ A^T, columns, B [rows, columns] with the scale folded in)."""
+    """scale * (x @ A^T) @ B^T for one fused layer, per part: (first output row, rows, A [r, in], B [rows, r]
+    with the scale folded in)."""
 
-    a: torch.Tensor
-    parts: list[tuple[int, int, int, int, torch.Tensor]]
-    whole: bool  # one part covering every output row
+    parts: list[tuple[int, int, torch.Tensor, torch.Tensor]]
 
     def nbytes(self) -> int:
-        return self.a.numel() * self.a.element_size() + sum(b.numel() * b.element_size() for *_, b in self.parts)
-
-    def apply(self, x: torch.Tensor, out: torch.Tensor, rows: slice | torch.Tensor) -> None:
-        """out[rows] += delta(x[rows]); rows: a slice of the batch, or the token rows' indices."""
-        if isinstance(rows, slice):
-            h = F.linear(x[rows], self.a)
-            target = out[rows]
-            if self.whole:
-                target.add_(F.linear(h, self.parts[0][4]))
-                return
-            for r0, n, c0, c, b in self.parts:
-                target[:, r0 : r0 + n].add_(F.linear(h[:, c0 : c0 + c], b))
-            return
-        h = F.linear(x.index_select(0, rows), self.a)
-        for r0, n, c0, c, b in self.parts:
-            out[:, r0 : r0 + n].index_add_(0, rows, F.linear(h[:, c0 : c0 + c], b))
+        return sum(t.numel() * t.element_size() for *_, a, b in self.parts for t in (a, b))
 
 
 @dataclass(slots=True)
@@ -103,12 +85,7 @@ def build_adapter(model, lora_int_id: int, path: str, max_rank: int, adapter: Lo
     layers = {}
     for key, parts in grouped.items():
         parts.sort(key=lambda p: p[0])
-        a_cat = torch.cat([a.float() for _, _, a, _ in parts]).to(device=device, dtype=dtype).contiguous()
-        laid, c0 = [], 0
-        for r0, rows, a, b in parts:
-            c = a.shape[0]
-            laid.append((r0, rows, c0, c, (b.float() * adapter.scale).to(device=device, dtype=dtype).contiguous()))
-            c0 += c
-        whole = len(laid) == 1 and laid[0][0] == 0 and laid[0][1] == sum(targets[key].output_sizes)
-        layers[key] = LayerDelta(a_cat, laid, whole)
+        layers[key] = LayerDelta([(r0, rows, a.float().to(device=device, dtype=dtype).contiguous(),
+                                   (b.float() * adapter.scale).to(device=device, dtype=dtype).contiguous())
+                                  for r0, rows, a, b in parts])
     return AdapterWeights(lora_int_id, adapter.rank, layers)
