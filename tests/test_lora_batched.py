@@ -97,6 +97,22 @@ def test_a_batch_mixing_four_adapters_and_the_base_gives_each_its_merged_tokens(
     assert [o.outputs[0].token_ids for o in outs] == merged[2][:3]
 
 
+def test_the_gpu_slot_layout_gives_the_same_tokens(setup):
+    """The slot buffers and batched kernel the CUDA path uses (here with the kernel's PyTorch reference on
+    CPU; the Triton kernel matches that reference in tests/test_kernels_lora.py)."""
+    from wslm.backend.lora.manager import LoraManager
+    from wslm.kernels.torch_lora import lora_delta
+
+    folder, _, paths, _, merged, _ = setup
+    slotted = LLM(str(folder), enable_lora=True, max_loras=3, **KW)
+    runner = _runner(slotted)
+    runner.lora = LoraManager(runner.model, 3, 16, slot_kernel=lora_delta)
+    reqs = _requests(paths)
+    assign = [0, 1, None, 2, 3, 0, None, 1]
+    outs = slotted.generate(PROMPTS, GREEDY, lora_request=[None if a is None else reqs[a] for a in assign])
+    assert [o.outputs[0].token_ids for o in outs] == [merged[a][j] for j, a in enumerate(assign)]
+
+
 def test_prefix_cache_is_keyed_on_the_adapter(setup, llm):
     _, _, paths, _, merged, _ = setup
     a0, a1 = _requests(paths)[:2]

@@ -50,7 +50,8 @@ class LoraLinear:
     __slots__ = ("state", "members", "a_all", "parts_all", "col_ids", "stack_a", "stack_b", "kernel", "max_rank",
                  "device")
 
-    def __init__(self, state: LoraState, linear, slots: int, max_rank: int) -> None:
+    def __init__(self, state: LoraState, linear, slots: int, max_rank: int, slot_kernel=None) -> None:
+        """slot_kernel: lora_delta over slot buffers (wslm/kernels), or None for the stacked CPU layout."""
         self.state = state
         self.members: dict[int, LayerDelta] = {}  # by lora_int_id (CPU: views into the stacked matrices)
         self.a_all: torch.Tensor | None = None
@@ -59,17 +60,11 @@ class LoraLinear:
         self.stack_a = self.stack_b = self.kernel = None
         self.max_rank = max_rank
         self.device = getattr(linear, "device", torch.device("cpu"))
-        if self.device.type == "cuda":
-            from wslm.kernels.dispatch import selected_backend
-
+        if slot_kernel is not None:
             dtype, r = linear.params_dtype, len(linear.output_sizes) * max_rank  # each part owns max_rank columns
             self.stack_a = torch.zeros((slots, r, linear.input_size), dtype=dtype, device=self.device)
             self.stack_b = torch.zeros((slots, sum(linear.output_sizes), r), dtype=dtype, device=self.device)
-            if selected_backend(self.device) == "triton":
-                from wslm.kernels.triton_lora import lora_delta
-            else:
-                from wslm.kernels.torch_lora import lora_delta
-            self.kernel = lora_delta
+            self.kernel = slot_kernel
 
     def nbytes(self) -> int:
         tensors = [self.stack_a, self.stack_b, self.a_all, *(b for *_, b in self.parts_all)]

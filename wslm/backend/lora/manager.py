@@ -22,7 +22,10 @@ logger = logging.getLogger("wslm.lora")
 
 
 class LoraManager:
-    def __init__(self, model, max_loras: int, max_lora_rank: int, max_cpu_loras: int | None = None) -> None:
+    def __init__(self, model, max_loras: int, max_lora_rank: int, max_cpu_loras: int | None = None,
+                 slot_kernel=None) -> None:
+        """slot_kernel: the kernel over slot buffers (wslm/kernels lora_delta); None: on CUDA the Triton one
+        (PyTorch's without triton), on CPU none (the stacked layout, layers.py)."""
         if max_loras < 1:
             raise ValueError(f"max_loras must be at least 1, got {max_loras}")
         self.model = model
@@ -31,9 +34,17 @@ class LoraManager:
         self.max_lora_rank = max_lora_rank
         self.max_cpu_loras = max(max_cpu_loras or max_loras, max_loras)
         self.state = LoraState()
+        if slot_kernel is None and self.device.type == "cuda":
+            from wslm.kernels.dispatch import selected_backend
+
+            if selected_backend(self.device) == "triton":
+                from wslm.kernels.triton_lora import lora_delta as slot_kernel
+            else:
+                from wslm.kernels.torch_lora import lora_delta as slot_kernel
+        self.slotted = slot_kernel is not None
         self.hooks: dict[tuple, LoraLinear] = {}
         for key, linear in base_layers(model).items():
-            hook = LoraLinear(self.state, linear, max_loras, max_lora_rank)
+            hook = LoraLinear(self.state, linear, max_loras, max_lora_rank, slot_kernel)
             linear.lora = hook
             self.hooks[key] = hook
         self.resident: OrderedDict[int, tuple[int, AdapterWeights]] = OrderedDict()  # id -> (slot, weights); LRU
@@ -47,7 +58,7 @@ class LoraManager:
             return self.resident[req.lora_int_id][0]
         parsed = self.host.pop(req.lora_int_id, None) or load_adapter(req.lora_path)
         weights = build_adapter(self.model, req.lora_int_id, req.lora_path, self.max_lora_rank, parsed)
-        if self.device.type == "cuda":
+        if self.slotted:
             self.host[req.lora_int_id] = parsed
             while len(self.host) > self.max_cpu_loras:
                 self.host.popitem(last=False)
@@ -96,7 +107,7 @@ class LoraManager:
             req = getattr(seq, "lora_request", None)
             row_ids += [req.lora_int_id if req is not None else 0] * n
         batch = LoraBatch(torch.tensor(row_ids, dtype=torch.int64).to(self.device), frozenset(keep))
-        if self.device.type == "cuda":
+        if self.slotted:
             slots = {i: slot for i, (slot, _) in self.resident.items()}
             batch.token_slot = torch.tensor([slots.get(i, -1) for i in row_ids], dtype=torch.int32).to(self.device)
         self.state.batch = batch

@@ -153,7 +153,7 @@ async def _beam_chat(state: ServerState, request: Request, req: ChatCompletionRe
     prompt_ids, _, _ = await prepare_chat(state, req, None)
     params = serving_beam.beam_params(state, req, req.requested_max_tokens(), len(prompt_ids))
     response_id = f"chatcmpl-{uuid.uuid4().hex}"
-    results = await serving_beam.search(state, request, response_id, [prompt_ids], [params])
+    results = await serving_beam.search(state, request, response_id, [prompt_ids], [params], model)
     if results is None:
         return Response(status_code=499)
     role = reply_role(state, req)

@@ -113,7 +113,7 @@ async def _beam_completion(state: ServerState, request: Request, req: Completion
     ids = [await state.engine.encode(p) if isinstance(p, str) else list(p) for p in prompts]
     params = [serving_beam.beam_params(state, req, req.max_tokens, len(x)) for x in ids]
     response_id = f"cmpl-{uuid.uuid4().hex}"
-    results = await serving_beam.search(state, request, response_id, ids, params)
+    results = await serving_beam.search(state, request, response_id, ids, params, model)
     if results is None:
         return Response(status_code=499)
     choices = [{"index": p * req.n + i, "text": beam.text, "logprobs": None, "finish_reason": beam.finish_reason,
