@@ -97,20 +97,22 @@ def test_a_batch_mixing_four_adapters_and_the_base_gives_each_its_merged_tokens(
     assert [o.outputs[0].token_ids for o in outs] == merged[2][:3]
 
 
-def test_the_gpu_slot_layout_gives_the_same_tokens(setup):
-    """The slot buffers and batched kernel the CUDA path uses (here with the kernel's PyTorch reference on
-    CPU; the Triton kernel matches that reference in tests/test_kernels_lora.py)."""
+def test_more_adapters_than_max_loras_wait_their_turn_in_the_gpu_slot_layout(setup):
+    """--max-loras 2 with 4 adapters: requests wait for a free adapter and the least recently used idle one is
+    evicted; run through the slot buffers and batched kernel the CUDA path uses (here with the kernel's
+    PyTorch reference on CPU; the Triton kernel matches that reference in tests/test_kernels_lora.py)."""
     from wslm.backend.lora.manager import LoraManager
     from wslm.kernels.torch_lora import lora_delta
 
     folder, _, paths, _, merged, _ = setup
-    slotted = LLM(str(folder), enable_lora=True, max_loras=3, **KW)
-    runner = _runner(slotted)
-    runner.lora = LoraManager(runner.model, 3, 16, slot_kernel=lora_delta)
+    small = LLM(str(folder), enable_lora=True, max_loras=2, **KW)
+    runner = _runner(small)
+    runner.lora = LoraManager(runner.model, 2, 16, slot_kernel=lora_delta)
     reqs = _requests(paths)
     assign = [0, 1, None, 2, 3, 0, None, 1]
-    outs = slotted.generate(PROMPTS, GREEDY, lora_request=[None if a is None else reqs[a] for a in assign])
+    outs = small.generate(PROMPTS, GREEDY, lora_request=[None if a is None else reqs[a] for a in assign])
     assert [o.outputs[0].token_ids for o in outs] == [merged[a][j] for j, a in enumerate(assign)]
+    assert len(runner.lora.list_loras()) == 2
 
 
 def test_prefix_cache_is_keyed_on_the_adapter(setup, llm):
@@ -137,16 +139,6 @@ def test_bad_adapters_are_refused_naming_the_cause(setup, llm, tmp_path):
         llm.generate(PROMPTS[:2], GREEDY, lora_request=[_requests(paths)[0]])
     with pytest.raises(ValueError, match="lora_int_id must be a positive"):
         LoRARequest("x", 0, str(paths[0]))
-
-
-def test_more_adapters_than_max_loras_wait_their_turn(setup):
-    folder, _, paths, _, merged, _ = setup
-    small = LLM(str(folder), enable_lora=True, max_loras=2, **KW)
-    reqs = _requests(paths)
-    assign = [0, 1, 2, 3, 0, 1, 2, 3]
-    outs = small.generate(PROMPTS, GREEDY, lora_request=[reqs[a] for a in assign])
-    assert [o.outputs[0].token_ids for o in outs] == [merged[a][j] for j, a in enumerate(assign)]
-    assert len(_runner(small).lora.list_loras()) <= 2
 
 
 @pytest.fixture(scope="module")
