@@ -222,3 +222,15 @@ def test_adapters_over_a_quantized_gguf_base(monkeypatch, tmp_path):
         assert best == max(m, key=m.get) and abs(a[best] - m[best]) < 0.25, (a, m)
     base = top(llm.generate(prompts[:1], params)[0])
     assert base != pytest.approx(alone[0], abs=1e-2)  # the adapter changes the distribution
+
+
+def test_an_adapter_for_another_model_is_a_400_not_a_failed_step(setup, llm, server, tmp_path):
+    folder, config, paths, *_ = setup
+    other = write_adapter(tmp_path / "wide", {**config, "hidden_size": 96, "num_attention_heads": 6}, 4, seed=5)
+    assert other
+    with pytest.raises(ValueError, match="an adapter for another model"):
+        llm.generate(PROMPTS[:1], GREEDY, lora_request=LoRARequest("wide", 77, str(tmp_path / "wide")))
+    admin = httpx.Client(base_url=server.base_url.removesuffix("/v1"), timeout=60)
+    r = admin.post("/v1/load_lora_adapter", json={"lora_name": "wide", "lora_path": str(tmp_path / "wide")})
+    assert r.status_code == 400 and "another model" in r.text
+    assert llm.generate(PROMPTS[:1], GREEDY)[0].outputs[0].token_ids  # the engine goes on

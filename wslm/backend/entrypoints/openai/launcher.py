@@ -250,6 +250,7 @@ def run(args: Namespace) -> int:
         quiet_compiler_logs(getattr(args, "uvicorn_log_level", "info") in ("debug", "trace")
                             or log.isEnabledFor(logging.DEBUG))
         engine = load_engine(pool_engine_config(config, args))
+        check_lora_tensors(args, engine)
     except StartupError as exc:
         if sock is not None:
             sock.close()
@@ -554,11 +555,25 @@ def make_lora_registry(args: Namespace, state: Any) -> Any:
     from wslm.backend.entrypoints.openai.serving_lora import LoraRegistry
 
     pool = state.model_pool.names() if state.model_pool is not None else []
+    processor = getattr(getattr(state.engine, "engine", None), "processor", None)
     registry = LoraRegistry(state.model_name, getattr(args, "max_lora_rank", None) or 16,
-                            set(state.served_model_names) | set(pool))
+                            set(state.served_model_names) | set(pool), getattr(processor, "lora_checker", None))
     for name, path, base in getattr(args, "lora_specs", []):
-        registry.add(name, path, base)
+        registry.add(name, path, base)  # checked against the model already (check_lora_tensors)
     return registry
+
+
+def check_lora_tensors(args: Namespace, engine: Any) -> None:
+    """Each --lora-modules adapter's tensors against the loaded model (layer count, shapes), as a start-up
+    error naming the adapter; the same check a request's adapter gets (lora/checks.py)."""
+    from wslm.backend.lora.request import LoRARequest
+
+    checker = getattr(getattr(engine, "processor", None), "lora_checker", None)
+    for i, (name, path, _) in enumerate(getattr(args, "lora_specs", []) if checker is not None else []):
+        try:
+            checker(LoRARequest(name, 1_000_000 + i, path))  # an id no served adapter gets
+        except ValueError as exc:
+            raise StartupError(f"--lora-modules {name}: {exc}.") from exc
 
 
 def local_models(exclude: str) -> list[tuple[str, str]]:

@@ -43,8 +43,10 @@ class LoraRegistry:
     """The adapters a server serves, by name. Each load gets a new lora_int_id, so an adapter unloaded and
     loaded again from another folder never reuses the old one's resident weights or cached KV blocks."""
 
-    def __init__(self, base: str, max_lora_rank: int, taken: set[str]) -> None:
+    def __init__(self, base: str, max_lora_rank: int, taken: set[str], validate: Any = None) -> None:
+        """validate: the engine's check of an adapter against the model (lora.checks.AdapterChecker)."""
         self.base = base
+        self.validate = validate
         self.max_lora_rank = max_lora_rank
         self.taken = taken  # names of the base and the pool's models: an adapter cannot take them
         self.adapters: dict[str, LoRARequest] = {}
@@ -67,6 +69,8 @@ class LoraRegistry:
             raise FileNotFoundError(f"No adapter found at {path}: give the folder peft's save_pretrained wrote.")
         check_adapter(folder, self.max_lora_rank)
         req = LoRARequest(name, next(self._ids), str(folder), base_model_name or self.base)
+        if self.validate is not None:
+            self.validate(req)  # its tensors fit the model: a bad adapter is refused now, not on each request
         self.adapters[name] = req
         return req
 
