@@ -39,7 +39,8 @@ class Scheduler:
         threshold = config.long_prefill_token_threshold
         self.long_prefill_token_threshold = threshold or max(block_manager.block_size, self.max_num_batched_tokens // 8)
         self.fanout_per_step = config.fanout_per_step
-        self.max_loras = getattr(config, "max_loras", 0) if getattr(config, "enable_lora", False) else 0  # adapters in one step at most
+        # LoRA adapters among the running sequences at most (the worker keeps that many resident); 0: no LoRA.
+        self.max_loras = getattr(config, "max_loras", 0) if getattr(config, "enable_lora", False) else 0
         self.block_manager = block_manager
         self.configured = (self.max_num_batched_tokens, self.max_num_seqs)  # shrink() / step_succeeded()
         self._good_steps = 0
