@@ -145,6 +145,8 @@ class Linear:
     Plain attributes rather than an nn.Module: the engine never trains, and calling a bound method is
     the whole per-call overhead."""
 
+    lora = None  # the LoRA hook (wslm/backend/lora/layers.py), set per layer with --enable-lora
+
     def __init__(
         self,
         input_size: int,
