@@ -125,6 +125,13 @@ VARIABLES: tuple[EnvVar, ...] = (
            "vLLM's name for the same key: `wslm serve` requires it when neither `--api-key` nor `WSLM_API_KEY` "
            "is given, so a vLLM launch script's environment keeps its server closed.",
            (_E,), _EVERYDAY),
+    EnvVar("WSLM_ALLOW_RUNTIME_LORA_UPDATING", "bool", False,
+           "`1` opens `POST /v1/load_lora_adapter` and `/v1/unload_lora_adapter` on a `wslm serve --enable-lora` "
+           "server (otherwise they answer 404).",
+           (_E,), _EVERYDAY),
+    EnvVar("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "bool", False,
+           "vLLM's name for `WSLM_ALLOW_RUNTIME_LORA_UPDATING`; either one opens the endpoints.",
+           (_E,), _EVERYDAY),
     EnvVar("WSLM_CONFIG_DIR", "path", None,
            "moves the config folder (settings, `share.json`); data and models follow it unless set apart.",
            (_E, _G, _B), _EVERYDAY, default_doc="the user config folder (platformdirs)"),

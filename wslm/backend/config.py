@@ -96,6 +96,14 @@ class EngineConfig:
     max_image_pixels: int = _flag(16_000_000, "largest image a request may send, in pixels (width x height; "
                                               "default 16 million)")
     image_fetch_timeout: float = _flag(10.0, "seconds to fetch an http(s) image URL (default 10)")
+    # LoRA adapters per request over this one base (wslm/backend/lora): a request names its adapter
+    # (LoRARequest; the server's `model` field), and a step mixes requests of different adapters and the base.
+    enable_lora: bool = _flag(False, "serve LoRA adapters per request over the one base model (vLLM's switch)")
+    max_loras: int = _flag(4, "LoRA adapters resident at once, and at most in one step (the least recently used "
+                              "idle one makes room; default 4)")
+    max_lora_rank: int = _flag(16, "highest LoRA rank served (default 16, vLLM's); a higher one is refused")
+    max_cpu_loras: int | None = _flag(None, "on a GPU, adapters also kept parsed in host memory (default: "
+                                             "max-loras)")
 
     def __post_init__(self) -> None:
         if self.tensor_parallel_size < 1:
@@ -124,6 +132,12 @@ class EngineConfig:
         if self.lora_path and self.tensor_parallel_size > 1:
             raise ValueError("a LoRA adapter (lora_path) cannot be merged under tensor parallelism yet: serve it at "
                              "--tensor-parallel-size 1, or merge it with peft (merge_and_unload) first.")
+        if self.enable_lora and self.tensor_parallel_size > 1:
+            raise ValueError("LoRA adapters per request (enable_lora) run on one device: use "
+                             "--tensor-parallel-size 1, or merge the adapter with peft (merge_and_unload) first.")
+        if self.max_loras < 1 or self.max_lora_rank < 1:
+            raise ValueError(f"max_loras and max_lora_rank must be at least 1, got {self.max_loras} and "
+                             f"{self.max_lora_rank}.")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"max_model_len must be positive, got {self.max_model_len}.")
         from wslm.backend.quant import check_quantization

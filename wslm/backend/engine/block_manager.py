@@ -67,7 +67,9 @@ class BlockManager:
         hashes = seq.block_hashes
         while len(hashes) < num_full_blocks:
             i = len(hashes)
-            parent = hashes[-1] if hashes else None
+            # The first block's parent is the adapter: two adapters never share KV of the same prompt.
+            lora = getattr(seq, "lora_int_id", 0)
+            parent = hashes[-1] if hashes else (("lora", lora) if lora else None)
             key = (parent, tuple(seq.tokens_slice(i * bs, (i + 1) * bs)))
             if seq.images:  # the same placeholder ids stand for different pictures: the image's hash decides
                 key += block_image_hashes(seq.images, i * bs, (i + 1) * bs)

@@ -40,6 +40,8 @@ class Scheduler:
         threshold = config.long_prefill_token_threshold
         self.long_prefill_token_threshold = threshold or max(block_manager.block_size, self.max_num_batched_tokens // 8)
         self.fanout_per_step = config.fanout_per_step
+        # LoRA adapters among the running sequences at most (the worker keeps that many resident); 0: no LoRA.
+        self.max_loras = getattr(config, "max_loras", 0) if getattr(config, "enable_lora", False) else 0
         self.block_manager = block_manager
         self.configured = (self.max_num_batched_tokens, self.max_num_seqs)  # shrink() / step_succeeded()
         self._good_steps = 0
@@ -101,10 +103,14 @@ class Scheduler:
         now = time.monotonic()
         admitted: dict[str, int] = {}
         skipped: list[Sequence] = []
+        loras = {s.lora_int_id for s in self.running if s.lora_int_id} if self.max_loras else set()
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not out.preempted:
             seq = self.waiting[0]
             if admitted.get(seq.request_id, 0) >= self.fanout_per_step:
                 skipped.append(self.waiting.popleft())  # its request had its share this step
+                continue
+            if seq.lora_int_id and seq.lora_int_id not in loras and len(loras) >= self.max_loras:
+                skipped.append(self.waiting.popleft())  # waits until an adapter of the running ones is idle
                 continue
             # prompt_logprobs need the logits of every prompt position: no prefix-cache hit (as in vLLM).
             computed = bm.get_computed_blocks(seq) if getattr(seq.params, "prompt_logprobs", None) is None else []
@@ -123,6 +129,8 @@ class Scheduler:
                 seq.first_scheduled_time = now
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
+            if seq.lora_int_id:
+                loras.add(seq.lora_int_id)
             out.scheduled.append((seq, num_new))
             budget -= num_new
             prefill_budget -= num_new

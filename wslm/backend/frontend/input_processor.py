@@ -29,6 +29,7 @@ class InputProcessor:
         self.chat_template = read_template(chat_template)
         self.model_name = model_name
         self.vision = None  # a vision model's VisionPrompts (vision_prompts.py): images in chat
+        self.lora_checker: Any = None  # lora.checks.AdapterChecker (LLMEngine sets it): a request's adapter
 
     def render_chat(self, messages: list[dict], chat_template: str | None = None, add_generation_prompt: bool = True,
                     **options: Any) -> list[int]:
@@ -42,7 +43,7 @@ class InputProcessor:
 
     def process(self, request_id: str, prompt: str | list[int] | dict, params: SamplingParams | None = None,
                 arrival_time: float | None = None, what: str = "prompt",
-                structured_param: str | None = None) -> EngineRequest:
+                structured_param: str | None = None, lora_request: Any = None) -> EngineRequest:
         """Raises RequestError (a ValueError carrying OpenAI's param and code) when the request cannot be
         served. what: the request field the prompt came from (named in errors); structured_param: the field
         the grammar came from (response_format, tools, structured_outputs)."""
@@ -70,7 +71,12 @@ class InputProcessor:
                 exc.code = exc.code or "invalid_structured_output"
                 raise
         rules = TokenRules.build(params, self.tokenizer)
-        return EngineRequest(request_id, text, ids, params, arrival, grammar, rules, images)
+        if lora_request is not None:
+            if self.lora_checker is None:
+                raise RequestError("This engine serves no LoRA adapters.", param="lora_request")
+            self.lora_checker(lora_request)
+        return EngineRequest(request_id, text, ids, params, arrival, grammar, rules, images=images,
+                             lora_request=lora_request)
 
     def _images(self, prompt: Any, what: str) -> tuple[Any, tuple]:
         """The prompt's images: a rendered chat's PromptIds carries them; vLLM's offline form

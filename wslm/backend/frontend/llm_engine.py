@@ -84,6 +84,9 @@ class LLMEngine:
                                                                          sorted(mc.eos_token_ids))
         self.processor = InputProcessor(self.tokenizer, limits, structured, config.chat_template, self.model_name)
         self.processor.vision = vision_for(source, hf_config, mc.architecture, config)  # None: text only
+        from wslm.backend.lora.checks import AdapterChecker
+
+        self.processor.lora_checker = AdapterChecker(config.enable_lora and not self.pooling, config.max_lora_rank, mc)
         self.output_processor = OutputProcessor(self.tokenizer, mc.max_model_len)
         self._pending: list = []  # outputs made outside step() (aborts)
         kv_gib = self.executor.kv_cache_bytes / 2**30

@@ -61,6 +61,12 @@ class ModelRunner:
 
             self.cpu_plan = CpuDecodePlan.build(model, self.kv_pool)
         self.kv_cache_bytes = self.kv_pool.numel() * self.kv_pool.element_size()
+        self.lora = None  # LoraManager (wslm/backend/lora) with enable_lora: adapters per request
+
+    def enable_lora(self, max_loras: int, max_lora_rank: int, max_cpu_loras: int | None = None) -> None:
+        from wslm.backend.lora.manager import LoraManager
+
+        self.lora = LoraManager(self.model, max_loras, max_lora_rank, max_cpu_loras)
 
     def enable_cuda_graphs(self, max_num_seqs: int, max_model_len: int) -> None:
         from wslm.backend.platforms.cuda.graphs import DecodeGraphs
@@ -149,17 +155,23 @@ class ModelRunner:
         """Run one step. Returns logits [len(sampled), vocab] for the sequences that get a new token."""
         step, sampled = prepare_step(scheduled, self.block_size)
         input_ids, positions, meta = self.tensorize(step)
-        if step.images:  # a prefill with image tokens: their embeddings come from the vision encoder
-            logits = self._forward_images(input_ids, positions, meta, step.images)
-            return (logits if meta.logits_indices.numel() else None), sampled
-        is_decode = meta.max_seqlen_q == 1 and len(sampled) == len(scheduled)
-        if self.graphs is not None and is_decode and self.graphs.can_run(len(scheduled)):
-            return self.graphs.run(input_ids, positions, meta), sampled
-        if self.cpu_plan is not None and is_decode:
-            logits = self.cpu_plan.run(input_ids, positions, meta)
-            if logits is not None:
-                return logits, sampled
-        logits = self.model.forward(input_ids, positions, meta, self.kv_caches)
+        # A step with LoRA rows runs the eager forward (the fast decode paths bind the base weights only).
+        lora = self.lora is not None and self.lora.begin_step(scheduled)
+        try:
+            if step.images:  # a prefill with image tokens: their embeddings come from the vision encoder
+                logits = self._forward_images(input_ids, positions, meta, step.images)
+                return (logits if meta.logits_indices.numel() else None), sampled
+            is_decode = meta.max_seqlen_q == 1 and len(sampled) == len(scheduled) and not lora
+            if self.graphs is not None and is_decode and self.graphs.can_run(len(scheduled)):
+                return self.graphs.run(input_ids, positions, meta), sampled
+            if self.cpu_plan is not None and is_decode:
+                logits = self.cpu_plan.run(input_ids, positions, meta)
+                if logits is not None:
+                    return logits, sampled
+            logits = self.model.forward(input_ids, positions, meta, self.kv_caches)
+        finally:
+            if lora:
+                self.lora.end_step()
         return (logits if meta.logits_indices.numel() else None), sampled
 
     def _forward_images(self, input_ids, positions, meta, images: list) -> torch.Tensor:

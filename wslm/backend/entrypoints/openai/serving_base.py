@@ -73,6 +73,8 @@ class ServerState:
 
     # --model-pool (model_pool.ModelPool): more models behind this port, loaded on request; None: this one only.
     model_pool: Any = None
+    # --enable-lora (serving_lora.LoraRegistry): adapters served by name over this model; None: none.
+    lora: Any = None
 
     @property
     def model_name(self) -> str:
@@ -84,7 +86,10 @@ class ServerState:
             return requested or self.model_name
         if requested in self.aliases:
             return self.model_name
+        if self.lora is not None and requested in self.lora:
+            return requested
         names = self.model_pool.names() if self.model_pool is not None else self.served_model_names
+        names = [*names, *(self.lora.adapters if self.lora is not None else ())]
         served = ", ".join(f"`{n}`" for n in names)
         raise APIError(
             f"The model `{requested}` does not exist. This server serves {served} (see GET /v1/models).",
@@ -92,6 +97,11 @@ class ServerState:
             param="model",
             code="model_not_found",
         )
+
+    def lora_names(self, model: str | None) -> dict[str, Any]:
+        """start_group's lora_request= when `model` names an adapter (serving_lora.py); else nothing."""
+        req = self.lora.get(model) if self.lora is not None else None
+        return {} if req is None else {"lora_request": req}
 
     def check_not_draining(self) -> None:
         if self.engine.draining:

@@ -103,7 +103,7 @@ async def _create_message(state: ServerState, request: Request) -> Response:
     chat = chat_request(req)
     prompt_ids, params, plan = await prepare_chat(state, chat, None)
     message_id = f"msg_{uuid.uuid4().hex}"
-    group, prompt_ids = await start_chat(state, message_id, prompt_ids, params, plan)
+    group, prompt_ids = await start_chat(state, message_id, prompt_ids, params, plan, model)
     tracker = state.tracker(1, 1, [len(prompt_ids)])
     if req.stream:
         return EventStream(_stream(group, tracker, message_id, model, plan.new_reply()), group)

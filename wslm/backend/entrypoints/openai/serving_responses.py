@@ -371,7 +371,7 @@ async def create_response(state: ServerState, request: Request) -> Response:
     try:
         prompt_ids, params, plan = await prepare_chat(state, chat, None)
         response_id = f"resp_{uuid.uuid4().hex}"
-        group, prompt_ids = await start_chat(state, response_id, prompt_ids, params, plan)
+        group, prompt_ids = await start_chat(state, response_id, prompt_ids, params, plan, model)
     except APIError as exc:
         raise _as_responses_error(exc) from None
     tracker = state.tracker(1, 1, [len(prompt_ids)])
