@@ -70,8 +70,7 @@ static inline float gg_h2f(const uint8_t *p) {
 }
 
 /* ---- activation rows ----------------------------------------------------------------------------------
-   q [K] int8 codes. The 32-column types: d [K/32] each block's scale, s [K/32][8] d times the code sums of
-   columns 0-15 (lane 0) and 16-31 (lane 4), zero elsewhere. The K-quants: d [K/256] each super-block's
+   q [K] int8 codes. The 32-column types: d [K/32] each block's scale, s [K/32] d times its code sum. The K-quants: d [K/256] each super-block's
    scale, bs [K/16] int16 the code sums of every 16 columns. */
 typedef struct {
     int8_t *q;
@@ -131,24 +130,18 @@ static void gx_row(const void *x, int bf16, long K, long cols, gx_t *o) {
             }
             continue;
         }
-        int lo = 0, hi = 0;
-        for (int i = 0; i < 16; i++) { lo += o->q[b * 32 + i]; hi += o->q[b * 32 + 16 + i]; }
+        int sum = 0;
+        for (int i = 0; i < 32; i++) sum += o->q[b * 32 + i];
         o->d[b] = d;
-        float *s = o->s + b * 8;
-        for (int i = 0; i < 8; i++) s[i] = 0.0f;
-        s[0] = d * (float)lo;
-        s[4] = d * (float)hi;
+        o->s[b] = d * (float)sum;
     }
 }
 
 /* ---- weight rows unpacked ---------------------------------------------------------------------------------
    codes [K]: one byte a code (unsigned; Q8_0's signed), then the row's aux (K * 2 bytes):
-   32-column types: per block 8 float scales + 8 float minimums (w = s q + m; lanes 0-3 columns 0-15);
+   32-column types: sc [K/32] float scales, then mn [K/32] float minimums (w = sc q + mn);
    K-quants: sc [K/32][16] int16, each code's integer scale (maddubs' int16 lanes 0-7: columns 0-15),
    dd [K/256][2] float (d, dm) and mn [K/256][16] int16: w = d sc q - dm mn, mn per 16 columns. */
-static inline void put_sm(float *sm, float s_lo, float s_hi, float m_lo, float m_hi) {
-    for (int i = 0; i < 4; i++) { sm[i] = s_lo; sm[4 + i] = s_hi; sm[8 + i] = m_lo; sm[12 + i] = m_hi; }
-}
 
 static inline void k4_scale_min(int j, const uint8_t *q, int *sc, int *m) {
     if (j < 4) { *sc = q[j] & 63; *m = q[j + 4] & 63; }
@@ -157,14 +150,15 @@ static inline void k4_scale_min(int j, const uint8_t *q, int *sc, int *m) {
 
 static void unpack_row(long t, const uint8_t *p, long K, uint8_t *codes, char *aux) {
     long nb = K / gg_cols(t), bs = gg_bytes(t);
-    float *sm = (float *)aux;
+    float *sm = (float *)aux, *mn32 = sm + K / 32;
     int16_t *sc16 = (int16_t *)aux, *mn = (int16_t *)(aux + K + (K / 256) * 8);
     float *dd = (float *)(aux + K);
     for (long b = 0; b < nb; b++, p += bs) {
         if (t == T_Q8_0) {
             float d = gg_h2f(p);
             memcpy(codes + b * 32, p + 2, 32);
-            put_sm(sm + b * 16, d, d, 0.0f, 0.0f);
+            sm[b] = d;
+            mn32[b] = 0.0f;
         } else if (t == T_Q4_0 || t == T_Q4_1 || t == T_Q5_0 || t == T_Q5_1) {
             int five = t == T_Q5_0 || t == T_Q5_1, with_min = t == T_Q4_1 || t == T_Q5_1;
             long qs = with_min ? (five ? 8 : 4) : (five ? 6 : 2);
@@ -176,7 +170,8 @@ static void unpack_row(long t, const uint8_t *p, long K, uint8_t *codes, char *a
                 c[j] = (uint8_t)((p[qs + j] & 15) | (five ? (((h >> j) << 4) & 0x10) : 0));
                 c[j + 16] = (uint8_t)((p[qs + j] >> 4) | (five ? ((h >> (j + 12)) & 0x10) : 0));
             }
-            put_sm(sm + b * 16, d, d, m, m);
+            sm[b] = d;
+            mn32[b] = m;
         } else if (t == T_Q4_K || t == T_Q5_K) {
             int five = t == T_Q5_K;
             const uint8_t *qh = p + 16, *qs = p + (five ? 48 : 16);
@@ -221,8 +216,12 @@ static void unpack_row(long t, const uint8_t *p, long K, uint8_t *codes, char *a
    RM weight rows (codes and aux `stride` bytes apart) x RN activation rows: res[j * RM + i]. Every
    output's sum runs the same operations in the same order whatever the tile's shape, so a row's result
    never depends on where the tiles fall. */
-#define GG_RM 2  /* weight rows a tile (the tables below are written for 2 x 4) */
-#define GG_RN 4  /* activation rows a tile */
+#ifndef GG_RM
+#define GG_RM 2  /* weight rows a tile (at most 4) */
+#endif
+#ifndef GG_RN
+#define GG_RN 4  /* activation rows a tile (at most 4) */
+#endif
 #define GAI static inline __attribute__((always_inline))
 
 #if defined(__AVX2__) && defined(__FMA__)
@@ -233,16 +232,16 @@ static inline float gg_hsum(__m256 v) {
     s = _mm_add_ss(s, _mm_movehdup_ps(s));
     return _mm_cvtss_f32(s);
 }
-/* 32-column types: per block and pair, the integer dot (maddubs + madd) in fp32 times s_w d_x, plus m_w
-   times the row's d_x-scaled code sums */
+/* 32-column types: per block and pair, the integer dot (maddubs + madd) in fp32 times sc_w d_x; then the
+   minimums: sum over blocks of mn_w times the row's d_x-scaled code sums, 8 blocks a vector */
 GAI void tile32(const uint8_t *wc, const char *aux, long stride, const gx_t *x, long K, float *res, const int RM,
                 const int RN, const int sgn) {
-    __m256 acc[GG_RN][GG_RM];
+    __m256 acc[4][4];
     const __m256i ones = _mm256_set1_epi16(1);
     for (int j = 0; j < RN; j++)
         for (int i = 0; i < RM; i++) acc[j][i] = _mm256_setzero_ps();
     for (long b = 0; b < K / 32; b++) {
-        __m256i w[GG_RM], aw[GG_RM];
+        __m256i w[4], aw[4];
         for (int i = 0; i < RM; i++) {
             w[i] = _mm256_loadu_si256((const __m256i *)(wc + i * stride + b * 32));
             if (sgn) aw[i] = _mm256_sign_epi8(w[i], w[i]);
@@ -250,34 +249,40 @@ GAI void tile32(const uint8_t *wc, const char *aux, long stride, const gx_t *x, 
         for (int j = 0; j < RN; j++) {
             __m256i xv = _mm256_loadu_si256((const __m256i *)(x[j].q + b * 32));
             __m256 dx = _mm256_broadcast_ss(x[j].d + b);
-            __m256 sx = _mm256_loadu_ps(x[j].s + b * 8);
             for (int i = 0; i < RM; i++) {
                 __m256i pr = sgn ? _mm256_maddubs_epi16(aw[i], _mm256_sign_epi8(xv, w[i]))
                                  : _mm256_maddubs_epi16(w[i], xv);
                 __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(pr, ones));
-                const float *sm = (const float *)(aux + i * stride) + b * 16;
-                acc[j][i] = _mm256_fmadd_ps(f, _mm256_mul_ps(_mm256_loadu_ps(sm), dx), acc[j][i]);
-                acc[j][i] = _mm256_fmadd_ps(_mm256_loadu_ps(sm + 8), sx, acc[j][i]);
+                __m256 sw = _mm256_broadcast_ss((const float *)(aux + i * stride) + b);
+                acc[j][i] = _mm256_fmadd_ps(f, _mm256_mul_ps(sw, dx), acc[j][i]);
             }
         }
     }
+    const long nb = K / 32, nb8 = nb / 8 * 8;
     for (int j = 0; j < RN; j++)
-        for (int i = 0; i < RM; i++) res[j * RM + i] = gg_hsum(acc[j][i]);
+        for (int i = 0; i < RM; i++) {
+            const float *mn = (const float *)(aux + i * stride) + nb;
+            __m256 mv = _mm256_setzero_ps();
+            for (long b = 0; b < nb8; b += 8) mv = _mm256_fmadd_ps(_mm256_loadu_ps(mn + b), _mm256_loadu_ps(x[j].s + b), mv);
+            float tail = 0.0f;
+            for (long b = nb8; b < nb; b++) tail += mn[b] * x[j].s[b];
+            res[j * RM + i] = gg_hsum(acc[j][i]) + (gg_hsum(mv) + tail);
+        }
 }
 /* K-quants: per super-block and pair, the integer sum of sc q x over its 256 columns (madd by the codes'
    integer scales), then d d_x times it minus dm d_x times the integer sum of mn (code sums of x) */
 GAI void tilek(const uint8_t *wc, const char *aux, long stride, const gx_t *x, long K, float *res, const int RM,
                const int RN) {
-    __m256 acc[GG_RN][GG_RM];
+    __m256 acc[4][4];
     for (int j = 0; j < RN; j++)
         for (int i = 0; i < RM; i++) acc[j][i] = _mm256_setzero_ps();
     const long nb = K / 256;
     for (long b = 0; b < nb; b++) {
-        __m256i is[GG_RN][GG_RM];
+        __m256i is[4][4];
         for (int j = 0; j < RN; j++)
             for (int i = 0; i < RM; i++) is[j][i] = _mm256_setzero_si256();
         for (int c = 0; c < 8; c++) {
-            __m256i w[GG_RM];
+            __m256i w[4];
             for (int i = 0; i < RM; i++) w[i] = _mm256_loadu_si256((const __m256i *)(wc + i * stride + b * 256 + c * 32));
             for (int j = 0; j < RN; j++) {
                 __m256i xv = _mm256_loadu_si256((const __m256i *)(x[j].q + b * 256 + c * 32));
@@ -308,18 +313,17 @@ GAI void tile32(const uint8_t *wc, const char *aux, long stride, const gx_t *x, 
                 const int RN, const int sgn) {
     for (int j = 0; j < RN; j++)
         for (int i = 0; i < RM; i++) {
-            float acc[8] = {0};
+            float acc = 0.0f, mins = 0.0f;
+            const float *sm = (const float *)(aux + i * stride), *mn = sm + K / 32;
             for (long b = 0; b < K / 32; b++) {
                 const uint8_t *c = wc + i * stride + b * 32;
                 const int8_t *q = x[j].q + b * 32;
-                const float *sm = (const float *)(aux + i * stride) + b * 16, *sx = x[j].s + b * 8;
-                int lane[8] = {0};
-                for (int l = 0; l < 32; l++) lane[l / 4] += (sgn ? (int)(int8_t)c[l] : (int)c[l]) * q[l];
-                for (int l = 0; l < 8; l++) acc[l] = acc[l] + (float)lane[l] * (sm[l] * x[j].d[b]) + sm[8 + l] * sx[l];
+                int s = 0;
+                for (int l = 0; l < 32; l++) s += (sgn ? (int)(int8_t)c[l] : (int)c[l]) * q[l];
+                acc += (float)s * (sm[b] * x[j].d[b]);
+                mins += mn[b] * x[j].s[b];
             }
-            float s = 0.0f;
-            for (int l = 0; l < 8; l++) s += acc[l];
-            res[j * RM + i] = s;
+            res[j * RM + i] = acc + mins;
         }
 }
 GAI void tilek(const uint8_t *wc, const char *aux, long stride, const gx_t *x, long K, float *res, const int RM,
@@ -356,10 +360,11 @@ typedef void (*tile_fn)(const uint8_t *, const char *, long, const gx_t *, long,
     static void tk_##RM##_##RN(const uint8_t *wc, const char *aux, long st, const gx_t *x, long K, float *r) {  \
         tilek(wc, aux, st, x, K, r, RM, RN);                                                                  \
     }
-#define GG_TILES_RN(RN) GG_TILE(1, RN) GG_TILE(2, RN)
+#define GG_TILES_RN(RN) GG_TILE(1, RN) GG_TILE(2, RN) GG_TILE(3, RN) GG_TILE(4, RN)
 GG_TILES_RN(1) GG_TILES_RN(2) GG_TILES_RN(3) GG_TILES_RN(4)
-#define GG_ROW(P) {{P##_1_1, P##_2_1}, {P##_1_2, P##_2_2}, {P##_1_3, P##_2_3}, {P##_1_4, P##_2_4}}
-static const tile_fn tiles[3][GG_RN][GG_RM] = {GG_ROW(t32), GG_ROW(t8), GG_ROW(tk)};
+#define GG_ROW(P, RN) {P##_1_##RN, P##_2_##RN, P##_3_##RN, P##_4_##RN}
+#define GG_KIND(P) {GG_ROW(P, 1), GG_ROW(P, 2), GG_ROW(P, 3), GG_ROW(P, 4)}
+static const tile_fn tiles[3][4][4] = {GG_KIND(t32), GG_KIND(t8), GG_KIND(tk)};
 
 /* ---- the product ----------------------------------------------------------------------------------- */
 #ifndef GG_PANEL_BYTES

@@ -8,10 +8,14 @@ from __future__ import annotations
 
 import ctypes
 import threading
+from typing import TYPE_CHECKING
 
 import torch
 
-from wslm.kernels import cpu_gemv, cpu_gguf
+from wslm.kernels import cpu_gemv
+
+if TYPE_CHECKING:  # cpu_gguf routes its many-row products here: no import back at run time
+    from wslm.kernels.cpu_gguf import GGUFStruct
 
 # From this many activation rows the tiled GEMM serves a block weight (fewer: cpu_gguf.mm, whose cost per
 # row is flat and which reads the weight straight from the file's blocks). Measured on a Zen 3 core
@@ -40,13 +44,13 @@ def library() -> ctypes.CDLL | None:
     return lib
 
 
-def takes(s: cpu_gguf.GGUFStruct) -> bool:
+def takes(s: GGUFStruct) -> bool:
     """Whether the GEMM is built here and takes the weight behind s (cpu_gguf.struct_for)."""
     lib = library()
     return lib is not None and bool(lib.wslm_gguf_gemm_takes(ctypes.addressof(s)))
 
 
-def mm(x: torch.Tensor, s: cpu_gguf.GGUFStruct, out_dtype: torch.dtype | None = None, threads: int | None = None
+def mm(x: torch.Tensor, s: GGUFStruct, out_dtype: torch.dtype | None = None, threads: int | None = None
        ) -> torch.Tensor:  # fmt: skip
     """x [M, K] (bf16 or float32, contiguous) @ W.T -> [M, N] in out_dtype (bf16 or float32; None: x's)."""
     out = torch.empty(x.shape[0], s.n, dtype=out_dtype or x.dtype)

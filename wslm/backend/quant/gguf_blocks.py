@@ -166,7 +166,7 @@ class GGUFBlockWeight:
         x2 = x.reshape(-1, shape[-1])
         if not (self.c_kernel() and x.device.type == "cpu"):
             out = self._fallback(x2)
-        elif x2.shape[0] >= PREFILL_ROWS:
+        elif x2.shape[0] >= PREFILL_ROWS and not self._gemm():
             out = self._prefill(x2)
         else:
             out = self._mm(x2)
@@ -186,6 +186,13 @@ class GGUFBlockWeight:
         if not (self.c_kernel() and x.device.type == "cpu" and x.dim() == 2):
             return None
         return self._mm(x, torch.float32)
+
+    def _gemm(self) -> bool:
+        """Whether cpu_gguf.mm takes many rows to the tiled block GEMM (kernels/cpu_gguf_gemm.c): 1.3-1.9x
+        the dequantized slices + torch's float32 GEMM on a Zen 3 core (bench/gguf_gemm.py)."""
+        from wslm.kernels import cpu_gguf_gemm
+
+        return cpu_gguf_gemm.takes(self.c_struct())
 
     def _prefill(self, x: torch.Tensor) -> torch.Tensor:
         """Many rows: the weight dequantized a slice of rows at a time (C, the file's exact values), each slice
