@@ -93,6 +93,9 @@ def test_a_rows_bits_do_not_depend_on_batch_or_threads(kind):
     whole = cpu_gguf_gemm.mm(x, s, threads=2)
     assert torch.equal(cpu_gguf_gemm.mm(x, s, threads=1), whole)
     assert torch.equal(cpu_gguf_gemm.mm(x[5:22].contiguous(), s, threads=1), whole[5:22])  # other tiles
+    # more rows than one block of activation rows (GG_MBLOCK 128): the same bits in every block
+    big = torch.cat([x] * 8)
+    assert torch.equal(cpu_gguf_gemm.mm(big, s, threads=2), torch.cat([whole] * 8))
 
 
 def test_fused_permuted_mixed_types_through_apply():

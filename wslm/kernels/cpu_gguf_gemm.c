@@ -371,12 +371,17 @@ static const tile_fn tiles[3][4][4] = {GG_KIND(t32), GG_KIND(t8), GG_KIND(tk)};
 #define GG_PANEL_BYTES (96 * 1024)  /* one thread's unpacked weight rows: in L2 beside the activations' tiles */
 #endif
 
+#ifndef GG_MBLOCK
+#define GG_MBLOCK 128
+#endif
+
 typedef struct {  /* a run of weight rows of one part */
     long part, r0, r1, start;  /* rows [r0, r1) of the fused weight; start: the part's first row */
 } gg_chunk;
 
-static void do_chunk(const gg_weight *w, const gg_chunk *c, const gx_t *xs32, const gx_t *xs256, long M,
-                     uint8_t *panel, void *out, int out_bf16) {
+/* weight rows c times activation rows [m_lo, m_hi) */
+static void do_chunk(const gg_weight *w, const gg_chunk *c, const gx_t *xs32, const gx_t *xs256, long m_lo,
+                     long m_hi, uint8_t *panel, void *out, int out_bf16) {
     long K = w->k, t = w->type[c->part], rb = K / gg_cols(t) * gg_bytes(t), stride = 3 * K;
     long nr = c->r1 - c->r0;
     for (long r = 0; r < nr; r++)
@@ -385,8 +390,8 @@ static void do_chunk(const gg_weight *w, const gg_chunk *c, const gx_t *xs32, co
     const gx_t *xs = gg_cols(t) == 256 ? xs256 : xs32;
     int kind = gg_cols(t) == 256 ? 2 : t == T_Q8_0;
     float res[GG_RM * GG_RN];
-    for (long m0 = 0; m0 < M; m0 += GG_RN) {
-        int rn = M - m0 < GG_RN ? (int)(M - m0) : GG_RN;
+    for (long m0 = m_lo; m0 < m_hi; m0 += GG_RN) {
+        int rn = m_hi - m0 < GG_RN ? (int)(m_hi - m0) : GG_RN;
         for (long i0 = 0; i0 < nr; i0 += GG_RM) {
             int rm = nr - i0 < GG_RM ? (int)(nr - i0) : GG_RM;
             tiles[kind][rn - 1][rm - 1](panel + i0 * stride, (const char *)panel + i0 * stride + K, stride, xs + m0,
@@ -463,8 +468,13 @@ int wslm_gguf_gemm(const void *wv, const void *x, long M, int x_bf16, void *out,
 #endif
             failed = 1;
         } else {
-            for (long c = count * t / nt; c < count * (t + 1) / nt; c++)
-                do_chunk(w, chunks + c, xs32, xs256, M, panel, out, out_bf16);
+            /* activation rows a block at a time, so that the block's int8 copy stays in cache while every
+               chunk of this thread's weight rows meets it (each chunk unpacked again per block: ~0.3 us a
+               row of 3072 Q4_K columns, ~0.9 Q6_K, against ~9 us of products for 128 rows) */
+            long mb = M <= 2 * GG_MBLOCK ? M : GG_MBLOCK;
+            for (long m0 = 0; m0 < M; m0 += mb)
+                for (long c = count * t / nt; c < count * (t + 1) / nt; c++)
+                    do_chunk(w, chunks + c, xs32, xs256, m0, m0 + mb < M ? m0 + mb : M, panel, out, out_bf16);
             free(panel);
         }
     }
