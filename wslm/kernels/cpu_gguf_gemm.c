@@ -484,6 +484,9 @@ int wslm_gguf_gemm(const void *wv, const void *x, long M, int x_bf16, void *out,
     return failed ? -1 : 0;
 }
 
+/* sizeof the weight struct this file reads (cpu_gguf_gemm.py checks it against cpu_gguf.py's GGUFStruct) */
+long wslm_gguf_gemm_struct_bytes(void) { return (long)sizeof(gg_weight); }
+
 /* 256 where the tiles run AVX2 code here, 0 where they run the plain loop */
 int wslm_gguf_gemm_native(void) {
 #if defined(GG_AVX2)

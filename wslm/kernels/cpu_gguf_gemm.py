@@ -40,6 +40,7 @@ def library() -> ctypes.CDLL | None:
         lib.wslm_gguf_gemm_takes.restype = ctypes.c_int
         lib.wslm_gguf_gemm_takes.argtypes = [ctypes.c_void_p]
         lib.wslm_gguf_gemm_native.restype = ctypes.c_int
+        lib.wslm_gguf_gemm_struct_bytes.restype = ctypes.c_long
         _bound = lib
     return lib
 
@@ -47,7 +48,10 @@ def library() -> ctypes.CDLL | None:
 def takes(s: GGUFStruct) -> bool:
     """Whether the GEMM is built here and takes the weight behind s (cpu_gguf.struct_for)."""
     lib = library()
-    return lib is not None and bool(lib.wslm_gguf_gemm_takes(ctypes.addressof(s)))
+    return (
+        lib is not None and lib.wslm_gguf_gemm_struct_bytes() == ctypes.sizeof(s)  # the same struct as cpu_gguf.c's
+        and bool(lib.wslm_gguf_gemm_takes(ctypes.addressof(s)))
+    )  # fmt: skip
 
 
 def mm(x: torch.Tensor, s: GGUFStruct, out_dtype: torch.dtype | None = None, threads: int | None = None
