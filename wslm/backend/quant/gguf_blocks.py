@@ -32,9 +32,9 @@ BLOCK_TYPES = tuple(name for name, _, _ in BLOCKS.values())  # the types kept in
 TYPE_IDS = {name: t for t, (name, _, _) in BLOCKS.items()}
 _BITS = {"Q4_0": 4, "Q4_1": 4, "Q5_0": 5, "Q5_1": 5, "Q8_0": 8, "Q4_K": 4, "Q5_K": 5, "Q6_K": 6}
 MAX_PARTS = 4  # parts of one fused weight (kernels/cpu_gguf.c's GGUF_PARTS)
-# From this many activation rows (prefill, big batches) slices of the weight are dequantized once and
-# multiplied by torch's GEMM; fewer rows: the block kernel, which reads each weight block once for all of
-# them. Measured on a Zen 3 core (AVX2, CPU time of one thread, 3072x3072): the kernel 45-50 GFLOP/s at any
+# From this many activation rows (prefill, big batches), where the tiled block GEMM (kernels/cpu_gguf_gemm.c,
+# from its MIN_ROWS) is not built, slices of the weight are dequantized once and multiplied by torch's GEMM;
+# fewer rows: the block kernel, which reads each weight block once for all of them. Measured on a Zen 3 core (AVX2, CPU time of one thread, 3072x3072): the kernel 45-50 GFLOP/s at any
 # row count (Q4_K, Q6_K; Q4_0 37-40), dequantized slices + torch's float32 GEMM 12 at 8 rows, 40-46 at
 # 32-64, 54-59 at 512.
 PREFILL_ROWS = 64
