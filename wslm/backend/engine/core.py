@@ -38,6 +38,8 @@ class EngineRequest:
     arrival_time: float
     grammar: object | None = None  # structured.CompiledGrammar
     token_rules: object | None = None  # worker.token_rules.TokenRules
+    images: tuple = ()  # multimodal.ImageInput of each image in the prompt
+    lora_request: object | None = None  # lora.LoRARequest: the adapter the request runs with
 
 
 @dataclass(slots=True)
@@ -110,6 +112,8 @@ class EngineCore:
                     seq.generator.manual_seed(p.seed)
                 seq.grammar = GrammarState(req.grammar) if req.grammar is not None else None
                 seq.token_rules = req.token_rules
+                seq.images = req.images
+                seq.lora_request = req.lora_request
                 seqs.append(seq)
             # Siblings wait for the first completion's prompt, then share its KV blocks (see _scheduler_output).
             seqs[0].pending_forks = seqs[1:]

@@ -20,6 +20,7 @@ from wslm.backend.executor.abstract import kv_cache_note
 from wslm.backend.frontend.input_processor import InputProcessor
 from wslm.backend.frontend.output_processor import OutputProcessor
 from wslm.backend.frontend.validation import RequestLimits
+from wslm.backend.frontend.vision_prompts import vision_for
 from wslm.backend.loader.model_loader import load_model_config, load_tokenizer, resolve_model
 from wslm.backend.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from wslm.backend.platforms import pick_device
@@ -45,7 +46,7 @@ class LLMEngine:
         self.model_name = source.name
         self.task = "embed" if config.task in ("embed", "embedding", "pooling") else "generate"
         self.tokenizer = load_tokenizer(source, config.tokenizer, config.trust_remote_code)
-        _, mc = load_model_config(
+        hf_config, mc = load_model_config(
             source, self.tokenizer, config.dtype, self.device, config.trust_remote_code, config.quantization
         )
         mc.kv_cache_dtype = kv_cache_torch_dtype(config.kv_cache_dtype, self.device)
@@ -92,6 +93,10 @@ class LLMEngine:
         structured = None if self.pooling else StructuredOutputCompiler(self.tokenizer, mc.vocab_size,
                                                                          sorted(mc.eos_token_ids))
         self.processor = InputProcessor(self.tokenizer, limits, structured, config.chat_template, self.model_name)
+        self.processor.vision = vision_for(source, hf_config, mc.architecture, config)  # None: text only
+        from wslm.backend.lora.checks import AdapterChecker
+
+        self.processor.lora_checker = AdapterChecker(config.enable_lora and not self.pooling, config.max_lora_rank, mc)
         self.output_processor = OutputProcessor(self.tokenizer, mc.max_model_len)
         self._pending: list = []  # outputs made outside step() (aborts)
         kv_gib = self.executor.kv_cache_bytes / 2**30
@@ -107,6 +112,9 @@ class LLMEngine:
 
     def _resolve_max_model_len(self, capacity: int) -> int:
         model_max = self.model_config.max_position_embeddings
+        if self.pooling is not None and self.pooling.pooler.max_seq_length:
+            # sentence_bert_config.json's max_seq_length, as for encoders (encoder_engine.py) and vLLM
+            model_max = min(model_max, self.pooling.pooler.max_seq_length)
         asked = self.config.max_model_len
         if asked is None:
             if capacity < model_max:
