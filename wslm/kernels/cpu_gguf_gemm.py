@@ -8,14 +8,14 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 
 from wslm.kernels import cpu_gemv
 
-if TYPE_CHECKING:  # cpu_gguf routes its many-row products here: no import back at run time
-    from wslm.kernels.cpu_gguf import GGUFStruct
+# `s` below is cpu_gguf.GGUFStruct, which routes its many-row products here: typed Any so this module never
+# names cpu_gguf (no import circle, even a type-only one).
 
 # From this many activation rows the tiled GEMM serves a block weight (fewer: cpu_gguf.mm, whose cost per
 # row is flat and which reads the weight straight from the file's blocks). Measured on a Zen 3 core
@@ -46,7 +46,7 @@ def library() -> ctypes.CDLL | None:
     return lib
 
 
-def takes(s: GGUFStruct) -> bool:
+def takes(s: Any) -> bool:
     """Whether the GEMM is built here and takes the weight behind s (cpu_gguf.struct_for)."""
     lib = library()
     return (
@@ -55,7 +55,7 @@ def takes(s: GGUFStruct) -> bool:
     )  # fmt: skip
 
 
-def mm(x: torch.Tensor, s: GGUFStruct, out_dtype: torch.dtype | None = None, threads: int | None = None
+def mm(x: torch.Tensor, s: Any, out_dtype: torch.dtype | None = None, threads: int | None = None
        ) -> torch.Tensor:  # fmt: skip
     """x [M, K] (bf16 or float32, contiguous) @ W.T -> [M, N] in out_dtype (bf16 or float32; None: x's)."""
     out = torch.empty(x.shape[0], s.n, dtype=out_dtype or x.dtype)
