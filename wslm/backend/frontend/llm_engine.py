@@ -3,7 +3,8 @@ owns it (the server's engine loop, or LLM.generate).
 
 It is the front end of the engine core: the InputProcessor makes each request ready once (render, tokenize,
 truncate, validate, grammar), the EngineCore (engine/core.py) schedules and runs token ids, and the
-OutputProcessor turns new tokens into text deltas and decides stops (stop strings need the text)."""
+OutputProcessor turns the core's new token ids into text deltas and checks stop strings (they need the
+text); the core decided every token-level stop (engine/stop_check.py)."""
 
 from __future__ import annotations
 
@@ -21,13 +22,13 @@ from wslm.backend.frontend.input_processor import InputProcessor
 from wslm.backend.frontend.output_processor import OutputProcessor
 from wslm.backend.frontend.validation import RequestLimits
 from wslm.backend.loader.model_loader import load_model_config, load_tokenizer, resolve_model
-from wslm.backend.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from wslm.backend.outputs import RequestOutput
 from wslm.backend.platforms import pick_device
 from wslm.backend.platforms.cpu.tuning import tune_allocator
 from wslm.backend.platforms.kv_cache import kv_cache_torch_dtype
 from wslm.backend.pooling_params import PoolingParams
 from wslm.backend.sampling_params import SamplingParams
-from wslm.backend.sequence import RequestState, Sequence
+from wslm.backend.sequence import RequestState
 from wslm.backend.structured.compiler import StructuredOutputCompiler
 from wslm.kernels import cpu_gemv
 
@@ -170,25 +171,29 @@ class LLMEngine:
 
     def add_engine_request(self, req: EngineRequest) -> None:
         """Queue a request process() made (in any thread); only the owning thread calls this."""
-        state = self.core.add_request(req)
-        for seq in state.seqs:
-            if seq.pooling is None:
-                self.output_processor.start(seq)
+        self.core.add_request(req)
+        if not isinstance(req.params, PoolingParams):
+            self.output_processor.add(req.request_id, req.prompt, req.prompt_token_ids, req.params,
+                                      req.arrival_time)
 
     def abort_request(self, request_id: str | list[str]) -> None:
         ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        now = time.monotonic()
         for rid in ids:
             if self.pooling is not None:
                 out = self.pooling.abort(self.core, rid)
                 if out is not None:
                     self._pending.append(out)
                 continue
-            req = self.core.abort_request(rid)
-            if req is not None:
-                self._pending.append(self._request_output(req, req.seqs))
+            self.core.abort_request(rid)
+            ro = self.output_processor.abort(rid, now)
+            if ro is not None:
+                self._pending.append(ro)
 
     def has_unfinished_requests(self) -> bool:
-        return self.core.has_unfinished_requests() or bool(self._pending)
+        if self.pooling is not None:
+            return self.core.has_unfinished_requests() or bool(self._pending)
+        return self.output_processor.has_unfinished() or bool(self._pending)
 
     # ---- the step ------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
@@ -197,70 +202,15 @@ class LLMEngine:
             return outputs + self.pooling.step(self.core)
         result = self.core.step()
         now = time.monotonic()
-        touched: dict[str, list[Sequence]] = {}
-        for out in result.tokens:
-            seq = out.seq
-            if self.output_processor.append_token(seq, out.token_id, out.logprobs, now, out.grammar_done):
-                seq.finished_time = now
-                self.core.finish(seq)
-            touched.setdefault(seq.request_id, []).append(seq)
-        for rid, seqs in touched.items():
-            req = self.core.requests.get(rid)
-            if req is not None:
-                ro = self._request_output(req, seqs)
-                if ro is not None:
-                    outputs.append(ro)
+        made, stopped = self.output_processor.process(result.tokens, now)
+        for rid, index in stopped:  # a stop string ended it: the core frees its blocks
+            self.core.abort_request(rid, index)
+        outputs.extend(made)
         for failure in result.failed:
-            req = self.core.requests.get(failure.request_id)
-            if req is not None:
-                ro = self._request_output(req, req.seqs)
-                ro.error, ro.error_kind = failure.message, failure.kind
+            ro = self.output_processor.fail(failure.request_id, failure.kind, failure.message, now)
+            if ro is not None:
                 outputs.append(ro)
         return outputs
-
-    def _request_output(self, req: RequestState, seqs: list[Sequence]) -> RequestOutput | None:
-        completions: list[CompletionOutput] = []
-        for seq in seqs:
-            delta = self.output_processor.delta(seq, seq.is_finished)
-            if delta is not None:
-                completions.append(delta)
-        finished = all(s.is_finished for s in req.seqs)
-        if not completions and not finished:
-            return None
-        if finished:
-            self.core.drop(req.request_id)
-        first = req.seqs[0]
-        error = next((s.error for s in req.seqs if s.error), None)
-        prompt_logprobs = None
-        if first.params.prompt_logprobs is not None and not req.prompt_logprobs_sent and (
-            first.num_output_tokens or finished
-        ):
-            prompt_logprobs, req.prompt_logprobs_sent = [None, *self._decoded(first.prompt_logprobs)], True
-        return RequestOutput(
-            request_id=req.request_id,
-            prompt=req.prompt,
-            prompt_token_ids=req.prompt_token_ids,
-            outputs=completions,
-            finished=finished,
-            num_cached_tokens=max(first.num_cached_tokens, 0),
-            metrics=RequestMetrics(
-                arrival_time=req.arrival_time,
-                first_scheduled_time=first.first_scheduled_time,
-                first_token_time=min((s.first_token_time for s in req.seqs if s.first_token_time), default=None),
-                finished_time=max((s.finished_time or 0.0 for s in req.seqs), default=None) if finished else None,
-            ),
-            error=error,
-            prompt_logprobs=prompt_logprobs,
-        )
-
-    def _decoded(self, entries: list[dict]) -> list[dict]:
-        """prompt_logprobs as the worker computed them, with each token's text (the tokenizer is ours)."""
-        decode = self.tokenizer.decode
-        for entry in entries:
-            for tid, lp in entry.items():
-                if lp.decoded_token is None:
-                    lp.decoded_token = decode([tid])
-        return entries
 
     def shutdown(self) -> None:
         """Stop the tensor-parallel workers, if any (idempotent; also runs at exit)."""
