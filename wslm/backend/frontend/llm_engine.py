@@ -12,11 +12,11 @@ import logging
 import time
 from typing import Any
 
-from wslm import kernels
+from wslm import envs, kernels
 from wslm.backend.config import EngineConfig
-from wslm.backend.engine.block_manager import window_blocks
 from wslm.backend.engine.core import EngineCore, EngineRequest
-from wslm.backend.executor import make_executor
+from wslm.backend.engine.core_client import EngineCoreClient, InprocClient, MPClient
+from wslm.backend.engine.core_setup import build_core
 from wslm.backend.executor.abstract import kv_cache_note
 from wslm.backend.frontend.input_processor import InputProcessor
 from wslm.backend.frontend.output_processor import OutputProcessor
@@ -36,7 +36,9 @@ logger = logging.getLogger("wslm.engine")
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, core_process: bool = False) -> None:
+        """core_process: run the engine core in a child process (engine/core_client.py MPClient), as the
+        server does; else in this process and thread (LLM, tests)."""
         start = time.monotonic()
         self.config = config
         self.device = pick_device(config.device)
@@ -63,19 +65,19 @@ class LLMEngine:
         logger.info("Kernels: %s", kernels.backend_description(self.device))
         if self.device.type == "cpu" and (why := cpu_gemv.why_unavailable()):  # else ~2x slower, silently
             logger.warning("Fast CPU path off: %s; torch's slower kernels run instead", why)
-        self.executor = make_executor(config, source, mc, self.device, embedding=self.pooling is not None)
-        num_blocks = self.executor.num_blocks
-        # Every layer windowed: the block manager frees blocks behind the window, so one sequence holds at most
-        # `held` blocks and, when the pool has that many, the context is the model's own, not what the pool holds.
-        window = mc.uniform_sliding_window
-        held = window_blocks(window, config.block_size, config.max_num_batched_tokens) if window else None
-        capacity = num_blocks * config.block_size
-        if held is not None and num_blocks >= held:
-            capacity = max(capacity, mc.max_position_embeddings)
-        mc.max_model_len = self._resolve_max_model_len(capacity)
+        self.core: EngineCore | None = None  # in-process only (LLM, tests, embeddings, WSLM_CORE_PROCESS=0)
+        self.executor = None
+        if core_process and self.pooling is None:
+            self.client: EngineCoreClient = MPClient(config, source, mc, self.device, tokenizer=self.tokenizer,
+                                                     start_method=envs.WSLM_CORE_START_METHOD, name=source.name)
+            info = self.client.info
+            mc.max_model_len = info.max_model_len
+        else:
+            self.core, info = build_core(config, source, mc, self.device, embedding=self.pooling is not None)
+            self.executor = self.core.executor
+            self.client = InprocClient(self.core)
+        num_blocks, held = info.num_blocks, info.window_blocks
         self.max_model_len = mc.max_model_len
-        self.core = EngineCore(config, mc, self.executor)
-        self.executor.warm_up(config.max_num_seqs, mc.max_model_len, config.enforce_eager)
         # What one request may ask for; the server swaps in its own stop-list limits (its flags).
         limits = RequestLimits(mc.max_model_len, mc.vocab_size, config.max_num_seqs, num_blocks, config.block_size,
                                max_logprobs=config.max_logprobs, window_blocks=held)
@@ -85,7 +87,7 @@ class LLMEngine:
         self.processor = InputProcessor(self.tokenizer, limits, structured, config.chat_template, self.model_name)
         self.output_processor = OutputProcessor(self.tokenizer, mc.max_model_len)
         self._pending: list = []  # outputs made outside step() (aborts)
-        kv_gib = self.executor.kv_cache_bytes / 2**30
+        kv_gib = info.kv_cache_bytes / 2**30
         logger.info(
             "KV cache: %d blocks of %d tokens = %d tokens (%.2f GiB%s); max_model_len %d; "
             "max concurrent full-length sequences %.1f; prefix caching %s; ready in %.1fs",
@@ -95,26 +97,6 @@ class LLMEngine:
             num_blocks * config.block_size / mc.max_model_len, "on" if config.enable_prefix_caching else "off",
             time.monotonic() - start,
         )  # fmt: skip
-
-    def _resolve_max_model_len(self, capacity: int) -> int:
-        model_max = self.model_config.max_position_embeddings
-        asked = self.config.max_model_len
-        if asked is None:
-            if capacity < model_max:
-                logger.info("max_model_len capped at %d tokens: all the KV cache holds", capacity)
-            return min(model_max, capacity)
-        if asked > model_max:
-            raise ValueError(
-                f"max_model_len={asked} is longer than the model's context ({model_max} tokens). "
-                f"Use --max-model-len {model_max} or less."
-            )
-        if asked > capacity:
-            raise ValueError(
-                f"max_model_len={asked} does not fit in the KV cache, which holds {capacity} tokens. Lower "
-                "--max-model-len, or give the cache more memory (--kv-cache-memory on CPU, "
-                "--gpu-memory-utilization on GPU)."
-            )
-        return asked
 
     # ---- what the server and LLM read ----------------------------------------------------------
     @property
@@ -167,13 +149,20 @@ class LLMEngine:
                 raise ValueError("This engine serves " + ("an embedding model: it takes embedding requests, "
                                  "not text generation." if self.pooling else "text generation, not embeddings."))
             return self.pooling.process(self.processor, request_id, prompt, params, arrival_time)
-        return self.processor.process(request_id, prompt, params, arrival_time, **names)
+        req = self.processor.process(request_id, prompt, params, arrival_time, **names)
+        if req.grammar is not None and self.core is None:
+            req.grammar.to_json()  # its pickled form, made here in the caller's worker thread, not the engine's
+        return req
 
     def add_engine_request(self, req: EngineRequest) -> None:
         """Queue a request process() made (in any thread); only the owning thread calls this."""
-        self.core.add_request(req)
-        if not isinstance(req.params, PoolingParams):
-            self.output_processor.add(req.request_id, req.prompt, req.prompt_token_ids, req.params,
+        if isinstance(req.params, PoolingParams):
+            self.core.add_request(req)
+            return
+        if req.request_id in self.output_processor.requests:
+            raise ValueError(f"Request id {req.request_id!r} is already in use.")
+        self.client.add_request(req)
+        self.output_processor.add(req.request_id, req.prompt, req.prompt_token_ids, req.params,
                                       req.arrival_time)
 
     def abort_request(self, request_id: str | list[str]) -> None:
@@ -185,7 +174,8 @@ class LLMEngine:
                 if out is not None:
                     self._pending.append(out)
                 continue
-            self.core.abort_request(rid)
+            if rid in self.output_processor.requests:
+                self.client.abort(rid)
             ro = self.output_processor.abort(rid, now)
             if ro is not None:
                 self._pending.append(ro)
@@ -200,11 +190,11 @@ class LLMEngine:
         outputs, self._pending = self._pending, []
         if self.pooling is not None:
             return outputs + self.pooling.step(self.core)
-        result = self.core.step()
+        result = self.client.get_output()
         now = time.monotonic()
         made, stopped = self.output_processor.process(result.tokens, now)
         for rid, index in stopped:  # a stop string ended it: the core frees its blocks
-            self.core.abort_request(rid, index)
+            self.client.abort(rid, index)
         outputs.extend(made)
         for failure in result.failed:
             ro = self.output_processor.fail(failure.request_id, failure.kind, failure.message, now)
@@ -213,17 +203,17 @@ class LLMEngine:
         return outputs
 
     def shutdown(self) -> None:
-        """Stop the tensor-parallel workers, if any (idempotent; also runs at exit)."""
-        self.executor.shutdown()
+        """Stop the core process or the tensor-parallel workers, if any (idempotent; also runs at exit)."""
+        self.client.shutdown()
 
     def start_background_compile(self) -> None:
         """Start the compile that would otherwise wait for the first batch (the CPU decode step): the server
         calls it once ready, so that its first concurrent requests find the compile under way or done."""
-        self.executor.start_background_compile()
+        self.client.start_background_compile()
 
     def check_health(self) -> None:
-        """Raises EngineDeadError when the model's workers are gone."""
-        self.executor.check_health()
+        """Raises EngineDeadError when the model's core process or workers are gone."""
+        self.client.check_health()
 
     # ---- chat and stats ------------------------------------------------------------------------
     def apply_chat_template(
@@ -235,4 +225,4 @@ class LLMEngine:
         return self.processor.render_chat(messages, chat_template, add_generation_prompt, **options)
 
     def get_stats(self) -> dict:
-        return self.core.get_stats()
+        return self.client.get_stats()

@@ -244,6 +244,8 @@ def engine_failure(exc: EngineFailure) -> APIError:
     """The engine failed the request: 503 when it ran out of memory (retry later, or smaller), else 500."""
     if exc.kind is ErrorKind.OUT_OF_MEMORY:
         return APIError(str(exc), 503, type="server_error", code="out_of_memory")
+    if exc.kind is ErrorKind.ENGINE_DEAD:
+        return APIError(str(exc), 503, type="server_error", code="engine_dead")
     return APIError(str(exc), 500, type="server_error")
 
 
