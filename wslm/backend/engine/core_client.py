@@ -97,6 +97,7 @@ class MPClient(EngineCoreClient):
         child_conn.close()  # the child's end lives in the child only: its death closes the pipe here
         self.dead: str | None = None
         self.stats: dict = {}
+        self._buffered = EngineCoreOutputs()  # read by get_stats, handed out by the next get_output
         self._finalizer = weakref.finalize(self, _stop_process, self.proc, self.conn)
         try:
             kind, *payload = self._recv_startup()
@@ -147,20 +148,25 @@ class MPClient(EngineCoreClient):
         self._send(("abort", request_id, index))
 
     def get_output(self) -> EngineCoreOutputs:
+        """The outputs of the core's steps since the last call (waits up to _POLL_S for one)."""
+        merged, self._buffered = self._buffered, EngineCoreOutputs()
+        self._drain(0 if merged.tokens or merged.failed else _POLL_S, merged)
+        return merged
+
+    def _drain(self, timeout: float, into: EngineCoreOutputs) -> None:
         if self.dead:
             raise EngineDeadError(self.dead)
-        merged = EngineCoreOutputs()
         try:
-            if not self.conn.poll(_POLL_S):
-                if not self.proc.is_alive():
+            if not self.conn.poll(timeout):
+                if timeout and not self.proc.is_alive():
                     self._die()
-                return merged
+                return
             while True:
                 kind, *payload = self.conn.recv()
                 if kind == "out":
                     outs, stats = payload
-                    merged.tokens.extend(outs.tokens)
-                    merged.failed.extend(outs.failed)
+                    into.tokens.extend(outs.tokens)
+                    into.failed.extend(outs.failed)
                     if stats is not None:
                         self.stats = stats
                 elif kind == "stats":
@@ -170,12 +176,16 @@ class MPClient(EngineCoreClient):
                     self._finalizer()
                     raise EngineDeadError(self.dead)
                 if not self.conn.poll(0):
-                    return merged
-        except (EOFError, OSError, BrokenPipeError):
+                    return
+        except (EOFError, OSError):
             self._die()
-        return merged
 
     def get_stats(self) -> dict:
+        """The core's latest figures (they ride along with its outputs; read without waiting)."""
+        try:
+            self._drain(0, self._buffered)
+        except EngineDeadError:
+            pass  # reported by the next get_output
         return self.stats
 
     def check_health(self) -> None:

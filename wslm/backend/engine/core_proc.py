@@ -80,16 +80,17 @@ def _loop(conn, core) -> None:
                 core.executor.start_background_compile()
             elif kind == "shutdown":
                 return
-        if core.has_unfinished_requests():
+        stepped = core.has_unfinished_requests()
+        if stepped:
             out = core.step()
             now = time.monotonic()
             stats = None
-            if now - last_stats >= _STATS_INTERVAL_S:
-                stats, last_stats = core.get_stats(), now
+            if now - last_stats >= _STATS_INTERVAL_S or not core.has_unfinished_requests():
+                stats, last_stats = core.get_stats(), now  # and always the idle figures at the end
             if out.tokens or out.failed or stats is not None:
                 conn.send(("out", out, stats))
-        busy = core.has_unfinished_requests()
-        if not busy:
+        was_busy, busy = busy, core.has_unfinished_requests()
+        if was_busy and not busy and not stepped:  # aborts emptied it: no step carried the idle figures
             conn.send(("stats", core.get_stats()))
 
 
