@@ -24,8 +24,26 @@ from wslm.backend.errors import EngineDeadError
 
 logger = logging.getLogger("wslm.engine")
 
+# Set once this process has run a model itself (an in-process core, an encoder): OpenMP's worker threads do
+# not survive a fork, and a forked child that then enters a parallel region waits for them forever.
+_model_ran_here = False
+
 _POLL_S = 0.02  # how long get_output waits for the core before the caller looks at its inbox again
 _STOP_GRACE_S = 5.0  # a core process asked to stop gets this long before SIGKILL
+
+
+def note_model_in_process() -> None:
+    """This process runs a model itself: later core processes start by spawn, not fork (see above)."""
+    global _model_ran_here
+    _model_ran_here = True
+
+
+def safe_start_method(asked: str) -> str:
+    if asked == "fork" and _model_ran_here:
+        logger.info("Starting the engine core process by spawn, not fork: this process already ran a model, and "
+                    "OpenMP's threads do not survive a fork (a few seconds more to import torch again)")
+        return "spawn"
+    return asked
 
 
 class EngineCoreClient:
@@ -87,6 +105,7 @@ class MPClient(EngineCoreClient):
     def __init__(self, config, source, mc, device, tokenizer=None, start_method: str = "fork", name: str = "") -> None:
         from wslm.backend.engine.core_proc import core_main
 
+        start_method = safe_start_method(start_method)
         ctx = mp.get_context(start_method)
         self.conn, child_conn = ctx.Pipe(duplex=True)
         self.proc = ctx.Process(target=core_main, name=f"wslm-core {name}".strip(),

@@ -39,7 +39,7 @@ def core_main(conn, parent_end, config, source, mc, device, parent_pid: int, tok
     from wslm.backend.engine.core_setup import build_core
 
     try:
-        core, info = build_core(config, source, mc, device)
+        core, info = build_core(config, source, mc, device, in_core_process=True)
     except BaseException as exc:  # noqa: BLE001 - the parent raises it as its own load failure
         logger.exception("Loading the model in the engine core process failed")
         conn.send(("error", type(exc).__name__, str(exc) or type(exc).__name__))

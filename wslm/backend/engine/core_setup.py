@@ -24,9 +24,14 @@ class CoreInfo:
     window_blocks: int | None  # blocks one sequence holds at most when every layer is windowed, else None
 
 
-def build_core(config, source, mc, device, embedding: bool = False) -> tuple[EngineCore, CoreInfo]:
+def build_core(config, source, mc, device, embedding: bool = False, in_core_process: bool = False
+               ) -> tuple[EngineCore, CoreInfo]:
     """The ready core; sets mc.max_model_len. ValueError (a user's mistake, e.g. --max-model-len over what
     the KV pool holds) names the flag to change."""
+    from wslm.backend.engine import core_client
+
+    if not in_core_process:
+        core_client.note_model_in_process()
     executor = make_executor(config, source, mc, device, embedding=embedding)
     try:
         num_blocks = executor.num_blocks

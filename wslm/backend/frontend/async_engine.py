@@ -210,6 +210,9 @@ class AsyncEngine:
             request = command.request
             try:
                 self.engine.add_engine_request(request)
+            except EngineDeadError as exc:  # the core is gone: this request fails as the running ones do
+                deliveries.append((command.future, EngineFailure(str(exc), ErrorKind.ENGINE_DEAD)))
+                raise
             except Exception as exc:  # noqa: BLE001 - ValueError is the user's; anything else is reported too
                 deliveries.append((command.future, exc))
                 return

@@ -365,8 +365,11 @@ async def start_group(engine: Any, response_id: str, prompts: list[Any], params:
     the request fields to blame, see AsyncEngine.submit). Returns the group and each prompt's token ids as
     the engine runs them (tokenized, truncated)."""
     group = RequestGroup(engine, response_id)
-    with as_bad_request():
-        prompt_ids = await group.start(prompts, params, **names)
+    try:
+        with as_bad_request():
+            prompt_ids = await group.start(prompts, params, **names)
+    except EngineFailure as exc:  # the model's core died as the request was queued: 503
+        raise engine_failure(exc) from exc
     return group, prompt_ids
 
 
