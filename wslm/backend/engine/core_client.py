@@ -19,27 +19,18 @@ import time
 import weakref
 
 from wslm.backend.engine.core import EngineCore, EngineCoreOutputs, EngineRequest
-from wslm.backend.engine.core_setup import CoreInfo
+from wslm.backend.engine.core_setup import CoreInfo, model_ran_here
 from wslm.backend.errors import EngineDeadError
 
 logger = logging.getLogger("wslm.engine")
-
-# Set once this process has run a model itself (an in-process core, an encoder): OpenMP's worker threads do
-# not survive a fork, and a forked child that then enters a parallel region waits for them forever.
-_model_ran_here = False
 
 _POLL_S = 0.02  # how long get_output waits for the core before the caller looks at its inbox again
 _STOP_GRACE_S = 5.0  # a core process asked to stop gets this long before SIGKILL
 
 
-def note_model_in_process() -> None:
-    """This process runs a model itself: later core processes start by spawn, not fork (see above)."""
-    global _model_ran_here
-    _model_ran_here = True
-
-
 def safe_start_method(asked: str) -> str:
-    if asked == "fork" and _model_ran_here:
+    """fork, unless this process already ran a model (core_setup.note_model_in_process): then spawn."""
+    if asked == "fork" and model_ran_here():
         logger.info("Starting the engine core process by spawn, not fork: this process already ran a model, and "
                     "OpenMP's threads do not survive a fork (a few seconds more to import torch again)")
         return "spawn"
@@ -198,6 +189,11 @@ class MPClient(EngineCoreClient):
                     return
         except (EOFError, OSError):
             self._die()
+
+    @property
+    def busy(self) -> bool:
+        """The core has requests by its latest figures (after an abort, until it reports itself idle)."""
+        return bool(self.stats.get("num_requests_running") or self.stats.get("num_requests_waiting"))
 
     def get_stats(self) -> dict:
         """The core's latest figures (they ride along with its outputs; read without waiting)."""

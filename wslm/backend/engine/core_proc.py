@@ -64,6 +64,7 @@ def _loop(conn, core) -> None:
     while True:
         if not busy:
             conn.poll(None)
+        aborted = False
         while conn.poll(0):
             msg = conn.recv()
             kind = msg[0]
@@ -76,6 +77,7 @@ def _loop(conn, core) -> None:
                     conn.send(("out", failed, None))
             elif kind == "abort":
                 core.abort_request(msg[1], msg[2])
+                aborted = True
             elif kind == "compile":
                 core.executor.start_background_compile()
             elif kind == "shutdown":
@@ -90,7 +92,7 @@ def _loop(conn, core) -> None:
             if out.tokens or out.failed or stats is not None:
                 conn.send(("out", out, stats))
         was_busy, busy = busy, core.has_unfinished_requests()
-        if was_busy and not busy and not stepped:  # aborts emptied it: no step carried the idle figures
+        if not busy and not stepped and (was_busy or aborted):  # no step carried the idle figures
             conn.send(("stats", core.get_stats()))
 
 

@@ -13,6 +13,20 @@ from wslm.backend.executor import make_executor
 
 logger = logging.getLogger("wslm.engine")
 
+# Set once this process has run a model itself (an in-process core, an encoder): OpenMP's worker threads do
+# not survive a fork, and a forked child that then enters a parallel region waits for them forever; so later
+# core processes start by spawn (core_client.safe_start_method).
+_model_ran_here = False
+
+
+def note_model_in_process() -> None:
+    global _model_ran_here
+    _model_ran_here = True
+
+
+def model_ran_here() -> bool:
+    return _model_ran_here
+
 
 @dataclass(slots=True)
 class CoreInfo:
@@ -28,10 +42,8 @@ def build_core(config, source, mc, device, embedding: bool = False, in_core_proc
                ) -> tuple[EngineCore, CoreInfo]:
     """The ready core; sets mc.max_model_len. ValueError (a user's mistake, e.g. --max-model-len over what
     the KV pool holds) names the flag to change."""
-    from wslm.backend.engine import core_client
-
     if not in_core_process:
-        core_client.note_model_in_process()
+        note_model_in_process()
     executor = make_executor(config, source, mc, device, embedding=embedding)
     try:
         num_blocks = executor.num_blocks

@@ -183,7 +183,9 @@ class LLMEngine:
     def has_unfinished_requests(self) -> bool:
         if self.pooling is not None:
             return self.core.has_unfinished_requests() or bool(self._pending)
-        return self.output_processor.has_unfinished() or bool(self._pending)
+        # A core process may still hold an aborted request until it says it is idle: keep collecting.
+        return self.output_processor.has_unfinished() or bool(self._pending) or bool(
+            getattr(self.client, "busy", False))
 
     # ---- the step ------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
