@@ -99,7 +99,7 @@ def test_killing_one_pooled_core_fails_its_requests_fast_and_the_next_request_re
     os.kill(second_core[0].pid, signal.SIGKILL)
     victim.join(30)
     assert answer["status"] == 503, answer
-    assert answer["at"] - killed_at < 1.0, answer["at"] - killed_at
+    assert answer["at"] - killed_at < 1.0, answer["at"] - killed_at  # ~0.03 s measured at load 5 on 2 cores
     message = answer["body"]["error"]["message"]
     assert "engine core process stopped" in message and "SIGKILL" in message, message
     # The other model's stream was never broken.

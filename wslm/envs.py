@@ -211,9 +211,11 @@ VARIABLES: tuple[EnvVar, ...] = (
            "server's own process, as `LLM()` does. Embedding and encoder models always run in-process.",
            (_E,), _TUNING),
     EnvVar("WSLM_CORE_START_METHOD", "choice", "fork",
-           "how a core process starts: `fork` (the default: the server's imports come along, ~10-50 ms) or "
-           "`spawn` / `forkserver` (a fresh interpreter that imports torch again: seconds; for debugging fork "
-           "trouble).",
+           "how a core process starts: `fork` (the default: the server's imports come along; a tiny model's "
+           "server was ready in 10.3 s against 11.5 s with the core in-process, median of 3 on a busy 2-core Zen "
+           "3) or `spawn` / `forkserver` (a fresh interpreter that imports torch again: 19.4 s there). A process "
+           "that already ran a model itself (an encoder, `WSLM_CORE_PROCESS=0`) starts its cores by spawn: "
+           "OpenMP's threads do not survive a fork.",
            (_E,), _TUNING, choices=("fork", "spawn", "forkserver")),
     EnvVar("WSLM_CPU_FAST_DECODE", "bool", True,
            "`0` turns off the CPU fast decode path (`wslm/backend/platforms/cpu/decode_eager.py`: Llama-shaped "
