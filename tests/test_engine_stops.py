@@ -118,3 +118,13 @@ def test_abort_by_request_id_and_index_frees_one_completion():
     assert [s.is_finished for s in core.requests["a"].seqs] == [False, True]
     core.abort_request("a")
     assert "a" not in core.requests and core.block_manager.num_free_blocks == core.block_manager.num_blocks
+
+
+def test_each_token_is_checked_once_and_only_in_the_core(monkeypatch):
+    calls = []
+    original = stop_check.check_stop
+    monkeypatch.setattr(stop_check, "check_stop", lambda *a: calls.append(a[1]) or original(*a))
+    outs = _run(_core([9, 9, 9, EOS]), SamplingParams(max_tokens=50, n=2, temperature=1.0, seed=2))
+    assert len(calls) == sum(len(o.new_token_ids) for o in outs) == 8  # 4 tokens x 2 completions, once each
+    import wslm.backend.frontend.output_processor as front
+    assert "check_stop" not in vars(front) and "eos_token_ids" not in open(front.__file__).read()
