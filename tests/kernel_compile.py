@@ -145,8 +145,8 @@ def all_launches(targets=configs.TARGETS, dtypes=configs.DTYPES) -> list[Launch]
                 for block_size in BLOCK_SIZES:
                     for flag in (False, True):
                         items += _small_launches(dtype, cc, shape, block_size, flag)
-    # MoE and GGUF block kernels join here when present (wslm.kernels.triton_moe, triton_gguf).
-    for module in ("triton_moe", "triton_gguf"):
+    # MoE, GGUF block and LoRA kernels join here when present (wslm.kernels.triton_moe, triton_gguf, triton_lora).
+    for module in ("triton_moe", "triton_gguf", "triton_lora"):
         try:
             extra = importlib.import_module(f"wslm.kernels.{module}").compile_launches
         except ImportError:

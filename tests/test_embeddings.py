@@ -227,3 +227,22 @@ def test_decoder_embedding_is_prefill_only_and_chunked(qwen3):
     stats = llm.llm_engine.get_stats()
     assert stats["num_free_blocks"] == stats["num_blocks"] and stats["generation_tokens_total"] == 0
     assert len(tok.encode(texts[0])) > 16  # really chunked (and more than one block)
+
+
+def test_decoder_embedding_honours_max_seq_length(qwen3, tmp_path):
+    """sentence_bert_config.json's max_seq_length caps a decoder embedding model's context, as it does an
+    encoder's (and vLLM's): 40 of the body's 512 positions."""
+    import shutil
+
+    from wslm.backend import LLM
+
+    folder = tmp_path / "q3"
+    shutil.copytree(qwen3[3], folder)
+    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 40}))
+    (folder / "modules.json").write_text(json.dumps([
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]))
+    (folder / "1_Pooling").mkdir()
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps({"pooling_mode_lasttoken": True}))
+    llm = LLM(str(folder), dtype="float32", kv_cache_memory=8 << 20)
+    assert llm.llm_engine.max_model_len == 40

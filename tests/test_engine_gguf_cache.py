@@ -37,3 +37,49 @@ def test_cache_key_follows_the_file_and_can_be_turned_off(tmp_path, monkeypatch)
     assert gguf_cache.enabled()
     monkeypatch.setenv("WSLM_GGUF_CACHE", "0")
     assert not gguf_cache.enabled()
+
+
+def test_meta_reader_gives_transformers_what_gguf_py_gives(tmp_path):
+    """The conversion child reads metadata with gguf_meta_reader (no numpy view per vocabulary entry): every
+    field parses through transformers' own _gguf_parse_value to what gguf.GGUFReader's fields give, for every
+    value type, and the tensors' names match."""
+    import gguf
+    import numpy as np
+    from transformers.integrations.ggml import _gguf_parse_value
+
+    from wslm.backend.loader.gguf_meta_reader import GGUFMetaReader
+
+    path = tmp_path / "meta.gguf"
+    w = gguf.GGUFWriter(str(path), "llama")
+    w.add_string("general.name", "tiny ünïcode ✓")
+    w.add_uint32("llama.block_count", 2)
+    w.add_int32("t.i32", -5)
+    w.add_uint64("t.u64", 2**40)
+    w.add_int64("t.i64", -(2**40))
+    w.add_float32("llama.rope.freq_base", 10000.5)
+    w.add_float64("t.f64", 1.25)
+    w.add_bool("t.bool", True)
+    w.add_uint8("t.u8", 7)
+    w.add_int8("t.i8", -7)
+    w.add_uint16("t.u16", 700)
+    w.add_int16("t.i16", -700)
+    w.add_array("tokenizer.ggml.tokens", ["<s>", "a", "ĠHello", "✓", ""])
+    w.add_array("tokenizer.ggml.merges", ["Ġ H", "e l"])
+    w.add_array("tokenizer.ggml.token_type", [3, 1, 1, 1, 1])
+    w.add_array("tokenizer.ggml.scores", [0.0, -1.5, -2.25, 3.0, 0.5])
+    w.add_array("t.bools", [True, False])
+    w.add_tensor("token_embd.weight", np.zeros((5, 4), dtype=np.float32))
+    w.add_tensor("blk.0.attn_q.weight", np.ones((4, 4), dtype=np.float16))
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+    ours, theirs = GGUFMetaReader(path), gguf.GGUFReader(path)
+    assert list(ours.fields) == list(theirs.fields)
+    for key, field in theirs.fields.items():
+        mine = ours.fields[key]
+        assert mine.types == list(field.types), key
+        expected = [_gguf_parse_value(field.parts[i], field.types) for i in field.data]
+        assert [_gguf_parse_value(mine.parts[i], mine.types) for i in mine.data] == expected, key
+    assert [(t.name, tuple(t.shape)) for t in ours.tensors] == [(t.name, tuple(t.shape)) for t in theirs.tensors]

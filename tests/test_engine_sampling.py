@@ -161,5 +161,5 @@ def test_chat_template_override_and_missing_template(demo_llm, tiny_models):
             engine.apply_chat_template([{"role": "user", "content": "hi"}])
     finally:
         tok.chat_template = saved
-    with pytest.raises(ValueError, match="only text parts"):
+    with pytest.raises(ValueError, match="does not take images; load a vision model"):
         engine.apply_chat_template([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}])

@@ -179,9 +179,11 @@ def test_one_row_and_many_rows_agree(kind, weights):
 
 
 @pytest.mark.parametrize("kind", BLOCK_TYPES)
-def test_many_rows_take_the_dequantized_gemm(kind, weights, blocks_file):
-    """From PREFILL_ROWS rows: the weight dequantized in C (the file's values, up to the fused multiply-add
-    the compiler may use) times the unrounded rows in torch's GEMM."""
+def test_many_rows_take_the_tiled_gemm(kind, weights, blocks_file):
+    """From PREFILL_ROWS rows: the tiled block GEMM (cpu_gguf_gemm.c, tests/test_gguf_gemm.py), the same
+    contract as the GEMV (the dequantized weight times the int8-rounded rows); the C dequantizer (the
+    path where that GEMM is not built) still gives the file's values, up to the compiler's fused
+    multiply-add."""
     from wslm.backend.quant.gguf_blocks import PREFILL_ROWS
     from wslm.kernels import cpu_gguf
 
@@ -189,8 +191,7 @@ def test_many_rows_take_the_dequantized_gemm(kind, weights, blocks_file):
     w = weights[kind]
     torch.testing.assert_close(cpu_gguf.dequant(w.c_struct(), 0, ROWS), ref, rtol=2**-22, atol=1e-9)
     x = torch.randn(PREFILL_ROWS + 3, COLS, generator=torch.Generator().manual_seed(5))
-    scale = x.double().abs() @ ref.double().abs().t()
-    err = ((w.apply(x).double() - x.double() @ ref.double().t()).abs() / scale).max().item()
+    err, _ = _check(w.apply(x), x, ref, kind)
     assert err <= ROUNDING, (kind, err)
 
 
@@ -217,7 +218,10 @@ def test_permuted_and_fused_rows_stay_in_place(blocks_file):
         err, _ = _check(out[:, lo:hi], x, dense[lo:hi], kind)
         assert err <= ROUNDING, kind
     many = torch.randn(PREFILL_ROWS + 1, k, generator=torch.Generator().manual_seed(6))  # the prefill path
-    torch.testing.assert_close(fused.apply(many), many @ dense.t(), rtol=1e-5, atol=1e-5)
+    out = fused.apply(many)
+    for lo, hi, kind in ((0, 64, "Q4_K"), (64, 128, "Q4_0"), (128, 192, "Q6_K")):
+        err, _ = _check(out[:, lo:hi], many, dense[lo:hi], kind)
+        assert err <= ROUNDING, kind
 
 
 def test_plain_c_build_gives_the_same_products(blocks_file, tmp_path):

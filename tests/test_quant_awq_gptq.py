@@ -117,11 +117,16 @@ def test_awq_gptq_checkpoints_match_their_dequantized_forward(tiny_models, tmp_p
 def test_catalog_offers_4bit_awq_gptq_and_the_loader_names_other_widths(tiny_models, tmp_path):
     """`wslm models list` marks 4-bit AWQ/GPTQ runnable; an 8-bit GPTQ or a GEMV-packed AWQ is refused by name
     (they would otherwise be repacked as 4-bit GEMM and load as noise)."""
-    from wslm.backend.hub.catalog import _runs_prequantized
+    from wslm.backend.hub.catalog import _prequantized_support
+    from wslm.backend.hub.metadata import ModelMetadata
     from wslm.backend.loader.model_loader import check_prequantized
 
-    assert _runs_prequantized("awq-4bit") and _runs_prequantized("gptq-4bit") and _runs_prequantized("gptq")
-    assert not _runs_prequantized("gptq-8bit") and not _runs_prequantized("bitsandbytes-4bit")
+    def why(**q):  # the format's own answer (QuantMethod.unsupported), as `wslm models list` shows it
+        return _prequantized_support(ModelMetadata(quantization="x", quant_config=q))
+
+    assert why(quant_method="awq", bits=4) is None and why(quant_method="gptq", bits=4) is None
+    assert why(quant_method="gptq") is None and "8-bit weights" in why(quant_method="gptq", bits=8)
+    assert "no weight format reads it" in why(quant_method="bitsandbytes", bits=4)
     check_prequantized("awq", {"bits": 4, "version": "GEMM"})
     with pytest.raises(ValueError, match="8-bit weights; wslm runs 4-bit AWQ/GPTQ only"):
         check_prequantized("gptq", {"bits": 8})

@@ -163,7 +163,7 @@ def test_cancel_and_delete(client, server):
 
 @pytest.mark.parametrize("body,param", [
     ({"input": [{"role": "wizard", "content": "hi"}]}, "input[0].role"),
-    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input[0].content[0]"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "messages.0.content.0"),
     ({"input": [{"type": "computer_call_output", "call_id": "c"}]}, "input[0].type"),
     ({"input": "hi", "tools": [{"type": "web_search"}]}, "tools[0].type"),
     ({"input": "hi", "tool_choice": {"type": "function", "name": "nope"}, "tools": [WEATHER]}, "tool_choice"),

@@ -36,7 +36,7 @@ def server(tiny_models, tmp_path_factory):
         "--max-logprobs", "3", "--enable-log-requests", "--uvicorn-log-level", "warning",
         "--swap-space", "4", "--disable-log-stats", "--root-path", "/llm", "--enable-prompt-tokens-details",
         "--enable-force-include-usage", "--enable-server-load-tracking", "--enable-tokenizer-info-endpoint",
-        "--generation-config", "auto", "--kv-cache-memory", "32MiB", "--max-model-len", "256", "-pp", "1",
+        "--enable-per-request-metrics", "--generation-config", "auto", "--kv-cache-memory", "32MiB", "--max-model-len", "256", "-pp", "1",
         env={"WSLM_API_KEY": KEY},
     )
     yield srv
@@ -86,6 +86,28 @@ def test_max_logprobs_and_prompt_tokens_details(client):
 def test_force_include_usage_on_streams(client):
     chunks = list(client.chat.completions.create(model="test/tiny", max_tokens=3, stream=True, **CHAT))
     assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 3 and not chunks[-1].choices
+
+
+METRIC_FIELDS = {"time_to_first_token_ms", "generation_time_ms", "queue_time_ms", "mean_itl_ms", "tokens_per_second"}
+
+
+def test_per_request_metrics(client):
+    """vLLM's --enable-per-request-metrics: a `metrics` object on one-stream answers, on the usage chunk of a
+    stream, null when n > 1 (the times would describe one of the n streams only)."""
+    r = client.chat.completions.create(model="test/tiny", max_tokens=4, temperature=0,
+                                       extra_body={"ignore_eos": True}, **CHAT)
+    m = r.model_extra["metrics"]
+    assert set(m) == METRIC_FIELDS
+    assert m["time_to_first_token_ms"] > 0 and m["queue_time_ms"] >= 0 and m["generation_time_ms"] >= 0
+    assert m["tokens_per_second"] > 0 and m["mean_itl_ms"] is not None
+    assert m["time_to_first_token_ms"] + m["generation_time_ms"] <= 4 / m["tokens_per_second"] * 1000 + 1
+    one = client.completions.create(model="test/tiny", prompt="Hi", max_tokens=1)
+    assert one.model_extra["metrics"]["mean_itl_ms"] is None  # one token: no inter-token gap
+    many = client.chat.completions.create(model="test/tiny", max_tokens=2, n=2, **CHAT)
+    assert many.model_extra["metrics"] is None
+    chunks = list(client.chat.completions.create(model="test/tiny", max_tokens=3, stream=True, **CHAT))
+    assert set(chunks[-1].model_extra["metrics"]) == METRIC_FIELDS
+    assert all("metrics" not in c.model_extra for c in chunks[:-1])
 
 
 def test_load_counts_requests_in_flight(server):

@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from wslm.tp_sizes import checkpoint_group, model_facts, refusal, tensor_parallel_sizes
+from wslm.backend.quant.registry import checkpoint_group
+from wslm.tp_sizes import model_facts, refusal, tensor_parallel_sizes
 
 
 def test_every_mlp_width_must_split():
@@ -32,6 +33,7 @@ def test_each_rank_must_hold_whole_4bit_groups():
 
 
 def test_group_sizes_and_model_json_facts():
+    # Each format answers its own group width (QuantMethod.group_size); the registry asks it by name.
     assert checkpoint_group("gguf") == 32 and checkpoint_group("awq", {"group_size": 64}) == 64
     assert checkpoint_group("awq", {"q_group_size": 32}) == 32 and checkpoint_group("gptq", {}) == 128
     assert checkpoint_group("int4") is None and checkpoint_group(None) is None

@@ -125,6 +125,13 @@ VARIABLES: tuple[EnvVar, ...] = (
            "vLLM's name for the same key: `wslm serve` requires it when neither `--api-key` nor `WSLM_API_KEY` "
            "is given, so a vLLM launch script's environment keeps its server closed.",
            (_E,), _EVERYDAY),
+    EnvVar("WSLM_ALLOW_RUNTIME_LORA_UPDATING", "bool", False,
+           "`1` opens `POST /v1/load_lora_adapter` and `/v1/unload_lora_adapter` on a `wslm serve --enable-lora` "
+           "server (otherwise they answer 404).",
+           (_E,), _EVERYDAY),
+    EnvVar("VLLM_ALLOW_RUNTIME_LORA_UPDATING", "bool", False,
+           "vLLM's name for `WSLM_ALLOW_RUNTIME_LORA_UPDATING`; either one opens the endpoints.",
+           (_E,), _EVERYDAY),
     EnvVar("WSLM_CONFIG_DIR", "path", None,
            "moves the config folder (settings, `share.json`); data and models follow it unless set apart.",
            (_E, _G, _B), _EVERYDAY, default_doc="the user config folder (platformdirs)"),
@@ -154,6 +161,11 @@ VARIABLES: tuple[EnvVar, ...] = (
            (_E,), _TUNING, choices=("triton", "torch"), default_doc="auto"),
     EnvVar("WSLM_GGUF_DEQUANTIZE", "bool", False,
            "`1` loads a GGUF dequantized to float32, as transformers does (exact HF parity; 4-8x the memory).",
+           (_E,), _TUNING),
+    EnvVar("WSLM_QUANT_MODULES", "str", None,
+           "Python modules (comma-separated) that register weight formats of your own "
+           "(`wslm.backend.quant.registry.register_method`), imported wherever the engine looks formats up, worker "
+           "processes included.",
            (_E,), _TUNING),
     EnvVar("WSLM_GGUF_CACHE", "bool", True, "`0`: no converted copy of a GGUF is written or read.",
            (_E,), _TUNING),

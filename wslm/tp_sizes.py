@@ -5,13 +5,11 @@ one rule and offer exactly the sizes the engine accepts.
 How the engine splits (modeling/layers/): attention heads and every MLP width (dense, MoE experts', shared
 expert's) are cut into equal parts; KV heads are cut too, or replicated when fewer than the ranks; the
 row-parallel layers (o, down) take their input columns in shards, and a 4-bit checkpoint (AWQ/GPTQ, GGUF)
-must leave whole quantization groups on each rank. Routed experts are kept quantized too (layers/moe.py):
+must leave whole quantization groups on each rank (quant_group_size: the format's own answer,
+wslm.backend.quant QuantMethod.group_size, which `wslm models list` reports). Routed experts are kept quantized too (layers/moe.py):
 their down projections' input width (the experts' width) must leave whole groups as well."""
 
 from __future__ import annotations
-
-GGUF_GROUP_SIZE = 32  # GGUF's 4-bit types are held as int4 codes with groups of 32 columns
-DEFAULT_PACKED_GROUP_SIZE = 128  # AWQ/GPTQ configs that do not say their group_size
 
 # The `wslm models list --json` / `models info --json` fields the rule reads, and its keyword for each.
 MODEL_FIELDS = {
@@ -23,17 +21,6 @@ MODEL_FIELDS = {
     "shared_expert_intermediate_size": "shared_expert_intermediate_size",
     "quant_group_size": "quant_group_size",
 }
-
-
-def checkpoint_group(method: str | None, quant_config: dict | None = None) -> int | None:
-    """The 4-bit group width a checkpoint keeps under tensor parallelism: GGUF's 32, AWQ/GPTQ's group_size
-    (quantization_config); none for dense weights or int8/int4 made on load (their groups fit each rank)."""
-    if method == "gguf":
-        return GGUF_GROUP_SIZE
-    if method in ("awq", "gptq"):
-        qcfg = quant_config or {}
-        return int(qcfg.get("group_size", qcfg.get("q_group_size", DEFAULT_PACKED_GROUP_SIZE)))
-    return None
 
 
 def model_facts(info: dict | None) -> dict:

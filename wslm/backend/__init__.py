@@ -15,6 +15,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from wslm.backend.config import EngineConfig
 from wslm.backend.frontend.beam_search import BeamSearchOutput, BeamSearchParams, BeamSearchSequence
+from wslm.backend.lora.request import LoRARequest
 from wslm.backend.outputs import CompletionOutput, Logprob, RequestMetrics, RequestOutput
 from wslm.backend.sampling_params import SamplingParams
 from wslm.backend.structured.params import GuidedDecodingParams, StructuredOutputsParams
@@ -37,6 +38,7 @@ __all__ = [
     "BeamSearchParams",
     "BeamSearchOutput",
     "BeamSearchSequence",
+    "LoRARequest",
 ]
 
 

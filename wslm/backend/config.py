@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from wslm import defaults
+from wslm.backend.quant.registry import method_names
 
 # vLLM's --kv-cache-dtype values that wslm runs.
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
@@ -60,7 +61,7 @@ class EngineConfig:
     # quantize a 16-bit checkpoint's linear weights while loading. vLLM's name and values.
     quantization: str | None = _flag(
         None, "weights format; a GGUF file or an AWQ/GPTQ checkpoint needs no flag; int8/int4 quantize a 16-bit "
-        "checkpoint while loading", choices=("gguf", "awq", "gptq", "int8", "int4"), aliases=("-q",))
+        "checkpoint while loading", choices=method_names(), aliases=("-q",))
     # "auto": the KV cache in the model dtype; "fp8" / "fp8_e4m3": one byte per value (e4m3, per-tensor
     # scale 1.0 as vLLM's default without calibrated scales), twice the tokens in the same memory.
     # fp8_e5m2 is a choice only so that the start-up error can say it is not supported.
@@ -87,6 +88,22 @@ class EngineConfig:
     lora_path: str | None = _flag(
         None, "a LoRA adapter folder (PEFT's format) merged into the model's 16/32-bit weights as they load "
         "(`wslm serve --lora-modules NAME=PATH` serves adapters by name)")
+    # Images in chat (vision models; frontend/images.py): vLLM's --limit-mm-per-prompt, and wslm's own caps.
+    limit_mm_per_prompt: str | None = _flag(
+        None, 'most images per prompt, as JSON: \'{"image": N}\' (vLLM\'s flag; default 8)')
+    max_image_bytes: int = _flag(20 * 2**20, "largest image a request may send, in bytes (encoded; also the cap "
+                                             "on an http(s) image download; default 20 MiB)")
+    max_image_pixels: int = _flag(16_000_000, "largest image a request may send, in pixels (width x height; "
+                                              "default 16 million)")
+    image_fetch_timeout: float = _flag(10.0, "seconds to fetch an http(s) image URL (default 10)")
+    # LoRA adapters per request over this one base (wslm/backend/lora): a request names its adapter
+    # (LoRARequest; the server's `model` field), and a step mixes requests of different adapters and the base.
+    enable_lora: bool = _flag(False, "serve LoRA adapters per request over the one base model (vLLM's switch)")
+    max_loras: int = _flag(4, "LoRA adapters resident at once, and at most in one step (the least recently used "
+                              "idle one makes room; default 4)")
+    max_lora_rank: int = _flag(16, "highest LoRA rank served (default 16, vLLM's); a higher one is refused")
+    max_cpu_loras: int | None = _flag(None, "on a GPU, adapters also kept parsed in host memory (default: "
+                                             "max-loras)")
 
     def __post_init__(self) -> None:
         if self.tensor_parallel_size < 1:
@@ -115,6 +132,12 @@ class EngineConfig:
         if self.lora_path and self.tensor_parallel_size > 1:
             raise ValueError("a LoRA adapter (lora_path) cannot be merged under tensor parallelism yet: serve it at "
                              "--tensor-parallel-size 1, or merge it with peft (merge_and_unload) first.")
+        if self.enable_lora and self.tensor_parallel_size > 1:
+            raise ValueError("LoRA adapters per request (enable_lora) run on one device: use "
+                             "--tensor-parallel-size 1, or merge the adapter with peft (merge_and_unload) first.")
+        if self.max_loras < 1 or self.max_lora_rank < 1:
+            raise ValueError(f"max_loras and max_lora_rank must be at least 1, got {self.max_loras} and "
+                             f"{self.max_lora_rank}.")
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"max_model_len must be positive, got {self.max_model_len}.")
         from wslm.backend.quant import check_quantization

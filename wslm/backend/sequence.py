@@ -58,6 +58,12 @@ class Sequence:
     last_token_time: float | None = None
     num_preemptions: int = 0
     pooling: object | None = None  # PoolingParams of an embedding request (prefill only; pooling/decoder.py)
+    images: tuple = ()  # multimodal.ImageInput of each image in the prompt (their tokens' embeddings)
+    lora_request: object | None = None  # lora.LoRARequest: the adapter this sequence runs with (None: the base)
+
+    @property
+    def lora_int_id(self) -> int:
+        return self.lora_request.lora_int_id if self.lora_request is not None else 0
 
     @property
     def num_prompt_tokens(self) -> int:

@@ -7,6 +7,7 @@ import time
 from pathlib import Path
 
 from wslm.gui.chat_store import ChatStore, Conversation, Message
+from wslm.gui.content_parts import message_content
 
 
 def to_markdown(conv: Conversation, messages: list[Message]) -> str:
@@ -31,6 +32,8 @@ def to_markdown(conv: Conversation, messages: list[Message]) -> str:
             lines += [f"Tool call `{call.get('name')}`:", "", "```json", str(call.get("arguments") or ""), "```", ""]
         if msg.content:
             lines += [msg.content.strip(), ""]
+        for im in msg.images:  # inline (data: URLs): the export is whole without the app's database
+            lines += [f"![{im.name or 'image'}]({im.data_url()})", ""]
         if msg.error:
             lines += [f"> Error: {msg.error}", ""]
     return "\n".join(lines).rstrip() + "\n"
@@ -61,7 +64,7 @@ def _sampling_set(conv: Conversation) -> dict:
 
 
 def _message(msg: Message) -> dict:
-    out: dict = {"role": msg.role, "content": msg.content}
+    out: dict = {"role": msg.role, "content": message_content(msg.content, msg.images)}
     if msg.role == "tool" and msg.stats.get("tool_call_id"):
         out["tool_call_id"] = msg.stats["tool_call_id"]
     if msg.stats.get("reasoning"):

@@ -164,10 +164,12 @@ class MessageListModel(QAbstractListModel):
         self.streaming_row = -1
         self.endResetModel()
 
-    def append(self, role: str, content: str, error: str = "") -> int:
-        """Add a message after the last one shown (a new branch there when that one had replies)."""
+    def append(self, role: str, content: str, error: str = "", images: list | None = None) -> int:
+        """Add a message after the last one shown (a new branch there when that one had replies); `images`:
+        content_parts.ChatImage sent with it."""
         parent = self._items[-1].id if self._items else None
-        msg = self.store.add_message(self.conversation_id, role, content, error=error, parent_id=parent)
+        msg = self.store.add_message(self.conversation_id, role, content, error=error, parent_id=parent,
+                                     images=images)
         row = len(self._items)
         self.beginInsertRows(QModelIndex(), row, row)
         self._items.append(msg)

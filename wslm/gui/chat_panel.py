@@ -4,7 +4,7 @@ and decides what their requests do; each part is a view with its own file:
 - chat_list_view.ChatListView: New chat, search, the conversations (rename, export, delete)
 - chat_header.ChatHeader: title, model_picker.ModelPicker (with ⏏), context meter, connection dot, ⚙
 - chat_view.ChatView: the transcript (links: copy, edit, regenerate, branches, continue, delete)
-- composer.Composer: attachments' chips, 📎, the message box, Send / Stop
+- composer.Composer: attachments' chips, images' thumbnails (image_strip), 🖼 and 📎, the message box, Send / Stop
 - chat_params.ChatParams: presets, system prompt, sampling, overflow policy
 - connection_box.ConnectionBox, DocumentSettings, "Developer view" (dev_view.DevViewDialog)
 - chat_sending.ChatSending: Send, Regenerate, and waiting for our server; the notes around the transcript
@@ -37,17 +37,22 @@ from wslm.gui.attachments import Attachments
 from wslm.gui.attachments_view import FILE_FILTER, DocumentSettings
 from wslm.gui.chat_export import export_conversation
 from wslm.gui.chat_header import ChatHeader
+from wslm.gui.chat_images import IMAGE_FILTER, is_image_path
 from wslm.gui.chat_list_view import ChatListView
 from wslm.gui.chat_params import ChatParams
 from wslm.gui.chat_sending import ChatSending
 from wslm.gui.chat_session import ChatSession
 from wslm.gui.chat_switch import ModelSwitching
 from wslm.gui.chat_view import ChatView
-from wslm.gui.composer import Composer
+from wslm.gui.composer import Composer, local_files
 from wslm.gui.connection_box import ConnectionBox
+from wslm.gui.content_parts import IMAGE_TOKEN_ESTIMATE
 from wslm.gui.dev_view import DevViewDialog, RequestHistory
+from wslm.gui.image_draft import ImageDraft
+from wslm.gui.image_strip import BubbleImages, show_full_image
 from wslm.gui.rag_store import WHOLE
 from wslm.gui.settings import Settings
+from wslm.gui.spec_metrics import SpecMeter
 from wslm.gui.wheel_guard import guard_wheel
 
 
@@ -82,6 +87,10 @@ class ChatPanel(ModelSwitching, ChatSending, QWidget):
         self.attachments.usage_changed.connect(self.update_context_meter)
         session.has_documents = lambda conv_id: bool(self.attachments.store.of_chat(conv_id))
         self.history = RequestHistory(session, self)  # the developer view's per-request log
+        self.spec_meter = SpecMeter(session, self)  # speculative decoding's acceptance, from /metrics
+        self.image_draft = ImageDraft(self)  # the next message's images (composer thumbnails)
+        self.image_draft.failed.connect(self._show_error)
+        self.setAcceptDrops(True)  # image files (and documents) dropped anywhere on the chat
 
         self.chat_list = ChatListView(session.conversations)
         self.chat_list.new_chat_requested.connect(self.new_chat)
@@ -102,13 +111,19 @@ class ChatPanel(ModelSwitching, ChatSending, QWidget):
         lay.addWidget(h)
         self._init_notes(lay)  # the model hint, switch note (above the transcript) and error line
         self.view = ChatView(session.messages)
-        self.composer = Composer(self.attachments)
+        self.view.add_message_part(BubbleImages(self.view))  # a user message's images, as thumbnails
+        self.view.add_link_handler("image", lambda arg: show_full_image(self, session.messages, arg))
+        self.composer = Composer(self.attachments, images=self.image_draft)
         c = self.composer
         self.input, self.send_button, self.stop_button = c.input, c.send_button, c.stop_button
         self.attach_button, self.attachment_bar = c.attach_button, c.attachment_bar
         c.send_requested.connect(self.send)
         c.stop_requested.connect(self.stop)
         c.attach_requested.connect(self.attach_dialog)
+        c.image_requested.connect(self.image_dialog)
+        c.files_dropped.connect(self.add_files)
+        c.image_pasted.connect(self.image_draft.add_qimage)
+        self.image_button = c.image_button
         lay.insertWidget(lay.count() - 1, self.view, 1)  # between the notes above and the error line below
         lay.addWidget(c)
         self.input.cap_to(center)
@@ -148,7 +163,8 @@ class ChatPanel(ModelSwitching, ChatSending, QWidget):
         for sig in (session.messages.rowsInserted, session.messages.rowsRemoved, session.messages.modelReset,
                     session.reply_finished, session.busy_changed, self.input.textChanged,
                     self.attachments.model.modelReset, self.attachments.model.rowsInserted,
-                    self.attachments.model.rowsRemoved, self.attachments.model.dataChanged):
+                    self.attachments.model.rowsRemoved, self.attachments.model.dataChanged,
+                    self.image_draft.rowsInserted, self.image_draft.rowsRemoved, self.image_draft.modelReset):
             sig.connect(self.update_context_meter)
         self._apply_connection()
         first = session.conversations.conversation(0)
@@ -275,6 +291,7 @@ class ChatPanel(ModelSwitching, ChatSending, QWidget):
             return
         self.editing_row = row
         self.composer.set_text(msg.content)
+        self.image_draft.set_images(msg.images)  # its images come back too: Send sends them again
         self._show_error("Editing a sent message: Send asks again from there, as a new branch (the original "
                          "and its replies stay, ‹ 1/2 › on the message); Esc cancels.")
 
@@ -302,6 +319,37 @@ class ChatPanel(ModelSwitching, ChatSending, QWidget):
     def attach_dialog(self) -> None:
         paths, _ = QFileDialog.getOpenFileNames(self, "Attach documents", "", FILE_FILTER)
         self.attach_files(paths)
+
+    def image_dialog(self) -> None:
+        paths, _ = QFileDialog.getOpenFileNames(self, "Attach images", "", IMAGE_FILTER)
+        self.add_files(paths)
+
+    def add_files(self, paths: list[str]) -> None:
+        """Files dropped or pasted on the chat: images go with the next message (read off the GUI thread),
+        other files are attached as documents."""
+        images = [p for p in paths if is_image_path(p)]
+        if images:
+            self.image_draft.add_files(images)
+            self.input.setFocus()
+        self.attach_files([p for p in paths if not is_image_path(p)])
+
+    def dragEnterEvent(self, event) -> None:
+        if local_files(event.mimeData()) or event.mimeData().hasImage():
+            event.acceptProposedAction()
+
+    def dragMoveEvent(self, event) -> None:
+        self.dragEnterEvent(event)
+
+    def dropEvent(self, event) -> None:
+        mime = event.mimeData()
+        files = local_files(mime)
+        if files:
+            self.add_files(files)
+        elif mime.hasImage():
+            self.image_draft.add_qimage(mime.imageData(), "dropped image")
+        else:
+            return
+        event.acceptProposedAction()
 
     def attach_files(self, paths: list[str]) -> None:
         """Attach files to the open chat (a new chat when none is open); they are read in the background."""
@@ -337,6 +385,10 @@ class ChatPanel(ModelSwitching, ChatSending, QWidget):
         if draft:
             used += max(1, len(draft.encode()) // 4)
             parts.append("your draft")
+        pictures = self.image_draft.rowCount()
+        if pictures:
+            used += pictures * IMAGE_TOKEN_ESTIMATE
+            parts.append("your images")
         files = sum(a.tokens for a in self.attachments.model.attachments() if a.status == WHOLE) if conv else 0
         if files:
             used += files
@@ -361,7 +413,8 @@ class ChatPanel(ModelSwitching, ChatSending, QWidget):
         requests this chat sent (newest first)."""
         return DevViewDialog(self.session.request_preview(), self.session.base_url,
                              self.session.last_reply_stats(), self,
-                             history=self.history.for_conversation(self.session.messages.conversation_id))
+                             history=self.history.for_conversation(self.session.messages.conversation_id),
+                             spec=self.spec_meter)
 
     def show_dev_view(self) -> None:
         dialog = self.dev_view()

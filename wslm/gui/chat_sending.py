@@ -74,9 +74,13 @@ class ChatSending:
     # Sending
     def send(self) -> None:
         text = self.input.toPlainText()
+        images = self.image_draft.images()  # the composer's images go with the text (content parts)
         if self.session.busy:
             return
-        if not text.strip():
+        if self.image_draft.busy():
+            self._show_error("Still reading an image: send when its thumbnail shows (your text is kept).")
+            return
+        if not text.strip() and not images:
             if self.editing_row < 0 and self.unanswered_row() >= 0:
                 self._regenerate(self.unanswered_row())  # Send with an empty box answers the last question
             return
@@ -92,13 +96,15 @@ class ChatSending:
             self._show_error(f"Still reading {', '.join(reading)}: send when it is attached (your text is kept).")
             return
         if self.editing_row >= 0:
-            if self.session.edit_and_rerun(self.editing_row, text):
+            if self.session.edit_and_rerun(self.editing_row, text, images):
                 self.input.clear()
+                self.image_draft.clear()
                 self.cancel_edit()
             self.input.setFocus()
             return
-        if self.session.send(text):
+        if self.session.send(text, images):
             self.input.clear()
+            self.image_draft.clear()
             self.title.setText(self.session.current().title)
             self.error_label.hide()
         self.input.setFocus()
@@ -143,8 +149,9 @@ class ChatSending:
             self._show_error("A message is already waiting for the server: send this one when it is ready "
                              "(your text is kept).", server=True)
             return
-        if self.session.queue(text):
+        if self.session.queue(text, self.image_draft.images()):
             self.input.clear()
+            self.image_draft.clear()
             self.title.setText(self.session.current().title)
             self._wait_for_server(self.session.messages.conversation_id, None)
 
@@ -167,7 +174,7 @@ class ChatSending:
         text = self.input.toPlainText()
         if offered is not None:
             self._wait_for_server(*offered)
-        elif text.strip() and self.editing_row < 0:
+        elif (text.strip() or self.image_draft.images()) and self.editing_row < 0:
             self._queue_send(text)
         else:
             self._show_note("Starting the server…")

@@ -15,6 +15,7 @@ import wslm.gui.qt_fix  # noqa: F401  (PySide6 6.12 emit() refcount bug)
 from wslm.gui.chat_errors import normalize_base_url
 from wslm.gui.chat_model import ConversationListModel, MessageListModel
 from wslm.gui.chat_store import SAMPLING, ChatStore, Conversation, Message, is_cut_short
+from wslm.gui.content_parts import content_bytes, explain_refusal, message_content
 from wslm.gui.context_fit import (
     DEFAULT_POLICY,
     LENIENT_BYTES_PER_TOKEN,
@@ -186,7 +187,7 @@ class ChatSession(QObject):
         context_len = self.effective_context()
         if not context_len:
             return max_tokens
-        prompt_bound = sum(len(str(m.get("content") or "").encode()) + 8 for m in messages) + 32
+        prompt_bound = sum(content_bytes(m.get("content")) + 8 for m in messages) + 32
         return max_tokens if max_tokens + prompt_bound <= context_len else None
 
     def effective_context(self) -> int | None:
@@ -271,28 +272,24 @@ class ChatSession(QObject):
             self.store.update_conversation(cid, **changes)
 
     # Sending
-    def send(self, text: str) -> bool:
-        """Add the user's message and stream the reply; False (nothing changed) if busy or empty."""
-        text = text.strip()
-        if not text or self.busy:
+    def send(self, text: str, images: list | None = None) -> bool:
+        """Add the user's message (with `images`: content_parts.ChatImage) and stream the reply; False
+        (nothing changed) if busy or empty."""
+        if not self.queue(text, images):
             return False
-        conv = self.current() or self.new_conversation()
-        if not self.messages.rowCount():
-            self.conversations.rename(self.conversations.row_of(conv.id), title_from(text))
-        self.messages.append("user", text)
         self._start_reply()
         return True
 
-    def queue(self, text: str) -> bool:
+    def queue(self, text: str, images: list | None = None) -> bool:
         """Add the user's message without asking yet (the server is still loading); reply_to_last() asks
         once it is ready. The text is saved with the chat meanwhile, so nothing is lost if it never is."""
         text = text.strip()
-        if not text or self.busy:
+        if not (text or images) or self.busy:
             return False
         conv = self.current() or self.new_conversation()
         if not self.messages.rowCount():
-            self.conversations.rename(self.conversations.row_of(conv.id), title_from(text))
-        self.messages.append("user", text)
+            self.conversations.rename(self.conversations.row_of(conv.id), title_from(text or images[0].name or "Image"))
+        self.messages.append("user", text, images=images)
         return True
 
     def reply_to_last(self) -> bool:
@@ -349,15 +346,15 @@ class ChatSession(QObject):
         self.messages.remove_row(row)
         return True
 
-    def edit_and_rerun(self, row: int, text: str) -> bool:
-        """Send `text` in place of the user's message at `row`, as a new branch there, and ask again; the
-        original and its replies stay one flip away."""
+    def edit_and_rerun(self, row: int, text: str, images: list | None = None) -> bool:
+        """Send `text` (and `images`) in place of the user's message at `row`, as a new branch there, and ask
+        again; the original and its replies stay one flip away."""
         text = text.strip()
         msg = self.messages.message(row)
-        if self.busy or not text or msg is None or msg.role != "user":
+        if self.busy or not (text or images) or msg is None or msg.role != "user":
             return False
         self.messages.cut_view(row)
-        self.messages.append("user", text)
+        self.messages.append("user", text, images=images)
         self._start_reply()
         return True
 
@@ -423,7 +420,8 @@ class ChatSession(QObject):
         items = self.messages.messages()
         if any(m.role == "tool" for m in items):
             return out + history_messages(items, skip_row=self.messages.streaming_row)
-        out += [{"role": m.role, "content": m.content} for i, m in enumerate(items) if self._sent(i, m)]
+        out += [{"role": m.role, "content": message_content(m.content, m.images)}
+                for i, m in enumerate(items) if self._sent(i, m)]
         return out
 
     def continue_after_tools(self) -> None:
@@ -646,6 +644,7 @@ class ChatSession(QObject):
             return
         if kind == "context":
             message = self._learn_context(reply.worker, message)
+        message = explain_refusal(message, reply.worker.request.messages)
         if (self.tool_loop is not None and self._shown(reply)
                 and self.tool_loop.refused_auto(reply.worker.request.extra, message)):
             self._retry_without_tools(reply)

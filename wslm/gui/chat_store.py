@@ -15,6 +15,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from wslm.gui.content_parts import ChatImage
 from wslm.paths import data_dir
 
 DB_FILE = "chats.sqlite3"
@@ -51,6 +52,20 @@ CREATE TABLE IF NOT EXISTS messages (
     created REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS messages_by_conversation ON messages(conversation_id, id);
+-- Images sent with a message (the bytes as sent, a PNG thumbnail), in the chat's file: a reopened chat shows
+-- them and sends them again with its history. Deleting the message deletes them.
+CREATE TABLE IF NOT EXISTS message_images (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    message_id INTEGER NOT NULL REFERENCES messages(id) ON DELETE CASCADE,
+    position INTEGER NOT NULL,
+    mime TEXT NOT NULL,
+    name TEXT NOT NULL DEFAULT '',
+    width INTEGER NOT NULL DEFAULT 0,
+    height INTEGER NOT NULL DEFAULT 0,
+    data BLOB NOT NULL,
+    thumb BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS images_by_message ON message_images(message_id, position);
 CREATE TABLE IF NOT EXISTS system_presets (
     name TEXT PRIMARY KEY,
     prompt TEXT NOT NULL,
@@ -107,6 +122,7 @@ class Message:
     created: float = 0.0
     parent_id: int | None = None
     siblings: list[int] = field(default_factory=list)  # ids of the branches at this point (itself included), oldest first
+    images: list[ChatImage] = field(default_factory=list)  # sent with a user's message (content parts)
 
 
 SAMPLING = ("top_k", "min_p", "repetition_penalty", "seed", "stop", "json_mode", "reasoning")
@@ -261,11 +277,11 @@ class ChatStore:
 
     # Messages
     def add_message(self, conv_id: int, role: str, content: str, stats: dict | None = None, error: str = "",
-                    parent_id: int | None = AFTER_LAST) -> Message:
+                    parent_id: int | None = AFTER_LAST, images: list[ChatImage] | None = None) -> Message:
         """Add a message under `parent_id` (None: a first message; AFTER_LAST: after the shown path's last)
         and show it: it becomes its parent's active child, so a second child is a new branch."""
         if parent_id == AFTER_LAST:
-            path = self.messages(conv_id)
+            path = self.messages(conv_id, images=False)
             parent_id = path[-1].id if path else None
         now = time.time()
         cur = self._db.execute(
@@ -274,11 +290,27 @@ class ChatStore:
             (conv_id, role, content, json.dumps(stats or {}), error, now, parent_id),
         )
         msg_id = int(cur.lastrowid)
+        self._db.executemany(
+            "INSERT INTO message_images (message_id, position, mime, name, width, height, data, thumb) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+            [(msg_id, i, im.mime, im.name, im.width, im.height, im.data, im.thumb) for i, im in enumerate(images or [])])
         self._set_active(conv_id, parent_id, msg_id)
         self._db.execute("UPDATE conversations SET updated = ? WHERE id = ?", (now, conv_id))
         self._db.commit()
         return Message(msg_id, conv_id, role, content, stats or {}, error, now, parent_id,
-                       self._children(conv_id, parent_id))
+                       self._children(conv_id, parent_id), list(images or []))
+
+    def _with_images(self, messages: list[Message]) -> list[Message]:
+        """Fill in the messages' images (one query for the chat)."""
+        if not messages:
+            return messages
+        by_id = {m.id: m for m in messages}
+        marks = ", ".join("?" * len(by_id))
+        for msg_id, mime, name, w, h, data, thumb in self._db.execute(
+                f"SELECT message_id, mime, name, width, height, data, thumb FROM message_images "
+                f"WHERE message_id IN ({marks}) ORDER BY message_id, position", list(by_id)):
+            by_id[msg_id].images.append(ChatImage(mime, bytes(data), name, bytes(thumb), w, h))
+        return messages
 
     def _children(self, conv_id: int, parent_id: int | None) -> list[int]:
         return [r[0] for r in self._db.execute(
@@ -377,9 +409,10 @@ class ChatStore:
             row = self._db.execute("SELECT active_child FROM messages WHERE id = ?", (parent_id,)).fetchone()
         return row[0] if row else None
 
-    def messages(self, conv_id: int) -> list[Message]:
+    def messages(self, conv_id: int, images: bool = True) -> list[Message]:
         """The chat as shown: the path from the first message through each one's active child (the newest
-        child where none was chosen), each message with its siblings (the other branches there)."""
+        child where none was chosen), each message with its siblings (the other branches there) and, unless
+        `images` is False (only the path wanted), its images."""
         rows = self._db.execute(
             f"SELECT {MSG_COLUMNS} FROM messages WHERE conversation_id = ? ORDER BY created, id", (conv_id,)
         ).fetchall()
@@ -394,14 +427,14 @@ class ChatStore:
             msg.siblings = [k[0] for k in kids]
             path.append(msg)
             kids, chosen = children.get(r[0], []), r[8]
-        return path
+        return self._with_images(path) if images else path
 
     def all_messages(self, conv_id: int) -> list[Message]:
         """Every message of every branch, oldest first."""
         rows = self._db.execute(
             f"SELECT {MSG_COLUMNS} FROM messages WHERE conversation_id = ? ORDER BY id", (conv_id,)
         ).fetchall()
-        return [_message(r) for r in rows]
+        return self._with_images([_message(r) for r in rows])
 
     # System-prompt presets
     def presets(self) -> dict[str, str]:

@@ -10,6 +10,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from wslm.gui.content_parts import content_bytes, text_of, with_text
+
 DROP_OLDEST, TRUNCATE_MIDDLE, STOP = "drop_oldest", "truncate_middle", "stop"
 POLICIES = {
     DROP_OLDEST: "Drop the oldest messages",
@@ -44,7 +46,7 @@ def estimate_tokens(messages: list[dict], bytes_per_token: float = LENIENT_BYTES
 
 
 def _message_tokens(message: dict, bytes_per_token: float) -> int:
-    return int(len(str(message.get("content") or "").encode()) / bytes_per_token) + MESSAGE_OVERHEAD
+    return int(content_bytes(message.get("content")) / bytes_per_token) + MESSAGE_OVERHEAD
 
 
 def reply_reserve(context_len: int, max_tokens: int) -> int:
@@ -82,13 +84,13 @@ def fit_messages(messages: list[dict], context_len: int | None, max_tokens: int,
     cut = 0
     while estimate_tokens(out, bytes_per_token) > budget:
         over = estimate_tokens(out, bytes_per_token) - budget
-        longest = max(range(len(out)), key=lambda i: len(str(out[i].get("content") or "")))
-        text = str(out[longest].get("content") or "")
+        longest = max(range(len(out)), key=lambda i: len(text_of(out[i].get("content"))))
+        text = text_of(out[longest].get("content"))
         new = cut_middle(text, len(text.encode()) - int((over + 16) * bytes_per_token) - len(CUT_MARK) - 16)
         if len(new) >= len(text):
             return Fit(None, f"Even the newest message does not fit the model's context ({context_len:,} tokens).")
         cut += len(text) - len(new)
-        out[longest]["content"] = new
+        out[longest]["content"] = with_text(out[longest].get("content"), new)
     parts = []
     if dropped:
         parts.append(f"{dropped} earlier message{'s' if dropped != 1 else ''} left out")

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 class CrashCause:
     title: str  # the crash box's headline, e.g. "The port is taken"
     advice: str  # what to do, naming the field to change
-    field: str = ""  # Server panel field to point at: model, port, context, gpu, api_key, target, extra
+    field: str = ""  # Server panel field to point at: model, port, context, gpu, api_key, target, extra, speculative
 
 
 # (needles in the error or log, cause); first match wins, so the specific ones come first.
@@ -23,6 +23,10 @@ CAUSES: list[tuple[tuple[str, ...], CrashCause]] = [
       "only one usage of each socket"),
      CrashCause("The port is taken", "Another program (or another wslm server) listens on this port: change "
                 "“Port” above, or stop that program.", "port")),
+    (("speculative", "draft model"),  # before "not found"/"not supported": a draft's problem is the draft's
+     CrashCause("Speculative decoding could not start", "Pick another “Draft” (prompt lookup needs no model; a "
+                "draft model must be a smaller model of the same family, sharing its tokenizer) or switch "
+                "“Speculative decoding” off.", "speculative")),
     (("no module named",),
      CrashCause("wslm is incomplete on the target", "wslm's Python packages are missing on the target: run the "
                 "installer (install.sh) inside the distro.", "target")),

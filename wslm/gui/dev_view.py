@@ -31,7 +31,9 @@ from PySide6.QtWidgets import (
 )
 
 import wslm.gui.qt_fix  # noqa: F401  (PySide6 6.12 emit() refcount bug)
+from wslm.gui.content_parts import elide_images
 from wslm.gui.format import human_duration
+from wslm.gui.speculative import acceptance_text
 
 KEY_VAR = "WSLM_API_KEY"  # the placeholder: the key itself never goes into a snippet that gets pasted around
 # What the openai client takes as keyword arguments; the rest (vLLM's sampling, chat template switches) goes
@@ -70,7 +72,7 @@ class RequestHistory(QObject):
         session.request_ended.connect(self._ended)
 
     def _sent(self, conv_id: int, message_id: int, body: dict) -> None:
-        self.entries.append(SentRequest(conv_id, message_id, body))
+        self.entries.append(SentRequest(conv_id, message_id, elide_images(body)))
         self.changed.emit()
 
     def _ended(self, conv_id: int, message_id: int, stats: dict, error: str) -> None:
@@ -176,10 +178,12 @@ class DevViewDialog(QDialog):
     """Read-only code to copy; built from what the chat would send now (not live-updated)."""
 
     def __init__(self, body: dict, base_url: str, stats: dict, parent=None,
-                 history: list[SentRequest] | None = None) -> None:
+                 history: list[SentRequest] | None = None, spec=None) -> None:
+        """`spec`: a spec_metrics.SpecMeter, for the speculative-decoding acceptance line (kept up to date)."""
         super().__init__(parent)
         self.setWindowTitle("Developer view: this chat's request")
         self.resize(760, 560)
+        body = elide_images(body)  # images' base64 shortened: the text views stay quick
         self.curl = curl_command(body, base_url)
         self.python = python_snippet(body, base_url)
         mono = QFontDatabase.systemFont(QFontDatabase.SystemFont.FixedFont)
@@ -210,14 +214,28 @@ class DevViewDialog(QDialog):
         self.stats_label = QLabel(objectName="Muted", wordWrap=True)
         self.stats_label.setText("Last reply: " + "  ·  ".join(f"{k}: {v}" for k, v in rows) if rows
                                  else "Last reply: none yet in this chat.")
+        # Speculative decoding's acceptance (accepted/draft tokens), hidden until the server's /metrics was read.
+        self.spec = spec
+        self.spec_label = QLabel(objectName="Muted", wordWrap=True)
+        self.spec_label.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self._show_spec()
+        if spec is not None:
+            spec.changed.connect(self._show_spec)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Close)
         buttons.rejected.connect(self.reject)
         lay = QVBoxLayout(self)
         lay.addWidget(self.tabs, 1)
         lay.addWidget(self.stats_label)
+        lay.addWidget(self.spec_label)
         lay.addWidget(note)
         lay.addWidget(buttons)
         self.copied = ""
+
+    def _show_spec(self) -> None:
+        s = self.spec
+        text = acceptance_text(s.last, s.total, s.available) if s is not None else ""
+        self.spec_label.setText(text)
+        self.spec_label.setVisible(bool(text))
 
     def _history_page(self, mono) -> QWidget:
         """The chat's requests, newest first: pick one to see its body, its prompt and its figures."""

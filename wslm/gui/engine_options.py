@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from wslm.tp_sizes import model_facts, tensor_parallel_sizes
 
-# (label, --quantization value; "" = not passed: the checkpoint's own format)
+# (label, --quantization value; "" = not passed: the checkpoint's own format). What the GUI offers before the
+# backend has answered; each `models list` entry then carries the values its weight format accepts
+# (quantization_options, from the backend's format registry), and formats registered there join the list.
 QUANTIZATIONS = [
     ("auto (the model's own)", ""),
     ("int8 (quantize while loading)", "int8"),
@@ -27,10 +29,32 @@ def model_format(model: dict | None) -> tuple[str, str]:
     return fmt, quant
 
 
+def quantization_choices(models: list[dict] | None) -> list[tuple[str, str]]:
+    """QUANTIZATIONS and, after them, the formats the backend's models list offers that it lacks."""
+    choices = list(QUANTIZATIONS)
+    known = {value for _, value in choices}
+    for model in models or []:
+        for option in model.get("quantization_options") or []:
+            value = str(option.get("value") or "")
+            if value not in known:
+                known.add(value)
+                choices.append((str(option.get("label") or value), value))
+    return choices
+
+
 def check_quantization(choice: str, model: dict | None) -> str:
-    """"" when `choice` fits the model, else what to change."""
+    """"" when `choice` fits the model, else what to change: the model's own quantization_options (its weight
+    format's answer) where the backend lists them, else the rule for backends that do not."""
     if not choice or model is None:
         return ""
+    options = model.get("quantization_options")
+    if options:
+        allowed = {str(o.get("value") or ""): str(o.get("label") or o.get("value") or "") for o in options}
+        if choice in allowed:
+            return ""
+        names = [label for value, label in allowed.items() if value]
+        return (f"This model does not take quantization {choice!r}: pick auto"
+                + (f" or {', '.join(names)}." if names else "."))
     fmt, quant = model_format(model)
     if fmt == "gguf":
         return "" if choice == "gguf" else (

@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 
 from wslm.gui.chat_errors import _server_message
+from wslm.gui.content_parts import text_of, with_text
 from wslm.gui.context_fit import cut_middle, reply_reserve
 from wslm.gui.token_count import TokenCounter
 
@@ -307,7 +308,7 @@ class RetrievalPlan:
         last = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=-1)
         if last < 0:
             return messages, {"sources": []}
-        query = str(messages[last].get("content") or "")
+        query = text_of(messages[last].get("content"))
         sources = self.sources(query)
         chosen, left, cut = self._fit(messages, last, query, sources)
         info: dict = {"sources": [], "used": len(chosen), "left_out": len(left)}
@@ -412,7 +413,7 @@ def _source_block(s: Source) -> str:
 def _with_block(messages: list[dict], last: int, query: str, chosen: list[Source]) -> list[dict]:
     block = CONTEXT_HEAD.format(example=chosen[0].label) + "\n\n" + "\n\n".join(_source_block(s) for s in chosen)
     out = [dict(m) for m in messages]
-    out[last]["content"] = f"{block}\n\nThe user's message:\n{query}"
+    out[last]["content"] = with_text(out[last].get("content"), f"{block}\n\nThe user's message:\n{query}")
     return out
 
 

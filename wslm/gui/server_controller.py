@@ -60,6 +60,7 @@ class ServerConfig:
     # picker switches models without a restart. [] : one model, as before.
     model_pool: list[str] = field(default_factory=list)
     extra_args: list[str] = field(default_factory=list)  # any other `wslm serve` flags
+    speculative_config: str = ""  # --speculative-config's JSON ("": off); see wslm.gui.speculative
 
     def serve_args(self) -> list[str]:
         """The flags; the API key is not among them (it goes in the environment, see env())."""
@@ -75,7 +76,13 @@ class ServerConfig:
             args += ["--tensor-parallel-size", str(int(self.tensor_parallel_size))]
         if self.model_pool and not self.user_pool():
             args += ["--model-pool", *self.model_pool]
+        if self.speculative_config and not self._user_flag("--speculative-config"):
+            args += ["--speculative-config", self.speculative_config]
         return args + list(self.extra_args)
+
+    def _user_flag(self, flag: str) -> bool:
+        """The extra flags name `flag` themselves: theirs wins."""
+        return any(a == flag or a.startswith(flag + "=") for a in self.extra_args)
 
     def user_pool(self) -> bool:
         """The extra flags name their own --model-pool: theirs wins."""

@@ -33,6 +33,7 @@ from wslm.gui.engine_options import (
     check_quantization,
     check_tensor_parallel,
     fitting_tp_sizes,
+    quantization_choices,
 )
 from wslm.gui.log_view import LogView
 from wslm.gui.models_model import display_name
@@ -40,6 +41,7 @@ from wslm.gui.optional_spin import OptionalSpinBox
 from wslm.gui.plot_widget import Sparkline
 from wslm.gui.server_controller import CRASHED, READY, STARTING, STOPPED, ServerConfig, ServerController
 from wslm.gui.settings import Settings
+from wslm.gui.speculative_box import SpeculativeBox
 
 CRASH_LINES = 6  # log lines quoted in the crash box; the full log stays below it
 
@@ -160,6 +162,10 @@ class ServerPanel(QWidget):
         grid.addWidget(self.auto_restart, 5, 2, 1, 2)
         grid.addWidget(self.model_pool, 6, 0, 1, 2)
         grid.addWidget(self.start_on_launch, 6, 2, 1, 2)
+        # Speculative decoding (LM Studio's switch and draft picker): --speculative-config at the next start.
+        self.speculative = SpeculativeBox(settings.speculative_decoding, settings.speculative_draft)
+        self.speculative.changed.connect(self._save)
+        grid.addWidget(self.speculative, 7, 0, 1, 4)
         for w in (self.quantization, self.kv_dtype, self.tp):
             w.currentIndexChanged.connect(self._save)
         grid.setColumnStretch(1, 1)
@@ -168,6 +174,8 @@ class ServerPanel(QWidget):
             w.valueChanged.connect(self._save)
         # Another model splits differently: offer its tensor-parallel sizes (before _save stores the choice).
         self.model.currentIndexChanged.connect(lambda _i: self._fill_tp())
+        self.model.currentIndexChanged.connect(
+            lambda _i: self.speculative.set_models(self.models, main=self.model_id()))  # not its own draft
         self.model.currentIndexChanged.connect(self._save)
         self.api_key_field.edited.connect(self._save)
         # Changing the field the crash card points at answers it: the card goes (it would go stale).
@@ -175,7 +183,8 @@ class ServerPanel(QWidget):
                               ("context", self.context.valueChanged), ("gpu", self.gpu.valueChanged),
                               ("api_key", self.api_key.textEdited), ("extra", self.extra.textEdited),
                               ("quantization", self.quantization.currentIndexChanged),
-                              ("kv_dtype", self.kv_dtype.currentIndexChanged), ("tp", self.tp.currentIndexChanged)):
+                              ("kv_dtype", self.kv_dtype.currentIndexChanged), ("tp", self.tp.currentIndexChanged),
+                              ("speculative", self.speculative.changed)):
             changed.connect(lambda *_a, n=name: self._field_edited(n))
 
         self.crash_box = QLabel()
@@ -242,6 +251,16 @@ class ServerPanel(QWidget):
         self.model.blockSignals(False)
         self.set_model(current or "demo")
         self._fill_tp()
+        self._fill_quantizations()
+        self.speculative.set_models(self.models, main=self.model_id())
+
+    def _fill_quantizations(self) -> None:
+        """Formats the backend registers beyond QUANTIZATIONS (its models list's options) join the field."""
+        self.quantization.blockSignals(True)
+        for label, value in quantization_choices(self.models):
+            if self.quantization.findData(value) < 0:
+                self.quantization.addItem(label, value)
+        self.quantization.blockSignals(False)
 
     def model_id(self) -> str:
         return str(self.model.currentData() or self.model.currentText()).strip()
@@ -288,7 +307,8 @@ class ServerPanel(QWidget):
                             kv_cache_dtype=str(self.kv_dtype.currentData() or "auto"),
                             tensor_parallel_size=int(self.tp.currentData() or 1),
                             model_pool=self._pool(),
-                            extra_args=self.extra_args() or [])
+                            extra_args=self.extra_args() or [],
+                            speculative_config=self.speculative.config_json())
 
     def _pool(self) -> list[str]:
         """--model-pool: every installed model ("Switch models without restarting"), else the shipped
@@ -309,6 +329,7 @@ class ServerPanel(QWidget):
         s.kv_cache_dtype = str(self.kv_dtype.currentData() or "auto")
         s.tensor_parallel_size = int(self.tp.currentData() or 1)
         s.serve_extra_args = self.extra.text().strip()
+        s.speculative_decoding, s.speculative_draft = self.speculative.enabled(), self.speculative.draft_id()
         self.controller.auto_restart = s.auto_restart
         self.settings_changed.emit()
 
@@ -427,7 +448,7 @@ class ServerPanel(QWidget):
         """Outline the field the crash box tells the user to change (and put the cursor there)."""
         fields = {"model": self.model, "port": self.port, "context": self.context, "gpu": self.gpu,
                   "api_key": self.api_key, "extra": self.extra, "quantization": self.quantization,
-                  "kv_dtype": self.kv_dtype, "tp": self.tp}
+                  "kv_dtype": self.kv_dtype, "tp": self.tp, "speculative": self.speculative.draft}
         for key, w in fields.items():
             w.setStyleSheet(f"border: 1px solid {theme.ERROR};" if key == name else "")
         if name in fields and focus:

@@ -41,6 +41,9 @@ class Settings:
     serve_extra_args: str = ""  # more `wslm serve` flags, shell-quoted
     # --model-pool all: the chat's picker loads another installed model beside the running one (no restart).
     model_pool: bool = True
+    # Speculative decoding (--speculative-config): off, or prompt lookup ("" draft) or an installed draft model's id.
+    speculative_decoding: bool = False
+    speculative_draft: str = ""
     # Chat: against our server, or any OpenAI-compatible URL.
     chat_use_server: bool = True
     chat_base_url: str = defaults.base_url()

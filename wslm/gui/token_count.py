@@ -16,6 +16,7 @@ import math
 
 import httpx
 
+from wslm.gui.content_parts import IMAGE_TOKEN_ESTIMATE, image_count, text_of
 from wslm.gui.context_fit import LENIENT_BYTES_PER_TOKEN, MESSAGE_OVERHEAD, PROMPT_OVERHEAD
 
 ESTIMATE_BYTES_PER_TOKEN = LENIENT_BYTES_PER_TOKEN
@@ -26,7 +27,8 @@ def estimate_text(text: str) -> int:
 
 
 def estimate_chat(messages: list[dict]) -> int:
-    return PROMPT_OVERHEAD + sum(estimate_text(str(m.get("content") or "")) + MESSAGE_OVERHEAD for m in messages)
+    return PROMPT_OVERHEAD + sum(estimate_text(text_of(m.get("content"))) + MESSAGE_OVERHEAD
+                                 + image_count(m.get("content")) * IMAGE_TOKEN_ESTIMATE for m in messages)
 
 
 def server_root(base_url: str) -> str:

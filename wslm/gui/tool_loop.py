@@ -15,6 +15,7 @@ import time
 from PySide6.QtCore import QObject, Signal
 
 import wslm.gui.qt_fix  # noqa: F401  (PySide6 6.12 emit() refcount bug)
+from wslm.gui.content_parts import message_content
 from wslm.gui.context_fit import TYPICAL_BYTES_PER_TOKEN
 
 MAX_TOOL_ROUNDS = 8  # calls in a row without the user's word: then the model must answer in text
@@ -67,7 +68,7 @@ def history_messages(items: list, skip_row: int = -1) -> list[dict]:
         if i == skip_row:
             continue
         if m.role == "user":
-            out.append({"role": "user", "content": m.content})
+            out.append({"role": "user", "content": message_content(m.content, getattr(m, "images", None))})
         elif m.role == "assistant":
             calls = [c for c in m.stats.get("tool_calls") or [] if c.get("id") in answered]
             if calls and not m.error:

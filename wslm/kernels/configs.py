@@ -122,6 +122,17 @@ def rms_norm_config(hidden: int) -> tuple[int, int]:
     return block, max(4, min(16, block // 1024))
 
 
+def lora_config(k: int, r: int, n: int) -> tuple[int, int, int, int, int]:
+    """(BLOCK_R, BLOCK_K, BLOCK_N, R_PAD, num_warps) of the LoRA shrink/expand kernels (triton_lora.py): at
+    most 4096 fp32 values a tile (32 a thread: no spills, checked by tests/kernel_compile.py), the whole rank in
+    one expand tile."""
+    r_pad = next_power_of_2(max(r, 16))
+    block_r = min(r_pad, 64)
+    block_k = min(next_power_of_2(k), 128 if block_r <= 32 else 64)
+    block_n = max(16, min(next_power_of_2(n), 4096 // r_pad))
+    return block_r, block_k, block_n, r_pad, 4
+
+
 def rotary_config(num_q_heads: int, num_k_heads: int, rot_dim: int) -> tuple[int, int, int, int]:
     """(Q_HEADS_PAD, K_HEADS_PAD, HALF_PAD, num_warps)."""
     q_pad, k_pad, half = next_power_of_2(num_q_heads), next_power_of_2(num_k_heads), next_power_of_2(rot_dim // 2)

@@ -12,7 +12,7 @@ import threading
 
 import torch
 
-from wslm.kernels import cpu_gemv
+from wslm.kernels import cpu_gemv, cpu_gguf_gemm
 
 PARTS = 4  # cpu_gguf.c's GGUF_PARTS
 _lock = threading.Lock()
@@ -74,6 +74,8 @@ def mm(x: torch.Tensor, s: GGUFStruct, out_dtype: torch.dtype | None = None, thr
        ) -> torch.Tensor:  # fmt: skip
     """x [M, K] (bf16 or float32, contiguous) @ W.T -> [M, N] in out_dtype (bf16 or float32; None: x's)."""
     m = x.shape[0]
+    if m >= cpu_gguf_gemm.MIN_ROWS and cpu_gguf_gemm.takes(s):  # prefill: the tiled GEMM (cpu_gguf_gemm.c)
+        return cpu_gguf_gemm.mm(x, s, out_dtype, threads)
     out = torch.empty(m, s.n, dtype=out_dtype or x.dtype)
     rc = (_bound or library()).wslm_gguf_mm(ctypes.addressof(s), x.data_ptr(), m, int(x.dtype == torch.bfloat16), out.data_ptr(),
                              int(out.dtype == torch.bfloat16),

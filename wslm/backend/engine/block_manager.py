@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 
+from wslm.backend.multimodal import block_image_hashes
 from wslm.backend.sequence import Sequence
 
 # What a freed table entry holds: any valid block id, since the kernels may load it (masked) when a tile
@@ -66,8 +67,13 @@ class BlockManager:
         hashes = seq.block_hashes
         while len(hashes) < num_full_blocks:
             i = len(hashes)
-            parent = hashes[-1] if hashes else None
-            hashes.append(hash((parent, tuple(seq.tokens_slice(i * bs, (i + 1) * bs)))))
+            # The first block's parent is the adapter: two adapters never share KV of the same prompt.
+            lora = getattr(seq, "lora_int_id", 0)
+            parent = hashes[-1] if hashes else (("lora", lora) if lora else None)
+            key = (parent, tuple(seq.tokens_slice(i * bs, (i + 1) * bs)))
+            if seq.images:  # the same placeholder ids stand for different pictures: the image's hash decides
+                key += block_image_hashes(seq.images, i * bs, (i + 1) * bs)
+            hashes.append(hash(key))
         return hashes
 
     def get_computed_blocks(self, seq: Sequence) -> list[int]:

@@ -41,8 +41,10 @@ class EngineRequest:
     arrival_time: float
     grammar: object | None = None  # structured.CompiledGrammar
     token_rules: object | None = None  # worker.token_rules.TokenRules
-    # Per-request additions of other features (an adapter id, images, ...): carried as they are, also across
-    # the process boundary (engine/client.py pickles them), so a feature needs no new message type.
+    images: tuple = ()  # multimodal.ImageInput of each image in the prompt
+    lora_request: object | None = None  # lora.LoRARequest: the adapter the request runs with
+    # Per-request additions of other features: carried as they are, also across the process boundary
+    # (engine/core_client.py pickles the whole request), so a feature needs no new message type.
     extras: dict | None = None
 
 
@@ -117,6 +119,8 @@ class EngineCore:
                     seq.generator.manual_seed(p.seed)
                 seq.grammar = GrammarState(req.grammar) if req.grammar is not None else None
                 seq.token_rules = req.token_rules
+                seq.images = req.images
+                seq.lora_request = req.lora_request
                 seqs.append(seq)
             # Siblings wait for the first completion's prompt, then share its KV blocks (see _scheduler_output).
             seqs[0].pending_forks = seqs[1:]

@@ -38,10 +38,10 @@ class CoreInfo:
     window_blocks: int | None  # blocks one sequence holds at most when every layer is windowed, else None
 
 
-def build_core(config, source, mc, device, embedding: bool = False, in_core_process: bool = False
-               ) -> tuple[EngineCore, CoreInfo]:
-    """The ready core; sets mc.max_model_len. ValueError (a user's mistake, e.g. --max-model-len over what
-    the KV pool holds) names the flag to change."""
+def build_core(config, source, mc, device, embedding: bool = False, in_core_process: bool = False,
+               model_max: int | None = None) -> tuple[EngineCore, CoreInfo]:
+    """The ready core; sets mc.max_model_len (at most model_max: the model's context unless given).
+    ValueError (a user's mistake, e.g. --max-model-len over what the KV pool holds) names the flag to change."""
     if not in_core_process:
         note_model_in_process()
     executor = make_executor(config, source, mc, device, embedding=embedding)
@@ -54,7 +54,8 @@ def build_core(config, source, mc, device, embedding: bool = False, in_core_proc
         capacity = num_blocks * config.block_size
         if held is not None and num_blocks >= held:
             capacity = max(capacity, mc.max_position_embeddings)
-        mc.max_model_len = resolve_max_model_len(config.max_model_len, mc.max_position_embeddings, capacity)
+        mc.max_model_len = resolve_max_model_len(config.max_model_len, model_max or mc.max_position_embeddings,
+                                                 capacity)
         core = EngineCore(config, mc, executor)
         executor.warm_up(config.max_num_seqs, mc.max_model_len, config.enforce_eager)
     except BaseException:

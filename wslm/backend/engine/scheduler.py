@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from wslm.backend.config import EngineConfig
 from wslm.backend.engine.block_manager import BlockManager
+from wslm.backend.multimodal import whole_images
 from wslm.backend.sequence import Sequence, SequenceStatus
 
 
@@ -39,6 +40,8 @@ class Scheduler:
         threshold = config.long_prefill_token_threshold
         self.long_prefill_token_threshold = threshold or max(block_manager.block_size, self.max_num_batched_tokens // 8)
         self.fanout_per_step = config.fanout_per_step
+        # LoRA adapters among the running sequences at most (the worker keeps that many resident); 0: no LoRA.
+        self.max_loras = getattr(config, "max_loras", 0) if getattr(config, "enable_lora", False) else 0
         self.block_manager = block_manager
         self.configured = (self.max_num_batched_tokens, self.max_num_seqs)  # shrink() / step_succeeded()
         self._good_steps = 0
@@ -71,6 +74,8 @@ class Scheduler:
                 num_new = 1
             else:
                 num_new = min(remaining, budget - decodes_left, prefill_budget)
+                if seq.images and num_new > 0:
+                    num_new = whole_images(seq.images, seq.num_computed_tokens, num_new)
                 if num_new <= 0:
                     i += 1  # this prefill waits a step: the decodes behind it go first
                     continue
@@ -98,15 +103,21 @@ class Scheduler:
         now = time.monotonic()
         admitted: dict[str, int] = {}
         skipped: list[Sequence] = []
+        loras = {s.lora_int_id for s in self.running if s.lora_int_id} if self.max_loras else set()
         while self.waiting and budget > 0 and len(self.running) < self.max_num_seqs and not out.preempted:
             seq = self.waiting[0]
             if admitted.get(seq.request_id, 0) >= self.fanout_per_step:
                 skipped.append(self.waiting.popleft())  # its request had its share this step
                 continue
+            if seq.lora_int_id and seq.lora_int_id not in loras and len(loras) >= self.max_loras:
+                skipped.append(self.waiting.popleft())  # waits until an adapter of the running ones is idle
+                continue
             # prompt_logprobs need the logits of every prompt position: no prefix-cache hit (as in vLLM).
             computed = bm.get_computed_blocks(seq) if getattr(seq.params, "prompt_logprobs", None) is None else []
             num_cached = len(computed) * bm.block_size
             num_new = min(seq.num_tokens - num_cached, budget, prefill_budget)
+            if seq.images and num_new > 0:
+                num_new = whole_images(seq.images, num_cached, num_new)
             if num_new <= 0 or not bm.allocate_slots(seq, num_new, computed):
                 break
             self.waiting.popleft()
@@ -118,6 +129,8 @@ class Scheduler:
                 seq.first_scheduled_time = now
             seq.status = SequenceStatus.RUNNING
             self.running.append(seq)
+            if seq.lora_int_id:
+                loras.add(seq.lora_int_id)
             out.scheduled.append((seq, num_new))
             budget -= num_new
             prefill_budget -= num_new

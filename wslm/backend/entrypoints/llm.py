@@ -7,6 +7,7 @@ import itertools
 from wslm.backend.config import EngineConfig
 from wslm.backend.frontend.beam_search import BeamSearch, BeamSearchOutput, BeamSearchParams
 from wslm.backend.frontend.engine_factory import create_engine
+from wslm.backend.lora.request import LoRARequest
 from wslm.backend.outputs import PoolingRequestOutput, RequestOutput, fold_output
 from wslm.backend.pooling_params import PoolingParams
 from wslm.backend.sampling_params import SamplingParams
@@ -27,12 +28,15 @@ class LLM:
         prompts: PromptType | list[PromptType],
         sampling_params: SamplingParams | list[SamplingParams] | None = None,
         use_tqdm: bool = False,
+        lora_request: LoRARequest | list[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
+        """lora_request: the adapter every prompt runs with, or one per prompt (None: the base), as vLLM's;
+        needs LLM(..., enable_lora=True)."""
         if isinstance(prompts, (str, dict)) or (
             isinstance(prompts, list) and prompts and isinstance(prompts[0], int)
         ):
             prompts = [prompts]
-        return self._run(list(prompts), sampling_params)
+        return self._run(list(prompts), sampling_params, lora_request)
 
     def chat(
         self,
@@ -44,6 +48,7 @@ class LLM:
         continue_final_message: bool = False,
         tools: list[dict] | None = None,
         chat_template_kwargs: dict | None = None,
+        lora_request: LoRARequest | list[LoRARequest | None] | None = None,
     ) -> list[RequestOutput]:
         """vLLM's LLM.chat: each conversation rendered by the same function the server uses (chat.render_chat)."""
         conversations = [messages] if messages and isinstance(messages[0], dict) else list(messages)
@@ -54,7 +59,7 @@ class LLM:
             {"prompt_token_ids": engine.apply_chat_template(conv, chat_template, add_generation_prompt, **options)}
             for conv in conversations
         ]
-        return self._run(prompts, sampling_params)
+        return self._run(prompts, sampling_params, lora_request)
 
     def beam_search(self, prompts: list[PromptType], params: BeamSearchParams,
                     use_tqdm: bool = False) -> list[BeamSearchOutput]:
@@ -128,16 +133,21 @@ class LLM:
                 results[out.request_id] = out
         return [results[rid] for rid in ids]
 
-    def _run(self, prompts: list, sampling_params) -> list[RequestOutput]:
+    def _run(self, prompts: list, sampling_params, lora_request=None) -> list[RequestOutput]:
         if sampling_params is None:
             sampling_params = SamplingParams()
         params = sampling_params if isinstance(sampling_params, list) else [sampling_params] * len(prompts)
         if len(params) != len(prompts):
             raise ValueError(f"Got {len(prompts)} prompts but {len(params)} SamplingParams.")
+        loras = lora_request if isinstance(lora_request, list) else [lora_request] * len(prompts)
+        if len(loras) != len(prompts):
+            raise ValueError(f"Got {len(prompts)} prompts but {len(loras)} LoRA requests.")
         engine = self.llm_engine
         ids = [f"llm-{next(self._ids)}" for _ in prompts]
         # Every request made ready (checked, grammar compiled) before any is queued: a bad one raises here.
-        for request in [engine.process(rid, prompt, p) for rid, prompt, p in zip(ids, prompts, params)]:
+        ready = [engine.process(rid, prompt, p, **({"lora_request": lora} if lora is not None else {}))
+                 for rid, prompt, p, lora in zip(ids, prompts, params, loras)]
+        for request in ready:
             engine.add_engine_request(request)
         results: dict[str, RequestOutput] = {}
         while engine.has_unfinished_requests():

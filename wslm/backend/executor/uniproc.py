@@ -23,6 +23,8 @@ class UniProcExecutor(Executor):
         self.num_blocks = determine_num_blocks(config, model_config, device)
         self.runner = ModelRunner(model, config.block_size, self.num_blocks)
         self.kv_cache_bytes = self.runner.kv_cache_bytes
+        if getattr(config, "enable_lora", False) and not embedding:
+            self.runner.enable_lora(config.max_loras, config.max_lora_rank, config.max_cpu_loras)
         self.sampler = Sampler(model_config.vocab_size, device, config.seed)
 
     def warm_up(self, max_num_seqs: int, max_model_len: int, enforce_eager: bool) -> None:

@@ -143,7 +143,8 @@ class AsyncEngine:
         """The engine's chat rendering (LLMEngine.apply_chat_template, the same as LLM.chat), run in a worker
         thread: Jinja and tokenizing a long chat take milliseconds the event loop must not block on. It only
         reads the tokenizer and the template, never the engine's scheduling state."""
-        return list(await asyncio.to_thread(self.engine.apply_chat_template, messages, **kwargs))
+        ids = await asyncio.to_thread(self.engine.apply_chat_template, messages, **kwargs)
+        return ids if isinstance(ids, list) else list(ids)  # a PromptIds (a list carrying images) as it is
 
     async def encode(self, text: str, add_special_tokens: bool = True, max_length: int | None = None) -> list[int]:
         """Tokenize a prompt off the event loop (a long prompt takes a while); max_length: cut to that many

@@ -13,25 +13,44 @@ from typing import Any
 from jinja2.exceptions import TemplateError
 
 from wslm.backend.frontend.chat_harmony import HARMONY_MARK, harmony_messages
+from wslm.backend.frontend.images import IMAGE_PARTS, image_source
 from wslm.backend.frontend.validation import RequestError
 
 # Content part types that carry text (OpenAI's chat parts and its Responses-style input parts).
 _TEXT_PARTS = ("text", "input_text")
 
 
-def normalize_messages(messages: Any) -> list[dict]:
+class ImagesRefused(RequestError):
+    """An image part sent to a model that does not take images (render_chat_text names the model)."""
+
+    def __init__(self, where: str) -> None:
+        super().__init__("This model does not take images.", param=where, code="images_not_supported")
+
+
+def images_refused(model_name: str, where: str) -> RequestError:
+    return RequestError(f"The model {model_name!r} does not take images; load a vision model (a LLaVA-1.5 style "
+                        "checkpoint such as llava-hf/llava-1.5-7b-hf, see docs/vision.md) or send text only.",
+                        param=where, code="images_not_supported")
+
+
+def normalize_messages(messages: Any, images: list | None = None) -> list[dict]:
     """OpenAI-style messages as chat templates want them. Any role goes to the template as given (vLLM does
     the same) except OpenAI's `developer`, which templates know as `system`; content may be a string or a list
     of text parts (joined with newlines, as vLLM joins them); assistant `tool_calls` keep their ids and get
     their JSON `arguments` string decoded into an object, which is what Hermes, Llama and Mistral templates
-    expect; `tool_call_id`, `name` and any other field pass through."""
+    expect; `tool_call_id`, `name` and any other field pass through.
+
+    images: a list given by a vision model's caller: image parts (image_url, input_image) are appended to it as
+    (url, field) and every content becomes a list of {"type": "text"} / {"type": "image"} parts, as vision
+    templates read them (they write one image placeholder per image part). Without it image parts are kept
+    out of the text and appended to the list the caller checks (see _render)."""
     if not isinstance(messages, (list, tuple)) or not messages:
         raise RequestError("messages must be a non-empty list of {'role': ..., 'content': ...} objects.",
                            param="messages")
-    return [_normalize_message(i, msg) for i, msg in enumerate(messages)]
+    return [_normalize_message(i, msg, images) for i, msg in enumerate(messages)]
 
 
-def _normalize_message(i: int, msg: Any) -> dict:
+def _normalize_message(i: int, msg: Any, images: list | None = None) -> dict:
     if not isinstance(msg, dict) or "role" not in msg:
         raise RequestError(f"messages[{i}] must be an object with 'role' and 'content'.", param=f"messages.{i}")
     role = msg["role"]
@@ -48,20 +67,30 @@ def _normalize_message(i: int, msg: Any) -> dict:
         content = ""  # an assistant turn that only called tools
     elif isinstance(content, list):
         texts = []
-        for part in content:
+        parts: list[dict] = []  # the content as a vision template reads it
+        for j, part in enumerate(content):
             if isinstance(part, str):
                 texts.append(part)
+                parts.append({"type": "text", "text": part})
             elif isinstance(part, dict) and part.get("type") in _TEXT_PARTS and isinstance(part.get("text"), str):
                 texts.append(part["text"])
+                parts.append({"type": "text", "text": part["text"]})
+            elif isinstance(part, dict) and part.get("type") in IMAGE_PARTS:
+                where = f"messages.{i}.content.{j}"
+                if images is None:
+                    raise ImagesRefused(where)
+                images.append((image_source(part, where), where))
+                parts.append({"type": "image"})
             else:
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise RequestError(f"messages[{i}] has a {kind!r} content part; only text parts are supported "
-                                   "(wslm serves text-only models).", param=f"messages.{i}.content",
-                                   code="unsupported_parameter")
-        content = "\n".join(texts)
+                raise RequestError(f"messages[{i}] has a {kind!r} content part; only text and image parts are "
+                                   "supported.", param=f"messages.{i}.content", code="unsupported_parameter")
+        content = parts if images is not None else "\n".join(texts)
     elif not isinstance(content, str):
         raise RequestError(f"messages[{i}].content must be a string or a list of text parts.",
                            param=f"messages.{i}.content")
+    if images is not None and isinstance(content, str):
+        content = [{"type": "text", "text": content}] if content else content
     out["content"] = content
     if tool_calls:
         out["tool_calls"] = [_template_tool_call(i, j, call) for j, call in enumerate(tool_calls)]
@@ -133,9 +162,12 @@ def template_text(template: str | dict | None) -> str:
 
 def render_chat_text(tokenizer: Any, messages: Any, template: str | None, model_name: str, *,
                      add_generation_prompt: bool = True, continue_final_message: bool = False,
-                     tools: list[dict] | None = None, chat_template_kwargs: dict | None = None) -> str:
+                     tools: list[dict] | None = None, chat_template_kwargs: dict | None = None,
+                     images: list | None = None) -> str:
     """The prompt text for a chat. chat_template_kwargs (e.g. {"enable_thinking": False}) reach the template as
-    variables; tools (OpenAI's [{"type": "function", "function": {...}}]) too, as the template's `tools`."""
+    variables; tools (OpenAI's [{"type": "function", "function": {...}}]) too, as the template's `tools`.
+    images: a vision model's list that receives each image part's (url, field) (normalize_messages); None:
+    the model takes no images and an image part is a 400 naming it."""
     template = pick_template(template or getattr(tokenizer, "chat_template", None), tools)
     if not template:
         raise RequestError(
@@ -147,7 +179,10 @@ def render_chat_text(tokenizer: Any, messages: Any, template: str | None, model_
         raise RequestError("continue_final_message and add_generation_prompt cannot both be true: set "
                            "add_generation_prompt=false to continue the last assistant message.",
                            param="continue_final_message")
-    normalized = normalize_messages(messages)
+    try:
+        normalized = normalize_messages(messages, images)
+    except ImagesRefused as exc:
+        raise images_refused(model_name, exc.param) from None
     if _NINE_CHAR_IDS in str(template).replace(" ", ""):
         normalized = _nine_char_tool_call_ids(normalized)
     if HARMONY_MARK in str(template):
@@ -180,10 +215,14 @@ def render_chat_text(tokenizer: Any, messages: Any, template: str | None, model_
 
 
 def render_chat(tokenizer: Any, messages: Any, template: str | None, add_generation_prompt: bool, model_name: str,
-                **options: Any) -> list[int]:
-    """The prompt token ids for a chat (render_chat_text's options)."""
+                vision: Any = None, **options: Any) -> list[int]:
+    """The prompt token ids for a chat (render_chat_text's options). vision: a vision model's VisionPrompts
+    (vision_prompts.py); with images the ids are a PromptIds carrying them."""
+    sources: list | None = [] if vision is not None else None
     text = render_chat_text(tokenizer, messages, template, model_name, add_generation_prompt=add_generation_prompt,
-                            **options)
+                            images=sources, **options)
+    if sources:  # a vision model's processor expands each image's placeholder and reads its pixels
+        return vision.prompt(text, vision.load_images(sources))
     # The template already wrote any BOS token; encoding must not add a second one.
     return tokenizer.encode(text, add_special_tokens=False)
 

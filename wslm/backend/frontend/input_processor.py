@@ -12,7 +12,7 @@ from typing import Any
 
 from wslm.backend.engine.core import EngineRequest
 from wslm.backend.errors import RequestError
-from wslm.backend.frontend.chat import read_template, render_chat
+from wslm.backend.frontend.chat import images_refused, read_template, render_chat
 from wslm.backend.frontend.validation import RequestLimits, validate_prompt
 from wslm.backend.pooling_params import PoolingParams
 from wslm.backend.sampling_params import SamplingParams
@@ -28,26 +28,38 @@ class InputProcessor:
         self.structured = structured
         self.chat_template = read_template(chat_template)
         self.model_name = model_name
+        self.vision = None  # a vision model's VisionPrompts (vision_prompts.py): images in chat
+        self.lora_checker: Any = None  # lora.checks.AdapterChecker (LLMEngine sets it): a request's adapter
 
     def render_chat(self, messages: list[dict], chat_template: str | None = None, add_generation_prompt: bool = True,
                     **options: Any) -> list[int]:
         """The prompt ids for a chat (chat.render_chat: the one path LLM.chat and the server share); options:
         continue_final_message, tools, chat_template_kwargs."""
         template = read_template(chat_template) or self.chat_template
-        return render_chat(self.tokenizer, messages, template, add_generation_prompt, self.model_name, **options)
+        if template is None and self.vision is not None and not getattr(self.tokenizer, "chat_template", None):
+            template = self.vision.chat_template
+        return render_chat(self.tokenizer, messages, template, add_generation_prompt, self.model_name,
+                           vision=self.vision, **options)
 
     def process(self, request_id: str, prompt: str | list[int] | dict, params: SamplingParams | None = None,
                 arrival_time: float | None = None, what: str = "prompt",
-                structured_param: str | None = None) -> EngineRequest:
+                structured_param: str | None = None, lora_request: Any = None) -> EngineRequest:
         """Raises RequestError (a ValueError carrying OpenAI's param and code) when the request cannot be
         served. what: the request field the prompt came from (named in errors); structured_param: the field
         the grammar came from (response_format, tools, structured_outputs)."""
         arrival = time.monotonic() if arrival_time is None else arrival_time
         # A private copy: validation fills in max_tokens, and callers may share one params object.
         params = params.clone() if params is not None else SamplingParams()
+        prompt, images = self._images(prompt, what)
         if params.truncate_prompt_tokens is not None:
+            if images:
+                raise RequestError("truncate_prompt_tokens cannot cut a prompt that carries images.",
+                                   param="truncate_prompt_tokens")
             prompt = self.truncate(prompt, params.truncate_prompt_tokens, params.truncation_side)
         text, ids = validate_prompt(prompt, params, self.tokenizer, self.limits, what)
+        if self.vision is not None and not images and self.vision.image_token_id in ids:
+            raise RequestError(f"The prompt holds the image placeholder token (id {self.vision.image_token_id}) but "
+                               "no image: send images as image_url parts of a chat message.", param=what)
         grammar = None
         if params.structured_outputs is not None:
             if self.structured is None:
@@ -59,7 +71,36 @@ class InputProcessor:
                 exc.code = exc.code or "invalid_structured_output"
                 raise
         rules = TokenRules.build(params, self.tokenizer)
-        return EngineRequest(request_id, text, ids, params, arrival, grammar, rules)
+        if lora_request is not None:
+            if self.lora_checker is None:
+                raise RequestError("This engine serves no LoRA adapters.", param="lora_request")
+            self.lora_checker(lora_request)
+        return EngineRequest(request_id, text, ids, params, arrival, grammar, rules, images=images,
+                             lora_request=lora_request)
+
+    def _images(self, prompt: Any, what: str) -> tuple[Any, tuple]:
+        """The prompt's images: a rendered chat's PromptIds carries them; vLLM's offline form
+        {"prompt": text, "multi_modal_data": {"image": PIL image(s)}} has its text's placeholders expanded here."""
+        ids = prompt.get("prompt_token_ids") if isinstance(prompt, dict) else prompt
+        images = getattr(ids, "images", ())
+        if images:
+            return list(ids), images
+        if isinstance(prompt, dict) and prompt.get("multi_modal_data"):
+            mm = prompt["multi_modal_data"]
+            if self.vision is None:
+                raise images_refused(self.model_name, what)
+            if not isinstance(mm, dict) or set(mm) - {"image"} or not isinstance(prompt.get("prompt"), str):
+                raise RequestError('multi_modal_data takes {"image": image or [images]} beside a text "prompt".',
+                                   param=what)
+            from wslm.backend.frontend.images import LoadedImage, check_count, pil_image
+
+            items = mm["image"] if isinstance(mm["image"], (list, tuple)) else [mm["image"]]
+            check_count(len(items), self.vision.limits)
+            loaded: list[LoadedImage] = [pil_image(im, self.vision.limits, f"{what}.multi_modal_data.image.{i}")
+                                         for i, im in enumerate(items)]
+            ids = self.vision.prompt(prompt["prompt"], loaded)
+            return list(ids), ids.images
+        return prompt, ()
 
     def process_pooling(self, request_id: str, prompt: Any, params: PoolingParams,
                         arrival_time: float | None = None) -> EngineRequest:

@@ -21,6 +21,7 @@ from wslm.backend.executor.abstract import kv_cache_note
 from wslm.backend.frontend.input_processor import InputProcessor
 from wslm.backend.frontend.output_processor import OutputProcessor
 from wslm.backend.frontend.validation import RequestLimits
+from wslm.backend.frontend.vision_prompts import vision_for
 from wslm.backend.loader.model_loader import load_model_config, load_tokenizer, resolve_model
 from wslm.backend.outputs import RequestOutput
 from wslm.backend.platforms import pick_device
@@ -48,7 +49,7 @@ class LLMEngine:
         self.model_name = source.name
         self.task = "embed" if config.task in ("embed", "embedding", "pooling") else "generate"
         self.tokenizer = load_tokenizer(source, config.tokenizer, config.trust_remote_code)
-        _, mc = load_model_config(
+        hf_config, mc = load_model_config(
             source, self.tokenizer, config.dtype, self.device, config.trust_remote_code, config.quantization
         )
         mc.kv_cache_dtype = kv_cache_torch_dtype(config.kv_cache_dtype, self.device)
@@ -73,7 +74,12 @@ class LLMEngine:
             info = self.client.info
             mc.max_model_len = info.max_model_len
         else:
-            self.core, info = build_core(config, source, mc, self.device, embedding=self.pooling is not None)
+            model_max = mc.max_position_embeddings
+            if self.pooling is not None and self.pooling.pooler.max_seq_length:
+                # sentence_bert_config.json's max_seq_length, as for encoders (encoder_engine.py) and vLLM
+                model_max = min(model_max, self.pooling.pooler.max_seq_length)
+            self.core, info = build_core(config, source, mc, self.device, embedding=self.pooling is not None,
+                                         model_max=model_max)
             self.executor = self.core.executor
             self.client = InprocClient(self.core)
         num_blocks, held = info.num_blocks, info.window_blocks
@@ -85,6 +91,10 @@ class LLMEngine:
         structured = None if self.pooling else StructuredOutputCompiler(self.tokenizer, mc.vocab_size,
                                                                          sorted(mc.eos_token_ids))
         self.processor = InputProcessor(self.tokenizer, limits, structured, config.chat_template, self.model_name)
+        self.processor.vision = vision_for(source, hf_config, mc.architecture, config)  # None: text only
+        from wslm.backend.lora.checks import AdapterChecker
+
+        self.processor.lora_checker = AdapterChecker(config.enable_lora and not self.pooling, config.max_lora_rank, mc)
         self.output_processor = OutputProcessor(self.tokenizer, mc.max_model_len)
         self._pending: list = []  # outputs made outside step() (aborts)
         kv_gib = info.kv_cache_bytes / 2**30

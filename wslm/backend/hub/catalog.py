@@ -77,6 +77,9 @@ class ModelInfo:
     modified: float | None = None
     pull: dict | None = None  # what an unfinished `models pull` was fetching (repo, revision, files)
     error: str | None = None
+    # The --quantization values it accepts, from its weight format ({"value", "label"}; "" = unset): the GUI's
+    # Quantization options for it.
+    quantization_options: list[dict] = field(default_factory=list)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -248,14 +251,43 @@ def _all_entries(cache_dir: Path | None = None, models_root: Path | None = None)
 
 
 def _dequantized_on_load(meta: ModelMetadata) -> bool:
-    """gpt-oss's MXFP4 experts: the engine dequantizes them, so the model runs (and weighs) as a 16-bit one."""
-    return meta.architecture == "GptOssForCausalLM" and str(meta.quantization).startswith("mxfp4")
+    """A checkpoint whose format the engine dequantizes on load (its method resolves to dense: gpt-oss's MXFP4
+    experts, which only gpt-oss's model code reads), so the model runs (and weighs) as a 16-bit one."""
+    from wslm.backend.quant.registry import detect_method
+
+    if meta.architecture != "GptOssForCausalLM" or not meta.quant_config:
+        return False
+    try:
+        method = detect_method(meta.quant_config)
+    except ValueError:
+        return False
+    return method is not None and method.resolve(None) is None
 
 
-def _runs_prequantized(label: str) -> bool:
-    """4-bit AWQ/GPTQ checkpoints load kept quantized (wslm.backend.quant.awq/gptq); the loader names other widths."""
-    method, _, bits = label.partition("-")
-    return method in ("awq", "gptq") and bits in ("", "4bit")
+def _prequantized_support(meta: ModelMetadata) -> str | None:
+    """Why a pre-quantized HF checkpoint cannot run, as its format answers (QuantMethod.unsupported), or None."""
+    from wslm.backend.quant.registry import detect_method
+
+    try:
+        method = detect_method(meta.quant_config)
+    except ValueError:
+        method = None
+    why = method.unsupported(meta.quant_config or {}) if method is not None else "no weight format reads it"
+    if why is None:
+        return None
+    return (f"pre-quantized HF weights ({meta.quantization}) are not supported ({why}); "
+            "use the unquantized repo or a GGUF")
+
+
+def _quantization_options(entry: _Entry, meta: ModelMetadata) -> list[dict[str, str]]:
+    """The --quantization values this model accepts ({"value", "label"}; "" = unset), for the GUI."""
+    from wslm.backend.quant.registry import detect_method, quantization_options
+
+    try:
+        stored = detect_method(meta.quant_config) if entry.format == "hf" else detect_method(None, entry.path.name)
+    except ValueError:
+        return []
+    return quantization_options(stored)
 
 
 def _support(entry: _Entry, meta: ModelMetadata) -> str | None:
@@ -280,9 +312,8 @@ def _support(entry: _Entry, meta: ModelMetadata) -> str | None:
     else:
         if not _runnable(meta.architecture, SUPPORTED_ARCHITECTURES):
             return f"architecture {meta.architecture!r} is not supported (supported: {', '.join(SUPPORTED_ARCHITECTURES)})"
-        if meta.quantization and not _dequantized_on_load(meta) and not _runs_prequantized(meta.quantization):
-            return (f"pre-quantized HF weights ({meta.quantization}) are not supported (4-bit AWQ and GPTQ are); "
-                    "use the unquantized repo or a GGUF")
+        if meta.quant_config and not _dequantized_on_load(meta) and (why := _prequantized_support(meta)):
+            return why
         if not meta.weight_files:
             return "no weight files (*.safetensors or *.bin)"
     if not meta.has_tokenizer:
@@ -342,6 +373,7 @@ def _describe(entry: _Entry, context: int | None = None, kv_cache_dtype: str = "
         ],
         pull=entry.pull,
         error=meta.error,
+        quantization_options=_quantization_options(entry, meta),
     )
     try:
         info.modified = max(p.stat().st_mtime for p in entry.files) if entry.files else None

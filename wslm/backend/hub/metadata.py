@@ -15,8 +15,6 @@ import struct
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from wslm.tp_sizes import checkpoint_group
-
 log = logging.getLogger(__name__)
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth")
@@ -45,6 +43,7 @@ class ModelMetadata:
     moe_intermediate_size: int | None = None  # each routed expert's width (MoE)
     shared_expert_intermediate_size: int | None = None
     quant_group_size: int | None = None  # 4-bit groups kept under tensor parallelism (AWQ/GPTQ, GGUF)
+    quant_config: dict | None = None  # config.json's quantization_config (its format's method reads it)
     vocab_size: int | None = None
     uniform_sliding_window: int | None = None  # every layer windowed: the KV pool holds only the window
     has_tokenizer: bool = False
@@ -71,6 +70,17 @@ def _dtype_from_config(config: dict) -> str | None:
     if dtype is None and isinstance(config.get("text_config"), dict):
         return _dtype_from_config(config["text_config"])
     return str(dtype).replace("torch.", "") if dtype else None
+
+
+def _stored_method(quant_config: dict | None, file_name: str | None = None):
+    """The weight format a checkpoint is stored in (wslm.backend.quant.registry), None when dense or when no
+    registered format reads it (catalog._support says so)."""
+    from wslm.backend.quant.registry import detect_method
+
+    try:
+        return detect_method(quant_config, file_name)
+    except ValueError:
+        return None
 
 
 def _quantization_from_config(config: dict) -> str | None:
@@ -189,7 +199,9 @@ def read_hf_folder(folder: Path) -> ModelMetadata:
     meta.shared_expert_intermediate_size = _int(text.get("shared_expert_intermediate_size"))
     q = config.get("quantization_config")
     if isinstance(q, dict):
-        meta.quant_group_size = checkpoint_group(str(q.get("quant_method") or "").lower(), q)
+        meta.quant_config = q
+        method = _stored_method(q)
+        meta.quant_group_size = method.group_size(q) if method is not None else None
     meta.has_tokenizer = any((folder / name).exists() for name in TOKENIZER_FILES)
     meta.has_chat_template = (folder / "chat_template.jinja").exists() or (
         folder / "chat_template.json"
@@ -291,7 +303,8 @@ def _read_gguf_uncached(path: Path) -> ModelMetadata:
     meta.intermediate_size = _int(_field(reader, f"{arch}.feed_forward_length"))
     meta.moe_intermediate_size = _int(_field(reader, f"{arch}.expert_feed_forward_length"))
     meta.shared_expert_intermediate_size = _int(_field(reader, f"{arch}.expert_shared_feed_forward_length"))
-    meta.quant_group_size = checkpoint_group("gguf")  # the engine runs every GGUF file as quantization=gguf
+    method = _stored_method(None, Path(path).name)  # the engine runs a GGUF file as its format (gguf)
+    meta.quant_group_size = method.group_size(None) if method is not None else None
     tokens = reader.fields.get("tokenizer.ggml.tokens")
     if tokens is not None:
         meta.has_tokenizer = True

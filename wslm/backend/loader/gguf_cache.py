@@ -1,7 +1,8 @@
 """A converted copy of each GGUF model's tokenizer and config (HF files).
 
-Parsing a GGUF vocabulary through transformers takes tens of seconds on a small CPU; the copy makes every
-later start (a server restart, the GUI's Restart button) read them like a plain HF folder. The weights are
+Converting a GGUF vocabulary through transformers takes seconds (it took tens of seconds with gguf-py's
+reader; the child now reads metadata with gguf_meta_reader.py); the copy makes every later start (a server
+restart, the GUI's Restart button) read them like a plain HF folder. The weights are
 not copied: they are read from the GGUF itself, tensor by tensor, and kept quantized
 (wslm.backend.quant.gguf_weights), which is as fast as reading a copy. Keyed by the file's path, size and
 mtime, so a replaced file is converted again. WSLM_CACHE_DIR moves it; WSLM_GGUF_CACHE=0 turns it off.
@@ -98,12 +99,18 @@ _CONVERT_TIMEOUT_S = 900
 def _convert_here(gguf_path: Path) -> None:
     """What the child of convert() runs: read the GGUF's tokenizer and config as transformers does, and
     write the copy (the architecture named as the engine maps the GGUF's model type)."""
+    import gguf
     from transformers import AutoConfig, AutoTokenizer
 
     from wslm.backend.loader.gguf_config import complete_config
+    from wslm.backend.loader.gguf_meta_reader import GGUFMetaReader
     from wslm.backend.modeling import GGUF_ARCHITECTURES, gguf_architecture
 
     folder, name = str(gguf_path.parent), gguf_path.name
+    # transformers opens the file with gguf.GGUFReader for the tokenizer and the config; the metadata reader
+    # gives the same fields without a numpy view per vocabulary entry (gguf_meta_reader.py: 20x faster).
+    # This process exists only for this conversion, so the swap touches nothing else.
+    gguf.GGUFReader = GGUFMetaReader
     tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
     hf_config = AutoConfig.from_pretrained(folder, gguf_file=name)
     complete_config(hf_config, gguf_path)

@@ -2,9 +2,9 @@
 adapter_model.bin), merged into a model's weights as it loads: W + (alpha / r) * B @ A (alpha / sqrt(r) with
 use_rslora), computed in float32, what peft's merge_and_unload computes.
 
-One adapter per engine: `wslm serve --lora-modules NAME=PATH` serves each adapter as a model of the pool
-(its own engine on the base model, loaded when a request names it), not as per-request deltas over one
-shared base as vLLM does; the merged weights run every fast path unchanged.
+Merging (`LLM(model, lora_path=...)`, `wslm serve --lora-path`) puts one adapter into an engine's weights.
+Adapters per request over one shared base (`enable_lora`, `--lora-modules`) are wslm/backend/lora, which
+reads adapters with load_adapter here and never changes the base.
 
 Merging needs the base's 16/32-bit weights: a base held quantized (GGUF, AWQ/GPTQ, int8/int4) is refused,
 as is tensor parallelism (each rank would need its slice of every delta)."""
@@ -114,8 +114,10 @@ def merge_lora(model, path: str | Path) -> int:
         weight = getattr(layer, "weight", None)
         if not isinstance(weight, torch.Tensor):
             raise ValueError(f"LoRA adapters merge into 16/32-bit weights, and this model keeps its weights "
-                             f"quantized ({type(weight).__name__}): serve the adapter on the model's 16-bit "
-                             "checkpoint, or merge it with peft (merge_and_unload) before quantizing")
+                             f"quantized ({type(weight).__name__}): serve the adapter per request instead "
+                             "(enable_lora=True, `wslm serve --enable-lora --lora-modules`: the base stays as it "
+                             "is), merge it into the model's 16-bit checkpoint, or merge it with peft "
+                             "(merge_and_unload) before quantizing")
         start, rows = _rows(layers[index], block, part, weight)
         delta = (b.float() @ a.float()) * adapter.scale
         if delta.shape != (rows, weight.shape[1]):

@@ -104,41 +104,28 @@ def cpu_has_amx_bf16() -> bool:
 
 
 def check_prequantized(method: str, qc: dict) -> None:
-    """The AWQ/GPTQ variants the repackers read: 4-bit weights, AWQ's GEMM packing. Others would load as noise."""
-    bits = qc.get("bits") or qc.get("w_bit")
-    if bits is not None and int(bits) != 4:
-        raise ValueError(f"This {method.upper()} checkpoint has {bits}-bit weights; wslm runs 4-bit AWQ/GPTQ only. "
-                         "Use the model's 4-bit AWQ/GPTQ build, a GGUF, or the unquantized repo with --quantization int8.")
-    version = str(qc.get("version") or "gemm").lower()
-    if method == "awq" and version != "gemm":
-        raise ValueError(f"This AWQ checkpoint is packed as {version!r}; wslm reads AWQ's GEMM packing only. "
-                         "Use a GEMM build of the model (the usual one on the hub) or a GGUF.")
+    """Whether the `method` checkpoint's variant loads (QuantMethod.check_checkpoint): ValueError naming the
+    cause and the fix."""
+    from wslm.backend.quant.registry import get_method
+
+    get_method(method).check_checkpoint(qc)
 
 
 def resolve_quantization(requested: str | None, source: ModelSource, hf_config) -> str | None:
-    """What the weights are: a GGUF file is "gguf" whatever was asked; a checkpoint with a
-    quantization_config is its method (as vLLM reads it); int8/int4 quantize 16-bit weights on load."""
+    """What the weights are, as the checkpoint's format answers (QuantMethod.resolve): a GGUF file is "gguf"
+    whatever was asked; a checkpoint with a quantization_config is its method (as vLLM reads it); int8/int4
+    quantize 16-bit weights on load."""
     from wslm.backend.quant import check_quantization
+    from wslm.backend.quant.registry import detect_method, resolve
 
     requested = check_quantization(requested)
-    if source.gguf_file:
-        # int8/int4 apply to the dense tensors of a GGUF (all of them under WSLM_GGUF_DEQUANTIZE=1).
-        return requested if requested in ("int8", "int4") else "gguf"
     qc = getattr(hf_config, "quantization_config", None)
-    found = (qc.get("quant_method") if isinstance(qc, dict) else getattr(qc, "quant_method", None)) if qc else None
-    found = str(found).lower() if found else None
-    if found in ("awq", "gptq"):
-        if requested not in (None, found):
-            raise ValueError(f"This checkpoint is {found}-quantized; quantization={requested!r} cannot apply to it.")
-        check_prequantized(found, qc if isinstance(qc, dict) else vars(qc))
-        return found
-    if found == "mxfp4":  # gpt-oss: its MXFP4 experts are dequantized on load (models/gpt_oss.py)
-        return requested if requested in ("int8", "int4") else None
-    if found:
-        raise ValueError(f"Checkpoints quantized with {found!r} are not supported (supported: awq, gptq, gguf).")
-    if requested in ("awq", "gptq", "gguf"):
-        raise ValueError(f"quantization={requested!r} was asked for, but the checkpoint has no {requested} weights.")
-    return requested
+    qc = (qc if isinstance(qc, dict) else vars(qc)) if qc else None
+    if source.gguf_file:
+        stored = detect_method(None, source.gguf_file)
+    else:
+        stored = detect_method(qc)
+    return resolve(requested, stored, qc)
 
 
 def load_model_config(
@@ -216,23 +203,28 @@ def _sliding_window(hf_config) -> int | None:
 
 def iter_weights(source: ModelSource, dtype: torch.dtype, quantization: str | None = None, no_mmap: bool = False):
     """Yield (hf_name, tensor) for every weight, one file at a time to keep peak memory low, logging load
-    progress (load_progress.py). AWQ/GPTQ pieces come out as one int4 weight per linear
-    (wslm.backend.quant.packed_checkpoint). Safetensors, and a GGUF's block weights, come memory-mapped
-    (safetensors_mmap.py, quant/gguf_blocks.py) unless no_mmap: each tensor then is a private copy."""
-    if quantization in ("awq", "gptq"):
-        from wslm.backend.quant.packed_checkpoint import read_quant_config, repack
+    progress (load_progress.py). The checkpoint's own format (registry.stored_method) reads them: a format's
+    file (GGUF) by itself, a folder's safetensors / .bin files through its iter_weights (AWQ/GPTQ pieces come
+    out as one int4 weight per linear). Safetensors, and a GGUF's block weights, come memory-mapped
+    (safetensors_mmap.py, quant/gguf_blocks.py) unless no_mmap: each tensor then is a private copy.
+    `quantization` (what the model runs as) is not needed: on-the-fly formats quantize in the layers."""
+    from wslm.backend.loader.load_progress import LoadProgress, track
+    from wslm.backend.quant.registry import DENSE, stored_method
 
-        yield from repack(iter_weights(source, dtype, no_mmap=no_mmap), quantization,
-                          read_quant_config(source.folder))
+    method = stored_method(source) or DENSE
+    sizes = method.stored_bytes(source)
+    if sizes is None:
+        yield from method.iter_weights(source, dtype, no_mmap, lambda: _iter_folder(source, no_mmap))
         return
+    progress = LoadProgress(sum(sizes.values()), source.name)
+    yield from track(_trimmed(method.iter_weights(source, dtype, no_mmap, None)), progress,
+                     lambda name, _item: sizes.get(name, 0))
+
+
+def _iter_folder(source: ModelSource, no_mmap: bool):
+    """A checkpoint folder's raw tensors: its safetensors files, else its pytorch_model*.bin files."""
     from wslm.backend.loader.load_progress import LoadProgress, track
 
-    if source.gguf_file:
-        sizes = _gguf_stored_bytes(source)
-        progress = LoadProgress(sum(sizes.values()), source.name)
-        yield from track(_iter_gguf_weights(source, dtype, not no_mmap), progress,
-                         lambda name, _item: sizes.get(name, 0))
-        return
     files = sorted(source.folder.glob("*.safetensors"))
     if files:
         from wslm.backend.loader.safetensors_mmap import stored_bytes
@@ -268,40 +260,9 @@ def _iter_safetensors(file, no_mmap: bool):
             yield name, f.get_tensor(name).clone()
 
 
-def _gguf_stored_bytes(source: ModelSource) -> dict[str, int]:
-    """Each weight's bytes in the GGUF file, by the name iter_gguf_weights yields it under (a stacked MoE
-    tensor's bytes shared by its experts): what load progress counts. A name not found counts 0 (the load
-    still ends at 100%)."""
-    import re
-
-    from wslm.backend.quant.gguf_file import GGUFFile
-    from wslm.backend.quant.gguf_weights import _EXPERT_NAMES, hf_name
-
-    reader = GGUFFile(source.gguf_path)
-    try:
-        arch = str(reader.values.get("general.architecture") or "llama")
-        sizes: dict[str, int] = {}
-        for t in reader.tensors:
-            m = re.fullmatch(r"blk\.(\d+)\.(ffn_\w+_exps)\.weight", t.name)
-            if m and m.group(2) in _EXPERT_NAMES:
-                experts = int(t.shape[-1]) if t.shape else 1
-                for e in range(experts):
-                    name = f"model.layers.{m.group(1)}.mlp.experts.{e}.{_EXPERT_NAMES[m.group(2)]}.weight"
-                    sizes[name] = t.n_bytes // max(1, experts)
-            elif (name := hf_name(t.name, arch)) is not None:
-                sizes[name] = t.n_bytes
-        return sizes
-    finally:
-        reader.close()
-
-
-def _iter_gguf_weights(source: ModelSource, dtype: torch.dtype, use_mmap: bool = True):
-    # Read straight from the file, tensor by tensor, kept quantized (wslm.backend.quant.gguf_weights):
-    # faster than reading a converted copy back, and the model never exists in full precision. The
-    # converted-copy cache keeps only the tokenizer and config, the slow part to parse.
-    from wslm.backend.quant.gguf_weights import iter_gguf_weights
-
-    for item in iter_gguf_weights(source.gguf_path, dtype, use_mmap):
+def _trimmed(weights):
+    """A format's own file read tensor by tensor (GGUF), the freed heap handed back around each one."""
+    for item in weights:
         return_freed_heap()  # what reading the tensor left, before the model packs it
         yield item
         del item

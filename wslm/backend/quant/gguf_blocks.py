@@ -32,9 +32,9 @@ BLOCK_TYPES = tuple(name for name, _, _ in BLOCKS.values())  # the types kept in
 TYPE_IDS = {name: t for t, (name, _, _) in BLOCKS.items()}
 _BITS = {"Q4_0": 4, "Q4_1": 4, "Q5_0": 5, "Q5_1": 5, "Q8_0": 8, "Q4_K": 4, "Q5_K": 5, "Q6_K": 6}
 MAX_PARTS = 4  # parts of one fused weight (kernels/cpu_gguf.c's GGUF_PARTS)
-# From this many activation rows (prefill, big batches) slices of the weight are dequantized once and
-# multiplied by torch's GEMM; fewer rows: the block kernel, which reads each weight block once for all of
-# them. Measured on a Zen 3 core (AVX2, CPU time of one thread, 3072x3072): the kernel 45-50 GFLOP/s at any
+# From this many activation rows (prefill, big batches), where the tiled block GEMM (kernels/cpu_gguf_gemm.c,
+# from its MIN_ROWS) is not built, slices of the weight are dequantized once and multiplied by torch's GEMM;
+# fewer rows: the block kernel, which reads each weight block once for all of them. Measured on a Zen 3 core (AVX2, CPU time of one thread, 3072x3072): the kernel 45-50 GFLOP/s at any
 # row count (Q4_K, Q6_K; Q4_0 37-40), dequantized slices + torch's float32 GEMM 12 at 8 rows, 40-46 at
 # 32-64, 54-59 at 512.
 PREFILL_ROWS = 64
@@ -166,7 +166,7 @@ class GGUFBlockWeight:
         x2 = x.reshape(-1, shape[-1])
         if not (self.c_kernel() and x.device.type == "cpu"):
             out = self._fallback(x2)
-        elif x2.shape[0] >= PREFILL_ROWS:
+        elif x2.shape[0] >= PREFILL_ROWS and not self._gemm():
             out = self._prefill(x2)
         else:
             out = self._mm(x2)
@@ -186,6 +186,13 @@ class GGUFBlockWeight:
         if not (self.c_kernel() and x.device.type == "cpu" and x.dim() == 2):
             return None
         return self._mm(x, torch.float32)
+
+    def _gemm(self) -> bool:
+        """Whether cpu_gguf.mm takes many rows to the tiled block GEMM (kernels/cpu_gguf_gemm.c): 1.3-1.9x
+        the dequantized slices + torch's float32 GEMM on a Zen 3 core (bench/gguf_gemm.py)."""
+        from wslm.kernels import cpu_gguf_gemm
+
+        return cpu_gguf_gemm.takes(self.c_struct())
 
     def _prefill(self, x: torch.Tensor) -> torch.Tensor:
         """Many rows: the weight dequantized a slice of rows at a time (C, the file's exact values), each slice

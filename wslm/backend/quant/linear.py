@@ -5,9 +5,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from wslm.backend.quant.int4 import Int4Codes, Int4Weight, cat_codes, pick_group_size, quantize_int4_codes
+from wslm.backend.quant.int4 import Int4Codes, Int4Weight, cat_codes
 from wslm.backend.quant.int8 import Int8Weight, quantize_int8
-from wslm.backend.quant.registry import quantizes_on_load
+from wslm.backend.quant.registry import get_method, quantizes_on_load
 
 QuantWeight = Int8Weight | Int4Weight
 _HEAD_SLICE = 4096  # rows of a dense head expanded to float32 at once (a whole 49k-row head: 113 MB)
@@ -52,10 +52,12 @@ def fuse_rows(parts: list) -> object:
     block weights (gguf_blocks.py) are fused as a list of their parts, nothing copied."""
     if all(isinstance(p, torch.Tensor) for p in parts):
         return torch.cat(parts, dim=0).contiguous()
-    if all(getattr(p, "kind", None) == "gguf" for p in parts):
-        fused = type(parts[0]).fuse(parts)  # gguf_blocks.GGUFBlockWeight (it imports this module, not back)
+    kinds = {getattr(p, "kind", None) for p in parts}
+    fuse = getattr(type(parts[0]), "fuse", None) if len(kinds) == 1 and None not in kinds else None
+    if fuse is not None:  # a format's own fusion (gguf_blocks.GGUFBlockWeight: the blocks stay in the file)
+        fused = fuse(parts)
         if fused is not None:
-            return fused  # GGUF blocks stay where they lie in the file, whatever their types
+            return fused
     if all(isinstance(p, Int4Codes) for p in parts) and len({p.group_size for p in parts}) == 1:
         perms = [p.perm for p in parts]
         if all(q is None for q in perms) or all(q is not None and torch.equal(q, perms[0]) for q in perms):
@@ -134,10 +136,6 @@ def prepare_weight(weight, method: str | None, name: str, device: torch.device, 
 
 
 def quantize_on_load(w: torch.Tensor, method: str, is_table: bool = False, group_width: int | None = None):
-    """int8: per output channel; int4: groups of 128 (or the largest of 64/32 that divides group_width:
-    the input width, or one tensor-parallel rank's share of it). Embedding / lm_head tables go to int8 in
-    both (their rows are read one by one, and 4-bit logits cost the most quality)."""
-    width = group_width or w.shape[1]
-    if method == "int8" or is_table or width % 32:
-        return quantize_int8(w)
-    return quantize_int4_codes(w, pick_group_size(width, 128))
+    """w in an on-the-fly format (QuantMethod.quantize): int8 per output channel; int4 groups sized to
+    group_width (the input width, or one tensor-parallel rank's share of it); tables by rows."""
+    return get_method(method).quantize(w, is_table=is_table, group_width=group_width)

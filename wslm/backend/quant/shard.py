@@ -39,12 +39,8 @@ def pad_rows(weight, rows: int):
 
 
 def checkpoint_group_size(source, quantization: str | None) -> int | None:
-    """The 4-bit group width a checkpoint's weights keep under tensor parallelism (checked before any
-    worker starts), by wslm.tp_sizes.checkpoint_group: the rule `wslm models list` reports for the GUI."""
-    from wslm.tp_sizes import checkpoint_group
+    """The group width a checkpoint's weights keep under tensor parallelism (checked before any worker
+    starts): the format's QuantMethod.group_size, the rule `wslm models list` reports for the GUI."""
+    from wslm.backend.quant.registry import checkpoint_group, read_quant_config
 
-    if quantization in ("awq", "gptq"):
-        from wslm.backend.quant.packed_checkpoint import read_quant_config
-
-        return checkpoint_group(quantization, read_quant_config(source.folder))
-    return checkpoint_group(quantization)
+    return checkpoint_group(quantization, None if source.gguf_file else read_quant_config(source.folder))

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from wslm.backend.sequence import Sequence
+from wslm.backend.worker.image_embeds import image_rows
 from wslm.backend.worker.prompt_logprobs import prompt_logprob_positions
 
 
@@ -22,6 +23,9 @@ class StepInputs:
     block_tables: list[list[int]]  # padded to the longest table of the step
     max_seqlen_q: int
     prompt_logprob_rows: int = 0  # how many of logits_indices are prompt_logprobs rows (the last ones)
+    # Image tokens this step computes: (first row in the step, first and end index into the image's
+    # embeddings, multimodal.ImageInput, sequence index); their rows take the image's embeddings.
+    images: list = field(default_factory=list)
 
 
 def prepare_step(scheduled: list[tuple[Sequence, int]], block_size: int) -> tuple[StepInputs, list[Sequence]]:
@@ -35,6 +39,7 @@ def prepare_step(scheduled: list[tuple[Sequence, int]], block_size: int) -> tupl
     sampled: list[Sequence] = []
     max_q = 0
     prompt_rows: list[int] = []  # prompt_logprobs rows, after the sampled ones (see prompt_logprobs.py)
+    images: list = []
     for seq, n in scheduled:
         start = seq.num_computed_tokens
         end = start + n
@@ -46,6 +51,8 @@ def prepare_step(scheduled: list[tuple[Sequence, int]], block_size: int) -> tupl
         else:
             slots.extend(table[p // bs] * bs + p % bs for p in range(start, end))
         prompt_rows.extend(cu[-1] + p - start for p in prompt_logprob_positions(seq, n))
+        if seq.images:
+            images.extend(image_rows(seq.images, start, end, cu[-1], len(cu) - 1))
         cu.append(cu[-1] + n)
         seq_lens.append(end)
         max_q = max(max_q, n)
@@ -55,7 +62,7 @@ def prepare_step(scheduled: list[tuple[Sequence, int]], block_size: int) -> tupl
     max_blocks = -(-max(seq_lens) // bs)
     tables = [seq.block_table[:max_blocks] + [0] * (max_blocks - len(seq.block_table)) for seq, _ in scheduled]
     step = StepInputs(input_ids, positions, slots, cu, seq_lens, logits_idx + prompt_rows, tables, max_q,
-                      len(prompt_rows))
+                      len(prompt_rows), images)
     return step, sampled
 
 

@@ -75,6 +75,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         # Text, parsed at start-up (launcher.engine_config): 4k, 4GiB, and a bad value is an error event.
         "max_model_len": {"type": None}, "kv_cache_memory": {"type": None},
         "distributed_executor_backend": {"type": _executor_backend},
+        "enable_lora": {"action": argparse.BooleanOptionalAction},  # vLLM's --[no-]enable-lora
     })
     p.add_argument("--shutdown-timeout", type=float, default=5.0,
                    help="seconds running requests get to finish after SIGTERM/SIGINT (default 5)")
@@ -145,6 +146,9 @@ def _add_vllm_flags(g: argparse._ArgumentGroup) -> None:
                    help="report usage.prompt_tokens_details.cached_tokens (prefix-cache hits)")
     g.add_argument("--enable-force-include-usage", action="store_true",
                    help="send usage on every response, streams too, as if stream_options.include_usage")
+    g.add_argument("--enable-per-request-metrics", action="store_true",
+                   help="add vLLM's `metrics` object (time to first token, queue and decode time, mean inter-token "
+                        "latency, tokens/s) to each one-stream answer; on streams, to the final usage chunk")
     g.add_argument("--enable-server-load-tracking", action="store_true",
                    help="count requests in flight, served at GET /load")
     g.add_argument("--enable-tokenizer-info-endpoint", action="store_true",
@@ -192,16 +196,12 @@ def _add_model_pool_flags(p: argparse.ArgumentParser) -> None:
 
 
 def _add_lora_flags(p: argparse.ArgumentParser) -> None:
-    """vLLM's LoRA flags. Each adapter is served by name as a model of the pool: the base model with the
-    adapter merged in (loader/lora.py), loaded when a request names it."""
-    p.add_argument("--enable-lora", action=argparse.BooleanOptionalAction, default=False,
-                   help="serve the --lora-modules adapters (vLLM's switch; --lora-modules alone serves them too)")
+    """vLLM's --lora-modules (--enable-lora, --max-loras, --max-lora-rank and --max-cpu-loras are engine
+    flags): each adapter served by name per request over the one base (wslm/backend/lora)."""
     p.add_argument("--lora-modules", nargs="+", default=None, metavar="NAME=PATH",
                    help="LoRA adapters (PEFT folders) on the --model model, each served under its NAME: NAME=PATH "
-                        "or vLLM's JSON {\"name\": ..., \"path\": ...}. Each loads on its first request as a model "
-                        "of the pool (--max-loaded-models, --model-ttl)")
-    p.add_argument("--max-lora-rank", type=int, default=16, metavar="R",
-                   help="highest adapter rank served (default 16, vLLM's); a higher one is a start-up error")
+                        "or vLLM's JSON {\"name\": ..., \"path\": ..., \"base_model_name\": ...}. Served per "
+                        "request over the one --model base (implies --enable-lora; --max-loras resident at once)")
 
 
 def _serve(args: argparse.Namespace) -> int:

@@ -94,9 +94,17 @@ def response_format(fmt: Any) -> dict | None:
     raise bad_request(f"format must be \"json\" or a JSON schema object, got {fmt!r}.", param="format")
 
 
-def no_images(item: dict, param: str) -> None:
-    if item.get("images"):
-        raise bad_request("Images need a vision model, and wslm serves none yet: send text only.", param=param)
+def with_images(content: Any, images: Any, param: str) -> Any:
+    """Ollama's `images` (base64 strings) beside a message's text as OpenAI content parts (images first, as
+    Ollama places them), which the chat path reads and checks (frontend/images.py); no images: the text."""
+    if not images:
+        return content
+    if not isinstance(images, list) or not all(isinstance(im, str) for im in images):
+        raise bad_request("images must be a list of base64-encoded images.", param=param)
+    parts: list[dict] = [{"type": "image_url", "image_url": {"url": "data:image/*;base64," + im}} for im in images]
+    if content:
+        parts.append({"type": "text", "text": content})
+    return parts
 
 
 def chat_messages(messages: Any) -> list[dict]:
@@ -109,8 +117,8 @@ def chat_messages(messages: Any) -> list[dict]:
     for i, msg in enumerate(messages):
         if not isinstance(msg, dict):
             raise bad_request(f"messages.{i} must be an object with role and content.", param=f"messages.{i}")
-        no_images(msg, f"messages.{i}.images")
-        item: dict[str, Any] = {"role": msg.get("role"), "content": msg.get("content", "")}
+        item: dict[str, Any] = {"role": msg.get("role"),
+                                "content": with_images(msg.get("content", ""), msg.get("images"), f"messages.{i}.images")}
         if msg.get("thinking"):
             item["reasoning_content"] = msg["thinking"]
         calls = msg.get("tool_calls")

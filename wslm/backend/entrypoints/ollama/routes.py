@@ -132,7 +132,6 @@ async def generate(state: ServerState, request: Request) -> Response:
     (done_reason "load"), or unloads it with keep_alive 0 (the pool acts on keep_alive)."""
     body = await _json_body(request)
     model = convert.require_model(body)
-    convert.no_images(body, "images")
     for unsupported in ("suffix", "template"):
         if body.get(unsupported):
             raise bad_request(f"{unsupported} is not supported by wslm: it renders prompts with the model's own "
@@ -148,6 +147,9 @@ async def generate(state: ServerState, request: Request) -> Response:
     context = body.get("context")
     if context is not None and (not isinstance(context, list) or not all(isinstance(t, int) for t in context)):
         raise bad_request("context must be the list of token ids a previous reply returned.", param="context")
+    if body.get("images") and (body.get("raw") or context):
+        raise bad_request("images with raw or context are not supported: send them through /api/chat, or without "
+                          "raw and context.", param="images")
     if body.get("raw") or context:
         # Ollama appends the new (templated) prompt to the earlier conversation's tokens.
         ids = state.tokenizer.encode(prompt, add_special_tokens=False) if body.get("raw") else \
@@ -161,6 +163,7 @@ async def generate(state: ServerState, request: Request) -> Response:
         handler, kind = serving_completion.create_completion, "generate"
     else:
         openai_body["messages"] = _generate_messages(body, prompt)
+        openai_body["messages"][-1]["content"] = convert.with_images(prompt, body.get("images"), "images")
         handler, kind = serving_chat.create_chat_completion, "generate-chat"
     openai_body["return_token_ids"] = True  # the final line's `context`
     return await _generate(state, request, body, openai_body, handler, kind)
@@ -449,6 +452,20 @@ def _model_info(path: str) -> dict:
     return out
 
 
+def _takes_images(path: str) -> bool:
+    """A vision model wslm runs, with its image processor's settings beside it (docs/vision.md)."""
+    from wslm.backend.modeling import SUPPORTED_ARCHITECTURES, get_model_class
+    from wslm.backend.modeling.vision import has_image_processor
+
+    folder = Path(path)
+    try:
+        archs = json.loads((folder / "config.json").read_text(encoding="utf-8")).get("architectures") or []
+    except (OSError, ValueError, AttributeError):
+        return False
+    return (bool(archs) and archs[0] in SUPPORTED_ARCHITECTURES and has_image_processor(folder)
+            and getattr(get_model_class(archs[0]), "takes_images", False))
+
+
 def _describe_path(path: str) -> Any:
     from wslm.backend.hub import catalog
 
@@ -472,6 +489,8 @@ async def show(state: ServerState, request: Request) -> Response:
             caps.append("tools")
         if state.reasoning_parser:
             caps.append("thinking")
+        if await asyncio.to_thread(_takes_images, path):
+            caps.append("vision")  # apps (Open WebUI, ...) offer image upload by it
     model_info = {"general.architecture": arch, "general.basename": name,
                   "general.parameter_count": info.get("num_params") or 0,
                   f"{arch}.context_length": state.max_model_len}

@@ -27,6 +27,7 @@ from wslm.backend.entrypoints.openai import (
     serving_chat,
     serving_completion,
     serving_embedding,
+    serving_lora,
     serving_messages,
     serving_responses,
     serving_score,
@@ -93,6 +94,10 @@ def build_app(state: ServerState, root_path: str = "", docs: bool = True) -> Fas
         state.model_pool.describe, state.model_pool.created = _model_card, _STARTED
         app.add_api_route("/v1/models/load", route(model_pool.load_model, by_model=False), methods=["POST"])
         app.add_api_route("/v1/models/unload", route(model_pool.unload_model, by_model=False), methods=["POST"])
+    app.add_api_route("/v1/load_lora_adapter", route(serving_lora.load_lora_adapter, by_model=False),
+                      methods=["POST"])
+    app.add_api_route("/v1/unload_lora_adapter", route(serving_lora.unload_lora_adapter, by_model=False),
+                      methods=["POST"])
     app.add_api_route("/health", route(_health), methods=["GET"])
     app.add_api_route("/version", route(_version), methods=["GET"])
     app.add_api_route("/metrics", route(_metrics), methods=["GET"])
@@ -231,13 +236,25 @@ _CAPABILITIES = {"embed": ["embeddings"], "score": ["score", "rerank"]}
 async def _list_models(state: ServerState, request: Request) -> Response:
     if state.model_pool is not None:  # every servable model, loaded or not, with its `state`
         await state.model_pool.rescan()
-        return JSONResponse({"object": "list", "data": state.model_pool.cards()})
-    return JSONResponse({"object": "list", "data": [_model_card(state, n) for n in state.served_model_names]})
+        cards = state.model_pool.cards()
+    else:
+        cards = [_model_card(state, n) for n in state.served_model_names]
+    return JSONResponse({"object": "list", "data": cards + _lora_cards(state)})
+
+
+def _lora_cards(state: ServerState) -> list[dict]:
+    """Each LoRA adapter, with the base as its `parent` (vLLM's /v1/models)."""
+    if state.lora is None:
+        return []
+    template = _model_card(state, state.model_name)
+    return [state.lora.card(req, template) for req in state.lora.adapters.values()]
 
 
 async def _get_model(state: ServerState, request: Request) -> Response:
     if state.model_pool is not None and (entry := await state.model_pool.find(request.path_params["model_id"])):
         return JSONResponse(state.model_pool.card(entry))
+    if state.lora is not None and (req := state.lora.get(request.path_params["model_id"])):
+        return JSONResponse(state.lora.card(req, _model_card(state, state.model_name)))
     name = state.check_model(request.path_params["model_id"])
     return JSONResponse(_model_card(state, name))
 

@@ -250,6 +250,7 @@ def run(args: Namespace) -> int:
         quiet_compiler_logs(getattr(args, "uvicorn_log_level", "info") in ("debug", "trace")
                             or log.isEnabledFor(logging.DEBUG))
         engine = load_engine(pool_engine_config(config, args))
+        check_lora_tensors(args, engine)
     except StartupError as exc:
         if sock is not None:
             sock.close()
@@ -393,6 +394,7 @@ def _serve(args: Namespace, engine: Any, sock: socket.socket) -> int:
         bound_host=sock.getsockname()[0],
         enable_prompt_tokens_details=bool(getattr(args, "enable_prompt_tokens_details", False)),
         enable_force_include_usage=bool(getattr(args, "enable_force_include_usage", False)),
+        enable_per_request_metrics=bool(getattr(args, "enable_per_request_metrics", False)),
         enable_server_load_tracking=bool(getattr(args, "enable_server_load_tracking", False)),
         enable_tokenizer_info_endpoint=bool(getattr(args, "enable_tokenizer_info_endpoint", False)),
         return_tokens_as_token_ids=bool(getattr(args, "return_tokens_as_token_ids", False)),
@@ -407,6 +409,7 @@ def _serve(args: Namespace, engine: Any, sock: socket.socket) -> int:
         and not getattr(args, "public_utility_endpoints", False),
     )
     state.model_pool = make_model_pool(args, state)  # None without --model-pool
+    state.lora = make_lora_registry(args, state)  # None without --enable-lora
     app = build_app(state, root_path=getattr(args, "root_path", None) or "",
                     docs=not getattr(args, "disable_fastapi_docs", False))
     host, port = sock.getsockname()[:2]
@@ -474,7 +477,8 @@ def _serve(args: Namespace, engine: Any, sock: socket.socket) -> int:
 
 # Flags that describe the --model model and not the others: a pool model uses its own files' values.
 _MODEL_SPECIFIC = ("tokenizer", "chat_template", "revision", "quantization", "max_model_len", "served_model_name",
-                   "tool_call_parser", "reasoning_parser", "task", "runner", "num_gpu_blocks_override", "lora_path")
+                   "tool_call_parser", "reasoning_parser", "task", "runner", "num_gpu_blocks_override", "lora_path",
+                   "enable_lora")
 
 
 def check_model_pool_flags(args: Namespace) -> None:
@@ -514,56 +518,63 @@ def check_model_pool_flags(args: Namespace) -> None:
 
 
 def check_lora_flags(args: Namespace) -> None:
-    """--lora-modules: each adapter checked before the slow load (a folder with adapter_config.json and its
-    weights, rank within --max-lora-rank, a base whose 16/32-bit weights it can merge into), then added to
-    the pool under its name: the --model model with the adapter merged in (loader/lora.py)."""
-    import json
+    """--lora-modules (implies --enable-lora): each adapter checked before the slow load (a folder with
+    adapter_config.json and its weights, rank within --max-lora-rank, a name of its own); served per request
+    over the one --model base (wslm/backend/lora). The base may be held quantized: it is never changed."""
+    from wslm.backend.entrypoints.openai.serving_lora import parse_lora_module
 
+    args.lora_specs = []  # (name, path, base model name) for make_lora_registry
+    specs = getattr(args, "lora_modules", None) or []
+    if specs:
+        args.enable_lora = True
+    if not getattr(args, "enable_lora", False):
+        return
+    if (getattr(args, "tensor_parallel_size", 1) or 1) > 1:
+        raise StartupError("--enable-lora needs --tensor-parallel-size 1: adapters are served on one device.")
     from wslm.backend.loader.lora import check_adapter
 
-    args.lora_adapters = {}  # name -> (base model's served name, adapter folder)
-    specs = getattr(args, "lora_modules", None) or []
-    if not specs:
-        return
-    base = (getattr(args, "served_model_name", None) or [args.model])[0]
-    from wslm.backend.loader.model_source import resolve_model
-
-    try:
-        gguf = resolve_model(args.model).gguf_path is not None and not envs.WSLM_GGUF_DEQUANTIZE
-    except FileNotFoundError:
-        gguf = False  # the load says what is missing
-    if getattr(args, "quantization", None) or gguf:
-        raise StartupError("--lora-modules: adapters merge into a model's 16/32-bit weights, and "
-                           f"{args.model} is held quantized; serve its 16-bit checkpoint (a Hugging Face folder or "
-                           "repo id) with the adapters, load a GGUF dequantized (WSLM_GGUF_DEQUANTIZE=1), or merge "
-                           "the adapter with peft (merge_and_unload) first.")
-    if getattr(args, "tensor_parallel_size", 1) not in (None, 1):
-        raise StartupError("--lora-modules needs --tensor-parallel-size 1: adapters are merged into one device's "
-                           "weights.")
-    if getattr(args, "max_loaded_models", 2) < 2:
-        raise StartupError(f"--max-loaded-models must be at least 2 with --lora-modules (the --model model stays "
-                           f"loaded, and an adapter loads beside it), got {args.max_loaded_models}.")
-    taken = {name for name, _ in args.model_pool_specs} | {base}
+    taken = {name for name, _ in args.model_pool_specs} | set(getattr(args, "served_model_name", None) or [args.model])
     for spec in specs:
-        if spec.lstrip().startswith("{"):
-            try:
-                item = json.loads(spec)
-                name, path = item["name"], item["path"]
-            except (ValueError, KeyError, TypeError):
-                raise StartupError(f"--lora-modules {spec}: JSON needs \"name\" and \"path\".") from None
-        else:
-            name, sep, path = spec.partition("=")
-            if not sep or not name or not path:
-                raise StartupError(f"--lora-modules {spec}: give NAME=PATH (or vLLM's JSON with name and path).")
+        try:
+            name, path, base = parse_lora_module(spec)
+        except ValueError as exc:
+            raise StartupError(f"{exc}") from None
         if name in taken:
             raise StartupError(f"--lora-modules: the name `{name}` is taken already; give each adapter its own.")
         try:
-            check_adapter(path, getattr(args, "max_lora_rank", 16))
+            check_adapter(path, getattr(args, "max_lora_rank", None) or 16)
         except (ValueError, OSError) as exc:
             raise StartupError(f"--lora-modules {name}: {exc}.") from exc
         taken.add(name)
-        args.lora_adapters[name] = (base, path)
-        args.model_pool_specs.append((name, args.model))
+        args.lora_specs.append((name, path, base))
+
+
+def make_lora_registry(args: Namespace, state: Any) -> Any:
+    """The server's LoRA adapters (serving_lora.LoraRegistry) with --enable-lora, else None."""
+    if not getattr(args, "enable_lora", False):
+        return None
+    from wslm.backend.entrypoints.openai.serving_lora import LoraRegistry
+
+    pool = state.model_pool.names() if state.model_pool is not None else []
+    processor = getattr(getattr(state.engine, "engine", None), "processor", None)
+    registry = LoraRegistry(state.model_name, getattr(args, "max_lora_rank", None) or 16,
+                            set(state.served_model_names) | set(pool), getattr(processor, "lora_checker", None))
+    for name, path, base in getattr(args, "lora_specs", []):
+        registry.add(name, path, base)  # checked against the model already (check_lora_tensors)
+    return registry
+
+
+def check_lora_tensors(args: Namespace, engine: Any) -> None:
+    """Each --lora-modules adapter's tensors against the loaded model (layer count, shapes), as a start-up
+    error naming the adapter; the same check a request's adapter gets (lora/checks.py)."""
+    from wslm.backend.lora.request import LoRARequest
+
+    checker = getattr(getattr(engine, "processor", None), "lora_checker", None)
+    for i, (name, path, _) in enumerate(getattr(args, "lora_specs", []) if checker is not None else []):
+        try:
+            checker(LoRARequest(name, 1_000_000 + i, path))  # an id no served adapter gets
+        except ValueError as exc:
+            raise StartupError(f"--lora-modules {name}: {exc}.") from exc
 
 
 def local_models(exclude: str) -> list[tuple[str, str]]:
@@ -632,14 +643,8 @@ def make_model_pool(args: Namespace, default: Any) -> Any:
     from wslm.backend.frontend.chat import template_text
     from wslm.backend.frontend.metrics import ServerMetrics
 
-    adapters = getattr(args, "lora_adapters", {})
-
     def load(model: str, name: str) -> Any:
-        if name in adapters:  # the --model model itself, with its flags, and the adapter merged in
-            margs = Namespace(**vars(args))
-            margs.served_model_name, margs.lora_path = [name], adapters[name][1]
-        else:
-            margs = pool_model_args(args, model, name)
+        margs = pool_model_args(args, model, name)
         defaults = load_generation_defaults(margs)
         engine = load_engine(pool_engine_config(engine_config(margs), args))
         template = getattr(engine, "chat_template", None) or getattr(engine.tokenizer, "chat_template", None)
@@ -676,8 +681,6 @@ def make_model_pool(args: Namespace, default: Any) -> Any:
     pool = ModelPool(default, load, specs, max_loaded=args.max_loaded_models, ttl=args.model_ttl_seconds,
                      load_timeout=args.model_load_timeout,
                      refresh=(lambda: args.model_pool_specs + local_models(args.model)) if args.model_pool_all else None)
-    for name, (parent, path) in adapters.items():  # vLLM's card of an adapter: its base and its folder
-        pool.entries[name].parent, pool.entries[name].root = parent, path
     log.info("--model-pool: %d more models servable on request (%s); at most %d loaded at once, unloaded after "
              "%s idle.", len(pool.entries), ", ".join(pool.entries) or "none yet",
              args.max_loaded_models, "never" if args.model_ttl_seconds is None else f"{args.model_ttl_seconds:g} s")

@@ -39,6 +39,9 @@ class StreamOptions(_Request):
 class ContentPart(_Request):
     type: str = "text"
     text: str | None = None
+    # An image_url part's {"url": ..., "detail": ...} (the Responses API's input_image puts the URL string here);
+    # frontend/images.py reads and checks it.
+    image_url: Union[dict[str, Any], str, None] = None
 
     @model_validator(mode="after")
     def _text_needs_text(self) -> ContentPart:

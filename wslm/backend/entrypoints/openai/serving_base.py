@@ -18,6 +18,7 @@ from starlette.types import Receive, Scope, Send
 
 from wslm.backend.entrypoints.openai.errors import APIError, bad_request, internal_error
 from wslm.backend.entrypoints.openai.http_limits import HTTPLimits
+from wslm.backend.entrypoints.openai.request_metrics import RequestTiming
 from wslm.backend.errors import ErrorKind
 from wslm.backend.frontend import validation
 from wslm.backend.frontend.async_engine import Aborted, AsyncEngine, EngineFailure, RequestGroup
@@ -48,6 +49,7 @@ class ServerState:
     # vLLM's serving flags (cli/serve.py's "vLLM flags").
     enable_prompt_tokens_details: bool = False  # usage.prompt_tokens_details only when asked, as vLLM
     enable_force_include_usage: bool = False  # usage on streams even without stream_options.include_usage
+    enable_per_request_metrics: bool = False  # vLLM's `metrics` object (request_metrics.py) on answers
     enable_server_load_tracking: bool = False  # GET /load counts requests in flight
     enable_tokenizer_info_endpoint: bool = False
     return_tokens_as_token_ids: bool = False  # logprob tokens as "token_id:N" unless a request says otherwise
@@ -71,6 +73,8 @@ class ServerState:
 
     # --model-pool (model_pool.ModelPool): more models behind this port, loaded on request; None: this one only.
     model_pool: Any = None
+    # --enable-lora (serving_lora.LoraRegistry): adapters served by name over this model; None: none.
+    lora: Any = None
 
     @property
     def model_name(self) -> str:
@@ -82,7 +86,10 @@ class ServerState:
             return requested or self.model_name
         if requested in self.aliases:
             return self.model_name
+        if self.lora is not None and requested in self.lora:
+            return requested
         names = self.model_pool.names() if self.model_pool is not None else self.served_model_names
+        names = [*names, *(self.lora.adapters if self.lora is not None else ())]
         served = ", ".join(f"`{n}`" for n in names)
         raise APIError(
             f"The model `{requested}` does not exist. This server serves {served} (see GET /v1/models).",
@@ -90,6 +97,11 @@ class ServerState:
             param="model",
             code="model_not_found",
         )
+
+    def lora_names(self, model: str | None) -> dict[str, Any]:
+        """start_group's lora_request= when `model` names an adapter (serving_lora.py); else nothing."""
+        req = self.lora.get(model) if self.lora is not None else None
+        return {} if req is None else {"lora_request": req}
 
     def check_not_draining(self) -> None:
         if self.engine.draining:
@@ -101,7 +113,7 @@ class ServerState:
     def tracker(self, num_prompts: int, n: int, prompt_lens: list[int]) -> Tracker:
         """A Tracker for one request, reporting usage the way this server's flags ask."""
         return Tracker(num_prompts, n, prompt_lens, prompt_tokens_details=self.enable_prompt_tokens_details,
-                       force_usage=self.enable_force_include_usage)
+                       force_usage=self.enable_force_include_usage, timing=self.enable_per_request_metrics)
 
     def apply_generation_defaults(self, req: Any) -> None:
         """--generation-config: the model's recommended sampling values fill the fields a request left unset
@@ -296,8 +308,11 @@ class Tracker:
     counts, and marks choices finished (engine finish, server abort) so that every choice finishes once."""
 
     def __init__(self, num_prompts: int, n: int, prompt_lens: list[int], prompt_tokens_details: bool = False,
-                 force_usage: bool = False) -> None:
+                 force_usage: bool = False, timing: bool = False) -> None:
         self.n = n
+        # Per-request metrics describe one generation stream: none for n > 1 or several prompts (as vLLM).
+        self.timing = RequestTiming() if timing and n == 1 and num_prompts == 1 else None
+        self.timing_asked = timing
         self.prompt_tokens_details = prompt_tokens_details
         self.force_usage = force_usage
         self.prompt_tokens = list(prompt_lens)
@@ -326,6 +341,8 @@ class Tracker:
             self.cached_tokens[tag] = item.num_cached_tokens or 0
             if item.prompt_logprobs is not None:
                 self.prompt_logprobs[tag] = item.prompt_logprobs
+            if self.timing is not None:
+                self.timing.observe(item, sum(len(c.token_ids) for c in item.outputs))
             for c in item.outputs:
                 if (tag, c.index) not in self.unfinished:
                     continue
@@ -341,6 +358,12 @@ class Tracker:
     def usage(self) -> dict:
         cached = sum(self.cached_tokens) if self.prompt_tokens_details else None
         return usage(sum(self.prompt_tokens), self.completion_tokens, cached)
+
+    def add_metrics(self, body: dict) -> dict:
+        """With --enable-per-request-metrics: body["metrics"] (null when the request is not one stream)."""
+        if self.timing_asked:
+            body["metrics"] = self.timing.as_json() if self.timing is not None else None
+        return body
 
 
 # A finished choice, for non-streamed answers: the same record, with every delta folded in.
@@ -408,7 +431,9 @@ class ChunkWriter:
         return sse(body)
 
     def closing(self) -> str:
-        usage_chunk = sse({**self.head, "choices": [], "usage": self.tracker.usage()}) if self.include_usage else ""
+        usage_chunk = ""
+        if self.include_usage:  # per-request metrics ride on the final usage chunk, as vLLM's
+            usage_chunk = sse(self.tracker.add_metrics({**self.head, "choices": [], "usage": self.tracker.usage()}))
         return usage_chunk + SSE_DONE
 
 

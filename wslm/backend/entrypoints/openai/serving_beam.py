@@ -53,8 +53,9 @@ def beam_params(state: ServerState, req: Any, max_tokens: int | None, prompt_len
 
 
 async def search(state: ServerState, request: Request, response_id: str, prompts: list[list[int]],
-                 params: list[BeamSearchParams]) -> list[list[BeamSearchSequence]] | None:
-    """Every prompt's best beams; None when the client left (the caller answers 499)."""
+                 params: list[BeamSearchParams], model: str | None = None) -> list[list[BeamSearchSequence]] | None:
+    """Every prompt's best beams; None when the client left (the caller answers 499). model: the name the
+    request gave (a LoRA adapter's runs with it)."""
     eos = set(getattr(state.engine.engine.model_config, "eos_token_ids", None) or [])
     searches = [BeamSearch(ids, p, eos, state.max_model_len) for ids, p in zip(prompts, params)]
 
@@ -63,7 +64,8 @@ async def search(state: ServerState, request: Request, response_id: str, prompts
         while live := [s for s in searches if not s.done]:
             batches = [s.step_prompts() for s in live]
             flat = [{"prompt_token_ids": ids} for batch in batches for ids in batch]
-            group, _ = await start_group(state.engine, f"{response_id}-{step}", flat, live[0].step_params())
+            group, _ = await start_group(state.engine, f"{response_id}-{step}", flat, live[0].step_params(),
+                                         **state.lora_names(model))
             try:
                 results: dict[str, RequestOutput] = {}
                 while not group.done:

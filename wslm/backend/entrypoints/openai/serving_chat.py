@@ -87,12 +87,13 @@ async def prepare_chat(state: ServerState, req: ChatCompletionRequest, top_n: in
 
 
 async def start_chat(state: ServerState, response_id: str, prompt_ids: list[int], params: SamplingParams,
-                     plan: ChatPlan) -> tuple[RequestGroup, list[int]]:
+                     plan: ChatPlan, model: str | None = None) -> tuple[RequestGroup, list[int]]:
     """Queue a prepared chat: the engine's input processor truncates, checks and compiles its grammar
     (once, for LLM.chat and the server alike); every problem is a 400 naming the field. Returns the group
     and the prompt ids as the engine runs them."""
     group, prompts = await start_group(state.engine, response_id, [prompt_ids], params, what="messages",
-                                       structured_param=plan.structured_param or "structured_outputs")
+                                       structured_param=plan.structured_param or "structured_outputs",
+                                       **state.lora_names(model))
     return group, prompts[0]
 
 
@@ -109,7 +110,7 @@ async def create_chat_completion(state: ServerState, request: Request) -> Respon
     prompt_ids, params, plan = await prepare_chat(state, req, top_n)
 
     response_id = f"chatcmpl-{uuid.uuid4().hex}"
-    group, prompt_ids = await start_chat(state, response_id, prompt_ids, params, plan)
+    group, prompt_ids = await start_chat(state, response_id, prompt_ids, params, plan, model)
     tracker = state.tracker(1, params.n, [len(prompt_ids)])
     created = int(time.time())
     if req.stream:
@@ -141,6 +142,7 @@ async def create_chat_completion(state: ServerState, request: Request) -> Respon
         "choices": choices,
         "usage": tracker.usage(),
     }
+    tracker.add_metrics(body)
     token_ids = [results[(0, i)].token_ids for i in range(params.n)]
     return JSONResponse(chat_response_extras(body, req, tracker, prompt_ids, state.tokenizer, token_ids))
 
@@ -150,9 +152,12 @@ async def _beam_chat(state: ServerState, request: Request, req: ChatCompletionRe
     with as_bad_request():
         validation.check_batch(1, req.n, state.limits)
     prompt_ids, _, _ = await prepare_chat(state, req, None)
+    if getattr(prompt_ids, "images", None):
+        raise bad_request("use_beam_search does not take images yet: send the request without it.",
+                          param="use_beam_search")
     params = serving_beam.beam_params(state, req, req.requested_max_tokens(), len(prompt_ids))
     response_id = f"chatcmpl-{uuid.uuid4().hex}"
-    results = await serving_beam.search(state, request, response_id, [prompt_ids], [params])
+    results = await serving_beam.search(state, request, response_id, [prompt_ids], [params], model)
     if results is None:
         return Response(status_code=499)
     role = reply_role(state, req)

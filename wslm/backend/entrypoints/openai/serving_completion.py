@@ -60,7 +60,8 @@ async def create_completion(state: ServerState, request: Request) -> Response:
     # The engine's input processor tokenizes, truncates, checks and compiles the grammar (once).
     group, prompts_ids = await start_group(state.engine, response_id, [p if isinstance(p, str) else list(p)
                                                                        for p in prompts], params, what="prompt",
-                                           structured_param=req.structured_source or "structured_outputs")
+                                           structured_param=req.structured_source or "structured_outputs",
+                                           **state.lora_names(model))
     # The echoed prompt: the text as sent, or (token ids, truncation) what the model saw.
     prompt_texts = [p if isinstance(p, str) and req.truncate_prompt_tokens is None else state.tokenizer.decode(ids)
                     for p, ids in zip(prompts, prompts_ids)] if req.echo else []
@@ -94,14 +95,14 @@ async def create_completion(state: ServerState, request: Request) -> Response:
             }
             _add_extras(choice, state, req, tracker, p, prompts_ids[p], r.token_ids, first=True)
             choices.append(choice)
-    return JSONResponse({
+    return JSONResponse(tracker.add_metrics({
         "id": response_id,
         "object": "text_completion",
         "created": created,
         "model": model,
         "choices": choices,
         "usage": tracker.usage(),
-    })
+    }))
 
 
 async def _beam_completion(state: ServerState, request: Request, req: CompletionRequest, model: str) -> Response:
@@ -112,7 +113,7 @@ async def _beam_completion(state: ServerState, request: Request, req: Completion
     ids = [await state.engine.encode(p) if isinstance(p, str) else list(p) for p in prompts]
     params = [serving_beam.beam_params(state, req, req.max_tokens, len(x)) for x in ids]
     response_id = f"cmpl-{uuid.uuid4().hex}"
-    results = await serving_beam.search(state, request, response_id, ids, params)
+    results = await serving_beam.search(state, request, response_id, ids, params, model)
     if results is None:
         return Response(status_code=499)
     choices = [{"index": p * req.n + i, "text": beam.text, "logprobs": None, "finish_reason": beam.finish_reason,

@@ -103,7 +103,7 @@ async def _create_message(state: ServerState, request: Request) -> Response:
     chat = chat_request(req)
     prompt_ids, params, plan = await prepare_chat(state, chat, None)
     message_id = f"msg_{uuid.uuid4().hex}"
-    group, prompt_ids = await start_chat(state, message_id, prompt_ids, params, plan)
+    group, prompt_ids = await start_chat(state, message_id, prompt_ids, params, plan, model)
     tracker = state.tracker(1, 1, [len(prompt_ids)])
     if req.stream:
         return EventStream(_stream(group, tracker, message_id, model, plan.new_reply()), group)
@@ -170,11 +170,15 @@ def _chat_messages(i: int, m: AnthropicMessage) -> list[dict]:
     texts: list[str] = []
     thinking: list[str] = []
     calls: list[dict] = []
+    parts: list[dict] = []  # text and images in order, when the message has an image
     for j, block in enumerate(m.content):
         kind = block.get("type")
         where = f"messages.{i}.content.{j}"
         if kind == "text" and isinstance(block.get("text"), str):
             texts.append(block["text"])
+            parts.append({"type": "text", "text": block["text"]})
+        elif kind == "image" and m.role == "user":
+            parts.append({"type": "image_url", "image_url": {"url": _image_url(block.get("source"), where)}})
         elif kind == "tool_use" and m.role == "assistant":
             calls.append({"id": str(block.get("id", "")), "type": "function",
                           "function": {"name": str(block.get("name", "")),
@@ -188,15 +192,27 @@ def _chat_messages(i: int, m: AnthropicMessage) -> list[dict]:
             continue
         else:
             raise bad_request(f"{where}: content blocks of type {kind!r} are not supported in a {m.role} message "
-                              "(wslm serves text models: text, tool_use and tool_result blocks).", param=where)
-    if texts or calls or not out:
-        message: dict[str, Any] = {"role": m.role, "content": "\n".join(texts)}
+                              "(text, image, tool_use and tool_result blocks are).", param=where)
+    has_image = any(p["type"] == "image_url" for p in parts)
+    if texts or calls or has_image or not out:
+        message: dict[str, Any] = {"role": m.role, "content": parts if has_image else "\n".join(texts)}
         if calls:
             message["tool_calls"] = calls
         if thinking:
             message["reasoning_content"] = "\n".join(thinking)
         out.append(message)
     return out
+
+
+def _image_url(source: Any, where: str) -> str:
+    """An Anthropic image block's source as a URL: base64 data as a data: URL, or the url source's URL."""
+    kind = source.get("type") if isinstance(source, dict) else None
+    if kind == "base64" and isinstance(source.get("data"), str):
+        return f"data:{source.get('media_type') or 'image/png'};base64,{source['data']}"
+    if kind == "url" and isinstance(source.get("url"), str):
+        return source["url"]
+    raise bad_request(f'{where}.source must be {{"type": "base64", "media_type": "image/png", "data": ...}} or '
+                      '{"type": "url", "url": ...}.', param=f"{where}.source")
 
 
 def _text(value: Any, where: str) -> str:

@@ -185,7 +185,8 @@ def input_messages(req: ResponsesRequest) -> list[dict]:
             if role not in _ROLES:
                 raise bad_request(f"{where}.role must be one of {', '.join(_ROLES)}, got {role!r}.",
                                   param=f"{where}.role")
-            message: dict[str, Any] = {"role": role, "content": _content(item.get("content"), f"{where}.content")}
+            message: dict[str, Any] = {"role": role, "content": _content(item.get("content"), f"{where}.content",
+                                                                         images=True)}
             if role == "assistant" and reasoning:
                 message["reasoning_content"] = "\n".join(reasoning)
                 reasoning = []
@@ -233,20 +234,31 @@ def _reasoning_text(item: dict) -> str:
     return ""
 
 
-def _content(value: Any, where: str) -> str:
+def _content(value: Any, where: str, images: bool = False) -> str | list[dict]:
+    """A message's text; with input_image parts (a message's, images=True) the parts as chat content parts."""
     if isinstance(value, str):
         return value
     if isinstance(value, list):
         texts = []
+        parts: list[dict] = []
         for j, part in enumerate(value):
             if isinstance(part, dict) and part.get("type") in _TEXT_PARTS and isinstance(part.get("text"), str):
                 texts.append(part["text"])
+                parts.append({"type": "text", "text": part["text"]})
+            elif images and isinstance(part, dict) and part.get("type") == "input_image":
+                if not isinstance(part.get("image_url"), str):
+                    raise bad_request(f"{where}[{j}]: an input_image needs an image_url (a data: or http(s) URL); "
+                                      "file_id images are not supported.", param=f"{where}[{j}]")
+                parts.append({"type": "image_url", "image_url": {"url": part["image_url"]}})
             elif isinstance(part, dict) and part.get("type") == "refusal" and isinstance(part.get("refusal"), str):
                 texts.append(part["refusal"])
+                parts.append({"type": "text", "text": part["refusal"]})
             else:
                 kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise bad_request(f"{where}[{j}]: content parts of type {kind!r} are not supported (wslm serves "
-                                  "text models: input_text and output_text parts).", param=f"{where}[{j}]")
+                raise bad_request(f"{where}[{j}]: content parts of type {kind!r} are not supported (input_text, "
+                                  "output_text and input_image parts are).", param=f"{where}[{j}]")
+        if any(p["type"] == "image_url" for p in parts):
+            return parts
         return "\n".join(texts)
     raise bad_request(f"{where} must be a string or a list of input_text parts.", param=where)
 
@@ -359,7 +371,7 @@ async def create_response(state: ServerState, request: Request) -> Response:
     try:
         prompt_ids, params, plan = await prepare_chat(state, chat, None)
         response_id = f"resp_{uuid.uuid4().hex}"
-        group, prompt_ids = await start_chat(state, response_id, prompt_ids, params, plan)
+        group, prompt_ids = await start_chat(state, response_id, prompt_ids, params, plan, model)
     except APIError as exc:
         raise _as_responses_error(exc) from None
     tracker = state.tracker(1, 1, [len(prompt_ids)])
@@ -599,6 +611,7 @@ def _finish(state: ServerState, store: ResponseStore, entry: StoredResponse | No
         "output_tokens_details": {"reasoning_tokens": output.reasoning_tokens(state.tokenizer)},
         "total_tokens": prompt + tracker.completion_tokens,
     }
+    tracker.add_metrics(body)
     if entry is not None:
         entry.body = body
         entry.reply = output.chat_messages()

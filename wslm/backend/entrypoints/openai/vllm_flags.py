@@ -45,11 +45,10 @@ NO_EFFECT: dict[str, tuple[str, str]] = {
     "--num-scheduler-steps": ("value", "vLLM removed it too; the scheduler runs every step"),
     "--disable-async-output-proc": ("flag", "vLLM removed it too; outputs are processed after each step"),
     "--tokenizer-pool-size": ("value", "vLLM removed it too; prompts are tokenized in the server's worker threads"),
-    "--limit-mm-per-prompt": ("value", "wslm serves text-only models: no images, audio or video"),
-    "--mm-processor-kwargs": ("value", "wslm serves text-only models: no images, audio or video"),
-    "--mm-processor-cache-gb": ("value", "wslm serves text-only models: no images, audio or video"),
-    "--disable-mm-preprocessor-cache": ("flag", "wslm serves text-only models: no images, audio or video"),
-    "--allowed-local-media-path": ("value", "wslm serves text-only models: no images, audio or video"),
+    "--mm-processor-kwargs": ("value", "not used by wslm (images: --limit-mm-per-prompt, --max-image-bytes, --max-image-pixels; no audio or video)"),
+    "--mm-processor-cache-gb": ("value", "not used by wslm (images: --limit-mm-per-prompt, --max-image-bytes, --max-image-pixels; no audio or video)"),
+    "--disable-mm-preprocessor-cache": ("flag", "not used by wslm (images: --limit-mm-per-prompt, --max-image-bytes, --max-image-pixels; no audio or video)"),
+    "--allowed-local-media-path": ("value", "not used by wslm (images: --limit-mm-per-prompt, --max-image-bytes, --max-image-pixels; no audio or video)"),
     "--otlp-traces-endpoint": ("value", "no OpenTelemetry tracing; GET /metrics has the latencies"),
     "--collect-detailed-traces": ("value", "no OpenTelemetry tracing; GET /metrics has the latencies"),
     "--compilation-config": ("value", "wslm picks its own compilation (CUDA graphs on GPU, the compiled decode "
@@ -76,16 +75,13 @@ NO_EFFECT: dict[str, tuple[str, str]] = {
     "--data-parallel-address": ("value", "data parallelism is one `wslm serve` per replica (--data-parallel-size)"),
     "--data-parallel-rpc-port": ("value", "data parallelism is one `wslm serve` per replica (--data-parallel-size)"),
     "--data-parallel-backend": ("value", "data parallelism is one `wslm serve` per replica (--data-parallel-size)"),
-    "--max-loras": ("value", "each --lora-modules adapter is a model of the pool with its adapter merged in: "
-                              "--max-loaded-models bounds how many are loaded at once"),
-    "--max-cpu-loras": ("value", "adapters are read from disk when a request first names them (--model-ttl unloads)"),
-    "--lora-dtype": ("value", "an adapter is merged in float32 and kept in the model's dtype"),
-    "--fully-sharded-loras": ("bool", "adapters are merged into the weights before any sharding"),
+    "--lora-dtype": ("value", "an adapter's A and B are kept in the model's dtype (scaled in float32 first)"),
+    "--fully-sharded-loras": ("bool", "LoRA adapters run on one device (--tensor-parallel-size 1)"),
     "--enable-ssl-refresh": ("flag", "the certificate is read at start: restart the server after renewing it"),
 }
 
-_QLORA = ("a QLoRA base (bitsandbytes 4-bit) is not loaded here; serve the 16-bit base with --lora-modules, "
-          "or a GGUF / int4 model with the adapter merged in first (peft's merge_and_unload)")
+_QLORA = ("a QLoRA base (bitsandbytes 4-bit) is not loaded here; serve its adapter with --lora-modules over the "
+          "16-bit base, or over a GGUF / int4 copy of it (the base is never changed)")
 _CONFIG = "the model's config.json is used as it is: change it in a copy of the model folder instead"
 
 # flag -> (kind as NO_EFFECT's, why it cannot be honoured here and what to do instead). The --no- form of a

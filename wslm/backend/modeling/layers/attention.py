@@ -27,6 +27,9 @@ class AttentionMetadata:
     # The step scores prompt tokens (prompt_logprobs rows in logits_indices): the LM head gives float32
     # logits from its unrounded sums for them, as a user reading probabilities expects.
     prompt_logprobs: bool = False
+    # Image tokens that attend bidirectionally within their image (Gemma 3): (first row, end row, sequence
+    # index, position of the first row) per image ending in this step (layers/image_attention.py).
+    image_spans: list | None = None
 
 
 class Attention:
@@ -85,4 +88,9 @@ class Attention:
             q, k_cache, v_cache, meta.block_tables, meta.cu_seqlens_q, meta.seq_lens, self.scale,
             backend=be, max_seqlen_q=meta.max_seqlen_q, max_seqlen_k=meta.max_seqlen_k, **self._options(),
         )  # fmt: skip
+        if meta.image_spans:
+            from wslm.backend.modeling.layers.image_attention import attend_image_rows
+
+            attend_image_rows(out, q, k_cache, v_cache, meta.image_spans, meta.block_tables, self.scale,
+                              self.sliding_window, self.logits_soft_cap)
         return out.reshape(n, self.num_heads * self.head_dim)

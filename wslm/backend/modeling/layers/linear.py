@@ -145,6 +145,8 @@ class Linear:
     Plain attributes rather than an nn.Module: the engine never trains, and calling a bound method is
     the whole per-call overhead."""
 
+    lora = None  # the LoRA hook (wslm/backend/lora/layers.py), set per layer with --enable-lora
+
     def __init__(
         self,
         input_size: int,
@@ -165,6 +167,9 @@ class Linear:
         self.bias: torch.Tensor | None = None
         self.pending: dict[str, dict[int, object]] = {}  # parts read so far, by parameter and part index
         self._loaded: set[tuple[str, object]] = set()
+        # LoRA adapters served per request (wslm/backend/lora/layers.py): adds each row's delta after the
+        # base product, the base weight untouched; None without --enable-lora.
+        self.lora = None
         self.method.create_weights(self, dtype, torch.device(device))
 
     # ---- loading --------------------------------------------------------------------------------
@@ -203,7 +208,8 @@ class Linear:
 
     # ---- forward --------------------------------------------------------------------------------
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        return self.method.apply(self, x, self.bias)
+        out = self.method.apply(self, x, self.bias)
+        return out if self.lora is None else self.lora(x, out)
 
 
 ReplicatedLinear = Linear
@@ -270,6 +276,8 @@ class RowParallelLinear(Linear):
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         out = self.method.apply(self, x)
+        if self.lora is not None:
+            out = self.lora(x, out)
         if self.reduce_results:
             out = tensor_model_parallel_all_reduce(out)
         elif get_tp_rank() > 0:

@@ -257,9 +257,11 @@ class LlamaForCausalLM:
 
     # ---- forward --------------------------------------------------------------------------------
     @torch.inference_mode()
-    def forward(self, input_ids, positions, meta: AttentionMetadata, kv_caches) -> torch.Tensor:
-        """Returns logits [num_sampled, vocab] (fp32) for meta.logits_indices."""
-        return self.compute_logits(self.forward_hidden(input_ids, positions, meta, kv_caches), meta.prompt_logprobs)
+    def forward(self, input_ids, positions, meta: AttentionMetadata, kv_caches, inputs_embeds=None) -> torch.Tensor:
+        """Returns logits [num_sampled, vocab] (fp32) for meta.logits_indices. inputs_embeds: the step's input
+        embeddings when they are not the tokens' own (image tokens, worker/image_embeds.py)."""
+        hidden = self.forward_hidden(input_ids, positions, meta, kv_caches, inputs_embeds)
+        return self.compute_logits(hidden, meta.prompt_logprobs)
 
     @torch.inference_mode()
     def decode_layers(self) -> list[DecodeLayer] | str:
@@ -277,10 +279,11 @@ class LlamaForCausalLM:
             specs.append(spec)
         return specs
 
-    def forward_hidden(self, input_ids, positions, meta: AttentionMetadata, kv_caches) -> torch.Tensor:
+    def forward_hidden(self, input_ids, positions, meta: AttentionMetadata, kv_caches,
+                       inputs_embeds=None) -> torch.Tensor:
         """The final normed hidden states [num_sampled, hidden] at meta.logits_indices: what the LM head
         reads, and what embedding models pool (pooling/decoder.py)."""
-        hidden = self.embed(input_ids)
+        hidden = self.embed(input_ids) if inputs_embeds is None else inputs_embeds
         residual = None
         for layer, kv_cache in zip(self.layers, kv_caches):
             hidden, residual = layer(positions, hidden, residual, kv_cache, meta)

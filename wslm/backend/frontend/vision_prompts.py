@@ -1,0 +1,113 @@
+"""VisionPrompts: a vision model's rendered chat text and its images -> prompt ids with each image's
+placeholder tokens expanded, and each image's model-ready tensors. The model's own HF processor
+(AutoProcessor) does both, so the expansion (how many tokens an image takes, the markers around them) and the
+pixels are exactly what transformers gives that model."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from wslm.backend.errors import RequestError
+from wslm.backend.frontend.images import ImageLimits, LoadedImage, check_count, load_image
+from wslm.backend.multimodal import ImageInput, PromptIds
+
+logger = logging.getLogger("wslm.engine")
+
+# Processor outputs that describe the text, not an image.
+_TEXT_KEYS = ("input_ids", "attention_mask", "token_type_ids")
+
+
+class VisionPrompts:
+    def __init__(self, processor: Any, image_token_id: int, limits: ImageLimits) -> None:
+        self.processor = processor
+        self.image_token_id = image_token_id
+        self.limits = limits
+
+    @property
+    def chat_template(self) -> str | None:
+        """The processor's template (vision checkpoints often keep it there, not in the tokenizer's config)."""
+        return getattr(self.processor, "chat_template", None)
+
+    @classmethod
+    def load(cls, folder: str, hf_config: Any, limits: ImageLimits) -> VisionPrompts:
+        from transformers import AutoProcessor
+
+        try:
+            processor = AutoProcessor.from_pretrained(folder)
+        except Exception as exc:  # noqa: BLE001 - any failure means the folder lacks a usable processor
+            raise ValueError(f"The vision model in {folder} has no image processor transformers can load "
+                             f"({type(exc).__name__}: {exc}); its processor_config.json / "
+                             "preprocessor_config.json must be beside the weights.") from exc
+        token_id = getattr(hf_config, "image_token_id", None)
+        if token_id is None:
+            token_id = getattr(hf_config, "image_token_index", None)
+        if token_id is None:
+            raise ValueError(f"The vision model in {folder} does not say which token is its image placeholder "
+                             "(image_token_id in config.json).")
+        return cls(processor, int(token_id), limits)
+
+    def load_images(self, sources: list[tuple[str | bytes, str]]) -> list[LoadedImage]:
+        """sources: (URL or bytes, the request field it came from)."""
+        check_count(len(sources), self.limits)
+        return [load_image(src, self.limits, where) for src, where in sources]
+
+    def prompt(self, text: str, images: list[LoadedImage]) -> PromptIds:
+        """text: the rendered prompt with one placeholder per image (the template wrote them)."""
+        try:
+            out = self.processor(text=[text], images=[im.image for im in images], add_special_tokens=False,
+                                 return_tensors="pt")
+        except ValueError as exc:  # e.g. an image too small or too oddly shaped for the processor
+            raise RequestError(f"The model's image processor refused an image: {exc}", param="messages",
+                               code="invalid_image") from None
+        ids = out["input_ids"][0].tolist()
+        runs = _runs(ids, self.image_token_id)
+        if len(runs) != len(images):
+            raise RequestError(f"The chat template placed {len(runs)} image placeholders for {len(images)} images: "
+                               "each image part must be in a message the template renders (user messages).",
+                               param="messages")
+        per_image = [{} for _ in images]
+        for key, value in out.items():
+            if key in _TEXT_KEYS:
+                continue
+            if getattr(value, "shape", None) is None or value.shape[0] != len(images):
+                raise RequestError(f"wslm cannot split this processor's {key!r} per image yet.", param="messages")
+            for i, data in enumerate(per_image):
+                data[key] = value[i : i + 1]
+        return PromptIds(ids, tuple(ImageInput(start, length, im.content_hash, data)
+                                    for (start, length), im, data in zip(runs, images, per_image)))
+
+
+def _runs(ids: list[int], token: int) -> list[tuple[int, int]]:
+    """(start, length) of each run of `token` in ids."""
+    runs: list[tuple[int, int]] = []
+    i = 0
+    while i < len(ids):
+        if ids[i] == token:
+            j = i
+            while j < len(ids) and ids[j] == token:
+                j += 1
+            runs.append((i, j - i))
+            i = j
+        else:
+            i += 1
+    return runs
+
+
+def vision_for(source: Any, hf_config: Any, architecture: str, config: Any) -> VisionPrompts | None:
+    """A vision model's VisionPrompts (its processor, the server's image limits); None for a text model."""
+    from wslm.backend.modeling import get_model_class
+    from wslm.backend.modeling.vision import PROCESSOR_FILES, has_image_processor
+
+    if not getattr(get_model_class(architecture), "takes_images", False):
+        return None
+    if not has_image_processor(source.folder):
+        logger.warning("%s is a vision model, but its folder has no image processor settings (%s): serving text "
+                       "only", source.name, " / ".join(PROCESSOR_FILES))
+        return None
+    limits = ImageLimits.from_flags(config.limit_mm_per_prompt, config.max_image_bytes, config.max_image_pixels,
+                                    config.image_fetch_timeout)
+    vision = VisionPrompts.load(str(source.folder), hf_config, limits)
+    logger.info("Vision model: images in chat (at most %d per prompt, %d bytes, %d pixels each)",
+                limits.max_images, limits.max_image_bytes, limits.max_image_pixels)
+    return vision

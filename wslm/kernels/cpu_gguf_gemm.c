@@ -1,0 +1,497 @@
+/* GGUF block weights times many activation rows (prefill, big batches): a tiled integer GEMM.
+
+   cpu_gguf.c's kernels read every weight block from the file's layout for each activation row (a few rows
+   at a time): its unpacking (nibbles, fifth bits, 6-bit scales) is paid once per row group. Here a chunk of
+   weight rows is unpacked once into a panel in cache (one byte a code, and per 32 columns eight float
+   scales and eight float minimums, lanes 0-3 for the first 16 columns and 4-7 for the last: Q6_K's scales
+   change every 16 columns), then every activation row meets it in register tiles of GG_RM weight rows x
+   GG_RN activation rows: each weight code vector loaded once serves GG_RN rows, each activation vector
+   GG_RM rows (llamafile's tinyBLAS does the same on Q8_0 blocks; this is our own code).
+
+   The activation rows are rounded to int8 exactly as cpu_gguf.c rounds them (Q8_0 per 32 columns for the
+   32-column types, Q8_K per 256 for the K-quants), so each output equals the block GEMV's within float32
+   rounding: a code vector's dot product is exact integer arithmetic (maddubs + madd), the per-block scales
+   and minimums are applied in fp32 (w = d q + m: Q4_0 m = -8 d, Q5_0 -16 d, Q6_K -32 d sc, Q4_K -dmin m_j).
+   Q8_0's codes are signed: |w| times x with w's sign (the sign trick). A plain C loop does the same where
+   the CPU has no AVX2. */
+#include "cpu_kernels.h"
+#if defined(__F16C__) || defined(__AVX2__)
+#include <immintrin.h>
+#endif
+
+/* cpu_gguf.c's wslm_gguf (the same layout; cpu_gguf.py's GGUFStruct fills both) */
+#define GG_PARTS 4
+typedef struct {
+    int64_t parts;
+    int64_t type[GG_PARTS];
+    const uint8_t *data[GG_PARTS];
+    int64_t rows[GG_PARTS];
+    const int32_t *index;
+    int64_t n, k;
+} gg_weight;
+
+enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8, T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14 };
+
+static long gg_cols(long t) { return (t == T_Q4_K || t == T_Q5_K || t == T_Q6_K) ? 256 : 32; }
+static long gg_bytes(long t) {
+    switch (t) {
+    case T_Q4_0: return 18;
+    case T_Q4_1: return 20;
+    case T_Q5_0: return 22;
+    case T_Q5_1: return 24;
+    case T_Q8_0: return 34;
+    case T_Q4_K: return 144;
+    case T_Q5_K: return 176;
+    case T_Q6_K: return 210;
+    default: return 0;
+    }
+}
+
+static inline float gg_h2f(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+#if defined(__F16C__)
+    return _cvtsh_ss(h);
+#else
+    uint32_t s = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 31, m = h & 1023, u;
+    if (e == 0) {
+        if (m == 0) u = s;
+        else {
+            e = 113;
+            while (!(m & 1024)) { m <<= 1; e--; }
+            u = s | (e << 23) | ((m & 1023) << 13);
+        }
+    } else if (e == 31) u = s | 0x7f800000u | (m << 13);
+    else u = s | ((e + 112) << 23) | (m << 13);
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+#endif
+}
+
+/* ---- activation rows ----------------------------------------------------------------------------------
+   q [K] int8 codes. The 32-column types: d [K/32] each block's scale, s [K/32] d times its code sum. The K-quants: d [K/256] each super-block's
+   scale, bs [K/16] int16 the code sums of every 16 columns. */
+typedef struct {
+    int8_t *q;
+    float *d, *s;
+    int16_t *bs;
+} gx_t;
+
+static size_t gx_bytes(long K) { return (size_t)K + sizeof(float) * (size_t)(K / 32) * 9 + 64; }
+
+static void gx_carve(char *p, long K, gx_t *o) {
+    o->s = (float *)p;
+    o->bs = (int16_t *)p;  /* one form a copy: s (32-column types) or bs (K-quants) */
+    p += sizeof(float) * (size_t)(K / 32) * 8;
+    o->d = (float *)p; p += sizeof(float) * (size_t)(K / 32);
+    o->q = (int8_t *)p;
+}
+
+/* cols (32 or 256) values of row x from column k0 as int8 codes and their scale: cpu_gguf.c's
+   quantize_run, the same operations in the same order (so the same codes and scale) */
+static void gx_round(const void *x, int bf16, long k0, long cols, int8_t *q, float *d) {
+    float v[256], amax = 0.0f;
+    for (long i = 0; i < cols; i++) v[i] = bf16 ? bf2f(((const uint16_t *)x)[k0 + i]) : ((const float *)x)[k0 + i];
+#if defined(__AVX2__)
+    __m256 mx = _mm256_setzero_ps();
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    for (long i = 0; i < cols; i += 8) mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, _mm256_loadu_ps(v + i)));
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    amax = _mm_cvtss_f32(m4);
+    float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    *d = amax / 127.0f;
+    __m256 iv = _mm256_set1_ps(inv);
+    for (long i = 0; i < cols; i += 8) {
+        __m256i c = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_loadu_ps(v + i), iv));
+        __m128i w16 = _mm_packs_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
+        _mm_storel_epi64((__m128i *)(q + i), _mm_packs_epi16(w16, w16));
+    }
+#else
+    for (long i = 0; i < cols; i++) { float a = fabsf(v[i]); amax = a > amax ? a : amax; }
+    float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+    *d = amax / 127.0f;
+    for (long i = 0; i < cols; i++) q[i] = (int8_t)nearbyintf(v[i] * inv);
+#endif
+}
+
+static void gx_row(const void *x, int bf16, long K, long cols, gx_t *o) {
+    for (long b = 0; b < K / cols; b++) {
+        float d;
+        gx_round(x, bf16, b * cols, cols, o->q + b * cols, &d);
+        if (cols == 256) {
+            o->d[b] = d;
+            for (int g = 0; g < 16; g++) {
+                int sum = 0;
+                for (int i = 0; i < 16; i++) sum += o->q[b * 256 + g * 16 + i];
+                o->bs[b * 16 + g] = (int16_t)sum;
+            }
+            continue;
+        }
+        int sum = 0;
+        for (int i = 0; i < 32; i++) sum += o->q[b * 32 + i];
+        o->d[b] = d;
+        o->s[b] = d * (float)sum;
+    }
+}
+
+/* ---- weight rows unpacked ---------------------------------------------------------------------------------
+   codes [K]: one byte a code (unsigned; Q8_0's signed), then the row's aux (K * 2 bytes):
+   32-column types: sc [K/32] float scales, then mn [K/32] float minimums (w = sc q + mn);
+   K-quants: sc [K/32][16] int16, each code's integer scale (maddubs' int16 lanes 0-7: columns 0-15),
+   dd [K/256][2] float (d, dm) and mn [K/256][16] int16: w = d sc q - dm mn, mn per 16 columns. */
+
+static inline void k4_scale_min(int j, const uint8_t *q, int *sc, int *m) {
+    if (j < 4) { *sc = q[j] & 63; *m = q[j + 4] & 63; }
+    else { *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4); *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4); }
+}
+
+static void unpack_row(long t, const uint8_t *p, long K, uint8_t *codes, char *aux) {
+    long nb = K / gg_cols(t), bs = gg_bytes(t);
+    float *sm = (float *)aux, *mn32 = sm + K / 32;
+    int16_t *sc16 = (int16_t *)aux, *mn = (int16_t *)(aux + K + (K / 256) * 8);
+    float *dd = (float *)(aux + K);
+    for (long b = 0; b < nb; b++, p += bs) {
+        if (t == T_Q8_0) {
+            float d = gg_h2f(p);
+            memcpy(codes + b * 32, p + 2, 32);
+            sm[b] = d;
+            mn32[b] = 0.0f;
+        } else if (t == T_Q4_0 || t == T_Q4_1 || t == T_Q5_0 || t == T_Q5_1) {
+            int five = t == T_Q5_0 || t == T_Q5_1, with_min = t == T_Q4_1 || t == T_Q5_1;
+            long qs = with_min ? (five ? 8 : 4) : (five ? 6 : 2);
+            uint32_t h = 0;
+            if (five) memcpy(&h, p + (with_min ? 4 : 2), 4);
+            float d = gg_h2f(p), m = with_min ? gg_h2f(p + 2) : (five ? -16.0f : -8.0f) * d;
+            uint8_t *c = codes + b * 32;
+            for (int j = 0; j < 16; j++) {
+                c[j] = (uint8_t)((p[qs + j] & 15) | (five ? (((h >> j) << 4) & 0x10) : 0));
+                c[j + 16] = (uint8_t)((p[qs + j] >> 4) | (five ? ((h >> (j + 12)) & 0x10) : 0));
+            }
+            sm[b] = d;
+            mn32[b] = m;
+        } else if (t == T_Q4_K || t == T_Q5_K) {
+            int five = t == T_Q5_K;
+            const uint8_t *qh = p + 16, *qs = p + (five ? 48 : 16);
+            dd[2 * b] = gg_h2f(p);
+            dd[2 * b + 1] = gg_h2f(p + 2);
+            for (int j = 0; j < 8; j++) {
+                int sc, m;
+                k4_scale_min(j, p + 4, &sc, &m);
+                for (int l = 0; l < 16; l++) sc16[(b * 8 + j) * 16 + l] = (int16_t)sc;
+                mn[b * 16 + 2 * j] = mn[b * 16 + 2 * j + 1] = (int16_t)m;
+            }
+            for (int j = 0; j < 4; j++) {
+                uint8_t *lo = codes + b * 256 + 64 * j, *hi = lo + 32;
+                for (int l = 0; l < 32; l++) {
+                    lo[l] = (uint8_t)((qs[32 * j + l] & 15) | (five ? ((qh[l] >> (2 * j)) & 1) << 4 : 0));
+                    hi[l] = (uint8_t)((qs[32 * j + l] >> 4) | (five ? ((qh[l] >> (2 * j + 1)) & 1) << 4 : 0));
+                }
+            }
+        } else if (t == T_Q6_K) {
+            const uint8_t *ql = p, *qh = p + 128;
+            const int8_t *sc = (const int8_t *)(p + 192);
+            dd[2 * b] = dd[2 * b + 1] = gg_h2f(p + 208);
+            for (int g = 0; g < 16; g++) {  /* columns 16g..16g+15: scale sc[g] (chunk g / 2, its half g % 2) */
+                for (int l = 0; l < 8; l++) sc16[(b * 8 + g / 2) * 16 + (g % 2) * 8 + l] = sc[g];
+                mn[b * 16 + g] = (int16_t)(32 * sc[g]);
+            }
+            for (int h = 0; h < 2; h++) {
+                uint8_t *o = codes + b * 256 + 128 * h;
+                const uint8_t *L = ql + 64 * h, *H = qh + 32 * h;
+                for (int l = 0; l < 32; l++) {
+                    o[l] = (uint8_t)((L[l] & 15) | ((H[l] & 3) << 4));
+                    o[l + 32] = (uint8_t)((L[l + 32] & 15) | (((H[l] >> 2) & 3) << 4));
+                    o[l + 64] = (uint8_t)((L[l] >> 4) | (((H[l] >> 4) & 3) << 4));
+                    o[l + 96] = (uint8_t)((L[l + 32] >> 4) | (((H[l] >> 6) & 3) << 4));
+                }
+            }
+        }
+    }
+}
+
+/* ---- register tiles ------------------------------------------------------------------------------------
+   RM weight rows (codes and aux `stride` bytes apart) x RN activation rows: res[j * RM + i]. Every
+   output's sum runs the same operations in the same order whatever the tile's shape, so a row's result
+   never depends on where the tiles fall. */
+#ifndef GG_RM
+#define GG_RM 2  /* weight rows a tile (at most 4) */
+#endif
+#ifndef GG_RN
+#define GG_RN 4  /* activation rows a tile (at most 4) */
+#endif
+#define GAI static inline __attribute__((always_inline))
+
+#if defined(__AVX2__) && defined(__FMA__)
+#define GG_AVX2 1
+static inline float gg_hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+/* 32-column types: per block and pair, the integer dot (maddubs + madd) in fp32 times sc_w d_x; then the
+   minimums: sum over blocks of mn_w times the row's d_x-scaled code sums, 8 blocks a vector */
+GAI void tile32(const uint8_t *wc, const char *aux, long stride, const gx_t *x, long K, float *res, const int RM,
+                const int RN, const int sgn) {
+    __m256 acc[4][4];
+    const __m256i ones = _mm256_set1_epi16(1);
+    for (int j = 0; j < RN; j++)
+        for (int i = 0; i < RM; i++) acc[j][i] = _mm256_setzero_ps();
+    for (long b = 0; b < K / 32; b++) {
+        __m256i w[4], aw[4];
+        for (int i = 0; i < RM; i++) {
+            w[i] = _mm256_loadu_si256((const __m256i *)(wc + i * stride + b * 32));
+            if (sgn) aw[i] = _mm256_sign_epi8(w[i], w[i]);
+        }
+        for (int j = 0; j < RN; j++) {
+            __m256i xv = _mm256_loadu_si256((const __m256i *)(x[j].q + b * 32));
+            __m256 dx = _mm256_broadcast_ss(x[j].d + b);
+            for (int i = 0; i < RM; i++) {
+                __m256i pr = sgn ? _mm256_maddubs_epi16(aw[i], _mm256_sign_epi8(xv, w[i]))
+                                 : _mm256_maddubs_epi16(w[i], xv);
+                __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(pr, ones));
+                __m256 sw = _mm256_broadcast_ss((const float *)(aux + i * stride) + b);
+                acc[j][i] = _mm256_fmadd_ps(f, _mm256_mul_ps(sw, dx), acc[j][i]);
+            }
+        }
+    }
+    const long nb = K / 32, nb8 = nb / 8 * 8;
+    for (int j = 0; j < RN; j++)
+        for (int i = 0; i < RM; i++) {
+            const float *mn = (const float *)(aux + i * stride) + nb;
+            __m256 mv = _mm256_setzero_ps();
+            for (long b = 0; b < nb8; b += 8) mv = _mm256_fmadd_ps(_mm256_loadu_ps(mn + b), _mm256_loadu_ps(x[j].s + b), mv);
+            float tail = 0.0f;
+            for (long b = nb8; b < nb; b++) tail += mn[b] * x[j].s[b];
+            res[j * RM + i] = gg_hsum(acc[j][i]) + (gg_hsum(mv) + tail);
+        }
+}
+/* K-quants: per super-block and pair, the integer sum of sc q x over its 256 columns (madd by the codes'
+   integer scales), then d d_x times it minus dm d_x times the integer sum of mn (code sums of x) */
+GAI void tilek(const uint8_t *wc, const char *aux, long stride, const gx_t *x, long K, float *res, const int RM,
+               const int RN) {
+    __m256 acc[4][4];
+    for (int j = 0; j < RN; j++)
+        for (int i = 0; i < RM; i++) acc[j][i] = _mm256_setzero_ps();
+    const long nb = K / 256;
+    for (long b = 0; b < nb; b++) {
+        __m256i is[4][4];
+        for (int j = 0; j < RN; j++)
+            for (int i = 0; i < RM; i++) is[j][i] = _mm256_setzero_si256();
+        for (int c = 0; c < 8; c++) {
+            __m256i w[4];
+            for (int i = 0; i < RM; i++) w[i] = _mm256_loadu_si256((const __m256i *)(wc + i * stride + b * 256 + c * 32));
+            for (int j = 0; j < RN; j++) {
+                __m256i xv = _mm256_loadu_si256((const __m256i *)(x[j].q + b * 256 + c * 32));
+                for (int i = 0; i < RM; i++) {
+                    const __m256i sc = _mm256_loadu_si256((const __m256i *)(aux + i * stride + (b * 8 + c) * 32));
+                    is[j][i] = _mm256_add_epi32(is[j][i], _mm256_madd_epi16(_mm256_maddubs_epi16(w[i], xv), sc));
+                }
+            }
+        }
+        for (int j = 0; j < RN; j++) {
+            __m256i bs = _mm256_loadu_si256((const __m256i *)(x[j].bs + b * 16));
+            float dx = x[j].d[b];
+            for (int i = 0; i < RM; i++) {
+                const char *a = aux + i * stride;
+                const float *dd = (const float *)(a + K) + 2 * b;
+                __m256i mn = _mm256_loadu_si256((const __m256i *)(a + K + nb * 8 + b * 32));
+                acc[j][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[j][i]), _mm256_set1_ps(dd[0] * dx), acc[j][i]);
+                acc[j][i] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(mn, bs)), _mm256_set1_ps(dd[1] * dx),
+                                             acc[j][i]);
+            }
+        }
+    }
+    for (int j = 0; j < RN; j++)
+        for (int i = 0; i < RM; i++) res[j * RM + i] = gg_hsum(acc[j][i]);
+}
+#else
+GAI void tile32(const uint8_t *wc, const char *aux, long stride, const gx_t *x, long K, float *res, const int RM,
+                const int RN, const int sgn) {
+    for (int j = 0; j < RN; j++)
+        for (int i = 0; i < RM; i++) {
+            float acc = 0.0f, mins = 0.0f;
+            const float *sm = (const float *)(aux + i * stride), *mn = sm + K / 32;
+            for (long b = 0; b < K / 32; b++) {
+                const uint8_t *c = wc + i * stride + b * 32;
+                const int8_t *q = x[j].q + b * 32;
+                int s = 0;
+                for (int l = 0; l < 32; l++) s += (sgn ? (int)(int8_t)c[l] : (int)c[l]) * q[l];
+                acc += (float)s * (sm[b] * x[j].d[b]);
+                mins += mn[b] * x[j].s[b];
+            }
+            res[j * RM + i] = acc + mins;
+        }
+}
+GAI void tilek(const uint8_t *wc, const char *aux, long stride, const gx_t *x, long K, float *res, const int RM,
+               const int RN) {
+    const long nb = K / 256;
+    for (int j = 0; j < RN; j++)
+        for (int i = 0; i < RM; i++) {
+            const char *a = aux + i * stride;
+            const int16_t *sc = (const int16_t *)a, *mn = (const int16_t *)(a + K + nb * 8);
+            const float *dd = (const float *)(a + K);
+            float acc = 0.0f;
+            for (long b = 0; b < nb; b++) {
+                long is = 0, im = 0;
+                for (int l = 0; l < 256; l++) {
+                    int g = l / 16;  /* the 16-column group: sc16 chunk g / 2, half g % 2 */
+                    is += (long)sc[(b * 8 + g / 2) * 16 + (g % 2) * 8] * wc[i * stride + b * 256 + l] * x[j].q[b * 256 + l];
+                }
+                for (int g = 0; g < 16; g++) im += (long)mn[b * 16 + g] * x[j].bs[b * 16 + g];
+                acc += (float)is * (dd[2 * b] * x[j].d[b]) - (float)im * (dd[2 * b + 1] * x[j].d[b]);
+            }
+            res[j * RM + i] = acc;
+        }
+}
+#endif
+
+typedef void (*tile_fn)(const uint8_t *, const char *, long, const gx_t *, long, float *);
+#define GG_TILE(RM, RN)                                                                                       \
+    static void t32_##RM##_##RN(const uint8_t *wc, const char *aux, long st, const gx_t *x, long K, float *r) { \
+        tile32(wc, aux, st, x, K, r, RM, RN, 0);                                                              \
+    }                                                                                                         \
+    static void t8_##RM##_##RN(const uint8_t *wc, const char *aux, long st, const gx_t *x, long K, float *r) {  \
+        tile32(wc, aux, st, x, K, r, RM, RN, 1);                                                              \
+    }                                                                                                         \
+    static void tk_##RM##_##RN(const uint8_t *wc, const char *aux, long st, const gx_t *x, long K, float *r) {  \
+        tilek(wc, aux, st, x, K, r, RM, RN);                                                                  \
+    }
+#define GG_TILES_RN(RN) GG_TILE(1, RN) GG_TILE(2, RN) GG_TILE(3, RN) GG_TILE(4, RN)
+GG_TILES_RN(1) GG_TILES_RN(2) GG_TILES_RN(3) GG_TILES_RN(4)
+#define GG_ROW(P, RN) {P##_1_##RN, P##_2_##RN, P##_3_##RN, P##_4_##RN}
+#define GG_KIND(P) {GG_ROW(P, 1), GG_ROW(P, 2), GG_ROW(P, 3), GG_ROW(P, 4)}
+static const tile_fn tiles[3][4][4] = {GG_KIND(t32), GG_KIND(t8), GG_KIND(tk)};
+
+/* ---- the product ----------------------------------------------------------------------------------- */
+#ifndef GG_PANEL_BYTES
+#define GG_PANEL_BYTES (96 * 1024)  /* one thread's unpacked weight rows: in L2 beside the activations' tiles */
+#endif
+
+#ifndef GG_MBLOCK
+#define GG_MBLOCK 128
+#endif
+
+typedef struct {  /* a run of weight rows of one part */
+    long part, r0, r1, start;  /* rows [r0, r1) of the fused weight; start: the part's first row */
+} gg_chunk;
+
+/* weight rows c times activation rows [m_lo, m_hi) */
+static void do_chunk(const gg_weight *w, const gg_chunk *c, const gx_t *xs32, const gx_t *xs256, long m_lo,
+                     long m_hi, uint8_t *panel, void *out, int out_bf16) {
+    long K = w->k, t = w->type[c->part], rb = K / gg_cols(t) * gg_bytes(t), stride = 3 * K;
+    long nr = c->r1 - c->r0;
+    for (long r = 0; r < nr; r++)
+        unpack_row(t, w->data[c->part] + (c->r0 - c->start + r) * rb, K, panel + r * stride,
+                   (char *)panel + r * stride + K);
+    const gx_t *xs = gg_cols(t) == 256 ? xs256 : xs32;
+    int kind = gg_cols(t) == 256 ? 2 : t == T_Q8_0;
+    float res[GG_RM * GG_RN];
+    for (long m0 = m_lo; m0 < m_hi; m0 += GG_RN) {
+        int rn = m_hi - m0 < GG_RN ? (int)(m_hi - m0) : GG_RN;
+        for (long i0 = 0; i0 < nr; i0 += GG_RM) {
+            int rm = nr - i0 < GG_RM ? (int)(nr - i0) : GG_RM;
+            tiles[kind][rn - 1][rm - 1](panel + i0 * stride, (const char *)panel + i0 * stride + K, stride, xs + m0,
+                                        K, res);
+            for (int j = 0; j < rn; j++)
+                for (int i = 0; i < rm; i++) {
+                    long n = c->r0 + i0 + i, col = w->index ? w->index[n] : n;
+                    size_t at = (size_t)(m0 + j) * (size_t)w->n + (size_t)col;
+                    if (out_bf16) ((uint16_t *)out)[at] = f2bf(res[j * rm + i]);
+                    else ((float *)out)[at] = res[j * rm + i];
+                }
+        }
+    }
+}
+
+/* 1 when wslm_gguf_gemm takes weight w (every part a type it knows, K whole blocks) */
+int wslm_gguf_gemm_takes(const void *wv) {
+    const gg_weight *w = (const gg_weight *)wv;
+    if (w->parts < 1 || w->parts > GG_PARTS) return 0;
+    for (long p = 0; p < w->parts; p++)
+        if (!gg_bytes(w->type[p]) || w->k % gg_cols(w->type[p])) return 0;
+    return 1;
+}
+
+/* x [M, K] (bf16 or fp32) @ W.T -> out [M, n] (bf16 or fp32), W a cpu_gguf.c weight. Chunks of weight rows
+   are split over threads. Returns 0, -1 out of memory, -2 a weight it does not take. */
+int wslm_gguf_gemm(const void *wv, const void *x, long M, int x_bf16, void *out, int out_bf16, int threads) {
+    const gg_weight *w = (const gg_weight *)wv;
+    if (!wslm_gguf_gemm_takes(wv)) return -2;
+    long K = w->k;
+    int n32 = 0, n256 = 0;
+    for (long p = 0; p < w->parts; p++) *(gg_cols(w->type[p]) == 256 ? &n256 : &n32) = 1;
+    size_t per = (gx_bytes(K) + 63) & ~(size_t)63;
+    int forms = n32 + n256;
+    char *mem = (char *)malloc(per * (size_t)M * (size_t)forms + sizeof(gx_t) * (size_t)M * 2);
+    if (!mem) return -1;
+    gx_t *xs32 = (gx_t *)(mem + per * (size_t)M * (size_t)forms), *xs256 = xs32 + M;
+#if defined(_OPENMP)
+#pragma omp parallel for num_threads(threads) schedule(static) if (threads > 1 && M > 1)
+#endif
+    for (long m = 0; m < M; m++) {
+        const char *row = (const char *)x + (size_t)(m * K) * (x_bf16 ? 2 : 4);
+        int f = 0;
+        if (n32) { gx_carve(mem + per * ((size_t)m * forms + f++), K, xs32 + m); gx_row(row, x_bf16, K, 32, xs32 + m); }
+        if (n256) { gx_carve(mem + per * ((size_t)m * forms + f), K, xs256 + m); gx_row(row, x_bf16, K, 256, xs256 + m); }
+    }
+    /* chunks of rows a panel holds (a multiple of GG_RM), never across parts */
+    long per_row = 3 * K;
+    long rows = GG_PANEL_BYTES / per_row / GG_RM * GG_RM;
+    if (rows < GG_RM) rows = GG_RM;
+    long count = 0, start = 0;
+    for (long p = 0; p < w->parts; p++) count += (w->rows[p] + rows - 1) / rows;
+    gg_chunk *chunks = (gg_chunk *)malloc(sizeof(gg_chunk) * (size_t)(count ? count : 1));
+    if (!chunks) { free(mem); return -1; }
+    count = 0;
+    for (long p = 0; p < w->parts; p++) {
+        for (long r = 0; r < w->rows[p]; r += rows)
+            chunks[count++] = (gg_chunk){p, start + r, start + (r + rows < w->rows[p] ? r + rows : w->rows[p]), start};
+        start += w->rows[p];
+    }
+    int failed = 0;
+#if defined(_OPENMP)
+#pragma omp parallel num_threads(threads) if (threads > 1 && count > 1)
+#endif
+    {
+        int t = 0, nt = 1;
+#if defined(_OPENMP)
+        t = omp_get_thread_num(), nt = omp_get_num_threads();
+#endif
+        uint8_t *panel = (uint8_t *)malloc((size_t)(rows * per_row) + 64);
+        if (!panel) {
+#if defined(_OPENMP)
+#pragma omp atomic write
+#endif
+            failed = 1;
+        } else {
+            /* activation rows a block at a time, so that the block's int8 copy stays in cache while every
+               chunk of this thread's weight rows meets it (each chunk unpacked again per block: ~0.3 us a
+               row of 3072 Q4_K columns, ~0.9 Q6_K, against ~9 us of products for 128 rows) */
+            long mb = M <= 2 * GG_MBLOCK ? M : GG_MBLOCK;
+            for (long m0 = 0; m0 < M; m0 += mb)
+                for (long c = count * t / nt; c < count * (t + 1) / nt; c++)
+                    do_chunk(w, chunks + c, xs32, xs256, m0, m0 + mb < M ? m0 + mb : M, panel, out, out_bf16);
+            free(panel);
+        }
+    }
+    (void)threads;
+    free(chunks);
+    free(mem);
+    return failed ? -1 : 0;
+}
+
+/* sizeof the weight struct this file reads (cpu_gguf_gemm.py checks it against cpu_gguf.py's GGUFStruct) */
+long wslm_gguf_gemm_struct_bytes(void) { return (long)sizeof(gg_weight); }
+
+/* 256 where the tiles run AVX2 code here, 0 where they run the plain loop */
+int wslm_gguf_gemm_native(void) {
+#if defined(GG_AVX2)
+    return 256;
+#else
+    return 0;
+#endif
+}
