@@ -3,8 +3,8 @@
 import pytest
 
 from wslm.backend import SamplingParams
+from wslm.backend.engine.core import EngineCoreOutput
 from wslm.backend.frontend.output_processor import OutputProcessor
-from wslm.backend.sequence import Sequence
 
 
 def test_seeded_sampling_is_reproducible_and_batch_independent(demo_llm):
@@ -101,14 +101,14 @@ def test_n_completions_share_the_prompt_blocks(demo_llm):
 
 
 def _stream(tokenizer, text_ids, stop=None):
+    """The front end fed what the core sends: one token per step, "length" with the last one."""
     proc = OutputProcessor(tokenizer, max_model_len=10_000)
-    seq = Sequence(0, "r", 0, [1, 2, 3], SamplingParams(max_tokens=len(text_ids), stop=stop, ignore_eos=True), 0.0)
-    proc.start(seq)
+    params = SamplingParams(max_tokens=len(text_ids), stop=stop, ignore_eos=True)
+    seq = proc.add("r", None, [1, 2, 3], params, 0.0).completions[0]
     deltas = []
-    for tid in text_ids:
-        finished = proc.append_token(seq, tid, None, 0.0)
-        if finished:
-            seq.status = seq.status.FINISHED
+    for i, tid in enumerate(text_ids):
+        last = i == len(text_ids) - 1
+        finished = proc.append(seq, EngineCoreOutput("r", 0, [tid], finish_reason="length" if last else None), 0.0)
         d = proc.delta(seq, finished)
         if d is not None:
             deltas.append(d.text)

@@ -174,7 +174,8 @@ def test_dead_engine_loop_turns_health_503_and_reports_the_cause():
     address, server, thread = _serve_in_thread(on_death=causes.append)
     try:
         r = _chat(address, "KILL_ENGINE")
-        assert r.status_code == 500 and "workers gone" in r.json()["error"]["message"]
+        # 503: the model is unavailable (a pooled model loads again on its next request), not a bad request
+        assert r.status_code == 503 and "workers gone" in r.json()["error"]["message"]
         assert causes and "workers gone" in causes[0]  # the launcher's hook: it makes the server exit non-zero
         health = httpx.get(address + "/health", timeout=10)
         assert health.status_code == 503 and "workers gone" in health.json()["message"]
@@ -197,7 +198,7 @@ def test_engine_death_makes_wslm_serve_exit_nonzero(tmp_path):
                         env=server_env({"die_after_steps": 3}))
     try:
         r = httpx.post(srv.url + "/v1/completions", json={"prompt": "hi there", "max_tokens": 10}, timeout=60)
-        assert r.status_code == 500 and "engine" in r.json()["error"]["message"]
+        assert r.status_code == 503 and "engine" in r.json()["error"]["message"]
         assert srv.proc.wait(60) == 1
         assert srv.wait_event(("error",), 10)["message"].startswith("The engine stopped (EngineDeadError")
     finally:

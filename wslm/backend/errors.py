@@ -12,6 +12,7 @@ class ErrorKind(str, enum.Enum):
 
     OUT_OF_MEMORY = "out_of_memory"  # the step could not get memory; the server goes on (HTTP 507)
     ENGINE = "engine_error"  # the step raised; the server goes on (HTTP 500)
+    ENGINE_DEAD = "engine_dead"  # the model's engine core (process) is gone; a pooled model reloads (HTTP 503)
 
 
 class EngineDeadError(RuntimeError):

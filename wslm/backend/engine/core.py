@@ -1,9 +1,11 @@
 """EngineCore: token ids in, token ids out.
 
 It takes EngineRequests (prompt ids already checked, grammar already compiled: the front end's
-InputProcessor made them), and each step() schedules a batch, runs it through the executor and returns the
-new token of every sequence that got one. Text, stop strings and RequestOutputs are the front end's
-(frontend/llm_engine.py): it tells the core which sequences it finished (finish())."""
+InputProcessor made them), and each step() schedules a batch, runs it through the executor, appends each
+new token where it decides the token-level stops (engine/stop_check.py: EOS, stop token ids, lengths, the
+grammar's end) and returns plain data: per completion its new token ids, their raw logprobs and, when it
+ended, why. Text, stop strings and RequestOutputs are the front end's (frontend/output_processor.py): a stop
+string ends a completion through abort_request(request_id, index)."""
 
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import torch
 
 from wslm.backend.engine.block_manager import BlockManager
 from wslm.backend.engine.scheduler import Scheduler
+from wslm.backend.engine.stop_check import append_tokens
 from wslm.backend.errors import EngineDeadError, ErrorKind
 from wslm.backend.outputs import OUT_OF_MEMORY_ERROR
 from wslm.backend.pooling_params import PoolingParams
@@ -40,16 +43,26 @@ class EngineRequest:
     token_rules: object | None = None  # worker.token_rules.TokenRules
     images: tuple = ()  # multimodal.ImageInput of each image in the prompt
     lora_request: object | None = None  # lora.LoRARequest: the adapter the request runs with
+    # Per-request additions of other features: carried as they are, also across the process boundary
+    # (engine/core_client.py pickles the whole request), so a feature needs no new message type.
+    extras: dict | None = None
 
 
 @dataclass(slots=True)
 class EngineCoreOutput:
-    """A sequence's new token (with its logprobs when asked for)."""
+    """What one completion (request_id, index) produced in a step: plain data, never a live Sequence."""
 
-    seq: Sequence
-    token_id: int
-    logprobs: tuple | None
-    grammar_done: bool  # its grammar is complete: it stops here
+    request_id: str
+    index: int  # which of the request's n completions
+    new_token_ids: list[int]  # usually one; several when a step accepts speculated tokens
+    logprobs: list | None = None  # one raw sampler entry per new token, when asked for (the front end decodes)
+    finish_reason: str | None = None  # "stop" / "length" when the core ended it here
+    stop_reason: int | None = None  # the stop token id that ended it
+    stopped_on_token: bool = False  # the last new token is the EOS / stop token that ended it (not rendered)
+    num_cached_tokens: int = 0  # prefix-cache hit of its prompt
+    first_scheduled_time: float | None = None
+    prompt_logprobs: list | None = None  # completion 0's, once, with its first token ({id: Logprob} per position)
+    extras: dict | None = None  # per-output additions of other features (e.g. speculative-decoding counts)
 
 
 @dataclass(slots=True)
@@ -136,17 +149,25 @@ class EngineCore:
         if seq.params.seed is not None:
             self._finished_seq_ids.append(seq.seq_id)
 
-    def abort_request(self, request_id: str) -> RequestState | None:
+    def abort_request(self, request_id: str, index: int | None = None) -> RequestState | None:
+        """Finish the request's completions (only completion `index` when given: a stop string the front end
+        found); a request whose completions are all finished is forgotten."""
         req = self.requests.get(request_id)
         if req is None:
             return None
         for seq in req.seqs:
-            if not seq.is_finished:
+            if not seq.is_finished and (index is None or seq.index == index):
                 self.finish(seq, "abort")
+        self._drop_if_done(request_id)
         return req
 
+    def _drop_if_done(self, request_id: str) -> None:
+        req = self.requests.get(request_id)
+        if req is not None and all(s.is_finished for s in req.seqs):
+            del self.requests[request_id]
+
     def drop(self, request_id: str) -> None:
-        """Forget a request whose last output went out."""
+        """Forget a request (its sequences finished): a failed one, or an embedding request answered."""
         self.requests.pop(request_id, None)
 
     def has_unfinished_requests(self) -> bool:
@@ -175,11 +196,15 @@ class EngineCore:
                        "is still running: retry with a shorter prompt, fewer completions (n) or max_tokens, or "
                        "start the server with a smaller --max-num-seqs / --max-num-batched-tokens.")
             out.failed = self._fail([s for s, _ in sched.scheduled], ErrorKind.OUT_OF_MEMORY, message)
+            for failure in out.failed:
+                self.drop(failure.request_id)
             return out
         except Exception as exc:  # one broken step must not take the server down
             logger.exception("Engine step failed")
             message = f"The engine failed on this request: {type(exc).__name__}: {exc}"
             out.failed = self._fail([s for s, _ in sched.scheduled], ErrorKind.ENGINE, message)
+            for failure in out.failed:
+                self.drop(failure.request_id)
             return out
         new_tokens = result.spec_token_ids or [[t] for t in result.token_ids]
         spec_runs = {seq.seq_id: len(toks) for seq, toks in zip(so.sample_seqs, new_tokens) if seq.spec_token_ids}
@@ -196,15 +221,27 @@ class EngineCore:
         self._fork(so, forks)
         self.scheduler.step_succeeded()
         for i, seq in enumerate(so.sample_seqs):
-            if seq.num_output_tokens == 0 and seq.index == 0:
+            first = seq.num_output_tokens == 0
+            if first and seq.index == 0:
                 self.prompt_tokens_total += seq.num_prompt_tokens
+            # One token, or after a speculative run the accepted drafts and the bonus token, in order.
+            sampled = new_tokens[i]
             logprobs = result.spec_logprobs[i] if result.spec_logprobs else [result.logprobs[i]]
-            for token, lp in zip(new_tokens[i], logprobs):  # several after a speculative run: in order
-                grammar_done = seq.grammar is not None and seq.grammar.accept(token)
-                out.tokens.append(EngineCoreOutput(seq, token, lp, grammar_done))
-                self.generation_tokens_total += 1
-                if grammar_done:
-                    break
+            if all(lp is None for lp in logprobs):
+                logprobs = None
+            app = append_tokens(seq, sampled, self.model_config.max_model_len)
+            self.generation_tokens_total += len(app.token_ids)
+            out.tokens.append(EngineCoreOutput(
+                seq.request_id, seq.index, app.token_ids,
+                None if logprobs is None else logprobs[: len(app.token_ids)],
+                app.finish_reason, app.stop_reason, app.stopped_on_token, max(seq.num_cached_tokens, 0),
+                seq.first_scheduled_time,
+                seq.prompt_logprobs if first and seq.index == 0 and seq.params.prompt_logprobs is not None else None,
+            ))
+            if app.finish_reason is not None:
+                seq.stop_reason = app.stop_reason
+                self.finish(seq, app.finish_reason)
+                self._drop_if_done(seq.request_id)
         return out
 
     def step_pooling(self) -> tuple[torch.Tensor | None, list[Sequence], list[EngineCoreFailure]]:

@@ -181,7 +181,8 @@ class AsyncEngine:
                 except Exception:  # noqa: BLE001
                     log.exception("on_death failed")
             self._deliver(self._deliveries)  # e.g. "accepted" for a request added in the fatal iteration
-            self._fail_all(f"The engine loop stopped ({self.dead}).")
+            kind = ErrorKind.ENGINE_DEAD if isinstance(exc, EngineDeadError) else ErrorKind.ENGINE
+            self._fail_all(f"The engine loop stopped ({self.dead}).", kind)
 
     def _run(self) -> None:
         while True:
@@ -210,6 +211,9 @@ class AsyncEngine:
             request = command.request
             try:
                 self.engine.add_engine_request(request)
+            except EngineDeadError as exc:  # the core is gone: this request fails as the running ones do
+                deliveries.append((command.future, EngineFailure(str(exc), ErrorKind.ENGINE_DEAD)))
+                raise
             except Exception as exc:  # noqa: BLE001 - ValueError is the user's; anything else is reported too
                 deliveries.append((command.future, exc))
                 return
@@ -292,8 +296,8 @@ class AsyncEngine:
         except Exception:  # noqa: BLE001 - metrics must never break serving
             log.exception("engine.get_stats() failed")
 
-    def _fail_all(self, message: str) -> None:
-        deliveries = [(t.queue, (t.tag, EngineFailure(message))) for t in self._tracked.values()]
+    def _fail_all(self, message: str, kind: ErrorKind = ErrorKind.ENGINE) -> None:
+        deliveries = [(t.queue, (t.tag, EngineFailure(message, kind))) for t in self._tracked.values()]
         self._tracked.clear()
         self._deliver(deliveries)
 

@@ -3,7 +3,7 @@ character, and cuts stop strings exactly (holding back a possible stop-string pr
 
 from __future__ import annotations
 
-from wslm.backend.sequence import Sequence
+from typing import Any
 
 # How many prompt tokens to decode along with the first output tokens, so that a leading space or a
 # multi-token character at the start of the output comes out as it would in the middle of a text.
@@ -14,11 +14,11 @@ class Detokenizer:
     def __init__(self, tokenizer) -> None:
         self.tokenizer = tokenizer
 
-    def start(self, seq: Sequence) -> None:
+    def start(self, seq: Any) -> None:
         seq.read_offset = len(seq.prompt_token_ids)
         seq.prefix_offset = max(seq.read_offset - _PROMPT_CONTEXT, 0)
 
-    def _decode(self, seq: Sequence, ids: list[int]) -> str:
+    def _decode(self, seq: Any, ids: list[int]) -> str:
         p = seq.params
         return self.tokenizer.decode(
             ids,
@@ -26,7 +26,7 @@ class Detokenizer:
             clean_up_tokenization_spaces=False,
         )
 
-    def update(self, seq: Sequence, final: bool = False, hide_last: bool = False) -> None:
+    def update(self, seq: Any, final: bool = False, hide_last: bool = False) -> None:
         """Fold the newest output token(s) into seq.output_text. hide_last: the newest token stopped the
         sequence (EOS or a stop token id) and is not rendered into the text, as vLLM leaves it out."""
         all_ids = seq.token_ids()
@@ -44,14 +44,14 @@ class Detokenizer:
             seq.prefix_offset = seq.read_offset
             seq.read_offset = len(all_ids)
 
-    def flush(self, seq: Sequence, hide_last: bool = False) -> None:
+    def flush(self, seq: Any, hide_last: bool = False) -> None:
         """At the end, release text held back while a character was unfinished (what is still unfinished
         is dropped)."""
         if seq.read_offset < seq.num_tokens - hide_last:
             self.update(seq, final=True, hide_last=hide_last)
 
     @staticmethod
-    def check_stop_strings(seq: Sequence, prev_len: int) -> str | None:
+    def check_stop_strings(seq: Any, prev_len: int) -> str | None:
         """Cut output_text at the first stop string that the newest text completes."""
         stops = seq.params.stop
         if not stops:
@@ -69,7 +69,7 @@ class Detokenizer:
         return None
 
     @staticmethod
-    def sendable_text_len(seq: Sequence) -> int:
+    def sendable_text_len(seq: Any) -> int:
         """How much of output_text may be streamed now: a tail that could begin a stop string waits."""
         if seq.is_finished or not seq.params.stop:
             return len(seq.output_text)

@@ -17,6 +17,7 @@ from types import SimpleNamespace
 import torch
 
 from wslm.backend.config import EngineConfig
+from wslm.backend.engine.core_setup import note_model_in_process
 from wslm.backend.frontend.validation import RequestError, RequestLimits, check_token_ids
 from wslm.backend.loader.model_loader import iter_weights, load_tokenizer
 from wslm.backend.loader.model_source import ModelSource
@@ -46,6 +47,7 @@ class EncoderEngine:
     score (sigmoid of its one logit, as sentence-transformers' CrossEncoder) per query/document pair."""
 
     def __init__(self, config: EngineConfig, source: ModelSource, hf: dict) -> None:
+        note_model_in_process()  # later core processes of this server start by spawn (core_setup.py)
         start = time.monotonic()
         if config.tensor_parallel_size > 1:
             raise ValueError("Encoder (BERT-family) embedding models run on one device: drop --tensor-parallel-size.")

@@ -13,7 +13,9 @@ from wslm.backend.modeling.pooler import ENCODER_ARCHITECTURES, detect_task
 logger = logging.getLogger("wslm.engine")
 
 
-def create_engine(config: EngineConfig):
+def create_engine(config: EngineConfig, core_process: bool = False):
+    """core_process: a text-generation model's core runs in a child process (the server's way; see
+    engine/core_client.py); encoder and embedding models always run in this process."""
     from wslm.backend.frontend.encoder_engine import EncoderEngine, read_hf_config
 
     source = resolve_model(config.model, config.revision, config.download_dir)
@@ -27,4 +29,4 @@ def create_engine(config: EngineConfig):
         return EncoderEngine(dataclasses.replace(config, task=task), source, hf)
     from wslm.backend.frontend.llm_engine import LLMEngine
 
-    return LLMEngine(dataclasses.replace(config, task=task))
+    return LLMEngine(dataclasses.replace(config, task=task), core_process=core_process)

@@ -3,7 +3,8 @@ owns it (the server's engine loop, or LLM.generate).
 
 It is the front end of the engine core: the InputProcessor makes each request ready once (render, tokenize,
 truncate, validate, grammar), the EngineCore (engine/core.py) schedules and runs token ids, and the
-OutputProcessor turns new tokens into text deltas and decides stops (stop strings need the text)."""
+OutputProcessor turns the core's new token ids into text deltas and checks stop strings (they need the
+text); the core decided every token-level stop (engine/stop_check.py)."""
 
 from __future__ import annotations
 
@@ -11,24 +12,24 @@ import logging
 import time
 from typing import Any
 
-from wslm import kernels
+from wslm import envs, kernels
 from wslm.backend.config import EngineConfig
-from wslm.backend.engine.block_manager import window_blocks
 from wslm.backend.engine.core import EngineCore, EngineRequest
-from wslm.backend.executor import make_executor
+from wslm.backend.engine.core_client import EngineCoreClient, InprocClient, MPClient
+from wslm.backend.engine.core_setup import build_core
 from wslm.backend.executor.abstract import kv_cache_note
 from wslm.backend.frontend.input_processor import InputProcessor
 from wslm.backend.frontend.output_processor import OutputProcessor
 from wslm.backend.frontend.validation import RequestLimits
 from wslm.backend.frontend.vision_prompts import vision_for
 from wslm.backend.loader.model_loader import load_model_config, load_tokenizer, resolve_model
-from wslm.backend.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from wslm.backend.outputs import RequestOutput
 from wslm.backend.platforms import pick_device
 from wslm.backend.platforms.cpu.tuning import tune_allocator
 from wslm.backend.platforms.kv_cache import kv_cache_torch_dtype
 from wslm.backend.pooling_params import PoolingParams
 from wslm.backend.sampling_params import SamplingParams
-from wslm.backend.sequence import RequestState, Sequence
+from wslm.backend.sequence import RequestState
 from wslm.backend.structured.compiler import StructuredOutputCompiler
 from wslm.kernels import cpu_gemv
 
@@ -36,7 +37,9 @@ logger = logging.getLogger("wslm.engine")
 
 
 class LLMEngine:
-    def __init__(self, config: EngineConfig) -> None:
+    def __init__(self, config: EngineConfig, core_process: bool = False) -> None:
+        """core_process: run the engine core in a child process (engine/core_client.py MPClient), as the
+        server does; else in this process and thread (LLM, tests)."""
         start = time.monotonic()
         self.config = config
         self.device = pick_device(config.device)
@@ -73,19 +76,24 @@ class LLMEngine:
             if spec.method == "draft_model" and mc.uniform_sliding_window:
                 raise ValueError("speculative_config: a draft model cannot run beside a sliding-window model yet; "
                                  'use "method": "ngram".')
-        self.executor = make_executor(config, source, mc, self.device, embedding=self.pooling is not None)
-        num_blocks = self.executor.num_blocks
-        # Every layer windowed: the block manager frees blocks behind the window, so one sequence holds at most
-        # `held` blocks and, when the pool has that many, the context is the model's own, not what the pool holds.
-        window = mc.uniform_sliding_window
-        held = window_blocks(window, config.block_size, config.max_num_batched_tokens) if window else None
-        capacity = num_blocks * config.block_size
-        if held is not None and num_blocks >= held:
-            capacity = max(capacity, mc.max_position_embeddings)
-        mc.max_model_len = self._resolve_max_model_len(capacity)
+        self.core: EngineCore | None = None  # in-process only (LLM, tests, embeddings, WSLM_CORE_PROCESS=0)
+        self.executor = None
+        if core_process and self.pooling is None:
+            self.client: EngineCoreClient = MPClient(config, source, mc, self.device, tokenizer=self.tokenizer,
+                                                     start_method=envs.WSLM_CORE_START_METHOD, name=source.name)
+            info = self.client.info
+            mc.max_model_len = info.max_model_len
+        else:
+            model_max = mc.max_position_embeddings
+            if self.pooling is not None and self.pooling.pooler.max_seq_length:
+                # sentence_bert_config.json's max_seq_length, as for encoders (encoder_engine.py) and vLLM
+                model_max = min(model_max, self.pooling.pooler.max_seq_length)
+            self.core, info = build_core(config, source, mc, self.device, embedding=self.pooling is not None,
+                                         model_max=model_max)
+            self.executor = self.core.executor
+            self.client = InprocClient(self.core)
+        num_blocks, held = info.num_blocks, info.window_blocks
         self.max_model_len = mc.max_model_len
-        self.core = EngineCore(config, mc, self.executor)
-        self.executor.warm_up(config.max_num_seqs, mc.max_model_len, config.enforce_eager)
         # What one request may ask for; the server swaps in its own stop-list limits (its flags).
         limits = RequestLimits(mc.max_model_len, mc.vocab_size, config.max_num_seqs, num_blocks, config.block_size,
                                max_logprobs=config.max_logprobs, window_blocks=held)
@@ -99,7 +107,7 @@ class LLMEngine:
         self.processor.lora_checker = AdapterChecker(config.enable_lora and not self.pooling, config.max_lora_rank, mc)
         self.output_processor = OutputProcessor(self.tokenizer, mc.max_model_len)
         self._pending: list = []  # outputs made outside step() (aborts)
-        kv_gib = self.executor.kv_cache_bytes / 2**30
+        kv_gib = info.kv_cache_bytes / 2**30
         logger.info(
             "KV cache: %d blocks of %d tokens = %d tokens (%.2f GiB%s); max_model_len %d; "
             "max concurrent full-length sequences %.1f; prefix caching %s; ready in %.1fs",
@@ -109,29 +117,6 @@ class LLMEngine:
             num_blocks * config.block_size / mc.max_model_len, "on" if config.enable_prefix_caching else "off",
             time.monotonic() - start,
         )  # fmt: skip
-
-    def _resolve_max_model_len(self, capacity: int) -> int:
-        model_max = self.model_config.max_position_embeddings
-        if self.pooling is not None and self.pooling.pooler.max_seq_length:
-            # sentence_bert_config.json's max_seq_length, as for encoders (encoder_engine.py) and vLLM
-            model_max = min(model_max, self.pooling.pooler.max_seq_length)
-        asked = self.config.max_model_len
-        if asked is None:
-            if capacity < model_max:
-                logger.info("max_model_len capped at %d tokens: all the KV cache holds", capacity)
-            return min(model_max, capacity)
-        if asked > model_max:
-            raise ValueError(
-                f"max_model_len={asked} is longer than the model's context ({model_max} tokens). "
-                f"Use --max-model-len {model_max} or less."
-            )
-        if asked > capacity:
-            raise ValueError(
-                f"max_model_len={asked} does not fit in the KV cache, which holds {capacity} tokens. Lower "
-                "--max-model-len, or give the cache more memory (--kv-cache-memory on CPU, "
-                "--gpu-memory-utilization on GPU)."
-            )
-        return asked
 
     # ---- what the server and LLM read ----------------------------------------------------------
     @property
@@ -184,116 +169,73 @@ class LLMEngine:
                 raise ValueError("This engine serves " + ("an embedding model: it takes embedding requests, "
                                  "not text generation." if self.pooling else "text generation, not embeddings."))
             return self.pooling.process(self.processor, request_id, prompt, params, arrival_time)
-        return self.processor.process(request_id, prompt, params, arrival_time, **names)
+        req = self.processor.process(request_id, prompt, params, arrival_time, **names)
+        if req.grammar is not None and self.core is None:
+            req.grammar.to_json()  # its pickled form, made here in the caller's worker thread, not the engine's
+        return req
 
     def add_engine_request(self, req: EngineRequest) -> None:
         """Queue a request process() made (in any thread); only the owning thread calls this."""
-        state = self.core.add_request(req)
-        for seq in state.seqs:
-            if seq.pooling is None:
-                self.output_processor.start(seq)
+        if isinstance(req.params, PoolingParams):
+            self.core.add_request(req)
+            return
+        if req.request_id in self.output_processor.requests:
+            raise ValueError(f"Request id {req.request_id!r} is already in use.")
+        self.client.add_request(req)
+        self.output_processor.add(req.request_id, req.prompt, req.prompt_token_ids, req.params,
+                                      req.arrival_time)
 
     def abort_request(self, request_id: str | list[str]) -> None:
         ids = [request_id] if isinstance(request_id, str) else list(request_id)
+        now = time.monotonic()
         for rid in ids:
             if self.pooling is not None:
                 out = self.pooling.abort(self.core, rid)
                 if out is not None:
                     self._pending.append(out)
                 continue
-            req = self.core.abort_request(rid)
-            if req is not None:
-                self._pending.append(self._request_output(req, req.seqs))
+            if rid in self.output_processor.requests:
+                self.client.abort(rid)
+            ro = self.output_processor.abort(rid, now)
+            if ro is not None:
+                self._pending.append(ro)
 
     def has_unfinished_requests(self) -> bool:
-        return self.core.has_unfinished_requests() or bool(self._pending)
+        if self.pooling is not None:
+            return self.core.has_unfinished_requests() or bool(self._pending)
+        # A core process may still hold an aborted request until it says it is idle: keep collecting.
+        return self.output_processor.has_unfinished() or bool(self._pending) or bool(
+            getattr(self.client, "busy", False))
 
     # ---- the step ------------------------------------------------------------------------------
     def step(self) -> list[RequestOutput]:
         outputs, self._pending = self._pending, []
         if self.pooling is not None:
             return outputs + self.pooling.step(self.core)
-        result = self.core.step()
+        result = self.client.get_output()
         now = time.monotonic()
-        touched: dict[str, list[Sequence]] = {}
-        for out in result.tokens:
-            seq = out.seq
-            if seq.is_finished:
-                continue  # a speculative run's tokens after the one that stopped it (EOS, stop string, length)
-            if self.output_processor.append_token(seq, out.token_id, out.logprobs, now, out.grammar_done):
-                seq.finished_time = now
-                self.core.finish(seq)
-            touched.setdefault(seq.request_id, []).append(seq)
-        for rid, seqs in touched.items():
-            req = self.core.requests.get(rid)
-            if req is not None:
-                ro = self._request_output(req, seqs)
-                if ro is not None:
-                    outputs.append(ro)
+        made, stopped = self.output_processor.process(result.tokens, now)
+        for rid, index in stopped:  # a stop string ended it: the core frees its blocks
+            self.client.abort(rid, index)
+        outputs.extend(made)
         for failure in result.failed:
-            req = self.core.requests.get(failure.request_id)
-            if req is not None:
-                ro = self._request_output(req, req.seqs)
-                ro.error, ro.error_kind = failure.message, failure.kind
+            ro = self.output_processor.fail(failure.request_id, failure.kind, failure.message, now)
+            if ro is not None:
                 outputs.append(ro)
         return outputs
 
-    def _request_output(self, req: RequestState, seqs: list[Sequence]) -> RequestOutput | None:
-        completions: list[CompletionOutput] = []
-        for seq in seqs:
-            delta = self.output_processor.delta(seq, seq.is_finished)
-            if delta is not None:
-                completions.append(delta)
-        finished = all(s.is_finished for s in req.seqs)
-        if not completions and not finished:
-            return None
-        if finished:
-            self.core.drop(req.request_id)
-        first = req.seqs[0]
-        error = next((s.error for s in req.seqs if s.error), None)
-        prompt_logprobs = None
-        if first.params.prompt_logprobs is not None and not req.prompt_logprobs_sent and (
-            first.num_output_tokens or finished
-        ):
-            prompt_logprobs, req.prompt_logprobs_sent = [None, *self._decoded(first.prompt_logprobs)], True
-        return RequestOutput(
-            request_id=req.request_id,
-            prompt=req.prompt,
-            prompt_token_ids=req.prompt_token_ids,
-            outputs=completions,
-            finished=finished,
-            num_cached_tokens=max(first.num_cached_tokens, 0),
-            metrics=RequestMetrics(
-                arrival_time=req.arrival_time,
-                first_scheduled_time=first.first_scheduled_time,
-                first_token_time=min((s.first_token_time for s in req.seqs if s.first_token_time), default=None),
-                finished_time=max((s.finished_time or 0.0 for s in req.seqs), default=None) if finished else None,
-            ),
-            error=error,
-            prompt_logprobs=prompt_logprobs,
-        )
-
-    def _decoded(self, entries: list[dict]) -> list[dict]:
-        """prompt_logprobs as the worker computed them, with each token's text (the tokenizer is ours)."""
-        decode = self.tokenizer.decode
-        for entry in entries:
-            for tid, lp in entry.items():
-                if lp.decoded_token is None:
-                    lp.decoded_token = decode([tid])
-        return entries
-
     def shutdown(self) -> None:
-        """Stop the tensor-parallel workers, if any (idempotent; also runs at exit)."""
-        self.executor.shutdown()
+        """Stop the core process or the tensor-parallel workers, if any (idempotent; also runs at exit)."""
+        self.client.shutdown()
 
     def start_background_compile(self) -> None:
         """Start the compile that would otherwise wait for the first batch (the CPU decode step): the server
         calls it once ready, so that its first concurrent requests find the compile under way or done."""
-        self.executor.start_background_compile()
+        self.client.start_background_compile()
 
     def check_health(self) -> None:
-        """Raises EngineDeadError when the model's workers are gone."""
-        self.executor.check_health()
+        """Raises EngineDeadError when the model's core process or workers are gone."""
+        self.client.check_health()
 
     # ---- chat and stats ------------------------------------------------------------------------
     def apply_chat_template(
@@ -305,4 +247,4 @@ class LLMEngine:
         return self.processor.render_chat(messages, chat_template, add_generation_prompt, **options)
 
     def get_stats(self) -> dict:
-        return self.core.get_stats()
+        return self.client.get_stats()

@@ -163,7 +163,7 @@ def load_engine(config: Any):
 
     load_progress.add_listener(_progress_event)
     try:
-        return create_engine(config)
+        return create_engine(config, core_process=envs.WSLM_CORE_PROCESS)
     except (ValueError, FileNotFoundError) as exc:
         raise StartupError(str(exc)) from exc
     except MemoryError as exc:

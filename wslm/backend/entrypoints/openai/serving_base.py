@@ -256,6 +256,8 @@ def engine_failure(exc: EngineFailure) -> APIError:
     """The engine failed the request: 503 when it ran out of memory (retry later, or smaller), else 500."""
     if exc.kind is ErrorKind.OUT_OF_MEMORY:
         return APIError(str(exc), 503, type="server_error", code="out_of_memory")
+    if exc.kind is ErrorKind.ENGINE_DEAD:
+        return APIError(str(exc), 503, type="server_error", code="engine_dead")
     return APIError(str(exc), 500, type="server_error")
 
 
@@ -386,8 +388,11 @@ async def start_group(engine: Any, response_id: str, prompts: list[Any], params:
     the request fields to blame, see AsyncEngine.submit). Returns the group and each prompt's token ids as
     the engine runs them (tokenized, truncated)."""
     group = RequestGroup(engine, response_id)
-    with as_bad_request():
-        prompt_ids = await group.start(prompts, params, **names)
+    try:
+        with as_bad_request():
+            prompt_ids = await group.start(prompts, params, **names)
+    except EngineFailure as exc:  # the model's core died as the request was queued: 503
+        raise engine_failure(exc) from exc
     return group, prompt_ids
 
 

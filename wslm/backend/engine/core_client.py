@@ -1,0 +1,253 @@
+"""EngineCoreClient: how the front end (frontend/llm_engine.py) reaches the EngineCore, as vLLM v1's
+core_client.py. Every message is plain data: EngineRequests in (prompt ids, params, a compiled grammar, the
+`extras` other features add), EngineCoreOutputs back (request ids, token ids, raw logprobs, finish reasons).
+
+- InprocClient: the core in the caller's own process and thread (LLM, tests, `WSLM_CORE_PROCESS=0`).
+- MPClient: the core and its executor in a child process (engine/core_proc.py), messages pickled over a
+  multiprocessing pipe. The server runs each generation model this way: HTTP, SSE and detokenizing stay in
+  the server's process, and a crash or out-of-memory kill of a model's core is that model's alone (its
+  requests fail with EngineDeadError, the model pool loads it again).
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing as mp
+import os
+import signal
+import time
+import weakref
+
+from wslm.backend.engine.core import EngineCore, EngineCoreOutputs, EngineRequest
+from wslm.backend.engine.core_setup import CoreInfo, model_ran_here
+from wslm.backend.errors import EngineDeadError
+
+logger = logging.getLogger("wslm.engine")
+
+_POLL_S = 0.02  # how long get_output waits for the core before the caller looks at its inbox again
+_STOP_GRACE_S = 5.0  # a core process asked to stop gets this long before SIGKILL
+
+
+def safe_start_method(asked: str) -> str:
+    """fork, unless this process already ran a model (core_setup.note_model_in_process): then spawn."""
+    if asked == "fork" and model_ran_here():
+        logger.info("Starting the engine core process by spawn, not fork: this process already ran a model, and "
+                    "OpenMP's threads do not survive a fork (a few seconds more to import torch again)")
+        return "spawn"
+    return asked
+
+
+class EngineCoreClient:
+    """The front end's handle on a core. get_output() runs (in-process) or collects (multiprocess) steps."""
+
+    def add_request(self, req: EngineRequest) -> None:
+        raise NotImplementedError
+
+    def abort(self, request_id: str, index: int | None = None) -> None:
+        """Finish a request (only its completion `index` when given: a stop string ended it)."""
+        raise NotImplementedError
+
+    def get_output(self) -> EngineCoreOutputs:
+        raise NotImplementedError
+
+    def get_stats(self) -> dict:
+        raise NotImplementedError
+
+    def check_health(self) -> None:
+        """Raises EngineDeadError when the core (or its workers) is gone."""
+
+    def start_background_compile(self) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        pass
+
+
+class InprocClient(EngineCoreClient):
+    def __init__(self, core: EngineCore) -> None:
+        self.core = core
+
+    def add_request(self, req: EngineRequest) -> None:
+        self.core.add_request(req)
+
+    def abort(self, request_id: str, index: int | None = None) -> None:
+        self.core.abort_request(request_id, index)
+
+    def get_output(self) -> EngineCoreOutputs:
+        return self.core.step()
+
+    def get_stats(self) -> dict:
+        return self.core.get_stats()
+
+    def check_health(self) -> None:
+        self.core.executor.check_health()
+
+    def start_background_compile(self) -> None:
+        self.core.executor.start_background_compile()
+
+    def shutdown(self) -> None:
+        self.core.executor.shutdown()
+
+
+class MPClient(EngineCoreClient):
+    """The core in a child process; see the module's doc. Start method: envs.WSLM_CORE_START_METHOD (fork by
+    default: the child starts in milliseconds with everything imported; spawn re-imports torch, ~seconds)."""
+
+    def __init__(self, config, source, mc, device, tokenizer=None, start_method: str = "fork", name: str = "") -> None:
+        from wslm.backend.engine.core_proc import core_main
+
+        start_method = safe_start_method(start_method)
+        ctx = mp.get_context(start_method)
+        self.conn, child_conn = ctx.Pipe(duplex=True)
+        self.proc = ctx.Process(target=core_main, name=f"wslm-core {name}".strip(),
+                                args=(child_conn, self.conn if start_method == "fork" else None, config, source, mc,
+                                      device, os.getpid(), tokenizer), daemon=False)
+        started = time.monotonic()
+        self.proc.start()
+        child_conn.close()  # the child's end lives in the child only: its death closes the pipe here
+        self.dead: str | None = None
+        self.stats: dict = {}
+        self._buffered = EngineCoreOutputs()  # read by get_stats, handed out by the next get_output
+        self._finalizer = weakref.finalize(self, _stop_process, self.proc, self.conn)
+        try:
+            kind, *payload = self._recv_startup()
+        except BaseException:
+            self._finalizer()
+            raise
+        if kind == "error":
+            self._finalizer()
+            type_name, message = payload
+            raise _STARTUP_ERRORS.get(type_name, RuntimeError)(message)
+        self.info: CoreInfo = payload[0]
+        self.stats = payload[1]
+        logger.info("Engine core process %d ready (%s start, %.1f s with the model load)", self.proc.pid,
+                    start_method, time.monotonic() - started)
+
+    def _recv_startup(self) -> tuple:
+        while not self.conn.poll(0.5):
+            if not self.proc.is_alive():
+                raise RuntimeError(f"The engine core process exited while loading the model ({_exit_text(self.proc)}); "
+                                   "its log (stderr) has the details.")
+        try:
+            return self.conn.recv()
+        except (EOFError, OSError):
+            self.proc.join(2)
+            raise RuntimeError(f"The engine core process exited while loading the model ({_exit_text(self.proc)}); "
+                               "its log (stderr) has the details.") from None
+
+    def _send(self, msg: tuple) -> None:
+        if self.dead:
+            raise EngineDeadError(self.dead)
+        try:
+            self.conn.send(msg)
+        except (BrokenPipeError, OSError, EOFError):
+            self._die()
+
+    def _die(self) -> None:
+        self.proc.join(1)
+        self.dead = (f"The model's engine core process stopped ({_exit_text(self.proc)}); its requests failed. "
+                     "The next request loads the model again; the server log (stderr) may say why.")
+        logger.error(self.dead)
+        self._finalizer()
+        raise EngineDeadError(self.dead)
+
+    def add_request(self, req: EngineRequest) -> None:
+        self._send(("add", req))
+
+    def abort(self, request_id: str, index: int | None = None) -> None:
+        self._send(("abort", request_id, index))
+
+    def get_output(self) -> EngineCoreOutputs:
+        """The outputs of the core's steps since the last call (waits up to _POLL_S for one)."""
+        merged, self._buffered = self._buffered, EngineCoreOutputs()
+        self._drain(0 if merged.tokens or merged.failed else _POLL_S, merged)
+        return merged
+
+    def _drain(self, timeout: float, into: EngineCoreOutputs) -> None:
+        if self.dead:
+            raise EngineDeadError(self.dead)
+        try:
+            if not self.conn.poll(timeout):
+                if timeout and not self.proc.is_alive():
+                    self._die()
+                return
+            while True:
+                kind, *payload = self.conn.recv()
+                if kind == "out":
+                    outs, stats = payload
+                    into.tokens.extend(outs.tokens)
+                    into.failed.extend(outs.failed)
+                    if stats is not None:
+                        self.stats = stats
+                elif kind == "stats":
+                    self.stats = payload[0]
+                elif kind == "dead":
+                    self.dead = payload[0]
+                    self._finalizer()
+                    raise EngineDeadError(self.dead)
+                if not self.conn.poll(0):
+                    return
+        except (EOFError, OSError):
+            self._die()
+
+    @property
+    def busy(self) -> bool:
+        """The core has requests by its latest figures (after an abort, until it reports itself idle)."""
+        return bool(self.stats.get("num_requests_running") or self.stats.get("num_requests_waiting"))
+
+    def get_stats(self) -> dict:
+        """The core's latest figures (they ride along with its outputs; read without waiting)."""
+        try:
+            self._drain(0, self._buffered)
+        except EngineDeadError:
+            pass  # reported by the next get_output
+        return self.stats
+
+    def check_health(self) -> None:
+        if self.dead:
+            raise EngineDeadError(self.dead)
+        if not self.proc.is_alive():
+            self._die()
+
+    def start_background_compile(self) -> None:
+        self._send(("compile",))
+
+    def shutdown(self) -> None:
+        self._finalizer()
+
+
+_STARTUP_ERRORS = {"ValueError": ValueError, "FileNotFoundError": FileNotFoundError, "MemoryError": MemoryError,
+                   "OutOfMemoryError": MemoryError}
+
+
+def _exit_text(proc) -> str:
+    code = proc.exitcode
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+def _stop_process(proc, conn) -> None:
+    """Ask the core process to stop, then make sure it did (idempotent; also runs at interpreter exit)."""
+    if proc.pid is None:
+        return
+    if proc.is_alive():
+        try:
+            conn.send(("shutdown",))
+        except (BrokenPipeError, OSError, EOFError):
+            pass
+        proc.join(_STOP_GRACE_S)
+        if proc.is_alive():
+            proc.kill()
+            proc.join(5)
+    else:
+        proc.join(0)
+    try:
+        conn.close()
+    except OSError:
+        pass
