@@ -75,6 +75,17 @@ class TrackedRequest:
         return all(c.is_finished for c in self.completions)
 
 
+@dataclass(slots=True)
+class _OneToken:
+    """One token of a multi-token EngineCoreOutput, shaped like one."""
+
+    new_token_ids: list[int]
+    logprobs: list | None
+    finish_reason: str | None
+    stop_reason: str | int | None
+    stopped_on_token: bool
+
+
 class OutputProcessor:
     def __init__(self, tokenizer, max_model_len: int) -> None:
         self.tokenizer = tokenizer
@@ -151,7 +162,22 @@ class OutputProcessor:
         return results, stopped
 
     def append(self, c: Completion, out, now: float) -> bool:
-        """Fold out's new tokens into c; True when c is now finished (by the core, or by a stop string)."""
+        """Fold out's new tokens into c; True when c is now finished (by the core, or by a stop string).
+        Several tokens (a speculative run) are folded one by one when stop strings are set, so that one of
+        them ending a stop string ends the completion there, as it would without speculation."""
+        ids = out.new_token_ids
+        if len(ids) > 1 and c.params.stop:
+            last = len(ids) - 1
+            for k, token in enumerate(ids):
+                part = _OneToken([token], None if out.logprobs is None else [out.logprobs[k]],
+                                 out.finish_reason if k == last else None, out.stop_reason if k == last else None,
+                                 out.stopped_on_token and k == last)
+                if self._append(c, part, now):
+                    return True
+            return False
+        return self._append(c, out, now)
+
+    def _append(self, c: Completion, out, now: float) -> bool:
         if c.first_token_time is None:
             c.first_token_time = now
         c.last_token_time = now
