@@ -227,6 +227,19 @@ static inline __m256i k_pick16_pair(int i) {
    the multiply-adds from waiting on one another (one row alone: one fp32 chain, 4 cycles a block). */
 #define NR 4
 #define AI static inline __attribute__((always_inline))
+#ifndef GGUF_AHEAD
+#define GGUF_AHEAD 2  /* the 4-row kernels: prefetch the group of NR rows this many groups ahead */
+#endif
+#ifndef GGUF_PF
+#define GGUF_PF 2048  /* the one-row kernels: prefetch this many bytes ahead of the block being read */
+#endif
+/* The bytes [p, p + n) asked for, a line at a time, as the loops read at the same pace: hardware prefetch
+   follows one long stream well, but not the four short ones of four rows read side by side (each row of a
+   3B model is only 27 lines), and a burst of a hundred prefetches at a group's start overflows the
+   core's miss buffers (the loop waited on memory at half the repacked kernels' speed). */
+AI void prefetch_run(const uint8_t *p, long n) {
+    for (long o = 0; o < n; o += 64) prefetch(p + o);
+}
 
 #if defined(GG_AVX2)
 /* 4 rows' 8-lane integer sums -> their 4 totals (exact) */
@@ -277,9 +290,8 @@ AI void dot_q4_0(const uint8_t *w, long rb, int nr, const xq_t *x, long K, float
     __m128 acc = _mm_setzero_ps(), corr = _mm_setzero_ps();
     (void)nr;
     for (long b = 0; b < nb; b++) {
-        __m256i xv = _mm256_loadu_si256((const __m256i *)(x->q32 + b * 32));
         const uint8_t *p = w + b * 18;
-        (void)xv;
+        prefetch_run(w + GGUF_AHEAD * NR * rb + b * NR * 18, NR * 18);
         const __m128i *xb = (const __m128i *)(x->q32 + b * 32);
         __m128i isum = q4x4_sums(p + 2, rb, _mm256_broadcastsi128_si256(_mm_loadu_si128(xb)),
                                  _mm256_broadcastsi128_si256(_mm_loadu_si128(xb + 1)));
@@ -313,6 +325,7 @@ AI void dot_q451(const uint8_t *w, long rb, int nr, const xq_t *x, long K, float
     for (long b = 0; b < nb; b++) {
         __m256i xv = _mm256_loadu_si256((const __m256i *)(x->q32 + b * 32));
         const uint8_t *p = w + b * bs;
+        prefetch_run(w + GGUF_AHEAD * NR * rb + b * NR * bs, NR * bs);
         __m128i isum;
         __m128 dw, mw, sx = _mm_set1_ps(x->s32[b]);
         if (!qh) {  /* Q4_1: two rows a vector, (d, m) of four rows in one conversion */
@@ -362,6 +375,7 @@ AI void dot_q8_0(const uint8_t *w, long rb, int nr, const xq_t *x, long K, float
     for (long b = 0; b < nb; b++) {
         __m256i xv = _mm256_loadu_si256((const __m256i *)(x->q32 + b * 32));
         const uint8_t *p = w + b * 34;
+        prefetch_run(w + GGUF_AHEAD * NR * rb + b * NR * 34, NR * 34);
         __m256i pr[4];
         for (int r = 0; r < 4; r++) pr[r] = dot_ss(_mm256_loadu_si256((const __m256i *)(p + r * rb + 2)), xv);
         acc = _mm_fmadd_ps(_mm_cvtepi32_ps(sum4_i32(pr[0], pr[1], pr[2], pr[3])),
@@ -383,49 +397,100 @@ AI void dot_q8_0(const uint8_t *w, long rb, int nr, const xq_t *x, long K, float
 #endif
 }
 
+#if defined(GG_AVX2)
+/* The K-quants one row at a time: a row's blocks are one run of memory and the next row follows it, so
+   reading row after row is a single stream (prefetched GGUF_PF bytes ahead); the activation row comes from
+   L1 for each. Per super-block: integer sums weighted by the 6-bit (Q6_K: 8-bit) sub-block scales in the
+   lanes, one fp32 multiply-add, the minimums' sums in a second accumulator. */
+AI float hsum4_ps(__m128 v) {
+    v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+    return _mm_cvtss_f32(_mm_add_ss(v, _mm_movehdup_ps(v)));
+}
+AI float dot1_q45_k(const uint8_t *w, const xq_t *x, long nb, int five) {
+    const long bs = five ? 176 : 144;
+    const __m256i low = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);
+    __m256 acc = _mm256_setzero_ps();
+    __m128 mins = _mm_setzero_ps();
+    for (long b = 0; b < nb; b++) {
+        const uint8_t *p = w + b * bs, *qs = p + (five ? 48 : 16);
+        prefetch_run(p + GGUF_PF, bs);
+        const int8_t *xq = x->q256 + b * 256;
+        const __m128i *bsum = (const __m128i *)(x->bsum + b * 16);
+        __m128i xsum32 = _mm_hadd_epi16(_mm_loadu_si128(bsum), _mm_loadu_si128(bsum + 1));
+        int32_t dm;
+        memcpy(&dm, p, 4);
+        __m128 dmx = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(dm)), _mm_set1_ps(x->d256[b]));  /* d dx, dmin dx */
+        __m128i scm = k4_scales_mins(p + 4);  /* bytes 0-7: the 8 scales, 8-15: the 8 minimums */
+        __m128i mn = _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_unpackhi_epi64(scm, scm)), xsum32);
+        mins = _mm_fmadd_ps(_mm_shuffle_ps(dmx, dmx, 0x55), _mm_cvtepi32_ps(mn), mins);
+        __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scm));
+        __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+        __m256i hbits = five ? _mm256_loadu_si256((const __m256i *)(p + 16)) : _mm256_setzero_si256();
+        for (int j = 0; j < 4; j++) {
+            __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
+            __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+            if (five) {
+                lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits, 2 * j), one), 4));
+                hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits, 2 * j + 1), one), 4));
+            }
+            __m256i plo = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)(xq + 64 * j)));
+            __m256i phi = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(xq + 64 * j + 32)));
+            s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(plo, _mm256_shuffle_epi8(sc16, k_pick16(2 * j))));
+            s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(phi, _mm256_shuffle_epi8(sc16, k_pick16(2 * j + 1))));
+        }
+        acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(dmx), _mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1)), acc);
+    }
+    return hsum_ps(acc) - hsum4_ps(mins);
+}
+AI float dot1_q6_k(const uint8_t *w, const xq_t *x, long nb) {
+    const __m256i low = _mm256_set1_epi8(0x0f), three = _mm256_set1_epi8(3);
+    __m256 acc = _mm256_setzero_ps();
+    for (long b = 0; b < nb; b++) {
+        const uint8_t *p = w + b * 210, *ql = p, *qh = p + 128;
+        prefetch_run(p + GGUF_PF, 210);
+        const int8_t *xq = x->q256 + b * 256, *sc = (const int8_t *)(p + 192);
+        __m128i sc8x = _mm_loadu_si128((const __m128i *)sc);
+        /* the -32 of every code: 32 sum_g sc_g bsum_g, in the lanes' sums */
+        __m256i s = _mm256_slli_epi32(_mm256_madd_epi16(_mm256_cvtepi8_epi16(sc8x),
+                                                        _mm256_loadu_si256((const __m256i *)(x->bsum + b * 16))), 5);
+        s = _mm256_sub_epi32(_mm256_setzero_si256(), s);
+        __m256i s1 = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) {
+            __m256i l0 = _mm256_loadu_si256((const __m256i *)(ql + 64 * h));
+            __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 64 * h + 32));
+            __m256i hb = _mm256_loadu_si256((const __m256i *)(qh + 32 * h));
+            __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(h ? _mm_unpackhi_epi64(sc8x, sc8x) : sc8x));
+            __m256i q[4];
+            q[0] = _mm256_or_si256(_mm256_and_si256(l0, low), _mm256_slli_epi16(_mm256_and_si256(hb, three), 4));
+            q[1] = _mm256_or_si256(_mm256_and_si256(l1, low),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), three), 4));
+            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), three), 4));
+            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), three), 4));
+            for (int i = 0; i < 4; i++) {
+                __m256i pr = _mm256_maddubs_epi16(q[i], _mm256_loadu_si256((const __m256i *)(xq + 128 * h + 32 * i)));
+                pr = _mm256_madd_epi16(pr, _mm256_shuffle_epi8(sc16, k_pick16_pair(i)));
+                if (i & 1) s1 = _mm256_add_epi32(s1, pr);
+                else s = _mm256_add_epi32(s, pr);
+            }
+        }
+        uint16_t hd;
+        memcpy(&hd, p + 208, 2);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(hd) * x->d256[b]), _mm256_cvtepi32_ps(_mm256_add_epi32(s, s1)),
+                              acc);
+    }
+    return hsum_ps(acc);
+}
+#endif
+
 /* Q4_K / Q5_K: super-blocks of 256 = 8 sub-blocks of 32 with 6-bit scales and minimums:
    d x_d sum_j sc_j (sum q x)_j - dmin x_d sum_j m_j (sum x)_j, the sums over j in integers */
 AI void dot_q45_k(const uint8_t *w, long rb, int nr, const xq_t *x, long K, float *res, int five) {
     long nb = K / 256, bs_k = five ? 176 : 144;
 #if defined(GG_AVX2)
-    __m256 acc[NR];
-    __m128 mins[NR];
-    for (int r = 0; r < NR; r++) { acc[r] = _mm256_setzero_ps(); mins[r] = _mm_setzero_ps(); }
-    const __m256i low = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);
-    for (long b = 0; b < nb; b++) {
-        const int8_t *xq = x->q256 + b * 256;
-        /* the activation's code sums per 32 columns (pairs of its 16-column sums): the minimums' factor */
-        const __m128i *bs = (const __m128i *)(x->bsum + b * 16);
-        __m128i xsum32 = _mm_hadd_epi16(_mm_loadu_si128(bs), _mm_loadu_si128(bs + 1));
-        float dx = x->d256[b];
-        for (int r = 0; r < nr; r++) {
-            const uint8_t *p = w + r * rb + b * bs_k, *qs = p + (five ? 48 : 16);
-            __m128i scm = k4_scales_mins(p + 4);  /* bytes 0-7: the 8 scales, 8-15: the 8 minimums */
-            __m128i mn16 = _mm_cvtepu8_epi16(_mm_unpackhi_epi64(scm, scm));
-            mins[r] = _mm_fmadd_ps(_mm_set1_ps(h2f(p + 2) * dx), _mm_cvtepi32_ps(_mm_madd_epi16(mn16, xsum32)), mins[r]);
-            __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scm));
-            __m256i s = _mm256_setzero_si256();
-            __m256i hbits = five ? _mm256_loadu_si256((const __m256i *)(p + 16)) : _mm256_setzero_si256();
-            for (int j = 0; j < 4; j++) {
-                __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
-                __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-                if (five) {
-                    lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits, 2 * j), one), 4));
-                    hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits, 2 * j + 1), one), 4));
-                }
-                __m256i plo = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)(xq + 64 * j)));
-                __m256i phi = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(xq + 64 * j + 32)));
-                s = _mm256_add_epi32(s, _mm256_madd_epi16(plo, _mm256_shuffle_epi8(sc16, k_pick16(2 * j))));
-                s = _mm256_add_epi32(s, _mm256_madd_epi16(phi, _mm256_shuffle_epi8(sc16, k_pick16(2 * j + 1))));
-            }
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(h2f(p) * dx), _mm256_cvtepi32_ps(s), acc[r]);
-        }
-    }
-    for (int r = 0; r < nr; r++) {
-        __m128 m = _mm_add_ps(mins[r], _mm_movehl_ps(mins[r], mins[r]));
-        m = _mm_add_ss(m, _mm_movehdup_ps(m));
-        res[r] = hsum_ps(acc[r]) - _mm_cvtss_f32(m);
-    }
+    for (int r = 0; r < nr; r++) res[r] = dot1_q45_k(w + r * rb, x, nb, five);
+    (void)bs_k;
 #else
     for (int r = 0; r < nr; r++) {
         const uint8_t *p = w + r * rb;
@@ -461,42 +526,7 @@ AI void dot_q45_k(const uint8_t *w, long rb, int nr, const xq_t *x, long K, floa
 AI void dot_q6_k(const uint8_t *w, long rb, int nr, const xq_t *x, long K, float *res) {
     long nb = K / 256;
 #if defined(GG_AVX2)
-    __m256 acc[NR];
-    for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
-    const __m256i low = _mm256_set1_epi8(0x0f), three = _mm256_set1_epi8(3);
-    for (long b = 0; b < nb; b++) {
-        const int8_t *xq = x->q256 + b * 256;
-        const int16_t *bsum = x->bsum + b * 16;
-        float dx = x->d256[b];
-        for (int r = 0; r < nr; r++) {
-            const uint8_t *p = w + r * rb + b * 210, *ql = p, *qh = p + 128;
-            const int8_t *sc = (const int8_t *)(p + 192);
-            /* the -32 of every code: 32 sum_g sc_g bsum_g, in the lanes' sums */
-            __m256i s = _mm256_slli_epi32(_mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc)),
-                                                            _mm256_loadu_si256((const __m256i *)bsum)), 5);
-            s = _mm256_sub_epi32(_mm256_setzero_si256(), s);
-            for (int h = 0; h < 2; h++) {
-                __m256i l0 = _mm256_loadu_si256((const __m256i *)(ql + 64 * h));
-                __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 64 * h + 32));
-                __m256i hb = _mm256_loadu_si256((const __m256i *)(qh + 32 * h));
-                __m256i sc8 = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)(sc + 8 * h))));
-                __m256i q[4];
-                q[0] = _mm256_or_si256(_mm256_and_si256(l0, low), _mm256_slli_epi16(_mm256_and_si256(hb, three), 4));
-                q[1] = _mm256_or_si256(_mm256_and_si256(l1, low),
-                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), three), 4));
-                q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low),
-                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), three), 4));
-                q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low),
-                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), three), 4));
-                for (int i = 0; i < 4; i++) {
-                    __m256i pr = _mm256_maddubs_epi16(q[i], _mm256_loadu_si256((const __m256i *)(xq + 128 * h + 32 * i)));
-                    s = _mm256_add_epi32(s, _mm256_madd_epi16(pr, _mm256_shuffle_epi8(sc8, k_pick16_pair(i))));
-                }
-            }
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(h2f(p + 208) * dx), _mm256_cvtepi32_ps(s), acc[r]);
-        }
-    }
-    for (int r = 0; r < nr; r++) res[r] = hsum_ps(acc[r]);
+    for (int r = 0; r < nr; r++) res[r] = dot1_q6_k(w + r * rb, x, nb);
 #else
     for (int r = 0; r < nr; r++) {
         const uint8_t *p = w + r * rb;
@@ -538,10 +568,11 @@ AI void dot_n(long t, const uint8_t *w, long rb, int nr, const xq_t *x, long K, 
     }
 }
 
-/* nr (<= NR) consecutive rows of one type. Always NR rows' code: a last group of fewer takes each row as
-   NR copies of itself (rb = 0), so a row's bits never depend on how rows are grouped or split. */
+/* nr (<= NR) consecutive rows of one type. The 32-column types always run NR rows' code: a last group of
+   fewer takes each row as NR copies of itself (rb = 0), so a row's bits never depend on how rows are
+   grouped or split. */
 static void dot_rows(long t, const uint8_t *w, long rb, int nr, const xq_t *x, long K, float *res) {
-    if (nr == NR) { dot_n(t, w, rb, NR, x, K, res); return; }
+    if (nr == NR || is_k(t)) { dot_n(t, w, rb, nr, x, K, res); return; }  /* the K-quants: a row at a time */
     for (int r = 0; r < nr; r++) {
         float one[NR];
         dot_n(t, w + r * rb, 0, NR, x, K, one);
@@ -550,10 +581,6 @@ static void dot_rows(long t, const uint8_t *w, long rb, int nr, const xq_t *x, l
 }
 
 /* ---- rows of a (fused) weight ------------------------------------------------------------------------ */
-#ifndef GGUF_AHEAD
-#define GGUF_AHEAD 2  /* groups of NR rows asked for ahead: hardware prefetch alone leaves the loop waiting on memory */
-#endif
-
 static void needs(const wslm_gguf *w, int *n32, int *n256) {
     *n32 = *n256 = 0;
     for (long p = 0; p < w->parts; p++) {
@@ -583,10 +610,6 @@ static void rows_range(const wslm_gguf *w, const xq_t *xs, long M, void *out, in
                 for (long n = c; n < ce; n += NR) {
                     int nr = ce - n < NR ? (int)(ce - n) : NR;
                     const uint8_t *rows = w->data[p] + (n - start) * rb;
-                    if (m0 == 0 && n + (GGUF_AHEAD + 1) * NR <= e) {
-                        const char *ahead = (const char *)rows + GGUF_AHEAD * NR * rb;
-                        for (long o = 0; o < NR * rb; o += 64) prefetch(ahead + o);
-                    }
                     for (long m = m0; m < m1; m++) {
                         float res[NR];
                         dot_rows(t, rows, rb, nr, xs + m, K, res);
