@@ -81,7 +81,7 @@ int wslm_gguf_takes(long t) { return block_bytes(t) > 0; }
 typedef struct {
     int8_t *q32, *q256;
     float *d32, *s32, *d256;
-    int16_t *bsum;
+    int16_t *bsum, *bsum32;
     int32_t *sum32;
 } xq_t;
 
@@ -136,12 +136,13 @@ static void quantize_x(const void *x, int bf16, long K, int need32, int need256,
                 for (int i = 0; i < 16; i++) s += o->q256[b * 256 + g * 16 + i];
                 o->bsum[b * 16 + g] = (int16_t)s;
             }
+            for (int j = 0; j < 8; j++) o->bsum32[b * 8 + j] = (int16_t)(o->bsum[b * 16 + 2 * j] + o->bsum[b * 16 + 2 * j + 1]);
         }
 }
 
 /* bytes quantize_x needs for one row of K (both forms) */
 static size_t xq_bytes(long K) {
-    return (size_t)K * 2 + sizeof(float) * (size_t)(K / 32 * 2 + K / 256 + 1) + sizeof(int16_t) * (size_t)(K / 16)
+    return (size_t)K * 2 + sizeof(float) * (size_t)(K / 32 * 2 + K / 256 + 1) + sizeof(int16_t) * (size_t)(K / 16 + K / 32)
            + sizeof(int32_t) * (size_t)(K / 32) + 64;
 }
 
@@ -152,6 +153,7 @@ static void xq_carve(void *mem, long K, xq_t *o) {
     o->d256 = (float *)p; p += sizeof(float) * (size_t)(K / 256 + 1);
     o->sum32 = (int32_t *)p; p += sizeof(int32_t) * (size_t)(K / 32);
     o->bsum = (int16_t *)p; p += sizeof(int16_t) * (size_t)(K / 16);
+    o->bsum32 = (int16_t *)p; p += sizeof(int16_t) * (size_t)(K / 32);
     o->q32 = (int8_t *)p; p += K;
     o->q256 = (int8_t *)p;
 }
@@ -265,6 +267,33 @@ AI __m128i q4x4_sums(const uint8_t *p, long rb, __m256i xl, __m256i xh) {
     h = _mm256_hadd_epi32(h, h);                /* [r0 r2 r0 r2 | r1 r3 r1 r3] */
     return _mm_unpacklo_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
 }
+/* q4x4_sums without its reduction: [row 0: 4 sums | row 1: 4 sums], [row 2 | row 3] */
+AI void q4x4_parts(const uint8_t *p, long rb, __m256i xl, __m256i xh, __m256i *m01, __m256i *m23) {
+    const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    __m256i m[2];
+    for (int i = 0; i < 2; i++) {
+        const uint8_t *a = p + 2 * i * rb;
+        __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)a)),
+                                            _mm_loadu_si128((const __m128i *)(a + rb)), 1);
+        __m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(_mm256_and_si256(v, low), xl),
+                                     _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), low), xh));
+        m[i] = _mm256_madd_epi16(s, ones);
+    }
+    *m01 = m[0];
+    *m23 = m[1];
+}
+/* four rows' scales [d0 d1 d2 d3] in q4x4_parts' lanes: [d0 x4 | d1 x4], [d2 x4 | d3 x4] */
+AI void spread4(__m128 d, __m256 *s01, __m256 *s23) {
+    __m256 w = _mm256_castps128_ps256(d);
+    *s01 = _mm256_permutevar8x32_ps(w, _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
+    *s23 = _mm256_permutevar8x32_ps(w, _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3));
+}
+/* [row 0 x4 | row 1 x4], [row 2 x4 | row 3 x4] -> the four rows' totals */
+AI __m128 sum4x2(__m256 a01, __m256 a23) {
+    __m256 h = _mm256_hadd_ps(a01, a23);  /* [r0 r0 r2 r2 | r1 r1 r3 r3] */
+    h = _mm256_hadd_ps(h, h);             /* [r0 r2 r0 r2 | r1 r3 r1 r3] */
+    return _mm_unpacklo_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+}
 /* the fp16 pairs (d, m) at p, p + stride, ...: four rows' d and m */
 AI void f16_pairs4(const uint8_t *p, long stride, __m128 *d, __m128 *m) {
     int32_t v[4];
@@ -287,19 +316,24 @@ AI __m128 f16x4(const uint8_t *p, long stride) {
 AI void dot_q4_0(const uint8_t *w, long rb, int nr, const xq_t *x, long K, float *res) {
     long nb = K / 32;
 #if defined(GG_AVX2)
-    __m128 acc = _mm_setzero_ps(), corr = _mm_setzero_ps();
+    __m256 acc01 = _mm256_setzero_ps(), acc23 = _mm256_setzero_ps();
+    __m128 corr = _mm_setzero_ps();
     (void)nr;
     for (long b = 0; b < nb; b++) {
         const uint8_t *p = w + b * 18;
         prefetch_run(w + GGUF_AHEAD * NR * rb + b * NR * 18, NR * 18);
         const __m128i *xb = (const __m128i *)(x->q32 + b * 32);
-        __m128i isum = q4x4_sums(p + 2, rb, _mm256_broadcastsi128_si256(_mm_loadu_si128(xb)),
-                                 _mm256_broadcastsi128_si256(_mm_loadu_si128(xb + 1)));
+        __m256i m01, m23;
+        q4x4_parts(p + 2, rb, _mm256_broadcastsi128_si256(_mm_loadu_si128(xb)),
+                   _mm256_broadcastsi128_si256(_mm_loadu_si128(xb + 1)), &m01, &m23);
         __m128 dw = f16x4(p, rb);
-        acc = _mm_fmadd_ps(_mm_cvtepi32_ps(isum), _mm_mul_ps(dw, _mm_set1_ps(x->d32[b])), acc);
+        __m256 s01, s23;
+        spread4(_mm_mul_ps(dw, _mm_set1_ps(x->d32[b])), &s01, &s23);
+        acc01 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(m01), s01, acc01);
+        acc23 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(m23), s23, acc23);
         corr = _mm_fmadd_ps(dw, _mm_set1_ps(x->s32[b]), corr);
     }
-    _mm_storeu_ps(res, _mm_fnmadd_ps(_mm_set1_ps(8.0f), corr, acc));
+    _mm_storeu_ps(res, _mm_fnmadd_ps(_mm_set1_ps(8.0f), corr, sum4x2(acc01, acc23)));
 #else
     for (int r = 0; r < nr; r++) {
         const uint8_t *p = w + r * rb;
@@ -415,8 +449,7 @@ AI float dot1_q45_k(const uint8_t *w, const xq_t *x, long nb, int five) {
         const uint8_t *p = w + b * bs, *qs = p + (five ? 48 : 16);
         prefetch_run(p + GGUF_PF, bs);
         const int8_t *xq = x->q256 + b * 256;
-        const __m128i *bsum = (const __m128i *)(x->bsum + b * 16);
-        __m128i xsum32 = _mm_hadd_epi16(_mm_loadu_si128(bsum), _mm_loadu_si128(bsum + 1));
+        __m128i xsum32 = _mm_loadu_si128((const __m128i *)(x->bsum32 + b * 8));
         int32_t dm;
         memcpy(&dm, p, 4);
         __m128 dmx = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(dm)), _mm_set1_ps(x->d256[b]));  /* d dx, dmin dx */
