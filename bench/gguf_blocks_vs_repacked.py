@@ -7,7 +7,11 @@ the same layers for both forms. Prints ms per matrix, the ratio and GB/s of the 
 load average. --variant NAME=SOURCE[:CFLAGS] (repeatable) adds another build of a cpu_gguf.c (say, the
 main branch's copy, or this one with -DGGUF_AHEAD=4) timed in the same rounds, for kernel work.
 
+--model times whole passes instead: every linear weight of every layer and the LM head in decode order
+(one token's weight traffic, without attention), blocks and repacked alternately, the best pass of each.
+
     python bench/gguf_blocks_vs_repacked.py [--file ~/.cache/wslm-bench/3b-Q4_K_M.gguf] [--threads 1,2]
+    python bench/gguf_blocks_vs_repacked.py --model [--file ...]
 """
 
 from __future__ import annotations
@@ -50,6 +54,41 @@ def load(path: Path, name: str, layers: int, with_repacked: bool = True) -> tupl
     return blocks, repacked, kinds.pop()
 
 
+def model_pass(path: Path, threads: list[int], repeat: int) -> None:
+    import warnings
+
+    reader = gguf.GGUFReader(str(path))
+    order = ("attn_q", "attn_k", "attn_v", "attn_output", "ffn_gate", "ffn_up", "ffn_down")
+    by_name = {t.name: t for t in reader.tensors}
+    names = [f"blk.{i}.{m}.weight" for i in range(10_000) if f"blk.{i}.attn_q.weight" in by_name for m in order]
+    names.append("output.weight" if "output.weight" in by_name else "token_embd.weight")
+    blocks = []
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="The given NumPy array is not writable")
+        for n in names:
+            t = by_name[n]
+            data = torch.from_numpy(t.data)  # the mapped file's pages, as the loader keeps them
+            blocks.append(GGUFBlockWeight([(TYPE_IDS[t.tensor_type.name], data)], int(t.shape[0]), name=n))
+    repacked = [finalize(w.legacy(), torch.device("cpu"), torch.bfloat16) for w in blocks]
+    print(f"{path.name}: {len(blocks)} matrices, blocks {sum(w.nbytes for w in blocks) / 1e9:.2f} GB", flush=True)
+    xs = {k: torch.randn(1, k).to(torch.bfloat16) for k in {w.in_features for w in blocks}}
+
+    def one(ws: list) -> float:
+        start = time.perf_counter()
+        for bw, w in zip(blocks, ws):
+            apply_linear(xs[bw.in_features], w)
+        return time.perf_counter() - start
+
+    for n in threads:
+        torch.set_num_threads(n)
+        one(blocks), one(repacked)
+        b = r = float("inf")
+        for _ in range(repeat):
+            b, r = min(b, one(blocks)), min(r, one(repacked))
+        print(f"whole pass t{n}: blocks {b * 1e3:7.2f} ms  repacked {r * 1e3:7.2f} ms  blocks/repacked time "
+              f"{b / r:5.3f}  load {os.getloadavg()[0]:.2f}", flush=True)  # fmt: skip
+
+
 def timed(ws: list, xs: torch.Tensor) -> float:
     """The fastest single product of a round over the layers (each matrix cold: the others came between)."""
     top = float("inf")
@@ -90,9 +129,13 @@ def main() -> None:
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--repeat", type=int, default=15)
     ap.add_argument("--blocks-only", action="store_true", help="time the blocks alone (kernel experiments)")
+    ap.add_argument("--model", action="store_true", help="whole passes over every layer's weights and the head")
     ap.add_argument("--variant", action="append", default=[], help="NAME=SOURCE[:CFLAGS], another cpu_gguf.c")
     args = ap.parse_args()
     print(f"{Path(args.file).name}, load {os.getloadavg()[0]:.2f}")
+    if args.model:
+        model_pass(Path(args.file), [int(t) for t in args.threads.split(",")], args.repeat)
+        return
     variants = [build_variant(v) for v in args.variant]
     for name in args.matrices.split(","):
         blocks, repacked, kind = load(Path(args.file), name, args.layers, not args.blocks_only)
