@@ -249,25 +249,11 @@ AI __m128i sum4_i32(__m256i p0, __m256i p1, __m256i p2, __m256i p3) {
     __m256i c = _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3));
     return _mm_add_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
 }
-/* Four rows' sums of (4-bit codes . x) for one 32-column block, exact: two rows a vector (one row's 16 code
-   bytes per 128-bit half), so each nibble split and multiply serves two rows. p: row 0's 16 code bytes,
-   the others rb apart; xl, xh: the block's x[0..15] and x[16..31] in both halves. */
-AI __m128i q4x4_sums(const uint8_t *p, long rb, __m256i xl, __m256i xh) {
-    const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
-    __m256i m[2];
-    for (int i = 0; i < 2; i++) {
-        const uint8_t *a = p + 2 * i * rb;
-        __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)a)),
-                                            _mm_loadu_si128((const __m128i *)(a + rb)), 1);
-        __m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(_mm256_and_si256(v, low), xl),
-                                     _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), low), xh));
-        m[i] = _mm256_madd_epi16(s, ones);  /* [row 2i: 4 sums | row 2i + 1: 4 sums] */
-    }
-    __m256i h = _mm256_hadd_epi32(m[0], m[1]);  /* [r0 r0 r2 r2 | r1 r1 r3 r3] */
-    h = _mm256_hadd_epi32(h, h);                /* [r0 r2 r0 r2 | r1 r3 r1 r3] */
-    return _mm_unpacklo_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
-}
-/* q4x4_sums without its reduction: [row 0: 4 sums | row 1: 4 sums], [row 2 | row 3] */
+/* Four rows' sums of (4-bit codes . x) for one 32-column block, exact, as 4 partial sums each: two rows a
+   vector (one row's 16 code bytes per 128-bit half), so each nibble split and multiply serves two rows.
+   p: row 0's 16 code bytes, the others rb apart; xl, xh: the block's x[0..15] and x[16..31] in both
+   halves. -> [row 0: 4 sums | row 1: 4 sums], [row 2 | row 3], scaled in these lanes (spread4) and
+   reduced once per row (sum4x2), not per block. */
 AI void q4x4_parts(const uint8_t *p, long rb, __m256i xl, __m256i xh, __m256i *m01, __m256i *m23) {
     const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
     __m256i m[2];
@@ -355,29 +341,35 @@ AI void dot_q451(const uint8_t *w, long rb, int nr, const xq_t *x, long K, float
     long nb = K / 32;
 #if defined(GG_AVX2)
     __m128 acc = _mm_setzero_ps(), mins = _mm_setzero_ps();
+    __m256 acc01 = _mm256_setzero_ps(), acc23 = _mm256_setzero_ps();
     (void)nr;
     for (long b = 0; b < nb; b++) {
         __m256i xv = _mm256_loadu_si256((const __m256i *)(x->q32 + b * 32));
         const uint8_t *p = w + b * bs;
         prefetch_run(w + GGUF_AHEAD * NR * rb + b * NR * bs, NR * bs);
-        __m128i isum;
         __m128 dw, mw, sx = _mm_set1_ps(x->s32[b]);
-        if (!qh) {  /* Q4_1: two rows a vector, (d, m) of four rows in one conversion */
+        if (!qh) {  /* Q4_1: two rows a vector, their sums scaled in their lanes (as Q4_0) */
             const __m128i *xb = (const __m128i *)(x->q32 + b * 32);
-            isum = q4x4_sums(p + qs, rb, _mm256_broadcastsi128_si256(_mm_loadu_si128(xb)),
-                             _mm256_broadcastsi128_si256(_mm_loadu_si128(xb + 1)));
+            __m256i m01, m23;
+            q4x4_parts(p + qs, rb, _mm256_broadcastsi128_si256(_mm_loadu_si128(xb)),
+                       _mm256_broadcastsi128_si256(_mm_loadu_si128(xb + 1)), &m01, &m23);
             f16_pairs4(p, rb, &dw, &mw);
+            __m256 s01, s23;
+            spread4(_mm_mul_ps(dw, _mm_set1_ps(x->d32[b])), &s01, &s23);
+            acc01 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(m01), s01, acc01);
+            acc23 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(m23), s23, acc23);
         } else {
             __m256i pr[4];
             for (int r = 0; r < 4; r++)
                 pr[r] = dot_us(_mm256_or_si256(nibbles32(p + r * rb + qs), bits32(p + r * rb + qh)), xv);
-            isum = sum4_i32(pr[0], pr[1], pr[2], pr[3]);
+            __m128i isum = sum4_i32(pr[0], pr[1], pr[2], pr[3]);
             dw = f16x4(p, rb);
             mw = with_min ? f16x4(p + 2, rb) : _mm_mul_ps(_mm_set1_ps(-16.0f), dw);
+            acc = _mm_fmadd_ps(_mm_cvtepi32_ps(isum), _mm_mul_ps(dw, _mm_set1_ps(x->d32[b])), acc);
         }
-        acc = _mm_fmadd_ps(_mm_cvtepi32_ps(isum), _mm_mul_ps(dw, _mm_set1_ps(x->d32[b])), acc);
         mins = _mm_fmadd_ps(mw, sx, mins);
     }
+    if (!qh) acc = sum4x2(acc01, acc23);
     _mm_storeu_ps(res, _mm_add_ps(acc, mins));
 #else
     for (int r = 0; r < nr; r++) {
