@@ -161,9 +161,10 @@ VARIABLES: tuple[EnvVar, ...] = (
            "`1`: a GGUF's Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K weights stay the file's own blocks, pages of the "
            "memory-mapped file multiplied in place (`wslm/backend/quant/gguf_blocks.py`, `kernels/cpu_gguf.c`): "
            "a 3B file loads in ~3.5 s instead of ~35 s and holds the file's size. `0`: repacked into int4 groups "
-           "/ int8 rows at load, as before: their kernels still decode faster (3B Q4_K_M on a 2-core Zen 3: 6.0 / "
-           "9.3 tok/s at 1 / 2 threads against the blocks' 4.1 / 6.9; docs/benchmarks.md), so they stay the "
-           "default until the block kernels catch up.",
+           "/ int8 rows at load, as before. One token's weight products on a 2-core Zen 3 (bench/"
+           "gguf_blocks_vs_repacked.py --model, same process, 1 thread): the blocks take 0.93x the repacked "
+           "kernels' time on 3B Q4_K_M (its Q6_K tensors 0.5x) but 1.06x on Q4_0 (docs/benchmarks.md), so "
+           "repacking stays the default until the 32-column kernels catch up.",
            (_E,), _TUNING),
     EnvVar("WSLM_QUANT_FLOAT32", "bool", False,
            "`1`: with a float32 model on CPU, quantized weights reproduce the file's values exactly and multiply "
