@@ -206,12 +206,14 @@ static inline __m256i bits32(const uint8_t *qh) {
 /* The K-quants' 12 bytes of 6-bit scales and minimums as 16 bytes: the 8 scales, then the 8 minimums
    (scale_min_k4 for all eight at once, on 32-bit words) */
 static inline __m128i k4_scales_mins(const uint8_t *q) {
-    uint32_t u[4];
-    memcpy(u, q, 12);
-    const uint32_t m6 = 0x3f3f3f3fu, m4 = 0x0f0f0f0fu, m2 = 0x03030303u;
-    uint32_t mins_lo = u[1] & m6, mins_hi = ((u[2] >> 4) & m4) | (((u[1] >> 6) & m2) << 4);
-    uint32_t sc_hi = (u[2] & m4) | (((u[0] >> 6) & m2) << 4), sc_lo = u[0] & m6;
-    return _mm_setr_epi32((int)sc_lo, (int)sc_hi, (int)mins_lo, (int)mins_hi);
+    /* lanes [u0, u2, u1, u2] and [u0, u0, u1, u1] of the 12 bytes' words u0..u2 (16 bytes read: the
+       block's codes follow them) */
+    __m128i v = _mm_loadu_si128((const __m128i *)q);
+    __m128i a = _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 1, 2, 0)), b = _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 1, 0, 0));
+    __m128i lo = _mm_and_si128(_mm_srlv_epi32(a, _mm_setr_epi32(0, 0, 0, 4)),
+                               _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
+    __m128i hi = _mm_and_si128(_mm_srli_epi32(b, 6), _mm_setr_epi32(0, 0x03030303, 0, 0x03030303));
+    return _mm_or_si128(lo, _mm_slli_epi32(hi, 4));
 }
 /* a shuffle that fills every 16-bit lane with lane i of a vector of 8 16-bit values (in both halves) */
 static inline __m256i k_pick16(int i) {
@@ -282,18 +284,22 @@ AI __m128 sum4x2(__m256 a01, __m256 a23) {
 }
 /* the fp16 pairs (d, m) at p, p + stride, ...: four rows' d and m */
 AI void f16_pairs4(const uint8_t *p, long stride, __m128 *d, __m128 *m) {
-    int32_t v[4];
-    for (int r = 0; r < 4; r++) memcpy(&v[r], p + r * stride, 4);
-    __m256 f = _mm256_cvtph_ps(_mm_setr_epi32(v[0], v[1], v[2], v[3]));  /* d0 m0 d1 m1 d2 m2 d3 m3 */
+    /* 128-bit loads and unpacks, not four scalar loads and inserts (which starved the loop of issue slots) */
+    __m128i r01 = _mm_unpacklo_epi32(_mm_loadu_si128((const __m128i *)p), _mm_loadu_si128((const __m128i *)(p + stride)));
+    __m128i r23 = _mm_unpacklo_epi32(_mm_loadu_si128((const __m128i *)(p + 2 * stride)),
+                                     _mm_loadu_si128((const __m128i *)(p + 3 * stride)));
+    __m256 f = _mm256_cvtph_ps(_mm_unpacklo_epi64(r01, r23));  /* d0 m0 d1 m1 d2 m2 d3 m3 */
     __m128 a = _mm256_castps256_ps128(f), b = _mm256_extractf128_ps(f, 1);
     *d = _mm_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0));
     *m = _mm_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1));
 }
-/* the fp16 values at p, p + stride, p + 2 stride, p + 3 stride */
+/* the fp16 values at p, p + stride, p + 2 stride, p + 3 stride (16 bytes read at each: the blocks' codes
+   follow their scales) */
 AI __m128 f16x4(const uint8_t *p, long stride) {
-    uint16_t h[4];
-    for (int r = 0; r < 4; r++) memcpy(&h[r], p + r * stride, 2);
-    return _mm_cvtph_ps(_mm_setr_epi16((short)h[0], (short)h[1], (short)h[2], (short)h[3], 0, 0, 0, 0));
+    __m128i r01 = _mm_unpacklo_epi16(_mm_loadu_si128((const __m128i *)p), _mm_loadu_si128((const __m128i *)(p + stride)));
+    __m128i r23 = _mm_unpacklo_epi16(_mm_loadu_si128((const __m128i *)(p + 2 * stride)),
+                                     _mm_loadu_si128((const __m128i *)(p + 3 * stride)));
+    return _mm_cvtph_ps(_mm_unpacklo_epi32(r01, r23));
 }
 #endif
 
