@@ -36,8 +36,9 @@ def _blocks(kind: str, seed: int, rows: int = ROWS, cols: int = COLS) -> np.ndar
 
 @pytest.fixture(scope="module", autouse=True)
 def _kept_in_blocks():
-    """Blocks in place (WSLM_GGUF_BLOCKS=1, not yet the default) and not dequantized (conftest dequantizes
-    GGUF for the HF parity tests), for every test here and the processes they start."""
+    """Blocks in place (WSLM_GGUF_BLOCKS=1, the default, set in case the environment says otherwise) and not
+    dequantized (conftest dequantizes GGUF for the HF parity tests), for every test here and the processes
+    they start."""
     saved = {k: os.environ.get(k) for k in ("WSLM_GGUF_DEQUANTIZE", "WSLM_GGUF_BLOCKS")}
     os.environ.update(WSLM_GGUF_DEQUANTIZE="0", WSLM_GGUF_BLOCKS="1")
     yield

@@ -73,15 +73,14 @@ def test_gguf_runtime_weight_is_the_files_values(tmp_path, kind, monkeypatch):
     torch.testing.assert_close(exact.apply(x) if exact.__class__ is not torch.Tensor else x @ exact.t(),
                                x @ ref.t(), rtol=1e-5, atol=1e-5)  # fmt: skip
 
-    # WSLM_GGUF_BLOCKS=1: the types with kernels of their own stay the file's blocks (gguf_blocks.py, issue
-    # 36: the file's values exactly, tests/test_gguf_blocks.py checks their products).
+    # The default (WSLM_GGUF_BLOCKS): the types with kernels of their own stay the file's blocks (gguf_blocks.py,
+    # issue 36: the file's values exactly, tests/test_gguf_blocks.py checks their products).
     monkeypatch.setenv("WSLM_QUANT_FLOAT32", "0")
     if kind in BLOCK_TYPES:
-        monkeypatch.setenv("WSLM_GGUF_BLOCKS", "1")
         blocks = _load(path, torch.bfloat16)
         assert blocks.kind == "gguf" and torch.equal(_dense(blocks), ref)
-        monkeypatch.setenv("WSLM_GGUF_BLOCKS", "0")
-    # The default: int4 codes with bf16 scales, or int8 per row.
+    # WSLM_GGUF_BLOCKS=0 (and the other types): int4 codes with bf16 scales, or int8 per row.
+    monkeypatch.setenv("WSLM_GGUF_BLOCKS", "0")
     default = _load(path, torch.bfloat16)
     form = "int4" if kind in INT4_TYPES else "int8"
     assert default.kind == form
