@@ -265,12 +265,17 @@ class GGUFBlockWeight:
         """The compiled batch graph freezes a copy of its weights anyway (it compiles only models under 1 GiB
         by default): it takes the repacked form, whose kernels it was tuned with (the demo's 32 chats kept
         their speed), while lone chats and eager batches read the blocks."""
+        spec = getattr(self.graph_form(), "graph_spec", None)
+        return spec(bias, c_kernels=c_kernels) if spec is not None else None
+
+    def graph_form(self):
+        """The repacked form the compiled graph reads (its weights and, for a token table, its rows), made
+        once: the graph's buffers are these very tensors, one copy, not two."""
         from wslm.backend.quant.linear import finalize
 
-        if self._graph is None:  # the graph's buffers are these very tensors: one copy, not two
+        if self._graph is None:
             self._graph = finalize(self.legacy(), torch.device("cpu"), self._dtype)
-        spec = getattr(self._graph, "graph_spec", None)
-        return spec(bias, c_kernels=c_kernels) if spec is not None else None
+        return self._graph
 
     def c_struct(self) -> ctypes.Structure:
         if self._c is None:
