@@ -143,8 +143,10 @@ def _blocks(kind: str, rows: int, cols: int, seed: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("kind", list(_FP16_FIELDS))
-def test_gguf_types_repack_to_what_gguf_dequantizes(tmp_path, kind):
+def test_gguf_types_repack_to_what_gguf_dequantizes(tmp_path, kind, monkeypatch):
     import gguf
+
+    monkeypatch.setenv("WSLM_GGUF_BLOCKS", "0")  # the repacked forms (the blocks: tests/test_gguf_blocks.py)
 
     from wslm.backend.quant.gguf_formats import INT4_TYPES
     from wslm.backend.quant.gguf_weights import iter_gguf_weights
