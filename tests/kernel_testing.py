@@ -1,4 +1,5 @@
-"""Helpers for kernel tests and benchmarks: random paged caches and a naive dense attention oracle."""
+"""Helpers for kernel tests and benchmarks: random paged caches, a naive dense attention oracle, GGUF block
+bytes."""
 
 from __future__ import annotations
 
@@ -98,7 +99,7 @@ def naive_attention(
 # Byte offsets of each GGUF block format's f16 fields (d; Q4_1's m; the K-quants' dmin).
 GGUF_HALF_FIELDS = {
     "Q4_0": (0,), "Q4_1": (0, 2), "Q5_0": (0,), "Q5_1": (0, 2), "Q8_0": (0,), "Q4_K": (0, 2), "Q5_K": (0, 2),
-    "Q6_K": (208,),
+    "Q6_K": (208,), "Q2_K": (80, 82), "Q3_K": (108,),
 }
 
 
@@ -109,10 +110,15 @@ def random_gguf_blocks(rows: int, cols: int, name: str, seed: int = 0, specials:
     f16 fields (exactness checks, not matmuls)."""
     from wslm.kernels.torch_gguf import FORMATS
 
-    fmt = FORMATS[name]
+    if name in FORMATS:
+        block_weights, block_bytes = FORMATS[name].block_weights, FORMATS[name].block_bytes
+    else:  # types only gguf-py reads (Q2_K, Q3_K)
+        import gguf
+
+        block_weights, block_bytes = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[name]]
     g = torch.Generator().manual_seed(seed)
-    nb = cols // fmt.block_weights
-    raw = torch.randint(0, 256, (rows, nb, fmt.block_bytes), dtype=torch.uint8, generator=g)
+    nb = cols // block_weights
+    raw = torch.randint(0, 256, (rows, nb, block_bytes), dtype=torch.uint8, generator=g)
     for i, at in enumerate(GGUF_HALF_FIELDS[name]):
         v = torch.rand(rows, nb, generator=g) * 0.02 + 1e-4
         if name in ("Q4_0", "Q5_0"):  # d = max / -8 (-16): either sign
@@ -124,4 +130,24 @@ def random_gguf_blocks(rows: int, cols: int, name: str, seed: int = 0, specials:
             for j, s in enumerate((0.0, -0.0, 2.0**-24, 65504.0)):
                 flat[j * 3 % flat.numel()] = s
         raw[..., at:at + 2] = v.to(torch.float16).view(torch.uint8).view(rows, nb, 2)
-    return raw.view(rows, nb * fmt.block_bytes)
+    return raw.view(rows, nb * block_bytes)
+
+
+# The block types gguf-py's own quantizer writes (gguf.quants.quantize); the K-quants it only reads.
+GGUF_QUANTIZABLE = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")
+
+
+def gguf_tensor_blocks(name: str, rows: int, cols: int, seed: int = 0, outliers: bool = False):
+    """Raw bytes (numpy uint8 [rows, bytes_per_row]) of a [rows, cols] GGUF tensor of type `name`: gguf-py's
+    quantizer of weight-like values (rows of different magnitude; outliers: a few values 20x) where it has
+    one, else random_gguf_blocks (every byte pattern is a valid K-quant block)."""
+    import gguf
+    import numpy as np
+
+    if name in GGUF_QUANTIZABLE:
+        rng = np.random.default_rng(seed)
+        w = rng.standard_normal((rows, cols)) * rng.uniform(0.01, 0.1, (rows, 1))
+        if outliers:
+            w[rng.random(w.shape) < 0.002] *= 20
+        return gguf.quants.quantize(w.astype(np.float32), gguf.GGMLQuantizationType[name])
+    return random_gguf_blocks(rows, cols, name, seed).numpy()

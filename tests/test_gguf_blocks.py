@@ -16,6 +16,7 @@ import textwrap
 import numpy as np
 import pytest
 import torch
+from kernel_testing import gguf_tensor_blocks
 
 from wslm.backend.quant.gguf_blocks import (
     BLOCK_TYPES,
@@ -26,33 +27,18 @@ from wslm.backend.quant.gguf_blocks import (
 )
 
 ROWS, COLS = 70, 512  # 70: a last group of rows smaller than the kernel's 4
-_FP16_FIELDS = {"Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0], "Q4_K": [0, 2],
-                "Q5_K": [0, 2], "Q6_K": [208]}  # fmt: skip
-_QUANTIZABLE = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")  # gguf.quants.quantize covers these
 ROUNDING = 2.0**-20  # float32 sums of a few hundred terms, relative to sum |w| |x|
 
 
 def _blocks(kind: str, seed: int, rows: int = ROWS, cols: int = COLS) -> np.ndarray:
-    """Raw bytes of a [rows, cols] tensor: gguf-py's quantizer of weight-like values where it has one, else
-    random blocks with realistic fp16 scales (every byte pattern is a valid K-quant block)."""
-    import gguf
-
-    qtype = gguf.GGMLQuantizationType[kind]
-    rng = np.random.default_rng(seed)
-    if kind in _QUANTIZABLE:
-        w = rng.standard_normal((rows, cols)) * rng.uniform(0.01, 0.1, (rows, 1))
-        return gguf.quants.quantize(w.astype(np.float32), qtype)
-    block, size = gguf.GGML_QUANT_SIZES[qtype]
-    raw = rng.integers(0, 256, (rows, cols // block, size), dtype=np.uint8)
-    for off in _FP16_FIELDS[kind]:
-        raw[..., off : off + 2] = rng.uniform(2e-4, 2e-3, raw.shape[:2]).astype(np.float16)[..., None].view(np.uint8)
-    return raw.reshape(rows, -1)
+    return gguf_tensor_blocks(kind, rows, cols, seed)
 
 
 @pytest.fixture(scope="module", autouse=True)
 def _kept_in_blocks():
-    """Blocks in place (WSLM_GGUF_BLOCKS=1, not yet the default) and not dequantized (conftest dequantizes
-    GGUF for the HF parity tests), for every test here and the processes they start."""
+    """Blocks in place (WSLM_GGUF_BLOCKS=1, the default, set in case the environment says otherwise) and not
+    dequantized (conftest dequantizes GGUF for the HF parity tests), for every test here and the processes
+    they start."""
     saved = {k: os.environ.get(k) for k in ("WSLM_GGUF_DEQUANTIZE", "WSLM_GGUF_BLOCKS")}
     os.environ.update(WSLM_GGUF_DEQUANTIZE="0", WSLM_GGUF_BLOCKS="1")
     yield

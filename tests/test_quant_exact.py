@@ -6,17 +6,13 @@ kept-quantized weights") in the default bfloat16 engine."""
 import numpy as np
 import pytest
 import torch
+from kernel_testing import gguf_tensor_blocks
 
 from wslm.backend.quant.linear import finalize
 
 CPU = torch.device("cpu")
 ROWS, COLS = 64, 512
-# Byte offsets of each block's fp16 scale fields (llama.cpp's ggml-common.h layouts).
-_FP16_FIELDS = {
-    "Q4_0": [0], "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "Q8_0": [0],
-    "Q2_K": [80, 82], "Q3_K": [108], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208],
-}  # fmt: skip
-_QUANTIZABLE = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0")  # gguf.quants.quantize covers these
+_KINDS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K")
 # Default (bfloat16 engine) error bounds, relative to the largest |w| of the weight's row, as
 # docs/benchmarks.md gives them. int4 types keep their codes; only the scale and zero round to bf16 (2^-8
 # relative each: at most 2^-8 (8 s + |z|) <= 2^-7 of the block's largest; measured 0.40%). The others
@@ -31,22 +27,7 @@ def _native_gguf(monkeypatch):
 
 
 def _blocks(kind: str, seed: int) -> np.ndarray:
-    """Raw GGUF bytes of a [ROWS, COLS] tensor: gguf's own quantizer of weight-like values (rows of
-    different magnitude, a few outliers) where it has one, else random blocks with realistic fp16 scales
-    (every byte pattern is a valid K-quant block)."""
-    import gguf
-
-    qtype = gguf.GGMLQuantizationType[kind]
-    rng = np.random.default_rng(seed)
-    if kind in _QUANTIZABLE:
-        w = rng.standard_normal((ROWS, COLS)) * rng.uniform(0.01, 0.1, (ROWS, 1))
-        w[rng.random(w.shape) < 0.002] *= 20
-        return gguf.quants.quantize(w.astype(np.float32), qtype)
-    block, size = gguf.GGML_QUANT_SIZES[qtype]
-    raw = rng.integers(0, 256, (ROWS, COLS // block, size), dtype=np.uint8)
-    for off in _FP16_FIELDS[kind]:
-        raw[..., off : off + 2] = rng.uniform(2e-4, 2e-3, raw.shape[:2]).astype(np.float16)[..., None].view(np.uint8)
-    return raw.reshape(ROWS, -1)
+    return gguf_tensor_blocks(kind, ROWS, COLS, seed, outliers=True)
 
 
 def _write(path, kind: str, raw: np.ndarray) -> None:
@@ -71,7 +52,7 @@ def _dense(w) -> torch.Tensor:
     return w.float() if isinstance(w, torch.Tensor) else w.dequantize(torch.float32)
 
 
-@pytest.mark.parametrize("kind", list(_FP16_FIELDS))
+@pytest.mark.parametrize("kind", _KINDS)
 def test_gguf_runtime_weight_is_the_files_values(tmp_path, kind, monkeypatch):
     import gguf
 
@@ -92,15 +73,14 @@ def test_gguf_runtime_weight_is_the_files_values(tmp_path, kind, monkeypatch):
     torch.testing.assert_close(exact.apply(x) if exact.__class__ is not torch.Tensor else x @ exact.t(),
                                x @ ref.t(), rtol=1e-5, atol=1e-5)  # fmt: skip
 
-    # WSLM_GGUF_BLOCKS=1: the types with kernels of their own stay the file's blocks (gguf_blocks.py, issue
-    # 36: the file's values exactly, tests/test_gguf_blocks.py checks their products).
+    # The default (WSLM_GGUF_BLOCKS): the types with kernels of their own stay the file's blocks (gguf_blocks.py,
+    # issue 36: the file's values exactly, tests/test_gguf_blocks.py checks their products).
     monkeypatch.setenv("WSLM_QUANT_FLOAT32", "0")
     if kind in BLOCK_TYPES:
-        monkeypatch.setenv("WSLM_GGUF_BLOCKS", "1")
         blocks = _load(path, torch.bfloat16)
         assert blocks.kind == "gguf" and torch.equal(_dense(blocks), ref)
-        monkeypatch.setenv("WSLM_GGUF_BLOCKS", "0")
-    # The default: int4 codes with bf16 scales, or int8 per row.
+    # WSLM_GGUF_BLOCKS=0 (and the other types): int4 codes with bf16 scales, or int8 per row.
+    monkeypatch.setenv("WSLM_GGUF_BLOCKS", "0")
     default = _load(path, torch.bfloat16)
     form = "int4" if kind in INT4_TYPES else "int8"
     assert default.kind == form

@@ -143,8 +143,10 @@ def _blocks(kind: str, rows: int, cols: int, seed: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("kind", list(_FP16_FIELDS))
-def test_gguf_types_repack_to_what_gguf_dequantizes(tmp_path, kind):
+def test_gguf_types_repack_to_what_gguf_dequantizes(tmp_path, kind, monkeypatch):
     import gguf
+
+    monkeypatch.setenv("WSLM_GGUF_BLOCKS", "0")  # the repacked forms (the blocks: tests/test_gguf_blocks.py)
 
     from wslm.backend.quant.gguf_formats import INT4_TYPES
     from wslm.backend.quant.gguf_weights import iter_gguf_weights
@@ -205,4 +207,6 @@ def test_model_list_counts_gguf_weights_at_their_runtime_size(tmp_path, monkeypa
     runtime = gguf_runtime_bytes(meta.elements_by_type)
     size = demo_model_path().stat().st_size
     assert 0.8 * size < runtime < 1.3 * size  # not the 2 bytes per weight of a dequantized model
-    assert gguf_runtime_bytes({"Q4_K": 1024, "Q6_K": 1024}) == 640 + 1024
+    assert gguf_runtime_bytes({"Q4_K": 1024, "Q6_K": 1024}) == 576 + 840  # the file's blocks (the default)
+    monkeypatch.setenv("WSLM_GGUF_BLOCKS", "0")
+    assert gguf_runtime_bytes({"Q4_K": 1024, "Q6_K": 1024}) == 640 + 1024  # repacked: int4 groups, int8 rows

@@ -169,13 +169,13 @@ VARIABLES: tuple[EnvVar, ...] = (
            (_E,), _TUNING),
     EnvVar("WSLM_GGUF_CACHE", "bool", True, "`0`: no converted copy of a GGUF is written or read.",
            (_E,), _TUNING),
-    EnvVar("WSLM_GGUF_BLOCKS", "bool", False,
-           "`1`: a GGUF's Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K weights stay the file's own blocks, pages of the "
-           "memory-mapped file multiplied in place (`wslm/backend/quant/gguf_blocks.py`, `kernels/cpu_gguf.c`): "
-           "a 3B file loads in ~3.5 s instead of ~35 s and holds the file's size. `0`: repacked into int4 groups "
-           "/ int8 rows at load, as before: their kernels still decode faster (3B Q4_K_M on a 2-core Zen 3: 6.0 / "
-           "9.3 tok/s at 1 / 2 threads against the blocks' 4.1 / 6.9; docs/benchmarks.md), so they stay the "
-           "default until the block kernels catch up.",
+    EnvVar("WSLM_GGUF_BLOCKS", "bool", True,
+           "`1` (the default): a GGUF's Q4_0/Q4_1/Q5_0/Q5_1/Q8_0/Q4_K/Q5_K/Q6_K weights stay the file's own "
+           "blocks, pages of the memory-mapped file multiplied in place on CPU (`wslm/backend/quant/"
+           "gguf_blocks.py`, `kernels/cpu_gguf.c`): a 3B file loads in ~3.5 s instead of ~35 s, holds the "
+           "file's size, and its products are at least as fast as the repacked ones (2-core Zen 3, bench/"
+           "gguf_blocks_vs_repacked.py; docs/benchmarks.md). `0`: repacked into int4 groups / int8 rows at load, "
+           "as before (GPU engines and MoE experts still repack).",
            (_E,), _TUNING),
     EnvVar("WSLM_QUANT_FLOAT32", "bool", False,
            "`1`: with a float32 model on CPU, quantized weights reproduce the file's values exactly and multiply "

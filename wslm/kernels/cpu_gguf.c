@@ -81,7 +81,7 @@ int wslm_gguf_takes(long t) { return block_bytes(t) > 0; }
 typedef struct {
     int8_t *q32, *q256;
     float *d32, *s32, *d256;
-    int16_t *bsum;
+    int16_t *bsum, *bsum32;
     int32_t *sum32;
 } xq_t;
 
@@ -136,12 +136,13 @@ static void quantize_x(const void *x, int bf16, long K, int need32, int need256,
                 for (int i = 0; i < 16; i++) s += o->q256[b * 256 + g * 16 + i];
                 o->bsum[b * 16 + g] = (int16_t)s;
             }
+            for (int j = 0; j < 8; j++) o->bsum32[b * 8 + j] = (int16_t)(o->bsum[b * 16 + 2 * j] + o->bsum[b * 16 + 2 * j + 1]);
         }
 }
 
 /* bytes quantize_x needs for one row of K (both forms) */
 static size_t xq_bytes(long K) {
-    return (size_t)K * 2 + sizeof(float) * (size_t)(K / 32 * 2 + K / 256 + 1) + sizeof(int16_t) * (size_t)(K / 16)
+    return (size_t)K * 2 + sizeof(float) * (size_t)(K / 32 * 2 + K / 256 + 1) + sizeof(int16_t) * (size_t)(K / 16 + K / 32)
            + sizeof(int32_t) * (size_t)(K / 32) + 64;
 }
 
@@ -152,6 +153,7 @@ static void xq_carve(void *mem, long K, xq_t *o) {
     o->d256 = (float *)p; p += sizeof(float) * (size_t)(K / 256 + 1);
     o->sum32 = (int32_t *)p; p += sizeof(int32_t) * (size_t)(K / 32);
     o->bsum = (int16_t *)p; p += sizeof(int16_t) * (size_t)(K / 16);
+    o->bsum32 = (int16_t *)p; p += sizeof(int16_t) * (size_t)(K / 32);
     o->q32 = (int8_t *)p; p += K;
     o->q256 = (int8_t *)p;
 }
@@ -204,12 +206,14 @@ static inline __m256i bits32(const uint8_t *qh) {
 /* The K-quants' 12 bytes of 6-bit scales and minimums as 16 bytes: the 8 scales, then the 8 minimums
    (scale_min_k4 for all eight at once, on 32-bit words) */
 static inline __m128i k4_scales_mins(const uint8_t *q) {
-    uint32_t u[4];
-    memcpy(u, q, 12);
-    const uint32_t m6 = 0x3f3f3f3fu, m4 = 0x0f0f0f0fu, m2 = 0x03030303u;
-    uint32_t mins_lo = u[1] & m6, mins_hi = ((u[2] >> 4) & m4) | (((u[1] >> 6) & m2) << 4);
-    uint32_t sc_hi = (u[2] & m4) | (((u[0] >> 6) & m2) << 4), sc_lo = u[0] & m6;
-    return _mm_setr_epi32((int)sc_lo, (int)sc_hi, (int)mins_lo, (int)mins_hi);
+    /* lanes [u0, u2, u1, u2] and [u0, u0, u1, u1] of the 12 bytes' words u0..u2 (16 bytes read: the
+       block's codes follow them) */
+    __m128i v = _mm_loadu_si128((const __m128i *)q);
+    __m128i a = _mm_shuffle_epi32(v, _MM_SHUFFLE(2, 1, 2, 0)), b = _mm_shuffle_epi32(v, _MM_SHUFFLE(1, 1, 0, 0));
+    __m128i lo = _mm_and_si128(_mm_srlv_epi32(a, _mm_setr_epi32(0, 0, 0, 4)),
+                               _mm_setr_epi32(0x3f3f3f3f, 0x0f0f0f0f, 0x3f3f3f3f, 0x0f0f0f0f));
+    __m128i hi = _mm_and_si128(_mm_srli_epi32(b, 6), _mm_setr_epi32(0, 0x03030303, 0, 0x03030303));
+    return _mm_or_si128(lo, _mm_slli_epi32(hi, 4));
 }
 /* a shuffle that fills every 16-bit lane with lane i of a vector of 8 16-bit values (in both halves) */
 static inline __m256i k_pick16(int i) {
@@ -227,6 +231,19 @@ static inline __m256i k_pick16_pair(int i) {
    the multiply-adds from waiting on one another (one row alone: one fp32 chain, 4 cycles a block). */
 #define NR 4
 #define AI static inline __attribute__((always_inline))
+#ifndef GGUF_AHEAD
+#define GGUF_AHEAD 2  /* the 4-row kernels: prefetch the group of NR rows this many groups ahead */
+#endif
+#ifndef GGUF_PF
+#define GGUF_PF 2048  /* the one-row kernels: prefetch this many bytes ahead of the block being read */
+#endif
+/* The bytes [p, p + n) asked for, a line at a time, as the loops read at the same pace: hardware prefetch
+   follows one long stream well, but not the four short ones of four rows read side by side (each row of a
+   3B model is only 27 lines), and a burst of a hundred prefetches at a group's start overflows the
+   core's miss buffers (the loop waited on memory at half the repacked kernels' speed). */
+AI void prefetch_run(const uint8_t *p, long n) {
+    for (long o = 0; o < n; o += 64) prefetch(p + o);
+}
 
 #if defined(GG_AVX2)
 /* 4 rows' 8-lane integer sums -> their 4 totals (exact) */
@@ -234,10 +251,12 @@ AI __m128i sum4_i32(__m256i p0, __m256i p1, __m256i p2, __m256i p3) {
     __m256i c = _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3));
     return _mm_add_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
 }
-/* Four rows' sums of (4-bit codes . x) for one 32-column block, exact: two rows a vector (one row's 16 code
-   bytes per 128-bit half), so each nibble split and multiply serves two rows. p: row 0's 16 code bytes,
-   the others rb apart; xl, xh: the block's x[0..15] and x[16..31] in both halves. */
-AI __m128i q4x4_sums(const uint8_t *p, long rb, __m256i xl, __m256i xh) {
+/* Four rows' sums of (4-bit codes . x) for one 32-column block, exact, as 4 partial sums each: two rows a
+   vector (one row's 16 code bytes per 128-bit half), so each nibble split and multiply serves two rows.
+   p: row 0's 16 code bytes, the others rb apart; xl, xh: the block's x[0..15] and x[16..31] in both
+   halves. -> [row 0: 4 sums | row 1: 4 sums], [row 2 | row 3], scaled in these lanes (spread4) and
+   reduced once per row (sum4x2), not per block. */
+AI void q4x4_parts(const uint8_t *p, long rb, __m256i xl, __m256i xh, __m256i *m01, __m256i *m23) {
     const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
     __m256i m[2];
     for (int i = 0; i < 2; i++) {
@@ -246,26 +265,41 @@ AI __m128i q4x4_sums(const uint8_t *p, long rb, __m256i xl, __m256i xh) {
                                             _mm_loadu_si128((const __m128i *)(a + rb)), 1);
         __m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(_mm256_and_si256(v, low), xl),
                                      _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), low), xh));
-        m[i] = _mm256_madd_epi16(s, ones);  /* [row 2i: 4 sums | row 2i + 1: 4 sums] */
+        m[i] = _mm256_madd_epi16(s, ones);
     }
-    __m256i h = _mm256_hadd_epi32(m[0], m[1]);  /* [r0 r0 r2 r2 | r1 r1 r3 r3] */
-    h = _mm256_hadd_epi32(h, h);                /* [r0 r2 r0 r2 | r1 r3 r1 r3] */
-    return _mm_unpacklo_epi32(_mm256_castsi256_si128(h), _mm256_extracti128_si256(h, 1));
+    *m01 = m[0];
+    *m23 = m[1];
+}
+/* four rows' scales [d0 d1 d2 d3] in q4x4_parts' lanes: [d0 x4 | d1 x4], [d2 x4 | d3 x4] */
+AI void spread4(__m128 d, __m256 *s01, __m256 *s23) {
+    __m256 w = _mm256_castps128_ps256(d);
+    *s01 = _mm256_permutevar8x32_ps(w, _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1));
+    *s23 = _mm256_permutevar8x32_ps(w, _mm256_setr_epi32(2, 2, 2, 2, 3, 3, 3, 3));
+}
+/* [row 0 x4 | row 1 x4], [row 2 x4 | row 3 x4] -> the four rows' totals */
+AI __m128 sum4x2(__m256 a01, __m256 a23) {
+    __m256 h = _mm256_hadd_ps(a01, a23);  /* [r0 r0 r2 r2 | r1 r1 r3 r3] */
+    h = _mm256_hadd_ps(h, h);             /* [r0 r2 r0 r2 | r1 r3 r1 r3] */
+    return _mm_unpacklo_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
 }
 /* the fp16 pairs (d, m) at p, p + stride, ...: four rows' d and m */
 AI void f16_pairs4(const uint8_t *p, long stride, __m128 *d, __m128 *m) {
-    int32_t v[4];
-    for (int r = 0; r < 4; r++) memcpy(&v[r], p + r * stride, 4);
-    __m256 f = _mm256_cvtph_ps(_mm_setr_epi32(v[0], v[1], v[2], v[3]));  /* d0 m0 d1 m1 d2 m2 d3 m3 */
+    /* 128-bit loads and unpacks, not four scalar loads and inserts (which starved the loop of issue slots) */
+    __m128i r01 = _mm_unpacklo_epi32(_mm_loadu_si128((const __m128i *)p), _mm_loadu_si128((const __m128i *)(p + stride)));
+    __m128i r23 = _mm_unpacklo_epi32(_mm_loadu_si128((const __m128i *)(p + 2 * stride)),
+                                     _mm_loadu_si128((const __m128i *)(p + 3 * stride)));
+    __m256 f = _mm256_cvtph_ps(_mm_unpacklo_epi64(r01, r23));  /* d0 m0 d1 m1 d2 m2 d3 m3 */
     __m128 a = _mm256_castps256_ps128(f), b = _mm256_extractf128_ps(f, 1);
     *d = _mm_shuffle_ps(a, b, _MM_SHUFFLE(2, 0, 2, 0));
     *m = _mm_shuffle_ps(a, b, _MM_SHUFFLE(3, 1, 3, 1));
 }
-/* the fp16 values at p, p + stride, p + 2 stride, p + 3 stride */
+/* the fp16 values at p, p + stride, p + 2 stride, p + 3 stride (16 bytes read at each: the blocks' codes
+   follow their scales) */
 AI __m128 f16x4(const uint8_t *p, long stride) {
-    uint16_t h[4];
-    for (int r = 0; r < 4; r++) memcpy(&h[r], p + r * stride, 2);
-    return _mm_cvtph_ps(_mm_setr_epi16((short)h[0], (short)h[1], (short)h[2], (short)h[3], 0, 0, 0, 0));
+    __m128i r01 = _mm_unpacklo_epi16(_mm_loadu_si128((const __m128i *)p), _mm_loadu_si128((const __m128i *)(p + stride)));
+    __m128i r23 = _mm_unpacklo_epi16(_mm_loadu_si128((const __m128i *)(p + 2 * stride)),
+                                     _mm_loadu_si128((const __m128i *)(p + 3 * stride)));
+    return _mm_cvtph_ps(_mm_unpacklo_epi32(r01, r23));
 }
 #endif
 
@@ -274,20 +308,24 @@ AI __m128 f16x4(const uint8_t *p, long stride) {
 AI void dot_q4_0(const uint8_t *w, long rb, int nr, const xq_t *x, long K, float *res) {
     long nb = K / 32;
 #if defined(GG_AVX2)
-    __m128 acc = _mm_setzero_ps(), corr = _mm_setzero_ps();
+    __m256 acc01 = _mm256_setzero_ps(), acc23 = _mm256_setzero_ps();
+    __m128 corr = _mm_setzero_ps();
     (void)nr;
     for (long b = 0; b < nb; b++) {
-        __m256i xv = _mm256_loadu_si256((const __m256i *)(x->q32 + b * 32));
         const uint8_t *p = w + b * 18;
-        (void)xv;
+        prefetch_run(w + GGUF_AHEAD * NR * rb + b * NR * 18, NR * 18);
         const __m128i *xb = (const __m128i *)(x->q32 + b * 32);
-        __m128i isum = q4x4_sums(p + 2, rb, _mm256_broadcastsi128_si256(_mm_loadu_si128(xb)),
-                                 _mm256_broadcastsi128_si256(_mm_loadu_si128(xb + 1)));
+        __m256i m01, m23;
+        q4x4_parts(p + 2, rb, _mm256_broadcastsi128_si256(_mm_loadu_si128(xb)),
+                   _mm256_broadcastsi128_si256(_mm_loadu_si128(xb + 1)), &m01, &m23);
         __m128 dw = f16x4(p, rb);
-        acc = _mm_fmadd_ps(_mm_cvtepi32_ps(isum), _mm_mul_ps(dw, _mm_set1_ps(x->d32[b])), acc);
+        __m256 s01, s23;
+        spread4(_mm_mul_ps(dw, _mm_set1_ps(x->d32[b])), &s01, &s23);
+        acc01 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(m01), s01, acc01);
+        acc23 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(m23), s23, acc23);
         corr = _mm_fmadd_ps(dw, _mm_set1_ps(x->s32[b]), corr);
     }
-    _mm_storeu_ps(res, _mm_fnmadd_ps(_mm_set1_ps(8.0f), corr, acc));
+    _mm_storeu_ps(res, _mm_fnmadd_ps(_mm_set1_ps(8.0f), corr, sum4x2(acc01, acc23)));
 #else
     for (int r = 0; r < nr; r++) {
         const uint8_t *p = w + r * rb;
@@ -309,28 +347,35 @@ AI void dot_q451(const uint8_t *w, long rb, int nr, const xq_t *x, long K, float
     long nb = K / 32;
 #if defined(GG_AVX2)
     __m128 acc = _mm_setzero_ps(), mins = _mm_setzero_ps();
+    __m256 acc01 = _mm256_setzero_ps(), acc23 = _mm256_setzero_ps();
     (void)nr;
     for (long b = 0; b < nb; b++) {
         __m256i xv = _mm256_loadu_si256((const __m256i *)(x->q32 + b * 32));
         const uint8_t *p = w + b * bs;
-        __m128i isum;
+        prefetch_run(w + GGUF_AHEAD * NR * rb + b * NR * bs, NR * bs);
         __m128 dw, mw, sx = _mm_set1_ps(x->s32[b]);
-        if (!qh) {  /* Q4_1: two rows a vector, (d, m) of four rows in one conversion */
+        if (!qh) {  /* Q4_1: two rows a vector, their sums scaled in their lanes (as Q4_0) */
             const __m128i *xb = (const __m128i *)(x->q32 + b * 32);
-            isum = q4x4_sums(p + qs, rb, _mm256_broadcastsi128_si256(_mm_loadu_si128(xb)),
-                             _mm256_broadcastsi128_si256(_mm_loadu_si128(xb + 1)));
+            __m256i m01, m23;
+            q4x4_parts(p + qs, rb, _mm256_broadcastsi128_si256(_mm_loadu_si128(xb)),
+                       _mm256_broadcastsi128_si256(_mm_loadu_si128(xb + 1)), &m01, &m23);
             f16_pairs4(p, rb, &dw, &mw);
+            __m256 s01, s23;
+            spread4(_mm_mul_ps(dw, _mm_set1_ps(x->d32[b])), &s01, &s23);
+            acc01 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(m01), s01, acc01);
+            acc23 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(m23), s23, acc23);
         } else {
             __m256i pr[4];
             for (int r = 0; r < 4; r++)
                 pr[r] = dot_us(_mm256_or_si256(nibbles32(p + r * rb + qs), bits32(p + r * rb + qh)), xv);
-            isum = sum4_i32(pr[0], pr[1], pr[2], pr[3]);
+            __m128i isum = sum4_i32(pr[0], pr[1], pr[2], pr[3]);
             dw = f16x4(p, rb);
             mw = with_min ? f16x4(p + 2, rb) : _mm_mul_ps(_mm_set1_ps(-16.0f), dw);
+            acc = _mm_fmadd_ps(_mm_cvtepi32_ps(isum), _mm_mul_ps(dw, _mm_set1_ps(x->d32[b])), acc);
         }
-        acc = _mm_fmadd_ps(_mm_cvtepi32_ps(isum), _mm_mul_ps(dw, _mm_set1_ps(x->d32[b])), acc);
         mins = _mm_fmadd_ps(mw, sx, mins);
     }
+    if (!qh) acc = sum4x2(acc01, acc23);
     _mm_storeu_ps(res, _mm_add_ps(acc, mins));
 #else
     for (int r = 0; r < nr; r++) {
@@ -362,6 +407,7 @@ AI void dot_q8_0(const uint8_t *w, long rb, int nr, const xq_t *x, long K, float
     for (long b = 0; b < nb; b++) {
         __m256i xv = _mm256_loadu_si256((const __m256i *)(x->q32 + b * 32));
         const uint8_t *p = w + b * 34;
+        prefetch_run(w + GGUF_AHEAD * NR * rb + b * NR * 34, NR * 34);
         __m256i pr[4];
         for (int r = 0; r < 4; r++) pr[r] = dot_ss(_mm256_loadu_si256((const __m256i *)(p + r * rb + 2)), xv);
         acc = _mm_fmadd_ps(_mm_cvtepi32_ps(sum4_i32(pr[0], pr[1], pr[2], pr[3])),
@@ -383,49 +429,99 @@ AI void dot_q8_0(const uint8_t *w, long rb, int nr, const xq_t *x, long K, float
 #endif
 }
 
+#if defined(GG_AVX2)
+/* The K-quants one row at a time: a row's blocks are one run of memory and the next row follows it, so
+   reading row after row is a single stream (prefetched GGUF_PF bytes ahead); the activation row comes from
+   L1 for each. Per super-block: integer sums weighted by the 6-bit (Q6_K: 8-bit) sub-block scales in the
+   lanes, one fp32 multiply-add, the minimums' sums in a second accumulator. */
+AI float hsum4_ps(__m128 v) {
+    v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+    return _mm_cvtss_f32(_mm_add_ss(v, _mm_movehdup_ps(v)));
+}
+AI float dot1_q45_k(const uint8_t *w, const xq_t *x, long nb, int five) {
+    const long bs = five ? 176 : 144;
+    const __m256i low = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);
+    __m256 acc = _mm256_setzero_ps();
+    __m128 mins = _mm_setzero_ps();
+    for (long b = 0; b < nb; b++) {
+        const uint8_t *p = w + b * bs, *qs = p + (five ? 48 : 16);
+        prefetch_run(p + GGUF_PF, bs);
+        const int8_t *xq = x->q256 + b * 256;
+        __m128i xsum32 = _mm_loadu_si128((const __m128i *)(x->bsum32 + b * 8));
+        int32_t dm;
+        memcpy(&dm, p, 4);
+        __m128 dmx = _mm_mul_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(dm)), _mm_set1_ps(x->d256[b]));  /* d dx, dmin dx */
+        __m128i scm = k4_scales_mins(p + 4);  /* bytes 0-7: the 8 scales, 8-15: the 8 minimums */
+        __m128i mn = _mm_madd_epi16(_mm_cvtepu8_epi16(_mm_unpackhi_epi64(scm, scm)), xsum32);
+        mins = _mm_fmadd_ps(_mm_shuffle_ps(dmx, dmx, 0x55), _mm_cvtepi32_ps(mn), mins);
+        __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scm));
+        __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+        __m256i hbits = five ? _mm256_loadu_si256((const __m256i *)(p + 16)) : _mm256_setzero_si256();
+        for (int j = 0; j < 4; j++) {
+            __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
+            __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+            if (five) {
+                lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits, 2 * j), one), 4));
+                hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits, 2 * j + 1), one), 4));
+            }
+            __m256i plo = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)(xq + 64 * j)));
+            __m256i phi = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(xq + 64 * j + 32)));
+            s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(plo, _mm256_shuffle_epi8(sc16, k_pick16(2 * j))));
+            s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(phi, _mm256_shuffle_epi8(sc16, k_pick16(2 * j + 1))));
+        }
+        acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(dmx), _mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1)), acc);
+    }
+    return hsum_ps(acc) - hsum4_ps(mins);
+}
+AI float dot1_q6_k(const uint8_t *w, const xq_t *x, long nb) {
+    const __m256i low = _mm256_set1_epi8(0x0f), three = _mm256_set1_epi8(3);
+    __m256 acc = _mm256_setzero_ps();
+    for (long b = 0; b < nb; b++) {
+        const uint8_t *p = w + b * 210, *ql = p, *qh = p + 128;
+        prefetch_run(p + GGUF_PF, 210);
+        const int8_t *xq = x->q256 + b * 256, *sc = (const int8_t *)(p + 192);
+        __m128i sc8x = _mm_loadu_si128((const __m128i *)sc);
+        /* the -32 of every code: 32 sum_g sc_g bsum_g, in the lanes' sums */
+        __m256i s = _mm256_slli_epi32(_mm256_madd_epi16(_mm256_cvtepi8_epi16(sc8x),
+                                                        _mm256_loadu_si256((const __m256i *)(x->bsum + b * 16))), 5);
+        s = _mm256_sub_epi32(_mm256_setzero_si256(), s);
+        __m256i s1 = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) {
+            __m256i l0 = _mm256_loadu_si256((const __m256i *)(ql + 64 * h));
+            __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 64 * h + 32));
+            __m256i hb = _mm256_loadu_si256((const __m256i *)(qh + 32 * h));
+            __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(h ? _mm_unpackhi_epi64(sc8x, sc8x) : sc8x));
+            __m256i q[4];
+            q[0] = _mm256_or_si256(_mm256_and_si256(l0, low), _mm256_slli_epi16(_mm256_and_si256(hb, three), 4));
+            q[1] = _mm256_or_si256(_mm256_and_si256(l1, low),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), three), 4));
+            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), three), 4));
+            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), three), 4));
+            for (int i = 0; i < 4; i++) {
+                __m256i pr = _mm256_maddubs_epi16(q[i], _mm256_loadu_si256((const __m256i *)(xq + 128 * h + 32 * i)));
+                pr = _mm256_madd_epi16(pr, _mm256_shuffle_epi8(sc16, k_pick16_pair(i)));
+                if (i & 1) s1 = _mm256_add_epi32(s1, pr);
+                else s = _mm256_add_epi32(s, pr);
+            }
+        }
+        uint16_t hd;
+        memcpy(&hd, p + 208, 2);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(_cvtsh_ss(hd) * x->d256[b]), _mm256_cvtepi32_ps(_mm256_add_epi32(s, s1)),
+                              acc);
+    }
+    return hsum_ps(acc);
+}
+#endif
+
 /* Q4_K / Q5_K: super-blocks of 256 = 8 sub-blocks of 32 with 6-bit scales and minimums:
    d x_d sum_j sc_j (sum q x)_j - dmin x_d sum_j m_j (sum x)_j, the sums over j in integers */
 AI void dot_q45_k(const uint8_t *w, long rb, int nr, const xq_t *x, long K, float *res, int five) {
     long nb = K / 256, bs_k = five ? 176 : 144;
 #if defined(GG_AVX2)
-    __m256 acc[NR];
-    __m128 mins[NR];
-    for (int r = 0; r < NR; r++) { acc[r] = _mm256_setzero_ps(); mins[r] = _mm_setzero_ps(); }
-    const __m256i low = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);
-    for (long b = 0; b < nb; b++) {
-        const int8_t *xq = x->q256 + b * 256;
-        /* the activation's code sums per 32 columns (pairs of its 16-column sums): the minimums' factor */
-        const __m128i *bs = (const __m128i *)(x->bsum + b * 16);
-        __m128i xsum32 = _mm_hadd_epi16(_mm_loadu_si128(bs), _mm_loadu_si128(bs + 1));
-        float dx = x->d256[b];
-        for (int r = 0; r < nr; r++) {
-            const uint8_t *p = w + r * rb + b * bs_k, *qs = p + (five ? 48 : 16);
-            __m128i scm = k4_scales_mins(p + 4);  /* bytes 0-7: the 8 scales, 8-15: the 8 minimums */
-            __m128i mn16 = _mm_cvtepu8_epi16(_mm_unpackhi_epi64(scm, scm));
-            mins[r] = _mm_fmadd_ps(_mm_set1_ps(h2f(p + 2) * dx), _mm_cvtepi32_ps(_mm_madd_epi16(mn16, xsum32)), mins[r]);
-            __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scm));
-            __m256i s = _mm256_setzero_si256();
-            __m256i hbits = five ? _mm256_loadu_si256((const __m256i *)(p + 16)) : _mm256_setzero_si256();
-            for (int j = 0; j < 4; j++) {
-                __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
-                __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
-                if (five) {
-                    lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits, 2 * j), one), 4));
-                    hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits, 2 * j + 1), one), 4));
-                }
-                __m256i plo = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)(xq + 64 * j)));
-                __m256i phi = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(xq + 64 * j + 32)));
-                s = _mm256_add_epi32(s, _mm256_madd_epi16(plo, _mm256_shuffle_epi8(sc16, k_pick16(2 * j))));
-                s = _mm256_add_epi32(s, _mm256_madd_epi16(phi, _mm256_shuffle_epi8(sc16, k_pick16(2 * j + 1))));
-            }
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(h2f(p) * dx), _mm256_cvtepi32_ps(s), acc[r]);
-        }
-    }
-    for (int r = 0; r < nr; r++) {
-        __m128 m = _mm_add_ps(mins[r], _mm_movehl_ps(mins[r], mins[r]));
-        m = _mm_add_ss(m, _mm_movehdup_ps(m));
-        res[r] = hsum_ps(acc[r]) - _mm_cvtss_f32(m);
-    }
+    for (int r = 0; r < nr; r++) res[r] = dot1_q45_k(w + r * rb, x, nb, five);
+    (void)bs_k;
 #else
     for (int r = 0; r < nr; r++) {
         const uint8_t *p = w + r * rb;
@@ -461,42 +557,7 @@ AI void dot_q45_k(const uint8_t *w, long rb, int nr, const xq_t *x, long K, floa
 AI void dot_q6_k(const uint8_t *w, long rb, int nr, const xq_t *x, long K, float *res) {
     long nb = K / 256;
 #if defined(GG_AVX2)
-    __m256 acc[NR];
-    for (int r = 0; r < NR; r++) acc[r] = _mm256_setzero_ps();
-    const __m256i low = _mm256_set1_epi8(0x0f), three = _mm256_set1_epi8(3);
-    for (long b = 0; b < nb; b++) {
-        const int8_t *xq = x->q256 + b * 256;
-        const int16_t *bsum = x->bsum + b * 16;
-        float dx = x->d256[b];
-        for (int r = 0; r < nr; r++) {
-            const uint8_t *p = w + r * rb + b * 210, *ql = p, *qh = p + 128;
-            const int8_t *sc = (const int8_t *)(p + 192);
-            /* the -32 of every code: 32 sum_g sc_g bsum_g, in the lanes' sums */
-            __m256i s = _mm256_slli_epi32(_mm256_madd_epi16(_mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)sc)),
-                                                            _mm256_loadu_si256((const __m256i *)bsum)), 5);
-            s = _mm256_sub_epi32(_mm256_setzero_si256(), s);
-            for (int h = 0; h < 2; h++) {
-                __m256i l0 = _mm256_loadu_si256((const __m256i *)(ql + 64 * h));
-                __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 64 * h + 32));
-                __m256i hb = _mm256_loadu_si256((const __m256i *)(qh + 32 * h));
-                __m256i sc8 = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(_mm_loadl_epi64((const __m128i *)(sc + 8 * h))));
-                __m256i q[4];
-                q[0] = _mm256_or_si256(_mm256_and_si256(l0, low), _mm256_slli_epi16(_mm256_and_si256(hb, three), 4));
-                q[1] = _mm256_or_si256(_mm256_and_si256(l1, low),
-                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), three), 4));
-                q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low),
-                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), three), 4));
-                q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low),
-                                       _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), three), 4));
-                for (int i = 0; i < 4; i++) {
-                    __m256i pr = _mm256_maddubs_epi16(q[i], _mm256_loadu_si256((const __m256i *)(xq + 128 * h + 32 * i)));
-                    s = _mm256_add_epi32(s, _mm256_madd_epi16(pr, _mm256_shuffle_epi8(sc8, k_pick16_pair(i))));
-                }
-            }
-            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(h2f(p + 208) * dx), _mm256_cvtepi32_ps(s), acc[r]);
-        }
-    }
-    for (int r = 0; r < nr; r++) res[r] = hsum_ps(acc[r]);
+    for (int r = 0; r < nr; r++) res[r] = dot1_q6_k(w + r * rb, x, nb);
 #else
     for (int r = 0; r < nr; r++) {
         const uint8_t *p = w + r * rb;
@@ -538,10 +599,11 @@ AI void dot_n(long t, const uint8_t *w, long rb, int nr, const xq_t *x, long K, 
     }
 }
 
-/* nr (<= NR) consecutive rows of one type. Always NR rows' code: a last group of fewer takes each row as
-   NR copies of itself (rb = 0), so a row's bits never depend on how rows are grouped or split. */
+/* nr (<= NR) consecutive rows of one type. The 32-column types always run NR rows' code: a last group of
+   fewer takes each row as NR copies of itself (rb = 0), so a row's bits never depend on how rows are
+   grouped or split. */
 static void dot_rows(long t, const uint8_t *w, long rb, int nr, const xq_t *x, long K, float *res) {
-    if (nr == NR) { dot_n(t, w, rb, NR, x, K, res); return; }
+    if (nr == NR || is_k(t)) { dot_n(t, w, rb, nr, x, K, res); return; }  /* the K-quants: a row at a time */
     for (int r = 0; r < nr; r++) {
         float one[NR];
         dot_n(t, w + r * rb, 0, NR, x, K, one);
@@ -550,10 +612,6 @@ static void dot_rows(long t, const uint8_t *w, long rb, int nr, const xq_t *x, l
 }
 
 /* ---- rows of a (fused) weight ------------------------------------------------------------------------ */
-#ifndef GGUF_AHEAD
-#define GGUF_AHEAD 2  /* groups of NR rows asked for ahead: hardware prefetch alone leaves the loop waiting on memory */
-#endif
-
 static void needs(const wslm_gguf *w, int *n32, int *n256) {
     *n32 = *n256 = 0;
     for (long p = 0; p < w->parts; p++) {
@@ -583,10 +641,6 @@ static void rows_range(const wslm_gguf *w, const xq_t *xs, long M, void *out, in
                 for (long n = c; n < ce; n += NR) {
                     int nr = ce - n < NR ? (int)(ce - n) : NR;
                     const uint8_t *rows = w->data[p] + (n - start) * rb;
-                    if (m0 == 0 && n + (GGUF_AHEAD + 1) * NR <= e) {
-                        const char *ahead = (const char *)rows + GGUF_AHEAD * NR * rb;
-                        for (long o = 0; o < NR * rb; o += 64) prefetch(ahead + o);
-                    }
                     for (long m = m0; m < m1; m++) {
                         float res[NR];
                         dot_rows(t, rows, rb, nr, xs + m, K, res);

@@ -40,6 +40,17 @@ MAX_PARTS = 4  # parts of one fused weight (kernels/cpu_gguf.c's GGUF_PARTS)
 PREFILL_ROWS = 64
 _SLICE_FLOATS = 8 << 20  # float32 values of one dequantized slice (32 MB)
 _DENSE_ROWS = 4096  # rows dequantized at once where no kernel runs (the fallback product, embedding rows)
+_KERNEL_DTYPES = (torch.bfloat16, torch.float32)  # the activations the kernel reads as they are
+_cpu_gguf = None  # wslm.kernels.cpu_gguf, imported on first use
+
+
+def _kernels():
+    global _cpu_gguf
+    if _cpu_gguf is None:
+        from wslm.kernels import cpu_gguf
+
+        _cpu_gguf = cpu_gguf
+    return _cpu_gguf
 
 
 def row_bytes(ggml_type: int, cols: int) -> int:
@@ -162,6 +173,11 @@ class GGUFBlockWeight:
         return tuple(BLOCKS[t][0] for t, _ in self.parts)
 
     def apply(self, x: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+        if (self._ours and bias is None and x.dim() == 2 and x.shape[0] < PREFILL_ROWS and x.is_cpu
+                and x.dtype in _KERNEL_DTYPES and x.is_contiguous()):  # fmt: skip
+            # decode rows: straight to the kernel (each torch call a product does not need costs ~1-2 us,
+            # as much as a small matrix's product)
+            return _kernels().mm(x, self._c or self.c_struct())
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
         if not (self.c_kernel() and x.device.type == "cpu"):
@@ -256,12 +272,17 @@ class GGUFBlockWeight:
         """The compiled batch graph freezes a copy of its weights anyway (it compiles only models under 1 GiB
         by default): it takes the repacked form, whose kernels it was tuned with (the demo's 32 chats kept
         their speed), while lone chats and eager batches read the blocks."""
+        spec = getattr(self.graph_form(), "graph_spec", None)
+        return spec(bias, c_kernels=c_kernels) if spec is not None else None
+
+    def graph_form(self):
+        """The repacked form the compiled graph reads (its weights and, for a token table, its rows), made
+        once: the graph's buffers are these very tensors, one copy, not two."""
         from wslm.backend.quant.linear import finalize
 
-        if self._graph is None:  # the graph's buffers are these very tensors: one copy, not two
+        if self._graph is None:
             self._graph = finalize(self.legacy(), torch.device("cpu"), self._dtype)
-        spec = getattr(self._graph, "graph_spec", None)
-        return spec(bias, c_kernels=c_kernels) if spec is not None else None
+        return self._graph
 
     def c_struct(self) -> ctypes.Structure:
         if self._c is None:

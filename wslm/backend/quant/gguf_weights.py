@@ -1,7 +1,7 @@
-"""GGUF weights read one tensor at a time from the memory-mapped file (gguf_file.py). With
-WSLM_GGUF_BLOCKS=1 the types of gguf_blocks.BLOCK_TYPES (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) stay
+"""GGUF weights read one tensor at a time from the memory-mapped file (gguf_file.py). By default
+(WSLM_GGUF_BLOCKS) the types of gguf_blocks.BLOCK_TYPES (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K) stay
 as they are in the file: GGUFBlockWeight views of the mapping (no copy; use_mmap=False, `--no-mmap`, reads
-them into private memory), multiplied in place by kernels/cpu_gguf.c. By default (envs.py says why), and for
+them into private memory), multiplied in place by kernels/cpu_gguf.c. With WSLM_GGUF_BLOCKS=0, and for
 MoE experts and the other quantized types (Q2_K, Q3_K), they are repacked, never dequantized whole (one
 expert at a time): Q4_0, Q4_1 and Q4_K to int4 groups of 32
 exactly (same codes, same scales up to bf16 rounding); the others to int8 per output channel (no fewer bits
@@ -131,7 +131,7 @@ def _first(value):
 def _iter_tensors(
     reader: GGUFFile, arch: str, n_head, n_kv, dequant: bool | str, use_mmap: bool = True
 ) -> Iterator[tuple[str, object]]:
-    blocks = envs.WSLM_GGUF_BLOCKS  # the file's blocks in place, or repacked (envs.py says why not yet default)
+    blocks = envs.WSLM_GGUF_BLOCKS  # the file's blocks in place (the default), or repacked
     for t in reader.tensors:
         m = re.fullmatch(r"blk\.(\d+)\.(ffn_\w+_exps)\.weight", t.name)
         if m and m.group(2) in _EXPERT_NAMES:

@@ -14,10 +14,10 @@ DENSE_BYTES = 2.0  # 16-bit on a GPU (and on bf16-native CPUs)
 
 def gguf_runtime_bytes(elements_by_type: dict[str, int]) -> int:
     """Resident bytes of a GGUF's weights as the engine keeps them (gguf_weights.py's mapping): the file's own
-    bytes for the block types a CPU engine computes in place with WSLM_GGUF_BLOCKS=1 (mapped pages, resident
-    once read; GPU engines still repack them, to within ~20% of this), else the repacked forms' bytes."""
+    bytes for the block types a CPU engine computes in place (WSLM_GGUF_BLOCKS, on by default: mapped pages,
+    resident once read; GPU engines still repack them, to within ~20% of this), else the repacked forms'."""
     total = 0.0
-    blocks = envs.WSLM_GGUF_BLOCKS  # in place only when asked for (envs.py says why)
+    blocks = envs.WSLM_GGUF_BLOCKS  # in place unless WSLM_GGUF_BLOCKS=0
     for kind, n in elements_by_type.items():
         if blocks and kind in BLOCK_FORMATS:
             _, cols, size = BLOCK_FORMATS[kind]

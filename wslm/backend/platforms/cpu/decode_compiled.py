@@ -166,6 +166,9 @@ class _DecodeModule(torch.nn.Module):
         return name
 
     def _table(self, w) -> tuple:
+        graph_form = getattr(w, "graph_form", None)  # GGUF blocks: the repacked table the graph reads
+        if graph_form is not None:
+            w = graph_form()
         if isinstance(w, torch.Tensor):
             return ("dense", self._buf(w), None)
         return ("int8", self._buf(w.qweight), self._buf(w.scales))
@@ -237,7 +240,7 @@ class _DecodeModule(torch.nn.Module):
 def _head_after(head) -> bool:
     from wslm.backend.quant.registry import weight_kind
 
-    return weight_kind(head) == "int8" and head.c_kernel()
+    return weight_kind(head) in ("int8", "gguf") and head.c_kernel()
 
 
 def _weight_bytes(cpu_decode) -> int:
