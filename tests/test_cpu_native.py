@@ -26,21 +26,21 @@ def _one_step(llm: LLM, prompt: list[int]):
     native = runner.native
     runner.cpu_plan.set_native(None)  # the eager step runs: its inputs are captured
     captured = []
-    prepare = runner.prepare
+    tensorize = runner.tensorize
 
-    def spy(scheduled):
-        out = prepare(scheduled)
+    def spy(step):
+        out = tensorize(step)
         if out[2].max_seqlen_q == 1:
-            captured.append(out[:3])
+            captured.append(out)
         return out
 
-    runner.prepare = spy
+    runner.tensorize = spy
     try:
         llm.generate(
             [{"prompt_token_ids": prompt}], SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
         )
     finally:
-        runner.prepare = prepare
+        runner.tensorize = tensorize
         runner.cpu_plan.set_native(native)
     return captured[-1]
 

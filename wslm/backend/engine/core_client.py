@@ -117,7 +117,7 @@ class MPClient(EngineCoreClient):
         if kind == "error":
             self._finalizer()
             type_name, message = payload
-            raise _STARTUP_ERRORS.get(type_name, RuntimeError)(message)
+            raise startup_error(type_name, message)
         self.info: CoreInfo = payload[0]
         self.stats = payload[1]
         logger.info("Engine core process %d ready (%s start, %.1f s with the model load)", self.proc.pid,
@@ -214,6 +214,16 @@ class MPClient(EngineCoreClient):
 
     def shutdown(self) -> None:
         self._finalizer()
+
+
+def startup_error(type_name: str, message: str) -> Exception:
+    """The child's load error as an exception here: a known type as itself, any other as a RuntimeError
+    subclass that keeps the child's type name (SafetensorError, ...), so messages name the real cause."""
+    known = _STARTUP_ERRORS.get(type_name)
+    if known is not None:
+        return known(message)
+    name = type_name if type_name.isidentifier() else "RuntimeError"
+    return type(name, (RuntimeError,), {"__module__": __name__})(message)
 
 
 _STARTUP_ERRORS = {"ValueError": ValueError, "FileNotFoundError": FileNotFoundError, "MemoryError": MemoryError,
