@@ -18,6 +18,9 @@ class ImageInput:
     length: int
     content_hash: str  # sha256 of the decoded pixels: two images with the same placeholder ids differ here
     data: dict[str, Any] = field(hash=False, compare=False)
+    # The image's token grid (t, h, w) for a model whose rotary positions follow it (Qwen2.5-VL's M-RoPE,
+    # mrope.py); None: its tokens take positions as text does.
+    grid: tuple[int, int, int] | None = None
 
 
 class PromptIds(list):
@@ -45,3 +48,26 @@ def whole_images(images: tuple[ImageInput, ...], start: int, num_new: int) -> in
         if start < im.offset < end < im.offset + im.length:
             return im.offset - start
     return num_new
+
+
+def rope_positions(images: tuple[ImageInput, ...], start: int, end: int) -> range | list[int]:
+    """The rotary positions of tokens [start, end) of a sequence with these images (their 1-D part: text and
+    decode tokens use it for all three M-RoPE sections; an image's tokens offset their grid from its first
+    token's). The token indices, except that an image with a grid advances positions by max(h, w) rather than
+    by its t * h * w tokens, so what follows it continues from its largest position + 1 (HF's
+    get_rope_index); after the last image every position is index + the sequence's M-RoPE delta."""
+    ends = sorted((im.offset + im.length, max(im.grid[1:]) - im.length) for im in images if im.grid is not None)
+    if not ends:
+        return range(start, end)
+    out: list[int] = []
+    shift, p = 0, start
+    for im_end, delta in ends:
+        if im_end <= p:
+            shift += delta
+            continue
+        if im_end >= end:
+            break
+        out.extend(range(p + shift, im_end + shift))
+        p, shift = im_end, shift + delta
+    out.extend(range(p + shift, end + shift))
+    return out

@@ -9,20 +9,22 @@ import logging
 from typing import Any
 
 from wslm.backend.errors import RequestError
+from wslm.backend.frontend.hf_processor import split_per_image, token_grid
 from wslm.backend.frontend.images import ImageLimits, LoadedImage, check_count, load_image
 from wslm.backend.multimodal import ImageInput, PromptIds
 
 logger = logging.getLogger("wslm.engine")
 
 # Processor outputs that describe the text, not an image.
-_TEXT_KEYS = ("input_ids", "attention_mask", "token_type_ids")
+_TEXT_KEYS = ("input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids")
 
 
 class VisionPrompts:
-    def __init__(self, processor: Any, image_token_id: int, limits: ImageLimits) -> None:
+    def __init__(self, processor: Any, image_token_id: int, limits: ImageLimits, mrope: bool = False) -> None:
         self.processor = processor
         self.image_token_id = image_token_id
         self.limits = limits
+        self.mrope = mrope  # the model's rotary positions follow each image's token grid (Qwen2.5-VL)
 
     @property
     def chat_template(self) -> str | None:
@@ -30,11 +32,11 @@ class VisionPrompts:
         return getattr(self.processor, "chat_template", None)
 
     @classmethod
-    def load(cls, folder: str, hf_config: Any, limits: ImageLimits) -> VisionPrompts:
-        from transformers import AutoProcessor
+    def load(cls, folder: str, hf_config: Any, limits: ImageLimits, mrope: bool = False) -> VisionPrompts:
+        from wslm.backend.frontend.hf_processor import load_processor
 
         try:
-            processor = AutoProcessor.from_pretrained(folder)
+            processor = load_processor(folder)
         except Exception as exc:  # noqa: BLE001 - any failure means the folder lacks a usable processor
             raise ValueError(f"The vision model in {folder} has no image processor transformers can load "
                              f"({type(exc).__name__}: {exc}); its processor_config.json / "
@@ -45,7 +47,7 @@ class VisionPrompts:
         if token_id is None:
             raise ValueError(f"The vision model in {folder} does not say which token is its image placeholder "
                              "(image_token_id in config.json).")
-        return cls(processor, int(token_id), limits)
+        return cls(processor, int(token_id), limits, mrope)
 
     def load_images(self, sources: list[tuple[str | bytes, str]]) -> list[LoadedImage]:
         """sources: (URL or bytes, the request field it came from)."""
@@ -66,16 +68,11 @@ class VisionPrompts:
             raise RequestError(f"The chat template placed {len(runs)} image placeholders for {len(images)} images: "
                                "each image part must be in a message the template renders (user messages).",
                                param="messages")
-        per_image = [{} for _ in images]
-        for key, value in out.items():
-            if key in _TEXT_KEYS:
-                continue
-            if getattr(value, "shape", None) is None or value.shape[0] != len(images):
-                raise RequestError(f"wslm cannot split this processor's {key!r} per image yet.", param="messages")
-            for i, data in enumerate(per_image):
-                data[key] = value[i : i + 1]
-        return PromptIds(ids, tuple(ImageInput(start, length, im.content_hash, data)
-                                    for (start, length), im, data in zip(runs, images, per_image)))
+        per_image = split_per_image({k: v for k, v in out.items() if k not in _TEXT_KEYS}, len(images))
+        grids = [token_grid(data, self.processor, length) if self.mrope else None
+                 for data, (_, length) in zip(per_image, runs)]
+        return PromptIds(ids, tuple(ImageInput(start, length, im.content_hash, data, grid)
+                                    for (start, length), im, data, grid in zip(runs, images, per_image, grids)))
 
 
 def _runs(ids: list[int], token: int) -> list[tuple[int, int]]:
@@ -107,7 +104,8 @@ def vision_for(source: Any, hf_config: Any, architecture: str, config: Any) -> V
         return None
     limits = ImageLimits.from_flags(config.limit_mm_per_prompt, config.max_image_bytes, config.max_image_pixels,
                                     config.image_fetch_timeout)
-    vision = VisionPrompts.load(str(source.folder), hf_config, limits)
+    vision = VisionPrompts.load(str(source.folder), hf_config, limits,
+                                mrope=getattr(get_model_class(architecture), "mrope", False))
     logger.info("Vision model: images in chat (at most %d per prompt, %d bytes, %d pixels each)",
                 limits.max_images, limits.max_image_bytes, limits.max_image_pixels)
     return vision

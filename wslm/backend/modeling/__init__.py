@@ -23,6 +23,7 @@ _MODELS: dict[str, tuple[str, str]] = {
     "Gemma3ForConditionalGeneration": ("gemma3_vl", "Gemma3ForConditionalGeneration"),
     "GptOssForCausalLM": ("gpt_oss", "GptOssForCausalLM"),
     "LlavaForConditionalGeneration": ("llava", "LlavaForConditionalGeneration"),
+    "Qwen2_5_VLForConditionalGeneration": ("qwen2_5_vl", "Qwen2_5_VLForConditionalGeneration"),
 }
 
 # Kept under its old name: the model catalog and the loader test membership and list the keys.

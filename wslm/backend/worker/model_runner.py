@@ -182,6 +182,8 @@ class ModelRunner:
 
             self.image_embedder = ImageEmbedder(self.model)
         embeds = self.image_embedder.embeds(input_ids, images)
+        if getattr(self.model, "mrope", False):  # Qwen2.5-VL: image tokens take their grid's [3, N] positions
+            positions = self.model.image_positions(positions, images)
         if getattr(self.model, "bidirectional_images", False):
             from wslm.backend.worker.image_embeds import image_spans
 

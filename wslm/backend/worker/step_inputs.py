@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from wslm.backend.multimodal import rope_positions
 from wslm.backend.sequence import Sequence
 from wslm.backend.worker.image_embeds import image_rows
 from wslm.backend.worker.prompt_logprobs import prompt_logprob_positions
@@ -49,10 +50,11 @@ def prepare_step(scheduled: list[tuple[Sequence, int]], block_size: int) -> tupl
             # A speculative decode: its last token and each draft as a one-token row of its own that attends up
             # to its position (all K/V are written before any row attends), so that verification is a decode
             # batch the fast decode paths take (CPU plan, CUDA graphs) rather than a prefill.
+            shift = rope_positions(seq.images, start, start + 1)[0] - start if seq.images else 0  # M-RoPE delta
             for i, token in enumerate([seq.token_at(start), *seq.spec_token_ids]):
                 pos = start + i
                 input_ids.append(token)
-                positions.append(pos)
+                positions.append(pos + shift)
                 slots.append(table[pos // bs] * bs + pos % bs)
                 cu.append(cu[-1] + 1)
                 seq_lens.append(pos + 1)
@@ -62,7 +64,9 @@ def prepare_step(scheduled: list[tuple[Sequence, int]], block_size: int) -> tupl
             sampled.append(seq)
             continue
         input_ids.extend(seq.tokens_slice(start, end))
-        positions.extend(range(start, end))
+        # Rotary positions: the token indices, shifted after a Qwen2.5-VL image (M-RoPE; a decode token's is its
+        # index + the sequence's delta, one number, so the fast decode paths run it as plain rope).
+        positions.extend(rope_positions(seq.images, start, end) if seq.images else range(start, end))
         if n == 1:
             slots.append(table[start // bs] * bs + start % bs)
         else:
