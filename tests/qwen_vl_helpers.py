@@ -67,3 +67,33 @@ def make_tiny_qwen25vl(folder: Path, seed: int = 0, max_pixels: int = 48 * 48) -
     model.save_pretrained(folder)
     processor.save_pretrained(folder)
     return folder
+
+
+def hf_generate_top(folder: Path, messages: list[dict], images: list, steps: int, k: int = 5):
+    """HF transformers' greedy `generate` (its KV cache and M-RoPE deltas carry the decode positions): the
+    prompt ids and per step the top-k {token id: logprob}."""
+    from transformers import Qwen2_5_VLForConditionalGeneration
+
+    from wslm.backend.frontend.hf_processor import load_processor
+
+    proc = load_processor(folder)
+    model = _hf_model(folder, Qwen2_5_VLForConditionalGeneration)
+    text = proc.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    inputs = proc(text=[text], images=images or None, return_tensors="pt", add_special_tokens=False)
+    with torch.no_grad():
+        out = model.generate(**inputs, max_new_tokens=steps, min_new_tokens=steps, do_sample=False,
+                             output_logits=True, return_dict_in_generate=True)
+    tops = []
+    for logits in out.logits:
+        top = logits[0].float().log_softmax(-1).topk(k)
+        tops.append(dict(zip(top.indices.tolist(), top.values.tolist())))
+    return inputs.input_ids[0].tolist(), tops
+
+
+_models: dict = {}
+
+
+def _hf_model(folder: Path, cls):
+    if folder not in _models:
+        _models[folder] = cls.from_pretrained(folder, dtype=torch.float32).eval()
+    return _models[folder]
