@@ -3,7 +3,8 @@ transformers' greedy `generate` (float32): the same prompt ids (the processor's 
 top-5 logprobs at every step, alone and batched with a text-only prompt and a two-image prompt. Decode steps
 check the M-RoPE positions (each token's index + the sequence's delta, through the CPU decode plan), a prompt
 cut by chunked prefill inside an image checks an image's grid positions across steps, and a repeated image
-hits the prefix cache while another image behind the same placeholder ids does not."""
+hits the prefix cache while another image behind the same placeholder ids does not; n-gram speculation's
+verification rows take the delta too."""
 
 from __future__ import annotations
 
@@ -45,9 +46,9 @@ def _messages(parts: list) -> tuple[list[dict], list[dict], list]:
     return [{"role": "user", "content": ours}], [{"role": "user", "content": theirs}], images
 
 
-def _hf(folder, parts: list):
+def _hf(folder, parts: list, steps: int = STEPS):
     _, theirs, images = _messages(parts)
-    return hf_generate_top(folder, theirs, images, STEPS)
+    return hf_generate_top(folder, theirs, images, steps)
 
 
 def _check(out, expected_ids, expected_top) -> None:
@@ -59,13 +60,16 @@ def _check(out, expected_ids, expected_top) -> None:
             assert ours[token].logprob == pytest.approx(logprob, abs=2e-4)
 
 
-def _params() -> SamplingParams:
-    return SamplingParams(max_tokens=STEPS, temperature=0, logprobs=5, ignore_eos=True)
+def _params(steps: int = STEPS) -> SamplingParams:
+    return SamplingParams(max_tokens=steps, temperature=0, logprobs=5, ignore_eos=True)
 
 
-def test_logits_and_decode_equal_hf_alone_and_batched(llm, folder):
-    runner = llm.llm_engine.executor.runner
-    assert runner.cpu_plan is not None  # M-RoPE decode steps are plain rope on shifted positions: fast paths take them
+def test_logits_and_decode_equal_hf_alone_and_batched(llm, folder, monkeypatch):
+    # M-RoPE decode steps are plain rope at shifted positions: the CPU decode plan runs them (counted here).
+    plan = llm.llm_engine.executor.runner.cpu_plan
+    served = []
+    run = plan.run
+    monkeypatch.setattr(plan, "run", lambda *a: served.append(run(*a)) or served[-1])
     image_a = ["Look", IMG_A, "What is it?"]
     ref_a = _hf(folder, image_a)
     assert ref_a[0].count(261) == 30  # 40 x 50 px -> 48 x 40 (multiples of 8) -> a 6 x 5 token grid
@@ -76,6 +80,7 @@ def test_logits_and_decode_equal_hf_alone_and_batched(llm, folder):
     outs = llm.chat([_messages(parts)[0] for parts in cases], _params())
     for out, ref in zip(outs, refs):
         _check(out, *ref)
+    assert sum(logits is not None for logits in served) >= 2 * (STEPS - 1)
 
 
 def test_prefix_cache_keys_on_the_image(llm, folder):
@@ -100,12 +105,16 @@ def test_large_image_is_resized_by_the_processor(llm, folder):
     _check(llm.chat(_messages([BIG, "Big?"])[0], _params())[0], *ref)
 
 
-def test_image_split_by_chunked_prefill_matches_hf(folder):
-    """A 16-token step budget: the 30-token image is computed over three steps, each chunk's image tokens taking
-    their grid positions from where the chunk starts in the image."""
+def test_chunked_prefill_and_speculative_decode_match_hf(folder):
+    """A 16-token step budget: the 30-token image is computed in two steps (16 + 14 tokens), the second chunk's
+    image tokens taking their grid positions from where it starts in the image. With n-gram speculation the
+    verification rows (one per draft) take the sequence's M-RoPE delta too."""
     from wslm.backend.entrypoints.llm import LLM
 
     small = LLM(str(folder), dtype="float32", max_model_len=256, block_size=8, num_gpu_blocks_override=64,
-                enforce_eager=True, max_num_batched_tokens=16, enable_prefix_caching=False)
-    parts = ["Look", IMG_A, "What is it?"]
-    _check(small.chat(_messages(parts)[0], _params())[0], *_hf(folder, parts))
+                enforce_eager=True, max_num_batched_tokens=16, enable_prefix_caching=False,
+                speculative_config={"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2,
+                                    "prompt_lookup_min": 1})
+    parts = ["Look", IMG_A, "What is it? aaaa bbbb aaaa bbbb"]
+    _check(small.chat(_messages(parts)[0], _params(16))[0], *_hf(folder, parts, 16))
+    assert small.llm_engine.get_stats()["spec_decode_num_drafts"] >= 1
