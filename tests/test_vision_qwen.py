@@ -29,7 +29,7 @@ def llm(folder):
     from wslm.backend.entrypoints.llm import LLM
 
     return LLM(str(folder), dtype="float32", max_model_len=256, block_size=8, num_gpu_blocks_override=128,
-               enforce_eager=True)
+               enforce_eager=True, max_image_pixels=100_000)
 
 
 def _messages(parts: list) -> tuple[list[dict], list[dict], list]:
@@ -99,10 +99,12 @@ def test_prefix_cache_keys_on_the_image(llm, folder):
 
 def test_large_image_is_resized_by_the_processor(llm, folder):
     """Dynamic resolution: a 300 x 200 image is resized under the processor's max_pixels (48 x 48) keeping its
-    shape: 56 x 32 px, a 4 x 7 token grid."""
+    shape: 56 x 32 px, a 4 x 7 token grid. An image over --max-image-pixels (100,000 here) is refused first."""
     ref = _hf(folder, [BIG, "Big?"])
     assert ref[0].count(261) == 28
     _check(llm.chat(_messages([BIG, "Big?"])[0], _params())[0], *ref)
+    with pytest.raises(ValueError, match="--max-image-pixels"):
+        llm.chat(_messages([noise_image(400, 300, 4), "Huge?"])[0], _params())
 
 
 def test_chunked_prefill_and_speculative_decode_match_hf(folder):

@@ -63,7 +63,7 @@ def segment_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths
     for i, n in enumerate(lengths):
         by_len.setdefault(n, []).append(starts[i])
     for n, firsts in by_len.items():
-        idx = (torch.tensor(firsts).view(-1, 1) + torch.arange(n)).flatten()
+        idx = (torch.tensor(firsts, device=q.device).view(-1, 1) + torch.arange(n, device=q.device)).flatten()
         qs, ks, vs = (x[idx].view(len(firsts), n, *x.shape[1:]).transpose(1, 2) for x in (q, k, v))
         o = F.scaled_dot_product_attention(qs, ks, vs)
         out[idx] = o.transpose(1, 2).reshape(-1, *q.shape[1:])
