@@ -52,7 +52,17 @@ def _without_video(folder: Path) -> Any:
                           f"cannot build its {name or 'processor'} without it.")
     tokenizer = AutoTokenizer.from_pretrained(folder)
     return image_only(cls)(AutoImageProcessor.from_pretrained(folder), tokenizer,
-                           chat_template=getattr(tokenizer, "chat_template", None))
+                           chat_template=_chat_template(folder) or getattr(tokenizer, "chat_template", None))
+
+
+def _chat_template(folder: Path) -> str | None:
+    """The processor's own chat template, as AutoProcessor reads it (chat_template.jinja, or the older
+    chat_template.json); None: the tokenizer's."""
+    if (folder / "chat_template.jinja").is_file():
+        return (folder / "chat_template.jinja").read_text()
+    if (folder / "chat_template.json").is_file():
+        return json.loads((folder / "chat_template.json").read_text()).get("chat_template")
+    return None
 
 
 def split_per_image(tensors: dict[str, Any], count: int) -> list[dict[str, Any]]:
