@@ -1,10 +1,12 @@
 """Qwen2.5-VL through a real `wslm serve` (a tiny random checkpoint written by the test, whose processor loads
-without torchvision): a PNG as a data: URL through the official `openai` client, plain and streamed, gets HF
-transformers' greedy `generate` reply, and `/tokenize` counts the image's tokens as the engine runs them."""
+without torchvision): a PNG as a data: URL through the official `openai` client, plain and streamed, and as
+bytes through the `ollama` client gets HF transformers' greedy `generate` reply, and `/tokenize` counts the
+image's tokens as the engine runs them."""
 
 from __future__ import annotations
 
 import httpx
+import ollama
 import openai
 import pytest
 from qwen_vl_helpers import hf_generate_top, make_tiny_qwen25vl, qwen_vl_tokenizer
@@ -30,7 +32,7 @@ def server(folder):
     srv.stop()
 
 
-def test_png_through_openai(server, folder):
+def test_png_through_openai_and_ollama(server, folder):
     content = [{"type": "image_url", "image_url": {"url": data_url(PNG)}}, {"type": "text", "text": QUESTION}]
     ids, top = hf_generate_top(folder, [{"role": "user", "content": [{"type": "image"},
                                                                       {"type": "text", "text": QUESTION}]}],
@@ -48,3 +50,7 @@ def test_png_through_openai(server, folder):
     counted = httpx.post(server.url + "/tokenize", json={"model": "tiny-qwen-vl", "messages": messages},
                          timeout=60).json()
     assert counted["count"] == len(ids)
+    chat = ollama.Client(host=server.url, timeout=120).chat(
+        model="tiny-qwen-vl", messages=[{"role": "user", "content": QUESTION, "images": [PNG]}],
+        options={"temperature": 0, "num_predict": TOKENS})  # greedy: no EOS in these 6
+    assert chat.message.content == expected
