@@ -69,14 +69,16 @@ def make_tiny_qwen25vl(folder: Path, seed: int = 0, max_pixels: int = 48 * 48) -
     return folder
 
 
-def hf_generate_top(folder: Path, messages: list[dict], images: list, steps: int, k: int = 5):
+def hf_generate_top(folder: Path, messages: list[dict], images: list, steps: int, k: int = 5,
+                    processor_kwargs: dict | None = None):
     """HF transformers' greedy `generate` (its KV cache and M-RoPE deltas carry the decode positions): the
-    prompt ids and per step the top-k {token id: logprob}."""
+    prompt ids and per step the top-k {token id: logprob}. processor_kwargs: the image processor's settings
+    over the checkpoint's."""
     from transformers import Qwen2_5_VLForConditionalGeneration
 
     from wslm.backend.frontend.hf_processor import load_processor
 
-    proc = load_processor(folder)
+    proc = load_processor(folder, processor_kwargs)
     model = _hf_model(folder, Qwen2_5_VLForConditionalGeneration)
     text = proc.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     inputs = proc(text=[text], images=images or None, return_tensors="pt", add_special_tokens=False)

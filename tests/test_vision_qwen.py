@@ -2,7 +2,8 @@
 transformers' greedy `generate` (float32): the same prompt ids (the processor's dynamic resolution), the same
 top-5 logprobs at every step, alone and batched with a text-only prompt and a two-image prompt. Decode steps
 check the M-RoPE positions (each token's index + the sequence's delta, through the CPU decode plan), a prompt
-cut by chunked prefill inside an image checks an image's grid positions across steps, and a repeated image
+cut by chunked prefill inside an image checks an image's grid positions across steps (--mm-processor-kwargs
+sizing the image), and a repeated image
 hits the prefix cache while another image behind the same placeholder ids does not; n-gram speculation's
 verification rows take the delta too."""
 
@@ -46,9 +47,9 @@ def _messages(parts: list) -> tuple[list[dict], list[dict], list]:
     return [{"role": "user", "content": ours}], [{"role": "user", "content": theirs}], images
 
 
-def _hf(folder, parts: list, steps: int = STEPS):
+def _hf(folder, parts: list, steps: int = STEPS, **kw):
     _, theirs, images = _messages(parts)
-    return hf_generate_top(folder, theirs, images, steps)
+    return hf_generate_top(folder, theirs, images, steps, **kw)
 
 
 def _check(out, expected_ids, expected_top) -> None:
@@ -107,16 +108,29 @@ def test_large_image_is_resized_by_the_processor(llm, folder):
         llm.chat(_messages([noise_image(400, 300, 4), "Huge?"])[0], _params())
 
 
-def test_chunked_prefill_and_speculative_decode_match_hf(folder):
-    """A 16-token step budget: the 30-token image is computed in two steps (16 + 14 tokens), the second chunk's
-    image tokens taking their grid positions from where it starts in the image. With n-gram speculation the
-    verification rows (one per draft) take the sequence's M-RoPE delta too."""
+def test_chunked_prefill_speculation_and_processor_kwargs_match_hf(folder):
+    """--mm-processor-kwargs '{"max_pixels": 1024}': the image is resized to 32 x 24 px, a 4 x 3 token grid (as
+    HF's processor with the same setting). An 8-token step budget computes its 12 tokens in two steps (8 + 4),
+    the second chunk's image tokens taking their grid positions from where it starts in the image. With n-gram
+    speculation the verification rows (one per draft) take the sequence's M-RoPE delta too."""
     from wslm.backend.entrypoints.llm import LLM
 
     small = LLM(str(folder), dtype="float32", max_model_len=256, block_size=8, num_gpu_blocks_override=64,
-                enforce_eager=True, max_num_batched_tokens=16, enable_prefix_caching=False,
+                enforce_eager=True, max_num_batched_tokens=8, enable_prefix_caching=False,
+                mm_processor_kwargs='{"max_pixels": 1024}',
                 speculative_config={"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_max": 2,
                                     "prompt_lookup_min": 1})
     parts = ["Look", IMG_A, "What is it? aaaa bbbb aaaa bbbb"]
-    _check(small.chat(_messages(parts)[0], _params(16))[0], *_hf(folder, parts, 16))
+    ref = _hf(folder, parts, 16, processor_kwargs={"max_pixels": 1024})
+    assert ref[0].count(261) == 12
+    _check(small.chat(_messages(parts)[0], _params(16))[0], *ref)
     assert small.llm_engine.get_stats()["spec_decode_num_drafts"] >= 1
+
+
+def test_bad_mm_processor_kwargs_name_the_flag():
+    from wslm.backend.frontend.hf_processor import processor_overrides
+
+    assert processor_overrides('{"max_pixels": 1024}') == {"max_pixels": 1024}
+    for bad in ("{max_pixels: 1}", "[1]"):
+        with pytest.raises(ValueError, match="--mm-processor-kwargs"):
+            processor_overrides(bad)

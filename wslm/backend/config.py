@@ -96,6 +96,9 @@ class EngineConfig:
     max_image_pixels: int = _flag(16_000_000, "largest image a request may send, in pixels (width x height; "
                                               "default 16 million)")
     image_fetch_timeout: float = _flag(10.0, "seconds to fetch an http(s) image URL (default 10)")
+    mm_processor_kwargs: str | None = _flag(
+        None, 'the image processor\'s settings over the checkpoint\'s, as JSON (vLLM\'s flag), e.g. '
+        '\'{"max_pixels": 1003520}\' (Qwen2.5-VL: at most ~1280 tokens an image)')
     # LoRA adapters per request over this one base (wslm/backend/lora): a request names its adapter
     # (LoRARequest; the server's `model` field), and a step mixes requests of different adapters and the base.
     enable_lora: bool = _flag(False, "serve LoRA adapters per request over the one base model (vLLM's switch)")

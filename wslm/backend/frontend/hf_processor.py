@@ -14,17 +14,19 @@ from wslm.backend.errors import RequestError
 from wslm.backend.modeling.vision import PROCESSOR_FILES
 
 
-def load_processor(folder: str | Path) -> Any:
+def load_processor(folder: str | Path, overrides: dict[str, Any] | None = None) -> Any:
+    """overrides: the image processor's settings over the checkpoint's (--mm-processor-kwargs)."""
     from transformers import AutoProcessor
 
+    overrides = overrides or {}
     try:
-        return AutoProcessor.from_pretrained(folder)
+        return AutoProcessor.from_pretrained(folder, **overrides)
     except (ImportError, OSError) as exc:
         # ImportError: the video processor needs torchvision; OSError: a folder saved without a video half
         # has no video_preprocessor_config.json.
         if "video" not in str(exc).lower() and "torchvision" not in str(exc).lower():
             raise
-        return _without_video(Path(folder))
+        return _without_video(Path(folder), overrides)
 
 
 def image_only(cls: type) -> type:
@@ -38,7 +40,7 @@ def image_only(cls: type) -> type:
     return type(cls.__name__, (cls,), {"__init__": __init__, "__module__": __name__})
 
 
-def _without_video(folder: Path) -> Any:
+def _without_video(folder: Path, overrides: dict[str, Any]) -> Any:
     import transformers
     from transformers import AutoImageProcessor, AutoTokenizer
 
@@ -51,7 +53,7 @@ def _without_video(folder: Path) -> Any:
         raise ImportError(f"The processor of {folder} needs torchvision (pip install torchvision), and wslm "
                           f"cannot build its {name or 'processor'} without it.")
     tokenizer = AutoTokenizer.from_pretrained(folder)
-    return image_only(cls)(AutoImageProcessor.from_pretrained(folder), tokenizer,
+    return image_only(cls)(AutoImageProcessor.from_pretrained(folder, **overrides), tokenizer,
                            chat_template=_chat_template(folder) or getattr(tokenizer, "chat_template", None))
 
 
@@ -93,3 +95,17 @@ def token_grid(data: dict[str, Any], processor: Any, length: int) -> tuple[int, 
     if grid[0] * grid[1] * grid[2] != length:
         raise RuntimeError(f"An image's token grid {grid} does not match its {length} placeholder tokens.")
     return grid
+
+
+def processor_overrides(value: str | dict | None) -> dict[str, Any]:
+    """--mm-processor-kwargs (JSON text, or a dict from the offline LLM) -> a dict; ValueError naming the flag."""
+    if not value:
+        return {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise ValueError(f"--mm-processor-kwargs is not JSON ({exc}); e.g. '{{\"max_pixels\": 1003520}}'.") from None
+    if not isinstance(value, dict):
+        raise ValueError("--mm-processor-kwargs takes a JSON object, e.g. '{\"max_pixels\": 1003520}'.")
+    return value

@@ -9,7 +9,12 @@ import logging
 from typing import Any
 
 from wslm.backend.errors import RequestError
-from wslm.backend.frontend.hf_processor import split_per_image, token_grid
+from wslm.backend.frontend.hf_processor import (
+    load_processor,
+    processor_overrides,
+    split_per_image,
+    token_grid,
+)
 from wslm.backend.frontend.images import ImageLimits, LoadedImage, check_count, load_image
 from wslm.backend.multimodal import ImageInput, PromptIds
 
@@ -32,11 +37,10 @@ class VisionPrompts:
         return getattr(self.processor, "chat_template", None)
 
     @classmethod
-    def load(cls, folder: str, hf_config: Any, limits: ImageLimits, mrope: bool = False) -> VisionPrompts:
-        from wslm.backend.frontend.hf_processor import load_processor
-
+    def load(cls, folder: str, hf_config: Any, limits: ImageLimits, mrope: bool = False,
+             overrides: dict | None = None) -> VisionPrompts:
         try:
-            processor = load_processor(folder)
+            processor = load_processor(folder, overrides)
         except Exception as exc:  # noqa: BLE001 - any failure means the folder lacks a usable processor
             raise ValueError(f"The vision model in {folder} has no image processor transformers can load "
                              f"({type(exc).__name__}: {exc}); its processor_config.json / "
@@ -105,7 +109,8 @@ def vision_for(source: Any, hf_config: Any, architecture: str, config: Any) -> V
     limits = ImageLimits.from_flags(config.limit_mm_per_prompt, config.max_image_bytes, config.max_image_pixels,
                                     config.image_fetch_timeout)
     vision = VisionPrompts.load(str(source.folder), hf_config, limits,
-                                mrope=getattr(get_model_class(architecture), "mrope", False))
+                                mrope=getattr(get_model_class(architecture), "mrope", False),
+                                overrides=processor_overrides(getattr(config, "mm_processor_kwargs", None)))
     logger.info("Vision model: images in chat (at most %d per prompt, %d bytes, %d pixels each)",
                 limits.max_images, limits.max_image_bytes, limits.max_image_pixels)
     return vision

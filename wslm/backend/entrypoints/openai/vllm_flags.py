@@ -45,7 +45,6 @@ NO_EFFECT: dict[str, tuple[str, str]] = {
     "--num-scheduler-steps": ("value", "vLLM removed it too; the scheduler runs every step"),
     "--disable-async-output-proc": ("flag", "vLLM removed it too; outputs are processed after each step"),
     "--tokenizer-pool-size": ("value", "vLLM removed it too; prompts are tokenized in the server's worker threads"),
-    "--mm-processor-kwargs": ("value", "not used by wslm (images: --limit-mm-per-prompt, --max-image-bytes, --max-image-pixels; no audio or video)"),
     "--mm-processor-cache-gb": ("value", "not used by wslm (images: --limit-mm-per-prompt, --max-image-bytes, --max-image-pixels; no audio or video)"),
     "--disable-mm-preprocessor-cache": ("flag", "not used by wslm (images: --limit-mm-per-prompt, --max-image-bytes, --max-image-pixels; no audio or video)"),
     "--allowed-local-media-path": ("value", "not used by wslm (images: --limit-mm-per-prompt, --max-image-bytes, --max-image-pixels; no audio or video)"),
