@@ -417,6 +417,7 @@ def _serve(args: Namespace, engine: Any, sock: socket.socket) -> int:
         and not getattr(args, "public_utility_endpoints", False),
     )
     state.model_pool = make_model_pool(args, state)  # None without --model-pool
+    state.engine.restarter = core_restarter(args, engine, state)  # its core starts again if it dies
     state.lora = make_lora_registry(args, state)  # None without --enable-lora
     app = build_app(state, root_path=getattr(args, "root_path", None) or "",
                     docs=not getattr(args, "disable_fastapi_docs", False))
@@ -693,6 +694,25 @@ def make_model_pool(args: Namespace, default: Any) -> Any:
              "%s idle.", len(pool.entries), ", ".join(pool.entries) or "none yet",
              args.max_loaded_models, "never" if args.model_ttl_seconds is None else f"{args.model_ttl_seconds:g} s")
     return pool
+
+
+def core_restarter(args: Namespace, engine: Any, state: Any) -> Any:
+    """The --model model's core process starts again on the next request after it died, as a pooled model is
+    reloaded (frontend/core_restart.py); None when its core runs in this process (WSLM_CORE_PROCESS=0): a
+    death then still stops the server. The flags are read again, so that a GPU share is measured anew."""
+    from wslm.backend.frontend.core_restart import CoreRestarter, restartable
+
+    if not restartable(engine):
+        return None
+    import dataclasses
+
+    def config_for() -> Any:  # the first core's flags, with the GPU share of a --model-pool measured now
+        share = pool_engine_config(engine_config(args), args).gpu_memory_utilization
+        return dataclasses.replace(engine.config, gpu_memory_utilization=share)
+
+    pool = state.model_pool
+    return CoreRestarter(engine, state.model_name, state.metrics, config_for=config_for,
+                         lock=pool.load_lock if pool is not None else None)
 
 
 def start_background_compile(engine: Any) -> None:
