@@ -148,6 +148,7 @@ class MPClient(EngineCoreClient):
     def _die(self, reported: str | None = None) -> None:
         self.proc.join(1)
         self.dead = death_message(self.proc.exitcode, self._oom_at_start, reported)
+        self.stats = {**self.stats, "num_requests_running": 0, "num_requests_waiting": 0}  # /metrics: none run
         logger.error(self.dead)
         self._finalizer()
         raise EngineDeadError(self.dead)

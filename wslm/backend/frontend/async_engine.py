@@ -205,7 +205,12 @@ class AsyncEngine:
                     self._abort_tracked(deliveries)
                     self._deliver(deliveries)
                     return
-                self._handle(command, deliveries)
+                try:
+                    self._handle(command, deliveries)
+                except EngineDeadError as exc:  # an abort found the core gone
+                    if self.restarter is None:
+                        raise
+                    self._core_died(str(exc), deliveries)
             if self.engine.has_unfinished_requests():
                 self._step(deliveries)
             self._busy = self.engine.has_unfinished_requests()
