@@ -4,9 +4,11 @@ loaded model within 20% while a 3B model loads beside it; no stalled streams.)
 One `wslm serve` with model A (the demo model) loaded at start and model B in its --model-pool
 (~/.cache/wslm-bench/3b-Q4_K_M.gguf when present, else a second copy of the demo model). Each round:
 unload B, stream --streams completions from A one after another (the baseline), then ask the server to load B
-(POST /v1/models/load) and stream from A the same way while B's state is "loading". Only streams that
-started and ended inside the load count for the "during the load" side. Reports the time to first token
-(median, p90) and the gaps between tokens (median, p99, max) of both sides, and the load times.
+(POST /v1/models/load) and stream from A the same way, back to back, while B's state is "loading". A stream
+counts for the "during the load" side when it started after the load began and its first token came before
+the load ended. Reports the time to first token (median, p90) and the gaps between tokens (median, p99, max)
+of both sides, the load times, and how long GET /health took meanwhile (a probe every 50 ms: whether the
+server process itself stalled, the event loop or the GIL, apart from A's core getting less CPU).
 
     .venv/bin/python bench/pool_load_stall.py                 # 3 rounds
     .venv/bin/python bench/pool_load_stall.py --rounds 5 --max-tokens 32 --b-model PATH
@@ -91,6 +93,25 @@ def stream_once(client: httpx.Client, url: str, max_tokens: int) -> tuple[float,
     return stamps[0] - start, gaps, start, end
 
 
+class HealthProbe:
+    """GET /health every 50 ms in a thread; the round-trip times while `on`."""
+
+    def __init__(self, url: str) -> None:
+        self.url, self.on, self.stop = url, False, False
+        self.times: dict[bool, list[float]] = {False: [], True: []}
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        with httpx.Client() as client:
+            while not self.stop:
+                on = self.on
+                t0 = time.monotonic()
+                client.get(self.url + "/health", timeout=60)
+                self.times[on].append(time.monotonic() - t0)
+                time.sleep(0.05)
+
+
 def b_state(client: httpx.Client, url: str) -> str:
     return client.get(url + "/v1/models/B", timeout=30).json().get("state", "?")
 
@@ -114,9 +135,12 @@ def main() -> None:
     load_ttft: list[float] = []
     load_gaps: list[float] = []
     load_times: list[float] = []
+    timeline: list[tuple[int, float, float]] = []  # (round, start after the load began, ttft) during loads
+    probe = None
     try:
         with httpx.Client() as client:
             stream_once(client, url, 8)  # first-request costs out of the way
+            probe = HealthProbe(url)
             for rnd in range(args.rounds):
                 if b_state(client, url) == "loaded":
                     client.post(url + "/v1/models/unload", json={"model": "B"}, timeout=120).raise_for_status()
@@ -132,23 +156,29 @@ def main() -> None:
                     done.update(status=r.status_code, seconds=time.monotonic() - t0, text=r.text[:300])
 
                 loader = threading.Thread(target=load)
+                began = time.monotonic()
+                probe.on = True
                 loader.start()
                 while b_state(client, url) != "loading" and loader.is_alive():
                     time.sleep(0.01)
                 counted = 0
                 while loader.is_alive():
                     ttft, gaps, start, end = stream_once(client, url, args.max_tokens)
-                    if loader.is_alive() and b_state(client, url) == "loading":  # started and ended inside
+                    if loader.is_alive() or start + ttft < began + done.get("seconds", 1e9):
                         load_ttft.append(ttft)
                         load_gaps += gaps
+                        timeline.append((rnd + 1, round(start - began, 2), round(ttft * 1e3, 1)))
                         counted += 1
                 loader.join()
+                probe.on = False
                 if done.get("status") != 200:
                     raise SystemExit(f"loading B failed: {done}")
                 load_times.append(done["seconds"])
                 print(f"round {rnd + 1}: B loaded in {done['seconds']:.1f} s, {counted} streams of A inside the "
                       f"load; load average {os.getloadavg()[0]:.1f}", flush=True)
     finally:
+        if probe is not None:
+            probe.stop = True
         proc.terminate()
         proc.wait(120)
     load_after = os.getloadavg()
@@ -166,6 +196,11 @@ def main() -> None:
         "b_load_seconds": [round(x, 2) for x in load_times],
         "baseline": summary(base_ttft, base_gaps),
         "during_load": summary(load_ttft, load_gaps),
+        "health_ms_baseline": {"median": 1e3 * percentile(probe.times[False], 0.5),
+                               "max": 1e3 * max(probe.times[False], default=float("nan"))},
+        "health_ms_during_load": {"median": 1e3 * percentile(probe.times[True], 0.5),
+                                  "max": 1e3 * max(probe.times[True], default=float("nan"))},
+        "during_load_streams": [{"round": r, "start_s": s, "ttft_ms": t} for r, s, t in timeline],
     }
     if base_ttft and load_ttft:
         result["ttft_ratio_median"] = statistics.median(load_ttft) / statistics.median(base_ttft)

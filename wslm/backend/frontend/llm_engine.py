@@ -18,6 +18,7 @@ from wslm.backend.engine.core import EngineCore, EngineRequest
 from wslm.backend.engine.core_client import EngineCoreClient, InprocClient, MPClient
 from wslm.backend.engine.core_setup import build_core
 from wslm.backend.executor.abstract import kv_cache_note
+from wslm.backend.frontend import tokenizer_aside
 from wslm.backend.frontend.input_processor import InputProcessor
 from wslm.backend.frontend.output_processor import OutputProcessor
 from wslm.backend.frontend.validation import RequestLimits
@@ -49,7 +50,9 @@ class LLMEngine:
         self.source = source
         self.model_name = source.name
         self.task = "embed" if config.task in ("embed", "embedding", "pooling") else "generate"
-        self.tokenizer = load_tokenizer(source, config.tokenizer, config.trust_remote_code)
+        # The server's tokenizers are built aside once it serves (frontend/tokenizer_aside.py: the GIL).
+        build = tokenizer_aside.load_tokenizer if core_process else load_tokenizer
+        self.tokenizer = build(source, config.tokenizer, config.trust_remote_code)
         hf_config, mc = load_model_config(
             source, self.tokenizer, config.dtype, self.device, config.trust_remote_code, config.quantization
         )

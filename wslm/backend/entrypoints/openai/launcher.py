@@ -371,6 +371,7 @@ def _serve(args: Namespace, engine: Any, sock: socket.socket) -> int:
     from wslm.backend.entrypoints.openai.http_protocol import h11_max_incomplete_event_size, protocol_class
     from wslm.backend.entrypoints.openai.parser_choice import choose_parsers
     from wslm.backend.entrypoints.openai.serving_base import ServerState
+    from wslm.backend.frontend import tokenizer_aside
     from wslm.backend.frontend.async_engine import AsyncEngine
     from wslm.backend.frontend.chat import template_text
     from wslm.backend.frontend.metrics import ServerMetrics
@@ -433,6 +434,7 @@ def _serve(args: Namespace, engine: Any, sock: socket.socket) -> int:
         if warning:
             log.warning("%s\n%s\n%s", "!" * 100, "WARNING: " + warning, "!" * 100)
         extra = {"warning": warning} if warning else {}
+        tokenizer_aside.serving()  # models loaded from now on build their tokenizer off the GIL
         emit("ready", url=url, host=host, port=port, model=names[0], pid=os.getpid(),
              max_model_len=state.max_model_len, api_key_required=bool(api_key), task=state.task, **extra)
         start_background_compile(engine)
