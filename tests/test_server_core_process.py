@@ -185,6 +185,28 @@ def test_killing_the_default_models_core_fails_its_requests_fast_and_the_next_re
     assert "The engine core of the model 'first' runs again (restart 1" in server.stderr()
 
 
+def test_a_core_that_cannot_start_again_answers_503_naming_why_and_the_next_request_tries_again(server, models):
+    weights = models / "first" / "model.safetensors"
+    os.kill(_core(server.proc.pid, "first").pid, signal.SIGKILL)
+    weights.rename(weights.with_suffix(".away"))  # the restart cannot load the model now
+    try:
+        deadline = time.monotonic() + 30  # an idle core's death is seen within a second (the engine loop checks)
+        while "The engine core of the model 'first' stopped" not in server.stderr():
+            assert time.monotonic() < deadline, server.stderr()[-2000:]
+            time.sleep(0.05)
+        r = httpx.post(server.url + "/v1/chat/completions", json=_body("first", 2), timeout=120)
+        error = r.json()["error"]
+        assert r.status_code == 503 and error["code"] == "engine_dead", error
+        assert "starting it again failed" in error["message"] and "No weights" in error["message"], error
+        assert "stopped earlier (killed by SIGKILL" in error["message"], error
+        assert "The next request tries again" in error["message"], error
+    finally:
+        weights.with_suffix(".away").rename(weights)
+    r = httpx.post(server.url + "/v1/chat/completions", json=_body("first", 2), timeout=120)
+    assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 2, r.text
+    assert server.proc.poll() is None
+
+
 def test_ctrl_c_leaves_no_core_behind(server):
     # A terminal's Ctrl-C signals the whole process group: the server and its cores (the server runs in a
     # session of its own here, as in a terminal).

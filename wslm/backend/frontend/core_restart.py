@@ -103,9 +103,9 @@ class CoreRestarter:
             oom = isinstance(exc, MemoryError) or "OutOfMemory" in type(exc).__name__
             log.error("Starting the engine core of the model %r again failed: %s: %s", self.name,
                       type(exc).__name__, exc)
-            message = (f"The model's engine core process stopped earlier ({self.down}), and starting it again "
-                       f"failed: {type(exc).__name__}: {exc}. " + (OOM_FIX + " " if oom else "")
-                       + "The next request tries again.")
+            message = (f"The model's engine core process stopped earlier ({_cause(self.down)}), and starting it "
+                       f"again failed: {type(exc).__name__}: {str(exc).rstrip('. ')}. "
+                       + (OOM_FIX + " " if oom else "") + "The next request tries again.")
             raise RestartFailed(message, ErrorKind.OUT_OF_MEMORY if oom else ErrorKind.ENGINE_DEAD) from exc
         self.down = None
         self.restarts += 1
@@ -113,6 +113,13 @@ class CoreRestarter:
             self.metrics.core_restarts += 1
         log.info("The engine core of the model %r runs again (restart %d, %.1f s).", self.name, self.restarts,
                  time.monotonic() - started)
+
+
+def _cause(why: str) -> str:
+    """The cause inside a death message (core_death.death_message), else the message itself."""
+    head = "The model's engine core process stopped ("
+    end = why.rfind("); its requests failed")
+    return why[len(head):end] if why.startswith(head) and end > 0 else why
 
 
 @contextlib.contextmanager
