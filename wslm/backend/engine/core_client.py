@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import os
+import sys
 import threading
 import time
 import weakref
@@ -30,10 +31,16 @@ _STOP_GRACE_S = 5.0  # a core process asked to stop gets this long before SIGKIL
 
 
 def safe_start_method(asked: str) -> str:
-    """fork, unless this process already ran a model (core_setup.note_model_in_process): then spawn."""
+    """fork, unless this process already ran a model (core_setup.note_model_in_process) or holds a CUDA
+    context (--model-pool on a GPU measures the card's free memory here): then spawn."""
     if asked == "fork" and model_ran_here():
         logger.info("Starting the engine core process by spawn, not fork: this process already ran a model, and "
                     "OpenMP's threads do not survive a fork (a few seconds more to import torch again)")
+        return "spawn"
+    torch = sys.modules.get("torch")
+    if asked == "fork" and torch is not None and torch.cuda.is_initialized():
+        logger.info("Starting the engine core process by spawn, not fork: this process holds a CUDA context, "
+                    "which a forked child cannot use")
         return "spawn"
     return asked
 
