@@ -86,14 +86,14 @@ class CoreRestarter:
         self.engine.forget_requests()
         if self.metrics is not None:
             self.metrics.core_deaths += 1
-        log.error("The engine core of the model %r stopped; its requests failed with HTTP 503, the server goes on "
-                  "and the next request starts the core again. %s", self.name, why)
+        log.error("The engine core of the model %r stopped (%s): its requests failed with HTTP 503, the server goes "
+                  "on and the next request starts the core again.", self.name, _cause(why))
 
     def ensure_up(self) -> None:
         """Start a new core if the last one died; raises RestartFailed (the request's answer) if it cannot."""
         if self.down is None:
             return
-        log.info("Starting the engine core of the model %r again (it stopped: %s)", self.name, self.down)
+        log.info("Starting the engine core of the model %r again (it stopped: %s)", self.name, _cause(self.down))
         started = time.monotonic()
         try:
             with _held(self.lock() if self.lock is not None else None):
