@@ -186,16 +186,20 @@ def test_dead_engine_loop_turns_health_503_and_reports_the_cause():
         thread.join(30)
 
 
-def test_engine_death_makes_wslm_serve_exit_nonzero(tmp_path):
-    from hub_server import make_tiny_llama
+def _faulty_server(tiny, faults: dict, **env: str):
+    from fault_executor import BACKEND, server_env
     from test_server_helpers import ServerProcess
 
-    tiny = make_tiny_llama(tmp_path / "tiny")
-    from fault_executor import BACKEND, server_env
+    return ServerProcess("--model", str(tiny), "--port", "0", "--kv-cache-memory", "8MiB", "--dtype", "float32",
+                         "--enforce-eager", "--uvicorn-log-level", "warning", "--distributed-executor-backend", BACKEND,
+                         env={**server_env(faults), **env})
 
-    srv = ServerProcess("--model", str(tiny), "--port", "0", "--kv-cache-memory", "8MiB", "--dtype", "float32",
-                        "--uvicorn-log-level", "warning", "--distributed-executor-backend", BACKEND,
-                        env=server_env({"die_after_steps": 3}))
+
+def test_engine_death_in_process_makes_wslm_serve_exit_nonzero(tmp_path):
+    """A core in the server's own process (WSLM_CORE_PROCESS=0) cannot be started again: the server exits."""
+    from hub_server import make_tiny_llama
+
+    srv = _faulty_server(make_tiny_llama(tmp_path / "tiny"), {"die_after_steps": 3}, WSLM_CORE_PROCESS="0")
     try:
         r = httpx.post(srv.url + "/v1/completions", json={"prompt": "hi there", "max_tokens": 10}, timeout=60)
         assert r.status_code == 503 and "engine" in r.json()["error"]["message"]
@@ -203,3 +207,22 @@ def test_engine_death_makes_wslm_serve_exit_nonzero(tmp_path):
         assert srv.wait_event(("error",), 10)["message"].startswith("The engine stopped (EngineDeadError")
     finally:
         srv.stop()
+
+
+def test_engine_death_in_the_core_process_restarts_the_core(tmp_path):
+    """The default model's core process dies (its workers are gone): its request gets 503 naming the cause,
+    the server goes on, and the next request runs on a new core (frontend/core_restart.py)."""
+    from hub_server import make_tiny_llama
+
+    srv = _faulty_server(make_tiny_llama(tmp_path / "tiny"), {"die_after_steps": 3})
+    try:
+        r = httpx.post(srv.url + "/v1/completions", json={"prompt": "hi there", "max_tokens": 10}, timeout=60)
+        error = r.json()["error"]
+        assert r.status_code == 503 and error["code"] == "engine_dead", error
+        assert "injected fault" in error["message"] and "starts the model's core again" in error["message"], error
+        # A new core counts its steps from 0: one prefill step serves a 1-token request.
+        r = httpx.post(srv.url + "/v1/completions", json={"prompt": "hi there", "max_tokens": 1}, timeout=60)
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] == 1, r.text
+        assert srv.proc.poll() is None and httpx.get(srv.url + "/health", timeout=10).status_code == 200
+    finally:
+        assert srv.stop() == 0

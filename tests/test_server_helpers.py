@@ -26,12 +26,13 @@ class ServerProcess:
     """`python -m wslm serve --port 0 ...`, waited on through its JSON lines on stdout."""
 
     def __init__(self, *args: str, env: dict[str, str] | None = None, wait: bool = True,
-                 timeout: float = 180.0) -> None:
+                 timeout: float = 180.0, new_session: bool = False) -> None:
         self.log = tempfile.NamedTemporaryFile("w+", prefix="wslm-serve-", suffix=".log", delete=False)
         full_env = {**os.environ, "WSLM_CONFIG_DIR": tempfile.mkdtemp(prefix="wslm-cfg-"), **(env or {})}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "wslm", "serve", *args],
             stdout=subprocess.PIPE, stderr=self.log, text=True, cwd=REPO, env=full_env,
+            start_new_session=new_session,  # its own process group: a terminal's Ctrl-C, os.killpg(pid, SIGINT)
         )
         self.lines: queue.Queue[str | None] = queue.Queue()
         self.stdout_lines: list[str] = []

@@ -14,11 +14,13 @@ from __future__ import annotations
 import logging
 import multiprocessing as mp
 import os
-import signal
+import sys
+import threading
 import time
 import weakref
 
 from wslm.backend.engine.core import EngineCore, EngineCoreOutputs, EngineRequest
+from wslm.backend.engine.core_death import death_message, exit_text, oom_kill_count
 from wslm.backend.engine.core_setup import CoreInfo, model_ran_here
 from wslm.backend.errors import EngineDeadError
 
@@ -29,10 +31,16 @@ _STOP_GRACE_S = 5.0  # a core process asked to stop gets this long before SIGKIL
 
 
 def safe_start_method(asked: str) -> str:
-    """fork, unless this process already ran a model (core_setup.note_model_in_process): then spawn."""
+    """fork, unless this process already ran a model (core_setup.note_model_in_process) or holds a CUDA
+    context (--model-pool on a GPU measures the card's free memory here): then spawn."""
     if asked == "fork" and model_ran_here():
         logger.info("Starting the engine core process by spawn, not fork: this process already ran a model, and "
                     "OpenMP's threads do not survive a fork (a few seconds more to import torch again)")
+        return "spawn"
+    torch = sys.modules.get("torch")
+    if asked == "fork" and torch is not None and torch.cuda.is_initialized():
+        logger.info("Starting the engine core process by spawn, not fork: this process holds a CUDA context, "
+                    "which a forked child cannot use")
         return "spawn"
     return asked
 
@@ -103,7 +111,8 @@ class MPClient(EngineCoreClient):
                                 args=(child_conn, self.conn if start_method == "fork" else None, config, source, mc,
                                       device, os.getpid(), tokenizer), daemon=False)
         started = time.monotonic()
-        self.proc.start()
+        self._oom_at_start = oom_kill_count()
+        start_in_lasting_thread(self.proc)
         child_conn.close()  # the child's end lives in the child only: its death closes the pipe here
         self.dead: str | None = None
         self.stats: dict = {}
@@ -143,10 +152,10 @@ class MPClient(EngineCoreClient):
         except (BrokenPipeError, OSError, EOFError):
             self._die()
 
-    def _die(self) -> None:
+    def _die(self, reported: str | None = None) -> None:
         self.proc.join(1)
-        self.dead = (f"The model's engine core process stopped ({_exit_text(self.proc)}); its requests failed. "
-                     "The next request loads the model again; the server log (stderr) may say why.")
+        self.dead = death_message(self.proc.exitcode, self._oom_at_start, reported)
+        self.stats = {**self.stats, "num_requests_running": 0, "num_requests_waiting": 0}  # /metrics: none run
         logger.error(self.dead)
         self._finalizer()
         raise EngineDeadError(self.dead)
@@ -182,9 +191,7 @@ class MPClient(EngineCoreClient):
                 elif kind == "stats":
                     self.stats = payload[0]
                 elif kind == "dead":
-                    self.dead = payload[0]
-                    self._finalizer()
-                    raise EngineDeadError(self.dead)
+                    self._die(payload[0])
                 if not self.conn.poll(0):
                     return
         except (EOFError, OSError):
@@ -193,6 +200,8 @@ class MPClient(EngineCoreClient):
     @property
     def busy(self) -> bool:
         """The core has requests by its latest figures (after an abort, until it reports itself idle)."""
+        if self.dead:
+            return False
         return bool(self.stats.get("num_requests_running") or self.stats.get("num_requests_waiting"))
 
     def get_stats(self) -> dict:
@@ -231,15 +240,59 @@ _STARTUP_ERRORS = {"ValueError": ValueError, "FileNotFoundError": FileNotFoundEr
 
 
 def _exit_text(proc) -> str:
-    code = proc.exitcode
-    if code is None:
-        return "still running"
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
+    return exit_text(proc.exitcode)
+
+
+class _Starter:
+    """One thread that lives as long as the process and starts the core processes of the other threads.
+    A core asks the kernel to kill it when its parent dies (prctl PR_SET_PDEATHSIG, core_proc.py), and the
+    kernel reads "parent" as the thread that forked it: a core started by a model pool's worker thread or an
+    engine loop thread (a restart) would be killed when that thread ends, before the server stops it cleanly."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._jobs: list[tuple[object, list]] = []
+        self._thread: threading.Thread | None = None
+
+    def start(self, proc) -> None:
+        done: list = []
+        with self._cond:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="wslm-core-starter", daemon=True)
+                self._thread.start()
+            self._jobs.append((proc, done))
+            self._cond.notify_all()
+            while not done:
+                self._cond.wait()
+        if isinstance(done[0], BaseException):
+            raise done[0]
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._jobs:
+                    self._cond.wait()
+                proc, done = self._jobs.pop(0)
+            try:
+                proc.start()
+                result: object = None
+            except BaseException as exc:  # noqa: BLE001 - raised in the asking thread
+                result = exc
+            with self._cond:
+                done.append(result)
+                self._cond.notify_all()
+
+
+_starter = _Starter()
+os.register_at_fork(after_in_child=_starter.__init__)  # a forked child has no starter thread of its own
+
+
+def start_in_lasting_thread(proc) -> None:
+    """proc.start() from a thread that lives until the process exits (the main thread, or _Starter's)."""
+    if threading.current_thread() is threading.main_thread():
+        proc.start()
+    else:
+        _starter.start(proc)
 
 
 def _stop_process(proc, conn) -> None:

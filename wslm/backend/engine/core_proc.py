@@ -1,16 +1,21 @@
 """The engine core process: one per served generation model (engine/core_client.py MPClient starts it).
 
 It builds the executor and the EngineCore, then loops: take the front end's messages (add, abort, compile,
-shutdown), run a step while anything is unfinished, send the step's plain-data outputs back. It watches its
-parent: when the server process is gone (SIGKILL included) it exits within a quarter second, so no core is
-ever left behind holding the model's memory. A parent-death signal (prctl PR_SET_PDEATHSIG) is not used: it
-follows the thread that started the child, and the model pool loads models in worker threads."""
+shutdown), run a step while anything is unfinished, send the step's plain-data outputs back.
+
+No core is ever left behind holding the model's memory when the server is gone (SIGKILL included), by three
+means: the kernel kills it at once when its parent dies (prctl PR_SET_PDEATHSIG on Linux; the parent is the
+thread that forked it, which is why core_client starts cores from a thread that lasts: the main thread or its
+starter thread); a thread watches getppid() four times a second (where prctl is missing, or the parent died
+before it was set); and the pipe to the server closing ends the loop (not alone enough: a core forked later
+holds a copy of an earlier core's pipe end)."""
 
 from __future__ import annotations
 
 import logging
 import os
 import signal
+import sys
 import threading
 import time
 
@@ -31,7 +36,9 @@ def core_main(conn, parent_end, config, source, mc, device, parent_pid: int, tok
             pass
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group: the server stops us cleanly
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a forked child inherits the server's handler otherwise
+    kill_me_with_parent()
     _watch_parent(parent_pid)
+    _name_process()
     if tokenizer is not None:
         from wslm.backend.structured.compiler import set_rebuild_tokenizer
 
@@ -53,6 +60,10 @@ def core_main(conn, parent_end, config, source, mc, device, parent_pid: int, tok
         os._exit(1)
     except (EOFError, OSError, BrokenPipeError):
         pass  # the parent is gone
+    except BaseException as exc:  # noqa: BLE001 - a bug in the loop: the server is told why, then we go
+        logger.exception("The engine core loop failed")
+        _send_quietly(conn, ("dead", f"{type(exc).__name__}: {exc}"))
+        os._exit(1)
     finally:
         core.executor.shutdown()
     os._exit(0)
@@ -103,7 +114,39 @@ def _send_quietly(conn, msg: tuple) -> None:
         pass
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def kill_me_with_parent() -> bool:
+    """Ask the kernel for SIGKILL when the parent (thread) dies: PR_SET_PDEATHSIG, Linux only. False where
+    it is not available (the getppid watch still ends us)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def _name_process() -> None:
+    """`wslm:MODEL` in ps/top (the last part of its path or repo id; the kernel keeps 15 bytes), so a user can tell which model a core serves."""
+    import multiprocessing
+
+    name = os.path.basename(multiprocessing.current_process().name.removeprefix("wslm-core").strip().rstrip("/"))
+    try:
+        with open("/proc/self/comm", "w", encoding="utf-8") as f:
+            f.write(f"wslm:{name}".encode()[:15].decode(errors="ignore"))
+    except OSError:
+        pass
+
+
 def _watch_parent(parent_pid: int) -> None:
+    if os.getppid() != parent_pid:
+        os._exit(0)  # the server died before the death signal was asked for
+
     def watch() -> None:
         while True:
             time.sleep(_PARENT_CHECK_S)

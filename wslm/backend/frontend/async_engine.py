@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from wslm.backend.errors import EngineDeadError, ErrorKind
+from wslm.backend.frontend.core_restart import RestartFailed
 from wslm.backend.frontend.metrics import ServerMetrics
 from wslm.backend.outputs import RequestOutput
 from wslm.backend.sampling_params import SamplingParams
@@ -24,6 +25,7 @@ from wslm.backend.sampling_params import SamplingParams
 log = logging.getLogger("wslm.server.engine")
 
 _STATS_INTERVAL_S = 0.05  # how often get_stats() is sampled while busy
+_IDLE_CHECK_S = 1.0  # with a restarter: how often an idle loop checks that its core process lives
 
 
 @dataclass(slots=True)
@@ -88,6 +90,9 @@ class AsyncEngine:
         self.draining = False  # set on SIGTERM/SIGINT: new requests are refused
         self.dead: str | None = None  # set if the loop thread ever exits by accident
         self.on_death: Any = None  # called (engine thread) with the cause when the loop dies
+        # frontend/core_restart.CoreRestarter: a dead core process fails its requests and the next request
+        # starts a new one, the loop goes on (the default model); None: a dead core ends the loop.
+        self.restarter: Any = None
 
     # ---- lifecycle (event-loop thread) ----
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
@@ -188,16 +193,24 @@ class AsyncEngine:
         while True:
             with self._cond:
                 while not self._inbox and not self._busy:
-                    self._cond.wait()
+                    if not self._cond.wait(_IDLE_CHECK_S if self.restarter is not None else None):
+                        break  # idle: look at the core below
                 commands, self._inbox = self._inbox, []
             deliveries: list = []
             self._deliveries = deliveries
+            if not commands and not self._busy and self.restarter is not None:
+                self._check_core(deliveries)
             for command in commands:
                 if isinstance(command, _Stop):
                     self._abort_tracked(deliveries)
                     self._deliver(deliveries)
                     return
-                self._handle(command, deliveries)
+                try:
+                    self._handle(command, deliveries)
+                except EngineDeadError as exc:  # an abort found the core gone
+                    if self.restarter is None:
+                        raise
+                    self._core_died(str(exc), deliveries)
             if self.engine.has_unfinished_requests():
                 self._step(deliveries)
             self._busy = self.engine.has_unfinished_requests()
@@ -210,10 +223,13 @@ class AsyncEngine:
                 return  # the client went away before we got to it
             request = command.request
             try:
-                self.engine.add_engine_request(request)
+                self._add(request, deliveries)
             except EngineDeadError as exc:  # the core is gone: this request fails as the running ones do
                 deliveries.append((command.future, EngineFailure(str(exc), ErrorKind.ENGINE_DEAD)))
                 raise
+            except RestartFailed as exc:  # its core died earlier and could not be started again
+                deliveries.append((command.future, EngineFailure(str(exc), exc.kind)))
+                return
             except Exception as exc:  # noqa: BLE001 - ValueError is the user's; anything else is reported too
                 deliveries.append((command.future, exc))
                 return
@@ -232,6 +248,32 @@ class AsyncEngine:
         elif isinstance(command, _AbortAll):
             self._abort_tracked(deliveries)
 
+    def _add(self, request: Any, deliveries: list) -> None:
+        if self.restarter is None:
+            self.engine.add_engine_request(request)
+            return
+        self._check_core(deliveries)  # a core that died unseen: its requests are told, a new one starts
+        self.restarter.ensure_up()
+        try:
+            self.engine.add_engine_request(request)
+        except EngineDeadError as exc:  # it died this very moment: once more, on a new core
+            self._core_died(str(exc), deliveries)
+            self.restarter.ensure_up()
+            self.engine.add_engine_request(request)
+
+    def _check_core(self, deliveries: list) -> None:
+        try:
+            self.restarter.check()
+        except EngineDeadError as exc:
+            self._core_died(str(exc), deliveries)
+
+    def _core_died(self, why: str, deliveries: list) -> None:
+        """The core process died (a restarter is set): its requests fail now (503), the loop goes on."""
+        for tracked in self._tracked.values():
+            deliveries.append((tracked.queue, (tracked.tag, EngineFailure(why, ErrorKind.ENGINE_DEAD))))
+        self._tracked.clear()
+        self.restarter.died(why)
+
     def _abort_tracked(self, deliveries: list) -> None:
         ids = list(self._tracked)
         if not ids:
@@ -249,8 +291,11 @@ class AsyncEngine:
     def _step(self, deliveries: list) -> None:
         try:
             outputs: list[RequestOutput] = self.engine.step()
-        except EngineDeadError:
-            raise  # the model's workers are gone: the loop ends, /health turns 503
+        except EngineDeadError as exc:
+            if self.restarter is None:
+                raise  # the model's workers are gone: the loop ends, /health turns 503
+            self._core_died(str(exc), deliveries)
+            return
         except Exception as exc:  # noqa: BLE001 - fail this step's requests, keep serving the next ones
             log.exception("engine.step() failed; failing the requests in flight")
             message = f"The engine failed while running this request ({type(exc).__name__}: {exc})."

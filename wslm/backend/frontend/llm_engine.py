@@ -18,6 +18,7 @@ from wslm.backend.engine.core import EngineCore, EngineRequest
 from wslm.backend.engine.core_client import EngineCoreClient, InprocClient, MPClient
 from wslm.backend.engine.core_setup import build_core
 from wslm.backend.executor.abstract import kv_cache_note
+from wslm.backend.frontend import tokenizer_aside
 from wslm.backend.frontend.input_processor import InputProcessor
 from wslm.backend.frontend.output_processor import OutputProcessor
 from wslm.backend.frontend.validation import RequestLimits
@@ -46,9 +47,12 @@ class LLMEngine:
         if self.device.type == "cpu":
             tune_allocator()
         source = resolve_model(config.model, config.revision, config.download_dir)
+        self.source = source
         self.model_name = source.name
         self.task = "embed" if config.task in ("embed", "embedding", "pooling") else "generate"
-        self.tokenizer = load_tokenizer(source, config.tokenizer, config.trust_remote_code)
+        # The server's tokenizers are built aside once it serves (frontend/tokenizer_aside.py: the GIL).
+        build = tokenizer_aside.load_tokenizer if core_process else load_tokenizer
+        self.tokenizer = build(source, config.tokenizer, config.trust_remote_code)
         hf_config, mc = load_model_config(
             source, self.tokenizer, config.dtype, self.device, config.trust_remote_code, config.quantization
         )
@@ -227,6 +231,20 @@ class LLMEngine:
     def shutdown(self) -> None:
         """Stop the core process or the tensor-parallel workers, if any (idempotent; also runs at exit)."""
         self.client.shutdown()
+
+    def restart_core(self, config: EngineConfig | None = None) -> None:
+        """After the core process died (its requests were failed): forget them and start a new core with the
+        same model, tokenizer and context length (config: the engine flags, e.g. a GPU share measured anew).
+        Raises the load's error, as at start; the engine stays without a core then."""
+        from wslm.backend.frontend.core_restart import start_new_core
+
+        self.forget_requests()
+        self.client = start_new_core(self, config or self.config)
+
+    def forget_requests(self) -> None:
+        """Drop every request's state (its core is gone; the caller told each one why)."""
+        self.output_processor.requests.clear()
+        self._pending.clear()
 
     def start_background_compile(self) -> None:
         """Start the compile that would otherwise wait for the first batch (the CPU decode step): the server

@@ -80,6 +80,9 @@ class ServerMetrics:
                              E2E_BUCKETS)
         self.finished: dict[str, int] = {}  # finish reason -> count
         self.engine_stats: dict = {}
+        # The engine core process died / was started again (frontend/core_restart.py; engine thread only).
+        self.core_deaths = 0
+        self.core_restarts = 0
 
     def observe_first_token(self, seconds: float) -> None:
         with self._lock:
@@ -117,6 +120,11 @@ class ServerMetrics:
         lines += ["# HELP wslm:prefix_cache_hit_rate Prefix-cache hits over queries since start (0..1).",
                   "# TYPE wslm:prefix_cache_hit_rate gauge",
                   f"wslm:prefix_cache_hit_rate{{{labels}}} {_num(hits / queries if queries else 0.0)}"]
+        for name, value, help_text in (
+                ("wslm:engine_core_deaths_total", self.core_deaths, "Times the engine core process died."),
+                ("wslm:engine_core_restarts_total", self.core_restarts,
+                 "Times the engine core process was started again after it died.")):
+            lines += [f"# HELP {name} {help_text}", f"# TYPE {name} counter", f"{name}{{{labels}}} {value}"]
         with self._lock:
             lines += ["# HELP wslm:request_success_total Finished requests, by finish reason.",
                       "# TYPE wslm:request_success_total counter"]

@@ -371,6 +371,7 @@ def _serve(args: Namespace, engine: Any, sock: socket.socket) -> int:
     from wslm.backend.entrypoints.openai.http_protocol import h11_max_incomplete_event_size, protocol_class
     from wslm.backend.entrypoints.openai.parser_choice import choose_parsers
     from wslm.backend.entrypoints.openai.serving_base import ServerState
+    from wslm.backend.frontend import tokenizer_aside
     from wslm.backend.frontend.async_engine import AsyncEngine
     from wslm.backend.frontend.chat import template_text
     from wslm.backend.frontend.metrics import ServerMetrics
@@ -417,6 +418,7 @@ def _serve(args: Namespace, engine: Any, sock: socket.socket) -> int:
         and not getattr(args, "public_utility_endpoints", False),
     )
     state.model_pool = make_model_pool(args, state)  # None without --model-pool
+    state.engine.restarter = core_restarter(args, engine, state)  # its core starts again if it dies
     state.lora = make_lora_registry(args, state)  # None without --enable-lora
     app = build_app(state, root_path=getattr(args, "root_path", None) or "",
                     docs=not getattr(args, "disable_fastapi_docs", False))
@@ -432,6 +434,7 @@ def _serve(args: Namespace, engine: Any, sock: socket.socket) -> int:
         if warning:
             log.warning("%s\n%s\n%s", "!" * 100, "WARNING: " + warning, "!" * 100)
         extra = {"warning": warning} if warning else {}
+        tokenizer_aside.serving()  # models loaded from now on build their tokenizer off the GIL
         emit("ready", url=url, host=host, port=port, model=names[0], pid=os.getpid(),
              max_model_len=state.max_model_len, api_key_required=bool(api_key), task=state.task, **extra)
         start_background_compile(engine)
@@ -693,6 +696,25 @@ def make_model_pool(args: Namespace, default: Any) -> Any:
              "%s idle.", len(pool.entries), ", ".join(pool.entries) or "none yet",
              args.max_loaded_models, "never" if args.model_ttl_seconds is None else f"{args.model_ttl_seconds:g} s")
     return pool
+
+
+def core_restarter(args: Namespace, engine: Any, state: Any) -> Any:
+    """The --model model's core process starts again on the next request after it died, as a pooled model is
+    reloaded (frontend/core_restart.py); None when its core runs in this process (WSLM_CORE_PROCESS=0): a
+    death then still stops the server. The flags are read again, so that a GPU share is measured anew."""
+    from wslm.backend.frontend.core_restart import CoreRestarter, restartable
+
+    if not restartable(engine):
+        return None
+    import dataclasses
+
+    def config_for() -> Any:  # the first core's flags, with the GPU share of a --model-pool measured now
+        share = pool_engine_config(engine_config(args), args).gpu_memory_utilization
+        return dataclasses.replace(engine.config, gpu_memory_utilization=share)
+
+    pool = state.model_pool
+    return CoreRestarter(engine, state.model_name, state.metrics, config_for=config_for,
+                         lock=pool.load_lock if pool is not None else None)
 
 
 def start_background_compile(engine: Any) -> None:

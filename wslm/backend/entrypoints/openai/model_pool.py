@@ -149,6 +149,7 @@ class ModelPool:
         self.draining = False
         self._grace = 0.0
         self._lock: asyncio.Lock | None = None  # loads and unloads, one at a time
+        self._loop: asyncio.AbstractEventLoop | None = None
         self._wake: asyncio.Event | None = None
         self._reaper: asyncio.Task | None = None
         self._tasks: set[asyncio.Future] = set()
@@ -156,6 +157,7 @@ class ModelPool:
 
     # ---- lifecycle (app lifespan, launcher) ----
     def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
         self._lock = asyncio.Lock()
         self._wake = asyncio.Event()
         self._reaper = asyncio.ensure_future(self._reap())
@@ -168,6 +170,11 @@ class ModelPool:
             state, entry.state = entry.state, None
             if state is not None:
                 self._stop(state)
+
+    def load_lock(self) -> tuple[asyncio.Lock, asyncio.AbstractEventLoop] | None:
+        """The lock every load holds and its loop, for a load outside the pool (the default model's core started
+        again after it died, frontend/core_restart.py): loads run one at a time, each sized after the last."""
+        return None if self._lock is None or self._loop is None else (self._lock, self._loop)
 
     def begin_drain(self, grace_s: float) -> None:
         """SIGTERM/SIGINT: no more loads; loaded models finish their requests as the default one does."""
@@ -369,7 +376,7 @@ class ModelPool:
 
     def _died(self, entry: PoolModel, state: ServerStateT, why: str) -> None:
         """A pool model's engine loop stopped: it is unloaded; the server and the other models go on (the
-        default model's death still stops the server, as without a pool)."""
+        default model's core process starts again on its next request instead: frontend/core_restart.py)."""
         log.error("The engine of model %r stopped (%s): unloading it; the next request loads it again.",
                   entry.name, why)
         if entry.state is state:
