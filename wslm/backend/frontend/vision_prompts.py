@@ -94,13 +94,24 @@ def _runs(ids: list[int], token: int) -> list[tuple[int, int]]:
     return runs
 
 
-def vision_for(source: Any, hf_config: Any, architecture: str, config: Any) -> VisionPrompts | None:
-    """A vision model's VisionPrompts (its processor, the server's image limits); None for a text model."""
+def vision_for(source: Any, hf_config: Any, architecture: str, config: Any, tokenizer: Any = None,
+               model_config: Any = None) -> Any:
+    """A vision model's VisionPrompts (its processor, the server's image limits), or a GGUF's MmprojPrompts
+    (its mmproj file's settings); None for a text model."""
     from wslm.backend.modeling import get_model_class
     from wslm.backend.modeling.vision import PROCESSOR_FILES, has_image_processor
 
     if not getattr(get_model_class(architecture), "takes_images", False):
         return None
+    mmproj = getattr(model_config, "mmproj", None)
+    if mmproj:
+        from wslm.backend.frontend.mmproj_prompts import MmprojPrompts
+
+        limits = ImageLimits.from_flags(config.limit_mm_per_prompt, config.max_image_bytes,
+                                        config.max_image_pixels, config.image_fetch_timeout)
+        return MmprojPrompts.load(mmproj, tokenizer, limits)
+    if source.gguf_file:
+        return None  # a vision family's text GGUF without its projector: text only
     if not has_image_processor(source.folder):
         logger.warning("%s is a vision model, but its folder has no image processor settings (%s): serving text "
                        "only", source.name, " / ".join(PROCESSOR_FILES))

@@ -1,0 +1,85 @@
+"""A tiny HF vision checkpoint (vision_helpers.py) split as llama.cpp ships it: the text model as a GGUF and the
+vision tower + projector as an mmproj GGUF, written with gguf's writer under llama.cpp's names and keys (the
+legacy LLaVA converter's for "mlp": its swapped ffn names and a tower cut at the feature layer; the current
+converter's for "gemma3")."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from gguf_writer import write_gguf
+
+
+def _permute(w: torch.Tensor, n_head: int) -> torch.Tensor:
+    """llama.cpp's converter's q/k row order for Llama (LlamaModel.permute)."""
+    return w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def write_llava_pair(folder: Path, out: Path, projector_type: str = "mlp") -> tuple[Path, Path]:
+    """(text GGUF, mmproj GGUF) from a tiny LLaVA-1.5 folder (make_tiny_llava)."""
+    import gguf
+    from transformers import LlamaForCausalLM, LlavaForConditionalGeneration
+
+    vl = LlavaForConditionalGeneration.from_pretrained(folder, dtype=torch.float32)
+    cfg = vl.config
+    text = LlamaForCausalLM(cfg.text_config)
+    text.model.load_state_dict(vl.model.language_model.state_dict())
+    text.lm_head.load_state_dict(vl.lm_head.state_dict())
+    tensors = []
+    for name, t in text.state_dict().items():
+        if name.endswith("q_proj.weight"):
+            t = _permute(t, cfg.text_config.num_attention_heads)
+        elif name.endswith("k_proj.weight"):
+            t = _permute(t, cfg.text_config.num_key_value_heads)
+        tensors.append((name, t))
+    out.mkdir(parents=True, exist_ok=True)
+    model_path = out / "tiny-llava-F32.gguf"
+    write_gguf(model_path, text, "llama", tensors=tensors)
+
+    vc = cfg.vision_config
+    layer = cfg.vision_feature_layer % (vc.num_hidden_layers + 1)  # -2 -> 2 of 3: the legacy converter's key
+    w = gguf.GGUFWriter(str(out / "mmproj-tiny-llava-f32.gguf"), "clip")
+    w.add_bool("clip.has_text_encoder", False)
+    w.add_bool("clip.has_vision_encoder", True)
+    w.add_bool("clip.has_llava_projector", True)
+    w.add_string("clip.projector_type", projector_type)
+    w.add_uint32("clip.vision.image_size", vc.image_size)
+    w.add_uint32("clip.vision.patch_size", vc.patch_size)
+    w.add_uint32("clip.vision.embedding_length", vc.hidden_size)
+    w.add_uint32("clip.vision.feed_forward_length", vc.intermediate_size)
+    w.add_uint32("clip.vision.projection_dim", vc.projection_dim)
+    w.add_uint32("clip.vision.attention.head_count", vc.num_attention_heads)
+    w.add_float32("clip.vision.attention.layer_norm_epsilon", vc.layer_norm_eps)
+    w.add_uint32("clip.vision.block_count", layer)
+    w.add_array("clip.vision.feature_layer", [layer])
+    w.add_array("clip.vision.image_mean", [0.48145466, 0.4578275, 0.40821073])
+    w.add_array("clip.vision.image_std", [0.26862954, 0.26130258, 0.27577711])
+    w.add_bool("clip.use_gelu", vc.hidden_act == "gelu")
+    for name, t in vl.state_dict().items():
+        if name.startswith("model.multi_modal_projector."):
+            new = name.replace("model.multi_modal_projector.", "mm.").replace("linear_1", "0").replace("linear_2", "2")
+        elif name.startswith("model.vision_tower.") and "post_layernorm" not in name:
+            new = name.replace("model.vision_tower.", "v.")
+            if ".encoder.layers." in new and int(new.split(".")[3]) >= layer:
+                continue  # the converter cuts the tower at the feature layer
+            for old, repl in (("encoder.layers", "blk"), ("embeddings.class_embedding", "class_embd"),
+                              ("embeddings.patch_embedding", "patch_embd"),
+                              ("embeddings.position_embedding", "position_embd"), ("pre_layrnorm", "pre_ln"),
+                              ("self_attn.q_proj", "attn_q"), ("self_attn.k_proj", "attn_k"),
+                              ("self_attn.v_proj", "attn_v"), ("self_attn.out_proj", "attn_out"),
+                              ("layer_norm1", "ln1"), ("layer_norm2", "ln2"),
+                              ("mlp.fc1", "ffn_down"), ("mlp.fc2", "ffn_up")):  # legacy: fc1 named down
+                new = new.replace(old, repl)
+        else:
+            continue
+        w.add_tensor(new, t.float().numpy())
+    _close(w)
+    return model_path, out / "mmproj-tiny-llava-f32.gguf"
+
+
+def _close(w) -> None:
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()

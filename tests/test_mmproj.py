@@ -1,0 +1,122 @@
+"""GGUF with llama.cpp's mmproj projector file (issue 35 item 2): a tiny random LLaVA-1.5 written as an HF
+folder, then split as llama.cpp ships it (text GGUF + mmproj GGUF, tests/mmproj_helpers.py). The pair, with
+--mmproj and found beside the model file, gives HF transformers' logits (float32) for a text + image prompt;
+a projector of another family or type is refused with the cause named, and one found beside a model it does
+not fit is skipped (text only)."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+from mmproj_helpers import write_llava_pair
+from vision_helpers import LLAVA_TEMPLATE, data_url, hf_greedy_top, image_bytes, make_tiny_llava, noise_image
+
+from wslm.backend.sampling_params import SamplingParams
+
+STEPS = 4
+SQUARE = noise_image(28, 28, 3)  # the tower's size: both paths only normalize it (no resampling to compare)
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory):
+    root = tmp_path_factory.mktemp("mmproj")
+    folder = make_tiny_llava(root / "hf")
+    model, mmproj = write_llava_pair(folder, root / "gguf")
+    from vision_helpers import tiny_tokenizer
+
+    tok = tiny_tokenizer()
+    tok.chat_template = LLAVA_TEMPLATE
+    tok.save_pretrained(root / "tok")
+    return folder, model, mmproj, root / "tok"
+
+
+def _llm(model, tok, **kw):
+    from wslm.backend.entrypoints.llm import LLM
+
+    return LLM(str(model), tokenizer=str(tok), dtype="float32", max_model_len=256, block_size=8,
+               num_gpu_blocks_override=64, enforce_eager=True, **kw)
+
+
+def _params() -> SamplingParams:
+    return SamplingParams(max_tokens=STEPS, temperature=0, logprobs=5, ignore_eos=True)
+
+
+def _check(out, expected_ids, expected_top) -> None:
+    assert list(out.prompt_token_ids) == expected_ids
+    got = out.outputs[0]
+    assert got.token_ids[:STEPS] == [next(iter(step)) for step in expected_top]
+    for ours, theirs in zip(got.logprobs, expected_top):
+        for token, logprob in theirs.items():
+            assert ours[token].logprob == pytest.approx(logprob, abs=2e-4)
+
+
+def test_gguf_with_mmproj_equals_hf(pair, monkeypatch):
+    """Found beside the model file (LM Studio's layout): LLaVA's mlp projector over the Llama GGUF; image
+    part first, then the question, as HF's processor expands <image> (16 tokens) and the GGUF path writes the
+    media marker there. Batched with a text-only request too."""
+    monkeypatch.setenv("WSLM_GGUF_CACHE", "0")
+    folder, model, _, tok = pair
+    llm = _llm(model, tok)
+    assert llm.llm_engine.model_config.architecture == "LlavaForConditionalGeneration"
+    ref = hf_greedy_top(folder, [{"role": "user", "content": [{"type": "image"}, {"type": "text",
+                                                                                   "text": "What is it?"}]}],
+                        [SQUARE], STEPS)
+    ref_text = hf_greedy_top(folder, [{"role": "user", "content": "Just text."}], [], STEPS)
+    chat = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": data_url(image_bytes(SQUARE))}},
+                                         {"type": "text", "text": "What is it?"}]}]
+    _check(llm.chat(chat, _params())[0], *ref)
+    outs = llm.chat([chat, [{"role": "user", "content": "Just text."}]], _params())
+    _check(outs[0], *ref)
+    _check(outs[1], *ref_text)
+    # vLLM's offline form: the media marker marks the image's place in a raw prompt (as the template
+    # renders it: trim_blocks eats the newline before ASSISTANT).
+    out = llm.generate({"prompt": "USER: <__media__>\nWhat is it?ASSISTANT:", "multi_modal_data": {"image": SQUARE}},
+                       _params())[0]
+    assert out.outputs[0].token_ids[:STEPS] == [next(iter(step)) for step in ref[1]]
+    # A non-square image is letterboxed to the tower's size (clip.cpp's way): still 16 image tokens.
+    wide = [{"role": "user", "content": [{"type": "image_url",
+                                          "image_url": {"url": data_url(image_bytes(noise_image(50, 30, 4)))}}]}]
+    assert len(llm.chat(wide, _params())[0].prompt_token_ids) == len(ref[0]) - len("\nWhat is it?")
+
+
+def test_explicit_mmproj_flag_and_refusals(pair, tmp_path, monkeypatch):
+    """--mmproj names the file (here from another folder); a projector type wslm does not run, and one of
+    another family, are refused naming the cause and what is supported; beside the model, a misfit is
+    skipped with a warning and the model serves text."""
+    import gguf
+
+    monkeypatch.setenv("WSLM_GGUF_CACHE", "0")
+    folder, model, mmproj, tok = pair
+    alone = tmp_path / "alone"
+    alone.mkdir()
+    shutil.copy(model, alone / model.name)
+    elsewhere = shutil.copy(mmproj, tmp_path / "vision.gguf")
+    llm = _llm(alone / model.name, tok, mmproj=str(elsewhere))
+    assert llm.llm_engine.model_config.mmproj == str(elsewhere)
+
+    # Unknown projector type: the same file with its type rewritten.
+    reader = gguf.GGUFReader(str(mmproj))
+    odd = tmp_path / "mmproj-odd.gguf"
+    w = gguf.GGUFWriter(str(odd), "clip")
+    for key, field in reader.fields.items():
+        if key.startswith(("clip.",)) and key != "clip.projector_type":
+            sub = field.types[1] if len(field.types) > 1 else None
+            w.add_key_value(key, field.contents(), field.types[0], sub_type=sub)
+    w.add_string("clip.projector_type", "qwen2.5vl_merger")
+    for t in reader.tensors:
+        w.add_tensor(t.name, t.data)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    with pytest.raises(ValueError, match=r"'qwen2.5vl_merger'.*supported mmproj projector types: 'mlp'.*'gemma3'"):
+        _llm(alone / model.name, tok, mmproj=str(odd))
+    # Not an mmproj at all (the text model given as the projector).
+    with pytest.raises(ValueError, match="not an mmproj file"):
+        _llm(alone / model.name, tok, mmproj=str(model))
+    # Beside the model, the odd one is skipped: text only, no error.
+    shutil.move(odd, alone / odd.name)
+    text_only = _llm(alone / model.name, tok)
+    assert text_only.llm_engine.model_config.architecture == "LlamaForCausalLM"
+    assert text_only.llm_engine.processor.vision is None
