@@ -78,6 +78,66 @@ def write_llava_pair(folder: Path, out: Path, projector_type: str = "mlp") -> tu
     return model_path, out / "mmproj-tiny-llava-f32.gguf"
 
 
+def write_gemma3_pair(folder: Path, out: Path) -> tuple[Path, Path]:
+    """(text GGUF, mmproj GGUF) from a tiny Gemma 3 folder (make_tiny_gemma3), named as the current converter
+    (Gemma3VisionModel) writes them: fc1 as ffn_up, the soft-embedding norm stored as 1 + w, the pooling
+    factor in clip.vision.projector.scale_factor (4 patches per side pooled to 2)."""
+    import json
+
+    import gguf
+    from transformers import Gemma3ForCausalLM, Gemma3ForConditionalGeneration
+
+    vl = Gemma3ForConditionalGeneration.from_pretrained(folder, dtype=torch.float32)
+    cfg = vl.config
+    text = Gemma3ForCausalLM(cfg.text_config)
+    text.model.load_state_dict(vl.model.language_model.state_dict())
+    out.mkdir(parents=True, exist_ok=True)
+    model_path = out / "tiny-gemma3-F32.gguf"
+    write_gguf(model_path, text, "gemma3")
+
+    vc = cfg.vision_config
+    processor = json.loads((folder / "processor_config.json").read_text())
+    image = processor.get("image_processor", processor)
+    w = gguf.GGUFWriter(str(out / "mmproj-tiny-gemma3-f32.gguf"), "clip")
+    w.add_type(gguf.GGUFType.MMPROJ)
+    w.add_clip_has_vision_encoder(True)
+    w.add_vision_projection_dim(cfg.text_config.hidden_size)
+    w.add_vision_image_size(vc.image_size)
+    w.add_vision_patch_size(vc.patch_size)
+    w.add_vision_embedding_length(vc.hidden_size)
+    w.add_vision_feed_forward_length(vc.intermediate_size)
+    w.add_vision_block_count(vc.num_hidden_layers)
+    w.add_vision_head_count(vc.num_attention_heads)
+    w.add_vision_image_mean(image["image_mean"])
+    w.add_vision_image_std(image["image_std"])
+    w.add_clip_projector_type(gguf.VisionProjectorType.GEMMA3)
+    w.add_vision_attention_layernorm_eps(vc.layer_norm_eps)
+    w.add_vision_use_gelu(True)
+    side = vc.image_size // vc.patch_size
+    w.add_vision_projector_scale_factor(side // int(cfg.mm_tokens_per_image**0.5))
+    for name, t in vl.state_dict().items():
+        if name.startswith("model.multi_modal_projector."):
+            new = {"mm_input_projection_weight": "mm.input_projection.weight",
+                   "mm_soft_emb_norm.weight": "mm.soft_emb_norm.weight"}[name.rsplit(".", 2)[-1] if
+                                                                        "soft" not in name else "mm_soft_emb_norm.weight"]
+            if "soft_emb_norm" in name:
+                t = t + 1
+        elif name.startswith("model.vision_tower."):
+            new = name.replace("model.vision_tower.vision_model.", "v.").replace("model.vision_tower.", "v.")
+            for old, repl in (("encoder.layers", "blk"), ("embeddings.patch_embedding", "patch_embd"),
+                              ("embeddings.position_embedding", "position_embd"), ("post_layernorm", "post_ln"),
+                              ("self_attn.q_proj", "attn_q"), ("self_attn.k_proj", "attn_k"),
+                              ("self_attn.v_proj", "attn_v"), ("self_attn.out_proj", "attn_out"),
+                              ("layer_norm1", "ln1"), ("layer_norm2", "ln2"),
+                              ("mlp.fc1", "ffn_up"), ("mlp.fc2", "ffn_down")):
+                new = new.replace(old, repl)
+        else:
+            continue
+        w.add_tensor(new, t.float().numpy())
+    _close(w)
+    return model_path, out / "mmproj-tiny-gemma3-f32.gguf"
+
+
 def _close(w) -> None:
     w.write_header_to_file()
     w.write_kv_data_to_file()

@@ -120,3 +120,34 @@ def test_explicit_mmproj_flag_and_refusals(pair, tmp_path, monkeypatch):
     text_only = _llm(alone / model.name, tok)
     assert text_only.llm_engine.model_config.architecture == "LlamaForCausalLM"
     assert text_only.llm_engine.processor.vision is None
+
+
+def test_gemma3_gguf_with_mmproj_equals_hf(tmp_path, monkeypatch):
+    """Gemma 3 (6 text layers: its own every-6th-global pattern, as its GGUF reads back): the gemma3 projector
+    over the Gemma 3 GGUF, image tokens bidirectional within the image. A raw prompt written as HF's processor
+    expands an image (blank lines around <start_of_image> ... <end_of_image>) gives HF's logits; in chat the
+    media marker takes mtmd's <start_of_image> / <end_of_image> around the image's 4 tokens."""
+    from mmproj_helpers import write_gemma3_pair
+    from vision_helpers import GEMMA3_TEMPLATE, gemma3_tokenizer, make_tiny_gemma3
+
+    monkeypatch.setenv("WSLM_GGUF_CACHE", "0")
+    folder = make_tiny_gemma3(tmp_path / "hf", text_layers=6)
+    model, _ = write_gemma3_pair(folder, tmp_path / "gguf")
+    tok = gemma3_tokenizer()
+    tok.chat_template = GEMMA3_TEMPLATE
+    tok.save_pretrained(tmp_path / "tok")
+    llm = _llm(model, tmp_path / "tok")
+    assert llm.llm_engine.model_config.architecture == "Gemma3ForConditionalGeneration"
+    hf_messages = [{"role": "user", "content": [{"type": "text", "text": "Look:"}, {"type": "image"},
+                                                {"type": "text", "text": "What is it?"}]}]
+    ids, top = hf_greedy_top(folder, hf_messages, [SQUARE], STEPS)
+    raw = "<bos><start_of_turn>user\nLook:\n\n<__media__>\n\nWhat is it?<end_of_turn>\n<start_of_turn>model\n"
+    _check(llm.generate({"prompt": raw, "multi_modal_data": {"image": SQUARE}}, _params())[0], ids, top)
+    chat = [{"role": "user", "content": [{"type": "text", "text": "Look:"},
+                                         {"type": "image_url", "image_url": {"url": data_url(image_bytes(SQUARE))}},
+                                         {"type": "text", "text": "What is it?"}]}]
+    got = llm.chat(chat, _params())[0].prompt_token_ids
+    start, end, soft = (tok.convert_tokens_to_ids(t) for t in ("<start_of_image>", "<end_of_image>",
+                                                                "<image_soft_token>"))
+    i = got.index(start)
+    assert got[i + 1 : i + 6] == [soft] * 4 + [end]

@@ -137,9 +137,10 @@ def gemma3_tokenizer():
     return tok
 
 
-def make_tiny_gemma3(folder: Path, seed: int = 0) -> Path:
+def make_tiny_gemma3(folder: Path, seed: int = 0, text_layers: int = 2) -> Path:
     """Gemma 3 with its SigLIP tower in miniature: 28 px images, 7 px patches (a 4x4 grid pooled to 2x2: 4
-    image tokens), 2 text layers (one sliding, window 8, shorter than a prompt)."""
+    image tokens), 2 text layers (one sliding, window 8, shorter than a prompt); text_layers=6: Gemma 3's own
+    pattern (every 6th layer global) and query scale, as a GGUF of it reads back."""
     from transformers import (
         Gemma3Config,
         Gemma3ForConditionalGeneration,
@@ -153,9 +154,12 @@ def make_tiny_gemma3(folder: Path, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     vision = SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                                 image_size=28, patch_size=7, vision_use_head=False)
-    text = Gemma3TextConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+    text = Gemma3TextConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4,
                             num_key_value_heads=2, head_dim=16, vocab_size=len(tok), max_position_embeddings=512,
-                            sliding_window=8, layer_types=["sliding_attention", "full_attention"],
+                            sliding_window=8, num_hidden_layers=text_layers,
+                            layer_types=["sliding_attention"] * (text_layers - 1) + ["full_attention"],
+                            # 6 layers: as GGUF-shaped as the real models (query scale 1/sqrt(head_dim))
+                            query_pre_attn_scalar=16 if text_layers == 6 else 256,
                             initializer_range=0.2, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
                             pad_token_id=tok.pad_token_id)
     config = Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4,
