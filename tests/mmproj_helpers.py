@@ -138,6 +138,23 @@ def write_gemma3_pair(folder: Path, out: Path) -> tuple[Path, Path]:
     return model_path, out / "mmproj-tiny-gemma3-f32.gguf"
 
 
+def retyped_mmproj(src: Path, dst: Path, projector_type: str) -> Path:
+    """src with clip.projector_type set to projector_type (a type wslm does not run, for the refusals)."""
+    import gguf
+
+    reader = gguf.GGUFReader(str(src))
+    w = gguf.GGUFWriter(str(dst), "clip")
+    for key, field in reader.fields.items():
+        if key.startswith("clip.") and key != "clip.projector_type":
+            sub = field.types[1] if len(field.types) > 1 else None
+            w.add_key_value(key, field.contents(), field.types[0], sub_type=sub)
+    w.add_string("clip.projector_type", projector_type)
+    for t in reader.tensors:
+        w.add_tensor(t.name, t.data)
+    _close(w)
+    return dst
+
+
 def _close(w) -> None:
     w.write_header_to_file()
     w.write_kv_data_to_file()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from mmproj_helpers import write_llava_pair
+from mmproj_helpers import retyped_mmproj, write_llava_pair
 from vision_helpers import LLAVA_TEMPLATE, data_url, hf_greedy_top, image_bytes, make_tiny_llava, noise_image
 
 from wslm.backend.sampling_params import SamplingParams
@@ -84,8 +84,6 @@ def test_explicit_mmproj_flag_and_refusals(pair, tmp_path, monkeypatch):
     """--mmproj names the file (here from another folder); a projector type wslm does not run, and one of
     another family, are refused naming the cause and what is supported; beside the model, a misfit is
     skipped with a warning and the model serves text."""
-    import gguf
-
     monkeypatch.setenv("WSLM_GGUF_CACHE", "0")
     folder, model, mmproj, tok = pair
     alone = tmp_path / "alone"
@@ -96,20 +94,7 @@ def test_explicit_mmproj_flag_and_refusals(pair, tmp_path, monkeypatch):
     assert llm.llm_engine.model_config.mmproj == str(elsewhere)
 
     # Unknown projector type: the same file with its type rewritten.
-    reader = gguf.GGUFReader(str(mmproj))
-    odd = tmp_path / "mmproj-odd.gguf"
-    w = gguf.GGUFWriter(str(odd), "clip")
-    for key, field in reader.fields.items():
-        if key.startswith(("clip.",)) and key != "clip.projector_type":
-            sub = field.types[1] if len(field.types) > 1 else None
-            w.add_key_value(key, field.contents(), field.types[0], sub_type=sub)
-    w.add_string("clip.projector_type", "qwen2.5vl_merger")
-    for t in reader.tensors:
-        w.add_tensor(t.name, t.data)
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
+    odd = retyped_mmproj(mmproj, tmp_path / "mmproj-odd.gguf", "qwen2.5vl_merger")
     with pytest.raises(ValueError, match=r"'qwen2.5vl_merger'.*supported mmproj projector types: 'mlp'.*'gemma3'"):
         _llm(alone / model.name, tok, mmproj=str(odd))
     # Not an mmproj at all (the text model given as the projector).

@@ -29,7 +29,8 @@ class ImagesRefused(RequestError):
 
 def images_refused(model_name: str, where: str) -> RequestError:
     return RequestError(f"The model {model_name!r} does not take images; load a vision model (a LLaVA-1.5 style "
-                        "checkpoint such as llava-hf/llava-1.5-7b-hf, see docs/vision.md) or send text only.",
+                        "checkpoint such as llava-hf/llava-1.5-7b-hf, or a GGUF with its mmproj file: --mmproj; "
+                        "see docs/vision.md) or send text only.",
                         param=where, code="images_not_supported")
 
 
