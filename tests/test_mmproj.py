@@ -136,3 +136,28 @@ def test_gemma3_gguf_with_mmproj_equals_hf(tmp_path, monkeypatch):
                                                                 "<image_soft_token>"))
     i = got.index(start)
     assert got[i + 1 : i + 6] == [soft] * 4 + [end]
+
+
+def test_models_list_shows_the_pair_as_one_vision_model(pair, tmp_path, monkeypatch, capsys):
+    """LM Studio's layout under the models folder: the mmproj is not a model of its own; the model beside it
+    is listed with it (`mmproj` in the JSON, ARCH "+vision" in the table)."""
+    from wslm.backend.hub.catalog import list_models
+    from wslm.cli import build_parser
+
+    _, model, mmproj, _ = pair
+    for var in ("HF_TOKEN", "HF_ENDPOINT", "HF_HUB_OFFLINE", "HUGGINGFACE_HUB_CACHE"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hf-cache"))
+    monkeypatch.setenv("WSLM_MODELS_DIR", str(tmp_path / "models"))
+    monkeypatch.setenv("WSLM_CONFIG_DIR", str(tmp_path / "config"))
+    folder = tmp_path / "models" / "lmstudio" / "tiny-llava"
+    folder.mkdir(parents=True)
+    shutil.copy(model, folder / model.name)
+    shutil.copy(mmproj, folder / mmproj.name)
+    listed = {m.id: m for m in list_models() if m.source == "models-dir"}
+    assert list(listed) == [f"lmstudio/tiny-llava/{model.name}"]
+    assert listed[f"lmstudio/tiny-llava/{model.name}"].mmproj == str(folder / mmproj.name)
+    args = build_parser().parse_args(["models", "list"])
+    args.func(args)
+    assert "Llama+vision" in capsys.readouterr().out
