@@ -23,6 +23,7 @@ _MODELS: dict[str, tuple[str, str]] = {
     "Gemma3ForConditionalGeneration": ("gemma3_vl", "Gemma3ForConditionalGeneration"),
     "GptOssForCausalLM": ("gpt_oss", "GptOssForCausalLM"),
     "LlavaForConditionalGeneration": ("llava", "LlavaForConditionalGeneration"),
+    "Idefics3ForConditionalGeneration": ("idefics3", "Idefics3ForConditionalGeneration"),
 }
 
 # Kept under its old name: the model catalog and the loader test membership and list the keys.

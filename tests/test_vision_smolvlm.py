@@ -1,0 +1,47 @@
+"""SmolVLM (Idefics3) from an HF folder (issue 35 item 2, the small family): a tiny random checkpoint written by
+the test gives HF transformers' top-5 logprobs (float32) for a chat with an image cut into tiles (2x2 tiles and
+the global image: 5 runs of 4 placeholder tokens between row/column markers), alone and batched with another
+image and a text-only request."""
+
+from __future__ import annotations
+
+import pytest
+from vision_helpers import data_url, hf_greedy_top, image_bytes, make_tiny_smolvlm, noise_image
+
+from wslm.backend.sampling_params import SamplingParams
+
+STEPS = 4
+IMG_A, IMG_B = noise_image(40, 50, 0), noise_image(20, 20, 1)  # 2x2 tiles + global; one tile + global
+
+
+def _chat(img, question: str):
+    ours, hf = [{"type": "text", "text": question}], [{"type": "text", "text": question}]
+    if img is not None:
+        ours.insert(0, {"type": "image_url", "image_url": {"url": data_url(image_bytes(img))}})
+        hf.insert(0, {"type": "image"})
+    return [{"role": "user", "content": ours}], [{"role": "user", "content": hf}]
+
+
+def _check(out, expected_ids, expected_top) -> None:
+    assert list(out.prompt_token_ids) == expected_ids
+    got = out.outputs[0]
+    assert got.token_ids[:STEPS] == [next(iter(step)) for step in expected_top]
+    for ours, theirs in zip(got.logprobs, expected_top):
+        for token, logprob in theirs.items():
+            assert ours[token].logprob == pytest.approx(logprob, abs=2e-4)
+
+
+def test_smolvlm_tiles_equal_hf(tmp_path):
+    from wslm.backend.entrypoints.llm import LLM
+
+    folder = make_tiny_smolvlm(tmp_path / "smolvlm")
+    llm = LLM(str(folder), dtype="float32", max_model_len=256, block_size=8, num_gpu_blocks_override=96,
+              enforce_eager=True)
+    assert llm.llm_engine.model_config.architecture == "Idefics3ForConditionalGeneration"
+    cases = [(IMG_A, "What is it?"), (None, "Just text."), (IMG_B, "And this?")]
+    refs = [hf_greedy_top(folder, _chat(img, q)[1], [img] if img is not None else [], STEPS) for img, q in cases]
+    assert refs[0][0].count(259) == 20  # <image>: 4 tiles and the global image, 4 tokens each
+    params = SamplingParams(max_tokens=STEPS, temperature=0, logprobs=5, ignore_eos=True)
+    _check(llm.chat(_chat(*cases[0])[0], params)[0], *refs[0])
+    for out, ref in zip(llm.chat([_chat(img, q)[0] for img, q in cases], params), refs):
+        _check(out, *ref)
