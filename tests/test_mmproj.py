@@ -74,6 +74,8 @@ def test_gguf_with_mmproj_equals_hf(pair, monkeypatch):
     out = llm.generate({"prompt": "USER: <__media__>\nWhat is it?ASSISTANT:", "multi_modal_data": {"image": SQUARE}},
                        _params())[0]
     assert out.outputs[0].token_ids[:STEPS] == [next(iter(step)) for step in ref[1]]
+    # --mmproj none: the projector beside the model is not loaded (llama.cpp's --no-mmproj).
+    assert _llm(model, tok, mmproj="none").llm_engine.processor.vision is None
     # A non-square image is letterboxed to the tower's size (clip.cpp's way): still 16 image tokens.
     wide = [{"role": "user", "content": [{"type": "image_url",
                                           "image_url": {"url": data_url(image_bytes(noise_image(50, 30, 4)))}}]}]

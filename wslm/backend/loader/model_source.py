@@ -85,8 +85,12 @@ def _gguf_source(name: str, path: Path) -> ModelSource:
 
 
 def with_mmproj(source: ModelSource, mmproj: str | None) -> ModelSource:
-    """The source with --mmproj's file (replacing one found beside the model)."""
+    """The source with --mmproj's file (replacing one found beside the model); "none": no projector, not even
+    one beside the model (llama.cpp's --no-mmproj)."""
     if not mmproj:
+        return source
+    if mmproj.strip().lower() == "none":
+        source.mmproj, source.mmproj_auto = None, False
         return source
     path = Path(mmproj).expanduser()
     if not source.gguf_file:
