@@ -138,6 +138,71 @@ def write_gemma3_pair(folder: Path, out: Path) -> tuple[Path, Path]:
     return model_path, out / "mmproj-tiny-gemma3-f32.gguf"
 
 
+def write_smolvlm_pair(folder: Path, out: Path) -> tuple[Path, Path]:
+    """(text GGUF, mmproj GGUF) from a tiny SmolVLM folder (make_tiny_smolvlm), named and keyed as llama.cpp's
+    SmolVLMModel converter writes them (projector type idefics3, scale factor, preproc image size, the
+    connector as mm.model.fc)."""
+    import json
+
+    import gguf
+    from transformers import Idefics3ForConditionalGeneration, LlamaForCausalLM
+
+    vl = Idefics3ForConditionalGeneration.from_pretrained(folder, dtype=torch.float32)
+    cfg = vl.config
+    text = LlamaForCausalLM(cfg.text_config)
+    text.model.load_state_dict(vl.model.text_model.state_dict())
+    text.lm_head.load_state_dict(vl.lm_head.state_dict())
+    tensors = []
+    for name, t in text.state_dict().items():
+        if name.endswith("q_proj.weight"):
+            t = _permute(t, cfg.text_config.num_attention_heads)
+        elif name.endswith("k_proj.weight"):
+            t = _permute(t, cfg.text_config.num_key_value_heads)
+        tensors.append((name, t))
+    out.mkdir(parents=True, exist_ok=True)
+    model_path = out / "tiny-smolvlm-F32.gguf"
+    write_gguf(model_path, text, "llama", tensors=tensors)
+
+    vc = cfg.vision_config
+    processor = json.loads((folder / "processor_config.json").read_text())
+    image = processor.get("image_processor", processor)
+    mmproj = out / "mmproj-tiny-smolvlm-f32.gguf"
+    w = gguf.GGUFWriter(str(mmproj), "clip")
+    w.add_type(gguf.GGUFType.MMPROJ)
+    w.add_clip_has_vision_encoder(True)
+    w.add_vision_projection_dim(cfg.text_config.hidden_size)
+    w.add_vision_image_size(vc.image_size)
+    w.add_vision_patch_size(vc.patch_size)
+    w.add_vision_embedding_length(vc.hidden_size)
+    w.add_vision_feed_forward_length(vc.intermediate_size)
+    w.add_vision_block_count(vc.num_hidden_layers)
+    w.add_vision_head_count(vc.num_attention_heads)
+    w.add_vision_image_mean(image["image_mean"])
+    w.add_vision_image_std(image["image_std"])
+    w.add_clip_projector_type(gguf.VisionProjectorType.IDEFICS3)
+    w.add_vision_attention_layernorm_eps(vc.layer_norm_eps)
+    w.add_vision_projector_scale_factor(cfg.scale_factor)
+    w.add_vision_use_gelu(True)
+    w.add_vision_preproc_image_size(image["size"]["longest_edge"])
+    for name, t in vl.state_dict().items():
+        if name.startswith("model.connector."):
+            new = "mm.model.fc.weight"
+        elif name.startswith("model.vision_model."):
+            new = name.replace("model.vision_model.", "v.")
+            for old, repl in (("encoder.layers", "blk"), ("embeddings.patch_embedding", "patch_embd"),
+                              ("embeddings.position_embedding", "position_embd"), ("post_layernorm", "post_ln"),
+                              ("self_attn.q_proj", "attn_q"), ("self_attn.k_proj", "attn_k"),
+                              ("self_attn.v_proj", "attn_v"), ("self_attn.out_proj", "attn_out"),
+                              ("layer_norm1", "ln1"), ("layer_norm2", "ln2"),
+                              ("mlp.fc1", "ffn_up"), ("mlp.fc2", "ffn_down")):
+                new = new.replace(old, repl)
+        else:
+            continue
+        w.add_tensor(new, t.float().numpy())
+    _close(w)
+    return model_path, mmproj
+
+
 def retyped_mmproj(src: Path, dst: Path, projector_type: str) -> Path:
     """src with clip.projector_type set to projector_type (a type wslm does not run, for the refusals)."""
     import gguf

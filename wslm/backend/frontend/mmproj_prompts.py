@@ -17,7 +17,7 @@ from wslm.backend.multimodal import ImageInput, PromptIds
 
 # The placeholder tokens a family's tokenizer may have (used for the image positions' ids, so prompt ids
 # read as the HF checkpoint's; any id would do: the image's embeddings replace them).
-_IMAGE_TOKENS = {"mlp": "<image>", "gemma3": "<image_soft_token>"}
+_IMAGE_TOKENS = {"mlp": "<image>", "gemma3": "<image_soft_token>", "idefics3": "<image>"}
 
 
 class MmprojPrompts:
@@ -34,7 +34,7 @@ class MmprojPrompts:
         # image_token_id: a text prompt holding it without an image is refused (input_processor); -1: none
         self.image_token_id = token if dedicated else -1
         self.fill_id = token if dedicated else (getattr(tokenizer, "pad_token_id", None) or 0)
-        before, after = IMAGE_TEXT[info.projector]
+        before, after = IMAGE_TEXT.get(info.projector, ("", ""))
         self.before = self._encode(before)
         self.after = self._encode(after)
 
@@ -57,6 +57,8 @@ class MmprojPrompts:
                                "images: each image part must be in a message the chat template renders (user "
                                "messages); a raw prompt marks each image's place with " + MEDIA_MARKER + ".",
                                param="messages")
+        if self.info.projector == "idefics3":
+            return self._tiled(pieces, images)
         ids: list[int] = []
         inputs = []
         n = self.info.image_tokens
@@ -69,6 +71,44 @@ class MmprojPrompts:
                                      {"pixel_values": pixel_values(images[i].image, self.info)}))
             ids += [self.fill_id] * n + self.after
         return PromptIds(ids, tuple(inputs))
+
+
+    def _tiled(self, pieces: list[str], images: list[LoadedImage]) -> PromptIds:
+        """SmolVLM / Idefics3: the image cut into tiles of image_size after a resize to the file's preproc size,
+        plus the global image, by transformers' Idefics3 image processor (with the file's mean/std); each tile's
+        run of <image> tokens between <fake_token_around_image> and its row/column marker, as transformers'
+        processor (and mtmd's idefics3 template) writes them; each tile its own ImageInput."""
+        from transformers import Idefics3ImageProcessorPil
+
+        from wslm.backend.frontend.vision_prompts import _runs, _tiles
+
+        if self.image_token_id < 0:
+            raise RequestError("This SmolVLM GGUF's tokenizer has no <image> token: its images cannot be placed.",
+                               param="messages")
+        info = self.info
+        processor = Idefics3ImageProcessorPil(size={"longest_edge": info.preproc_size},
+                                              max_image_size={"longest_edge": info.image_size},
+                                              image_mean=list(info.image_mean), image_std=list(info.image_std),
+                                              do_image_splitting=True)
+        out = processor([[im.image] for im in images], return_row_col_info=True, return_tensors="pt")
+        text = pieces[0]
+        for i, piece in enumerate(pieces[1:]):
+            text += _tile_text(out["rows"][i][0], out["cols"][i][0], info.image_tokens) + piece
+        ids = self._encode(text)
+        return PromptIds(ids, _tiles(out, _runs(ids, self.image_token_id), images))
+
+
+def _tile_text(rows: int, cols: int, n: int) -> str:
+    """transformers' Idefics3Processor.replace_image_token."""
+    fake, glob, image = "<fake_token_around_image>", "<global-img>", "<image>"
+    if rows == 0 and cols == 0:
+        return f"{fake}{glob}" + image * n + fake
+    text = ""
+    for r in range(rows):
+        for c in range(cols):
+            text += f"{fake}<row_{r + 1}_col_{c + 1}>" + image * n
+        text += "\n"
+    return text + f"\n{fake}{glob}" + image * n + fake
 
 
 def pixel_values(image: Any, info: MmprojInfo):

@@ -27,12 +27,29 @@ class Idefics3ForConditionalGeneration(LlamaForCausalLM):
 
     def __init__(self, cfg, device: torch.device, kernel_backend: str | None = None) -> None:
         super().__init__(cfg, device, kernel_backend)
+        self.connector = Weights(device, self.dtype)
+        self.mmproj = None
+        if getattr(cfg, "mmproj", None):  # a Llama GGUF with llama.cpp's idefics3 mmproj (vision/mmproj.py)
+            from wslm.backend.modeling.vision.mmproj import read_mmproj
+
+            self.mmproj = read_mmproj(cfg.mmproj)
+            self.vision_tower = SiglipVisionTower(self.mmproj.vision_config(), device, self.dtype)
+            self.scale = self.mmproj.scale_factor
+            return
         from transformers import AutoConfig
 
         hf = AutoConfig.from_pretrained(cfg.path)
         self.vision_tower = SiglipVisionTower(hf.vision_config, device, self.dtype)
         self.scale = int(hf.scale_factor)
-        self.connector = Weights(device, self.dtype)
+
+    def load_weights(self, weights) -> None:
+        if self.mmproj is not None:
+            from itertools import chain
+
+            from wslm.backend.modeling.vision.mmproj import mmproj_weights
+
+            weights = chain(weights, mmproj_weights(self.mmproj))
+        super().load_weights(weights)
 
     def checkpoint_name(self, name: str) -> str | None:
         for old, new in _RENAMES:

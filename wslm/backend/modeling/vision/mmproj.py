@@ -29,10 +29,13 @@ SUPPORTED_PROJECTORS: dict[str, tuple[str, dict[str, str]]] = {
         "Gemma3ForCausalLM": "Gemma3ForConditionalGeneration",
         "Gemma3ForConditionalGeneration": "Gemma3ForConditionalGeneration",
     }),
+    "idefics3": ("SmolVLM / Idefics3 (SigLIP + pixel-shuffle connector)", {
+        "LlamaForCausalLM": "Idefics3ForConditionalGeneration",
+    }),
 }
 MEDIA_MARKER = "<__media__>"  # where an image goes in a prompt's text (llama.cpp's mtmd_default_marker)
 # Text around each image's embeddings, as mtmd writes it per projector type (mtmd.cpp init_vision).
-IMAGE_TEXT = {"mlp": ("", ""), "gemma3": ("<start_of_image>", "<end_of_image>")}
+IMAGE_TEXT = {"mlp": ("", ""), "gemma3": ("<start_of_image>", "<end_of_image>")}  # idefics3: tiles (row/col)
 # Pad colour of the letterboxed image (clip.cpp: LLaVA's mean colour; black otherwise) and its resampling.
 _PAD = {"mlp": (122, 116, 104), "gemma3": (0, 0, 0)}
 _RESAMPLE = {"mlp": "BICUBIC", "gemma3": "BILINEAR"}
@@ -72,7 +75,8 @@ class MmprojInfo:
     projection_dim: int  # the text model's hidden size it feeds
     feature_layers: tuple[int, ...]  # hidden states read (0: the embeddings after the pre-LayerNorm)
     act: str
-    scale_factor: int  # gemma3: the patch grid pooled by this per side
+    scale_factor: int  # gemma3: the patch grid pooled by this per side; idefics3: the pixel shuffle's
+    preproc_size: int  # idefics3: the longest edge an image is resized to before it is cut into tiles
 
     @property
     def layers_run(self) -> int:
@@ -82,7 +86,7 @@ class MmprojInfo:
     @property
     def image_tokens(self) -> int:
         side = self.image_size // self.patch_size
-        if self.projector == "gemma3":
+        if self.projector in ("gemma3", "idefics3"):
             side //= self.scale_factor
         return side * side
 
@@ -148,7 +152,8 @@ def read_mmproj(path: str | Path) -> MmprojInfo:
             image_mean=tuple(float(x) for x in get("clip.vision.image_mean")),
             image_std=tuple(float(x) for x in get("clip.vision.image_std")),
             projection_dim=int(get("clip.vision.projection_dim") or 0), feature_layers=features or (n_layer,),
-            act=act, scale_factor=int(get("clip.vision.projector.scale_factor") or 4))
+            act=act, scale_factor=int(get("clip.vision.projector.scale_factor") or (2 if proj == "idefics3" else 4)),
+            preproc_size=int(get("clip.vision.preproc_image_size") or get("clip.vision.image_size")))
     except (TypeError, KeyError) as exc:
         raise ValueError(f"{path.name} lacks a setting clip.cpp needs ({exc}): is the file complete?") from None
     finally:
@@ -183,6 +188,9 @@ def _projector_out_dim(info: MmprojInfo) -> int:
     if info.projector == "mlp":
         last = shapes.get("mm.2.weight") or shapes.get("mm.0.weight")
         return last[0] if last else info.projection_dim
+    if info.projector == "idefics3":
+        fc = shapes.get("mm.model.fc.weight")
+        return fc[0] if fc else info.projection_dim
     proj = shapes.get("mm.input_projection.weight")
     return proj[1] if proj else info.projection_dim
 
@@ -199,6 +207,7 @@ _TOP = {"v.class_embd": "embeddings.class_embedding", "v.patch_embd.weight": "em
 _PROJECTOR = {"mm.0.weight": "linear_1.weight", "mm.0.bias": "linear_1.bias", "mm.2.weight": "linear_2.weight",
               "mm.2.bias": "linear_2.bias", "mm.input_projection.weight": "mm_input_projection_weight",
               "mm.soft_emb_norm.weight": "mm_soft_emb_norm.weight"}
+_CONNECTOR = {"mm.model.fc.weight": "model.connector.modality_projection.proj.weight"}  # idefics3
 
 
 def mmproj_weights(info: MmprojInfo) -> Iterator[tuple[str, torch.Tensor]]:
@@ -221,6 +230,8 @@ def mmproj_weights(info: MmprojInfo) -> Iterator[tuple[str, torch.Tensor]]:
                 yield f"vision_tower.encoder.layers.{layer}.{_LAYER[part]}.{kind}", _tensor(t)
             elif name in _TOP:
                 yield f"vision_tower.{_TOP[name]}", _tensor(t)
+            elif name in _CONNECTOR:
+                yield _CONNECTOR[name], _tensor(t)
             elif name in _PROJECTOR:
                 tensor = _tensor(t)
                 if name == "mm.soft_emb_norm.weight":
