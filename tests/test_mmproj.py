@@ -9,8 +9,14 @@ from __future__ import annotations
 import shutil
 
 import pytest
-from mmproj_helpers import retyped_mmproj, write_llava_pair
-from vision_helpers import LLAVA_TEMPLATE, data_url, hf_greedy_top, image_bytes, make_tiny_llava, noise_image
+from mmproj_helpers import llava_pair_files, retyped_mmproj
+from vision_helpers import (
+    check_top,
+    data_url,
+    hf_greedy_top,
+    image_bytes,
+    noise_image,
+)
 
 from wslm.backend.sampling_params import SamplingParams
 
@@ -20,15 +26,7 @@ SQUARE = noise_image(28, 28, 3)  # the tower's size: both paths only normalize i
 
 @pytest.fixture(scope="module")
 def pair(tmp_path_factory):
-    root = tmp_path_factory.mktemp("mmproj")
-    folder = make_tiny_llava(root / "hf")
-    model, mmproj = write_llava_pair(folder, root / "gguf")
-    from vision_helpers import tiny_tokenizer
-
-    tok = tiny_tokenizer()
-    tok.chat_template = LLAVA_TEMPLATE
-    tok.save_pretrained(root / "tok")
-    return folder, model, mmproj, root / "tok"
+    return llava_pair_files(tmp_path_factory.mktemp("mmproj"))
 
 
 def _llm(model, tok, **kw):
@@ -43,12 +41,7 @@ def _params() -> SamplingParams:
 
 
 def _check(out, expected_ids, expected_top) -> None:
-    assert list(out.prompt_token_ids) == expected_ids
-    got = out.outputs[0]
-    assert got.token_ids[:STEPS] == [next(iter(step)) for step in expected_top]
-    for ours, theirs in zip(got.logprobs, expected_top):
-        for token, logprob in theirs.items():
-            assert ours[token].logprob == pytest.approx(logprob, abs=2e-4)
+    check_top(out, expected_ids, expected_top, STEPS)
 
 
 def test_gguf_with_mmproj_equals_hf(pair, monkeypatch):

@@ -8,14 +8,12 @@ from __future__ import annotations
 import ollama
 import openai
 import pytest
-from mmproj_helpers import write_llava_pair
+from mmproj_helpers import llava_pair_files
 from test_server_helpers import SMALL, ServerProcess
 from vision_helpers import (
-    LLAVA_TEMPLATE,
     data_url,
     hf_greedy_top,
     image_bytes,
-    make_tiny_llava,
     noise_image,
     tiny_tokenizer,
 )
@@ -26,13 +24,7 @@ IMG = noise_image(28, 28, 5)  # the tower's own size: both paths only normalize 
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
-    root = tmp_path_factory.mktemp("mmproj-serve")
-    folder = make_tiny_llava(root / "hf")
-    model, mmproj = write_llava_pair(folder, root / "gguf")
-    tok = tiny_tokenizer()
-    tok.chat_template = LLAVA_TEMPLATE
-    tok.save_pretrained(root / "tok")
-    return folder, model, mmproj, root / "tok"
+    return llava_pair_files(tmp_path_factory.mktemp("mmproj-serve"))
 
 
 @pytest.fixture(scope="module")

@@ -228,3 +228,16 @@ def make_tiny_smolvlm(folder: Path, seed: int = 0) -> Path:
     model.save_pretrained(folder)
     processor.save_pretrained(folder)
     return folder
+
+
+def check_top(out, expected_ids, expected_top, steps: int) -> None:
+    """wslm's RequestOutput against hf_greedy_top's (prompt ids, per-step top-k): the same prompt ids, greedy
+    tokens, and every HF top-k logprob within 2e-4."""
+    import pytest
+
+    assert list(out.prompt_token_ids) == expected_ids
+    got = out.outputs[0]
+    assert got.token_ids[:steps] == [next(iter(step)) for step in expected_top]
+    for ours, theirs in zip(got.logprobs, expected_top):
+        for token, logprob in theirs.items():
+            assert ours[token].logprob == pytest.approx(logprob, abs=2e-4)

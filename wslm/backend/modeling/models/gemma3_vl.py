@@ -61,13 +61,9 @@ class Gemma3ForConditionalGeneration(Gemma3ForCausalLM):
         self.projector_eps = info.eps
 
     def load_weights(self, weights) -> None:
-        if self.mmproj is not None:
-            from itertools import chain
+        from wslm.backend.modeling.vision.mmproj import with_projector
 
-            from wslm.backend.modeling.vision.mmproj import mmproj_weights
-
-            weights = chain(weights, mmproj_weights(self.mmproj))
-        super().load_weights(weights)
+        super().load_weights(with_projector(weights, self.mmproj))
 
     def checkpoint_name(self, name: str) -> str | None:
         if self.vision_tower is not None:

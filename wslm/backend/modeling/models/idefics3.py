@@ -43,13 +43,9 @@ class Idefics3ForConditionalGeneration(LlamaForCausalLM):
         self.scale = int(hf.scale_factor)
 
     def load_weights(self, weights) -> None:
-        if self.mmproj is not None:
-            from itertools import chain
+        from wslm.backend.modeling.vision.mmproj import with_projector
 
-            from wslm.backend.modeling.vision.mmproj import mmproj_weights
-
-            weights = chain(weights, mmproj_weights(self.mmproj))
-        super().load_weights(weights)
+        super().load_weights(with_projector(weights, self.mmproj))
 
     def checkpoint_name(self, name: str) -> str | None:
         for old, new in _RENAMES:

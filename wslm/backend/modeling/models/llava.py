@@ -27,6 +27,7 @@ class LlavaForConditionalGeneration(LlamaForCausalLM):
     def __init__(self, cfg, device: torch.device, kernel_backend: str | None = None) -> None:
         super().__init__(cfg, device, kernel_backend)
         self.projector = Weights(device, self.dtype)
+        self.mmproj = None
         if getattr(cfg, "mmproj", None):  # a text GGUF with llama.cpp's mmproj file (vision/mmproj.py)
             self._init_mmproj(cfg.mmproj, device)
             return
@@ -58,13 +59,9 @@ class LlavaForConditionalGeneration(LlamaForCausalLM):
         self.projector_bias = True
 
     def load_weights(self, weights) -> None:
-        if getattr(self, "mmproj", None) is not None:
-            from itertools import chain
+        from wslm.backend.modeling.vision.mmproj import with_projector
 
-            from wslm.backend.modeling.vision.mmproj import mmproj_weights
-
-            weights = chain(weights, mmproj_weights(self.mmproj))
-        super().load_weights(weights)
+        super().load_weights(with_projector(weights, self.mmproj))
 
     def checkpoint_name(self, name: str) -> str | None:
         for old, new in _RENAMES:

@@ -241,6 +241,15 @@ def mmproj_weights(info: MmprojInfo) -> Iterator[tuple[str, torch.Tensor]]:
         header.close()
 
 
+def with_projector(weights, info: MmprojInfo | None):
+    """A model's checkpoint weights followed by its mmproj file's (info None: the weights alone)."""
+    if info is None:
+        return weights
+    from itertools import chain
+
+    return chain(weights, mmproj_weights(info))
+
+
 def _ffn_swapped(header, layer: int, n_embd: int) -> bool:
     down = next((t for t in header.tensors if t.name == f"v.blk.{layer}.ffn_down.weight"), None)
     return down is not None and int(down.shape[0]) == n_embd  # its input is the tower's width: really the up
