@@ -80,7 +80,7 @@ class MmprojPrompts:
         processor (and mtmd's idefics3 template) writes them; each tile its own ImageInput."""
         from transformers import Idefics3ImageProcessorPil
 
-        from wslm.backend.frontend.vision_prompts import _runs, _tiles
+        from wslm.backend.frontend.placeholders import placeholder_runs, tile_inputs
 
         if self.image_token_id < 0:
             raise RequestError("This SmolVLM GGUF's tokenizer has no <image> token: its images cannot be placed.",
@@ -95,7 +95,7 @@ class MmprojPrompts:
         for i, piece in enumerate(pieces[1:]):
             text += _tile_text(out["rows"][i][0], out["cols"][i][0], info.image_tokens) + piece
         ids = self._encode(text)
-        return PromptIds(ids, _tiles(out, _runs(ids, self.image_token_id), images))
+        return PromptIds(ids, tile_inputs(out, placeholder_runs(ids, self.image_token_id), images))
 
 
 def _tile_text(rows: int, cols: int, n: int) -> str:

@@ -10,6 +10,7 @@ from typing import Any
 
 from wslm.backend.errors import RequestError
 from wslm.backend.frontend.images import ImageLimits, LoadedImage, check_count, load_image
+from wslm.backend.frontend.placeholders import placeholder_runs, tile_inputs
 from wslm.backend.multimodal import ImageInput, PromptIds
 
 logger = logging.getLogger("wslm.engine")
@@ -61,9 +62,9 @@ class VisionPrompts:
             raise RequestError(f"The model's image processor refused an image: {exc}", param="messages",
                                code="invalid_image") from None
         ids = out["input_ids"][0].tolist()
-        runs = _runs(ids, self.image_token_id)
+        runs = placeholder_runs(ids, self.image_token_id)
         if out.get("pixel_values") is not None and out["pixel_values"].dim() == 5:
-            return PromptIds(ids, _tiles(out, runs, images))
+            return PromptIds(ids, tile_inputs(out, runs, images))
         if len(runs) != len(images):
             raise RequestError(f"The chat template placed {len(runs)} image placeholders for {len(images)} images: "
                                "each image part must be in a message the template renders (user messages).",
@@ -78,47 +79,6 @@ class VisionPrompts:
                 data[key] = value[i : i + 1]
         return PromptIds(ids, tuple(ImageInput(start, length, im.content_hash, data)
                                     for (start, length), im, data in zip(runs, images, per_image)))
-
-
-def _tiles(out: Any, runs: list[tuple[int, int]], images: list[LoadedImage]) -> tuple[ImageInput, ...]:
-    """A processor that cuts each image into tiles (SmolVLM / Idefics3: pixel_values [images, tiles, 3, H, W],
-    tiles of zeros padding an image with fewer): one ImageInput per tile, each its own run of placeholders in
-    order, each encoded alone as transformers encodes them."""
-    pixels = out["pixel_values"]
-    mask = out.get("pixel_attention_mask")
-    inputs = []
-    for i, im in enumerate(images):
-        for t in range(pixels.shape[1]):
-            tile = pixels[i, t : t + 1]
-            if not bool((tile != 0).any()):
-                continue  # padding
-            if mask is not None and not bool(mask[i, t].all()):
-                raise RequestError("wslm cannot run an image tile with padded pixels yet.", param="messages")
-            if len(inputs) == len(runs):
-                break
-            start, length = runs[len(inputs)]
-            inputs.append(ImageInput(start, length, f"{im.content_hash}:{t}", {"pixel_values": tile}))
-    if len(inputs) != len(runs):
-        raise RequestError(f"The chat template placed {len(runs)} image placeholder runs for {len(inputs)} image "
-                           "tiles: each image part must be in a message the template renders (user messages).",
-                           param="messages")
-    return tuple(inputs)
-
-
-def _runs(ids: list[int], token: int) -> list[tuple[int, int]]:
-    """(start, length) of each run of `token` in ids."""
-    runs: list[tuple[int, int]] = []
-    i = 0
-    while i < len(ids):
-        if ids[i] == token:
-            j = i
-            while j < len(ids) and ids[j] == token:
-                j += 1
-            runs.append((i, j - i))
-            i = j
-        else:
-            i += 1
-    return runs
 
 
 def vision_for(source: Any, hf_config: Any, architecture: str, config: Any, tokenizer: Any = None,
