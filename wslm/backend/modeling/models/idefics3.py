@@ -2,7 +2,7 @@
 embedding with a bias, learned positions, post-LayerNorm), the connector (pixel shuffle by scale_factor, one
 matrix without bias) and a Llama text model. The processor cuts an image into tiles plus a downscaled whole
 ("global") image, each tile its own run of <image> tokens between row/column markers; each tile is encoded on
-its own (as transformers does), so the front end gives every tile its own ImageInput (vision_prompts.py)."""
+its own (as transformers does), so the front end gives every tile its own ImageInput (frontend/placeholders.py)."""
 
 from __future__ import annotations
 
