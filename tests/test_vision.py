@@ -5,7 +5,7 @@ images behind the same placeholder ids never share prefix-cache blocks, the same
 from __future__ import annotations
 
 import pytest
-from vision_helpers import data_url, hf_greedy_top, image_bytes, make_tiny_llava, noise_image
+from vision_helpers import check_top, data_url, hf_greedy_top, image_bytes, make_tiny_llava, noise_image
 
 from wslm.backend.sampling_params import SamplingParams
 
@@ -43,12 +43,7 @@ def _hf(folder, img, question: str = "What is it?"):
 
 
 def _check(out, expected_ids, expected_top) -> None:
-    assert list(out.prompt_token_ids) == expected_ids
-    got = out.outputs[0]
-    assert got.token_ids[:STEPS] == [next(iter(step)) for step in expected_top]
-    for ours, theirs in zip(got.logprobs, expected_top):
-        for token, logprob in theirs.items():
-            assert ours[token].logprob == pytest.approx(logprob, abs=2e-4)
+    check_top(out, expected_ids, expected_top, STEPS)
 
 
 def _params() -> SamplingParams:

@@ -137,9 +137,10 @@ def gemma3_tokenizer():
     return tok
 
 
-def make_tiny_gemma3(folder: Path, seed: int = 0) -> Path:
+def make_tiny_gemma3(folder: Path, seed: int = 0, text_layers: int = 2) -> Path:
     """Gemma 3 with its SigLIP tower in miniature: 28 px images, 7 px patches (a 4x4 grid pooled to 2x2: 4
-    image tokens), 2 text layers (one sliding, window 8, shorter than a prompt)."""
+    image tokens), 2 text layers (one sliding, window 8, shorter than a prompt); text_layers=6: Gemma 3's own
+    pattern (every 6th layer global) and query scale, as a GGUF of it reads back."""
     from transformers import (
         Gemma3Config,
         Gemma3ForConditionalGeneration,
@@ -153,9 +154,12 @@ def make_tiny_gemma3(folder: Path, seed: int = 0) -> Path:
     torch.manual_seed(seed)
     vision = SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                                 image_size=28, patch_size=7, vision_use_head=False)
-    text = Gemma3TextConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+    text = Gemma3TextConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4,
                             num_key_value_heads=2, head_dim=16, vocab_size=len(tok), max_position_embeddings=512,
-                            sliding_window=8, layer_types=["sliding_attention", "full_attention"],
+                            sliding_window=8, num_hidden_layers=text_layers,
+                            layer_types=["sliding_attention"] * (text_layers - 1) + ["full_attention"],
+                            # 6 layers: as GGUF-shaped as the real models (query scale 1/sqrt(head_dim))
+                            query_pre_attn_scalar=16 if text_layers == 6 else 256,
                             initializer_range=0.2, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
                             pad_token_id=tok.pad_token_id)
     config = Gemma3Config(text_config=text, vision_config=vision, mm_tokens_per_image=4,
@@ -172,3 +176,68 @@ def make_tiny_gemma3(folder: Path, seed: int = 0) -> Path:
     model.save_pretrained(folder)
     processor.save_pretrained(folder)
     return folder
+
+
+SMOLVLM_TEMPLATE = (
+    "<|im_start|>{% for message in messages %}{{ message['role'] | capitalize }}:{% if message['content'] is string %}"
+    "{{ message['content'] }}{% else %}{% for item in message['content'] %}{% if item['type'] == 'image' %}<image>"
+    "{% elif item['type'] == 'text' %}{{ item['text'] }}{% endif %}{% endfor %}{% endif %}<end_of_utterance>\n"
+    "{% endfor %}{% if add_generation_prompt %}Assistant:{% endif %}"
+)
+
+
+def make_tiny_smolvlm(folder: Path, seed: int = 0) -> Path:
+    """SmolVLM (Idefics3) in miniature: 28 px tiles of 7 px patches, pixel shuffle by 2 (4 tokens a tile), an
+    image cut into up to 2x2 tiles of a 56 px resize plus the 28 px global image; 2-layer Llama."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import (
+        Idefics3Config,
+        Idefics3ForConditionalGeneration,
+        Idefics3ImageProcessorPil,
+        Idefics3Processor,
+        Idefics3VisionConfig,
+        LlamaConfig,
+        PreTrainedTokenizerFast,
+    )
+
+    vocab = {c: i for i, c in enumerate(sorted(pre_tokenizers.ByteLevel.alphabet()))}
+    specials = ["<|im_start|>", "<end_of_utterance>", "<fake_token_around_image>", "<image>", "<global-img>"]
+    specials += [f"<row_{i + 1}_col_{j + 1}>" for i in range(6) for j in range(6)]
+    for special in specials:
+        vocab[special] = len(vocab)
+    tk = Tokenizer(models.BPE(vocab, [], unk_token=None))
+    tk.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tk.decoder = decoders.ByteLevel()
+    tok = PreTrainedTokenizerFast(tokenizer_object=tk, bos_token="<|im_start|>", eos_token="<end_of_utterance>",
+                                  pad_token="<end_of_utterance>")
+    tok.add_special_tokens({"additional_special_tokens": specials})
+    torch.manual_seed(seed)
+    vision = Idefics3VisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+                                  image_size=28, patch_size=7)
+    text = LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2, vocab_size=len(tok), max_position_embeddings=512,
+                       tie_word_embeddings=False, initializer_range=0.2, bos_token_id=tok.bos_token_id,
+                       eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    config = Idefics3Config(vision_config=vision, text_config=text, scale_factor=2,
+                            image_token_id=tok.convert_tokens_to_ids("<image>"), tie_word_embeddings=False)
+    model = Idefics3ForConditionalGeneration(config).eval()
+    image_processor = Idefics3ImageProcessorPil(size={"longest_edge": 56}, max_image_size={"longest_edge": 28},
+                                                do_image_splitting=True)
+    processor = Idefics3Processor(image_processor=image_processor, tokenizer=tok, image_seq_len=4,
+                                  chat_template=SMOLVLM_TEMPLATE)
+    model.save_pretrained(folder)
+    processor.save_pretrained(folder)
+    return folder
+
+
+def check_top(out, expected_ids, expected_top, steps: int) -> None:
+    """wslm's RequestOutput against hf_greedy_top's (prompt ids, per-step top-k): the same prompt ids, greedy
+    tokens, and every HF top-k logprob within 2e-4."""
+    import pytest
+
+    assert list(out.prompt_token_ids) == expected_ids
+    got = out.outputs[0]
+    assert got.token_ids[:steps] == [next(iter(step)) for step in expected_top]
+    for ours, theirs in zip(got.logprobs, expected_top):
+        for token, logprob in theirs.items():
+            assert ours[token].logprob == pytest.approx(logprob, abs=2e-4)

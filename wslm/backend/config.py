@@ -24,6 +24,8 @@ class EngineConfig:
     # its metadata holds the flag's help and, where vLLM has them, choices and short aliases.
     model: str = _flag(defaults.MODEL, '"demo" (default), a HF folder, a .gguf file or a model id')
     tokenizer: str | None = _flag(None, "a tokenizer folder or repo id other than the model's")
+    mmproj: str | None = _flag(None, "a GGUF model's vision projector (llama.cpp's mmproj GGUF): images in chat; "
+                               "by default an mmproj*.gguf beside the model file is used; none: text only")
     # None: the model's own, capped by what the KV pool holds
     max_model_len: int | None = _flag(None, "context length in tokens (e.g. 4096 or 4k)")
     max_num_seqs: int = _flag(defaults.MAX_NUM_SEQS, "most sequences in one batch (the default KV pool holds this many "

@@ -29,7 +29,8 @@ class ImagesRefused(RequestError):
 
 def images_refused(model_name: str, where: str) -> RequestError:
     return RequestError(f"The model {model_name!r} does not take images; load a vision model (a LLaVA-1.5 style "
-                        "checkpoint such as llava-hf/llava-1.5-7b-hf, see docs/vision.md) or send text only.",
+                        "checkpoint such as llava-hf/llava-1.5-7b-hf, or a GGUF with its mmproj file: --mmproj; "
+                        "see docs/vision.md) or send text only.",
                         param=where, code="images_not_supported")
 
 
@@ -95,6 +96,14 @@ def _normalize_message(i: int, msg: Any, images: list | None = None) -> dict:
     if tool_calls:
         out["tool_calls"] = [_template_tool_call(i, j, call) for j, call in enumerate(tool_calls)]
     return out
+
+
+def _with_marker(msg: dict, marker: str) -> dict:
+    content = msg.get("content")
+    if not isinstance(content, list):
+        return msg
+    text = "\n".join(p["text"] if p.get("type") == "text" else marker for p in content)
+    return {**msg, "content": text}
 
 
 def _template_tool_call(i: int, j: int, call: Any) -> dict:
@@ -163,11 +172,12 @@ def template_text(template: str | dict | None) -> str:
 def render_chat_text(tokenizer: Any, messages: Any, template: str | None, model_name: str, *,
                      add_generation_prompt: bool = True, continue_final_message: bool = False,
                      tools: list[dict] | None = None, chat_template_kwargs: dict | None = None,
-                     images: list | None = None) -> str:
+                     images: list | None = None, media_marker: str | None = None) -> str:
     """The prompt text for a chat. chat_template_kwargs (e.g. {"enable_thinking": False}) reach the template as
     variables; tools (OpenAI's [{"type": "function", "function": {...}}]) too, as the template's `tools`.
     images: a vision model's list that receives each image part's (url, field) (normalize_messages); None:
-    the model takes no images and an image part is a 400 naming it."""
+    the model takes no images and an image part is a 400 naming it. media_marker: a GGUF with an mmproj file
+    (mmproj_prompts.py): each content list becomes text, an image part the marker, as llama-server does."""
     template = pick_template(template or getattr(tokenizer, "chat_template", None), tools)
     if not template:
         raise RequestError(
@@ -183,6 +193,8 @@ def render_chat_text(tokenizer: Any, messages: Any, template: str | None, model_
         normalized = normalize_messages(messages, images)
     except ImagesRefused as exc:
         raise images_refused(model_name, exc.param) from None
+    if media_marker:
+        normalized = [_with_marker(m, media_marker) for m in normalized]
     if _NINE_CHAR_IDS in str(template).replace(" ", ""):
         normalized = _nine_char_tool_call_ids(normalized)
     if HARMONY_MARK in str(template):
@@ -220,7 +232,7 @@ def render_chat(tokenizer: Any, messages: Any, template: str | None, add_generat
     (vision_prompts.py); with images the ids are a PromptIds carrying them."""
     sources: list | None = [] if vision is not None else None
     text = render_chat_text(tokenizer, messages, template, model_name, add_generation_prompt=add_generation_prompt,
-                            images=sources, **options)
+                            images=sources, media_marker=getattr(vision, "media_marker", None), **options)
     if sources:  # a vision model's processor expands each image's placeholder and reads its pixels
         return vision.prompt(text, vision.load_images(sources))
     # The template already wrote any BOS token; encoding must not add a second one.

@@ -24,6 +24,7 @@ from wslm.backend.frontend.output_processor import OutputProcessor
 from wslm.backend.frontend.validation import RequestLimits
 from wslm.backend.frontend.vision_prompts import vision_for
 from wslm.backend.loader.model_loader import load_model_config, load_tokenizer, resolve_model
+from wslm.backend.loader.model_source import with_mmproj
 from wslm.backend.outputs import RequestOutput
 from wslm.backend.platforms import pick_device
 from wslm.backend.platforms.cpu.tuning import tune_allocator
@@ -46,10 +47,12 @@ class LLMEngine:
         self.device = pick_device(config.device)
         if self.device.type == "cpu":
             tune_allocator()
-        source = resolve_model(config.model, config.revision, config.download_dir)
+        source = with_mmproj(resolve_model(config.model, config.revision, config.download_dir), config.mmproj)
+        if self.task_is_embed(config):
+            source.mmproj = None  # an embedding model takes no images
         self.source = source
         self.model_name = source.name
-        self.task = "embed" if config.task in ("embed", "embedding", "pooling") else "generate"
+        self.task = "embed" if self.task_is_embed(config) else "generate"
         # The server's tokenizers are built aside once it serves (frontend/tokenizer_aside.py: the GIL).
         build = tokenizer_aside.load_tokenizer if core_process else load_tokenizer
         self.tokenizer = build(source, config.tokenizer, config.trust_remote_code)
@@ -105,7 +108,7 @@ class LLMEngine:
         structured = None if self.pooling else StructuredOutputCompiler(self.tokenizer, mc.vocab_size,
                                                                          sorted(mc.eos_token_ids))
         self.processor = InputProcessor(self.tokenizer, limits, structured, config.chat_template, self.model_name)
-        self.processor.vision = vision_for(source, hf_config, mc.architecture, config)  # None: text only
+        self.processor.vision = vision_for(source, hf_config, mc.architecture, config, self.tokenizer, mc)  # None: text only
         from wslm.backend.lora.checks import AdapterChecker
 
         self.processor.lora_checker = AdapterChecker(config.enable_lora and not self.pooling, config.max_lora_rank, mc)
@@ -121,6 +124,10 @@ class LLMEngine:
             num_blocks * config.block_size / mc.max_model_len, "on" if config.enable_prefix_caching else "off",
             time.monotonic() - start,
         )  # fmt: skip
+
+    @staticmethod
+    def task_is_embed(config: EngineConfig) -> bool:
+        return config.task in ("embed", "embedding", "pooling")
 
     # ---- what the server and LLM read ----------------------------------------------------------
     @property

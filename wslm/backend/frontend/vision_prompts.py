@@ -16,6 +16,7 @@ from wslm.backend.frontend.hf_processor import (
     token_grid,
 )
 from wslm.backend.frontend.images import ImageLimits, LoadedImage, check_count, load_image
+from wslm.backend.frontend.placeholders import placeholder_runs, tile_inputs
 from wslm.backend.multimodal import ImageInput, PromptIds
 
 logger = logging.getLogger("wslm.engine")
@@ -67,7 +68,9 @@ class VisionPrompts:
             raise RequestError(f"The model's image processor refused an image: {exc}", param="messages",
                                code="invalid_image") from None
         ids = out["input_ids"][0].tolist()
-        runs = _runs(ids, self.image_token_id)
+        runs = placeholder_runs(ids, self.image_token_id)
+        if out.get("pixel_values") is not None and out["pixel_values"].dim() == 5:
+            return PromptIds(ids, tile_inputs(out, runs, images))
         if len(runs) != len(images):
             raise RequestError(f"The chat template placed {len(runs)} image placeholders for {len(images)} images: "
                                "each image part must be in a message the template renders (user messages).",
@@ -79,29 +82,24 @@ class VisionPrompts:
                                     for (start, length), im, data, grid in zip(runs, images, per_image, grids)))
 
 
-def _runs(ids: list[int], token: int) -> list[tuple[int, int]]:
-    """(start, length) of each run of `token` in ids."""
-    runs: list[tuple[int, int]] = []
-    i = 0
-    while i < len(ids):
-        if ids[i] == token:
-            j = i
-            while j < len(ids) and ids[j] == token:
-                j += 1
-            runs.append((i, j - i))
-            i = j
-        else:
-            i += 1
-    return runs
-
-
-def vision_for(source: Any, hf_config: Any, architecture: str, config: Any) -> VisionPrompts | None:
-    """A vision model's VisionPrompts (its processor, the server's image limits); None for a text model."""
+def vision_for(source: Any, hf_config: Any, architecture: str, config: Any, tokenizer: Any = None,
+               model_config: Any = None) -> Any:
+    """A vision model's VisionPrompts (its processor, the server's image limits), or a GGUF's MmprojPrompts
+    (its mmproj file's settings); None for a text model."""
     from wslm.backend.modeling import get_model_class
     from wslm.backend.modeling.vision import PROCESSOR_FILES, has_image_processor
 
     if not getattr(get_model_class(architecture), "takes_images", False):
         return None
+    mmproj = getattr(model_config, "mmproj", None)
+    if mmproj:
+        from wslm.backend.frontend.mmproj_prompts import MmprojPrompts
+
+        limits = ImageLimits.from_flags(config.limit_mm_per_prompt, config.max_image_bytes,
+                                        config.max_image_pixels, config.image_fetch_timeout)
+        return MmprojPrompts.load(mmproj, tokenizer, limits)
+    if source.gguf_file:
+        return None  # a vision family's text GGUF without its projector: text only
     if not has_image_processor(source.folder):
         logger.warning("%s is a vision model, but its folder has no image processor settings (%s): serving text "
                        "only", source.name, " / ".join(PROCESSOR_FILES))

@@ -80,6 +80,7 @@ class ModelInfo:
     # The --quantization values it accepts, from its weight format ({"value", "label"}; "" = unset): the GUI's
     # Quantization options for it.
     quantization_options: list[dict] = field(default_factory=list)
+    mmproj: str | None = None  # a GGUF's vision projector beside it (llama.cpp's mmproj*.gguf): images in chat
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -375,6 +376,11 @@ def _describe(entry: _Entry, context: int | None = None, kv_cache_dtype: str = "
         error=meta.error,
         quantization_options=_quantization_options(entry, meta),
     )
+    if entry.format == "gguf" and entry.path.is_file():
+        from wslm.backend.modeling.vision.mmproj import find_mmproj
+
+        mmproj = find_mmproj(entry.path)
+        info.mmproj = str(mmproj) if mmproj else None
     try:
         info.modified = max(p.stat().st_mtime for p in entry.files) if entry.files else None
     except OSError:

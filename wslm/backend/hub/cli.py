@@ -187,7 +187,8 @@ def cmd_list(args: argparse.Namespace) -> int:
     for m in models:
         status = "ok" if m.supported else ("partial" if not m.complete else "unsupported")
         rows.append((
-            m.id, m.format, (m.architecture or "-").removesuffix("ForCausalLM"), human_count(m.num_params),
+            m.id, m.format, (m.architecture or "-").removesuffix("ForCausalLM") + ("+vision" if m.mmproj else ""),
+            human_count(m.num_params),
             m.quantization or m.dtype or "-", human_size(m.size_bytes), str(m.context_length or "-"),
             human_size(m.memory_estimate_bytes), status,
         ))  # fmt: skip

@@ -154,6 +154,11 @@ def load_model_config(
             gguf_cache.save_tokenizer_and_config(gguf_cache.folder_for(source.gguf_path), tokenizer, hf_config, arch)
     # Multimodal checkpoints (Gemma 3) nest the language model's settings; text models return themselves.
     text = hf_config.get_text_config() if hasattr(hf_config, "get_text_config") else hf_config
+    mmproj = None
+    if source.mmproj is not None:  # a GGUF with llama.cpp's vision projector: the family's vision class
+        from wslm.backend.loader.mmproj_pair import pair_architecture
+
+        arch, mmproj = pair_architecture(source, arch, text.hidden_size)
     num_heads = text.num_attention_heads
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // num_heads
     rope = rope_parameters(text)
@@ -186,6 +191,7 @@ def load_model_config(
         rotary_dim=int(head_dim * partial),
         hidden_act=getattr(text, "hidden_activation", None) or getattr(text, "hidden_act", None) or "silu",
         quantization=resolve_quantization(quantization, source, hf_config),
+        mmproj=mmproj,
     )
     fields.update(model_cls.config_overrides(text))
     return hf_config, ModelConfig(**fields)

@@ -6,12 +6,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from wslm.backend.modeling.vision.mmproj import find_mmproj, is_mmproj_name
+
 
 @dataclass(slots=True)
 class ModelSource:
     name: str  # what the user asked for
     folder: Path  # a folder with config.json + weights, or the folder holding the gguf file
     gguf_file: str | None = None
+    # A GGUF's vision projector (llama.cpp's mmproj GGUF); mmproj_auto: found beside the file, not asked for
+    # (a projector that does not fit the model is then skipped with a warning instead of an error).
+    mmproj: Path | None = None
+    mmproj_auto: bool = False
 
     @property
     def gguf_path(self) -> Path | None:
@@ -40,13 +46,13 @@ def resolve_model(model: str, revision: str | None = None, download_dir: str | N
         return ModelSource(EMBED_NAME, embed_model_path())
     path = Path(model).expanduser()
     if path.is_file() and path.suffix == ".gguf":
-        return ModelSource(model, path.parent, path.name)
+        return _gguf_source(model, path)
     if path.is_dir():
         if (path / "config.json").is_file():
             return ModelSource(model, path)
-        ggufs = sorted(path.glob("*.gguf"))
+        ggufs = sorted(p for p in path.glob("*.gguf") if not is_mmproj_name(p.name))
         if len(ggufs) == 1:
-            return ModelSource(model, path, ggufs[0].name)
+            return _gguf_source(model, ggufs[0])
         raise FileNotFoundError(
             f"{path} is neither a Hugging Face model folder (no config.json) nor a folder with one .gguf file."
         )
@@ -68,6 +74,32 @@ def resolve_model(model: str, revision: str | None = None, download_dir: str | N
         f"Model {model!r}{at} was not found: not a path, not in `wslm models list`, not {where}. "
         f"Download it with `wslm models pull {model}`, or pass a model folder or .gguf file."
     )
+
+
+def _gguf_source(name: str, path: Path) -> ModelSource:
+    if is_mmproj_name(path.name):
+        raise FileNotFoundError(f"{path.name} is a vision projector (mmproj), not a model: pass the model's GGUF, "
+                                f"with --mmproj {path}.")
+    mmproj = find_mmproj(path)
+    return ModelSource(name, path.parent, path.name, mmproj=mmproj, mmproj_auto=mmproj is not None)
+
+
+def with_mmproj(source: ModelSource, mmproj: str | None) -> ModelSource:
+    """The source with --mmproj's file (replacing one found beside the model); "none": no projector, not even
+    one beside the model (llama.cpp's --no-mmproj)."""
+    if not mmproj:
+        return source
+    if mmproj.strip().lower() == "none":
+        source.mmproj, source.mmproj_auto = None, False
+        return source
+    path = Path(mmproj).expanduser()
+    if not source.gguf_file:
+        raise ValueError(f"--mmproj goes with a GGUF model file; {source.name} is a Hugging Face folder, whose "
+                         "vision tower (if any) is in its own weights.")
+    if not path.is_file():
+        raise FileNotFoundError(f"No such mmproj file: {path} (--mmproj).")
+    source.mmproj, source.mmproj_auto = path, False
+    return source
 
 
 def _resolve_by_name(name: str, revision: str | None = None, download_dir: str | None = None) -> Path | None:

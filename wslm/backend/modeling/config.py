@@ -41,6 +41,7 @@ class ModelConfig:
     # (wslm.backend.quant), i.e. which LinearMethod the layers use (modeling/layers/linear.py).
     quantization: str | None = None
     kv_cache_dtype: torch.dtype | None = None  # None: the model dtype; float8_e4m3fn for --kv-cache-dtype fp8
+    mmproj: str | None = None  # a text GGUF's llama.cpp vision projector file (modeling/vision/mmproj.py)
     # Family-specific settings (Gemma's softcaps, second rope base, ...), filled by the family class's
     # config_overrides() and read only by that family's code.
     extra: dict = field(default_factory=dict)

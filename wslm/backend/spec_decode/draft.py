@@ -38,6 +38,7 @@ def load_draft(model: str, target_mc, device: torch.device, block_size: int, num
     from wslm.backend.loader.model_loader import load_model_config, load_tokenizer, resolve_model
 
     source = resolve_model(model)
+    source.mmproj = None  # a draft proposes text: a vision projector beside its GGUF is not loaded
     tokenizer = load_tokenizer(source, None, trust_remote_code)
     _, mc = load_model_config(source, tokenizer, "auto" if target_mc.dtype is None else str(target_mc.dtype)
                               .removeprefix("torch."), device, trust_remote_code)

@@ -466,6 +466,12 @@ def _takes_images(path: str) -> bool:
             and getattr(get_model_class(archs[0]), "takes_images", False))
 
 
+def _engine_vision(state: ServerState) -> bool:
+    """The served engine takes images (a GGUF with its mmproj file, --mmproj or found beside it)."""
+    llm = getattr(state.engine, "engine", None)
+    return getattr(getattr(llm, "processor", None), "vision", None) is not None
+
+
 def _describe_path(path: str) -> Any:
     from wslm.backend.hub import catalog
 
@@ -489,7 +495,7 @@ async def show(state: ServerState, request: Request) -> Response:
             caps.append("tools")
         if state.reasoning_parser:
             caps.append("thinking")
-        if await asyncio.to_thread(_takes_images, path):
+        if _engine_vision(state) or await asyncio.to_thread(_takes_images, path):
             caps.append("vision")  # apps (Open WebUI, ...) offer image upload by it
     model_info = {"general.architecture": arch, "general.basename": name,
                   "general.parameter_count": info.get("num_params") or 0,

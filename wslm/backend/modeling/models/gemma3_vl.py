@@ -31,6 +31,10 @@ class Gemma3ForConditionalGeneration(Gemma3ForCausalLM):
     def __init__(self, cfg, device: torch.device, kernel_backend: str | None = None) -> None:
         super().__init__(cfg, device, kernel_backend)
         self.vision_tower = None
+        self.mmproj = None
+        if getattr(cfg, "mmproj", None):  # a text GGUF with llama.cpp's mmproj file (vision/mmproj.py)
+            self._init_mmproj(cfg.mmproj, device)
+            return
         if not has_image_processor(cfg.path):
             return
         from transformers import AutoConfig
@@ -42,6 +46,24 @@ class Gemma3ForConditionalGeneration(Gemma3ForCausalLM):
         self.patches_per_side = vc.image_size // vc.patch_size
         self.pool = self.patches_per_side // int(hf.mm_tokens_per_image**0.5)
         self.projector_eps = vc.layer_norm_eps
+
+    def _init_mmproj(self, path: str, device: torch.device) -> None:
+        """clip.cpp's SigLIP graph with the gemma3 projector: pool the patch grid by the file's scale factor
+        (4 unless it says otherwise), RMS-norm, one matrix."""
+        from wslm.backend.modeling.vision.mmproj import read_mmproj
+
+        info = read_mmproj(path)
+        self.mmproj = info
+        self.vision_tower = SiglipVisionTower(info.vision_config(), device, self.dtype)
+        self.projector = Weights(device, self.dtype)
+        self.patches_per_side = info.image_size // info.patch_size
+        self.pool = info.scale_factor
+        self.projector_eps = info.eps
+
+    def load_weights(self, weights) -> None:
+        from wslm.backend.modeling.vision.mmproj import with_projector
+
+        super().load_weights(with_projector(weights, self.mmproj))
 
     def checkpoint_name(self, name: str) -> str | None:
         if self.vision_tower is not None:

@@ -26,6 +26,11 @@ class LlavaForConditionalGeneration(LlamaForCausalLM):
 
     def __init__(self, cfg, device: torch.device, kernel_backend: str | None = None) -> None:
         super().__init__(cfg, device, kernel_backend)
+        self.projector = Weights(device, self.dtype)
+        self.mmproj = None
+        if getattr(cfg, "mmproj", None):  # a text GGUF with llama.cpp's mmproj file (vision/mmproj.py)
+            self._init_mmproj(cfg.mmproj, device)
+            return
         from transformers import AutoConfig
 
         hf = AutoConfig.from_pretrained(cfg.path)
@@ -38,7 +43,25 @@ class LlavaForConditionalGeneration(LlamaForCausalLM):
         self.drop_cls = hf.vision_feature_select_strategy == "default"
         self.projector_act = ACTIVATIONS[hf.projector_hidden_act]
         self.projector_bias = getattr(hf, "multimodal_projector_bias", True)
-        self.projector = Weights(device, self.dtype)
+
+    def _init_mmproj(self, path: str, device: torch.device) -> None:
+        """clip.cpp's LLaVA graph: the hidden states of the feature layers (the file's tower is cut there),
+        the class token dropped, the MLP projector (GELU: transformers' erf form, as the checkpoint was
+        trained; ggml's is the tanh approximation)."""
+        from wslm.backend.modeling.vision.mmproj import read_mmproj
+
+        info = read_mmproj(path)
+        self.mmproj = info
+        self.vision_tower = CLIPVisionTower(info.vision_config(), device, self.dtype)
+        self.feature_layers = list(info.feature_layers)
+        self.drop_cls = True
+        self.projector_act = ACTIVATIONS["gelu"]
+        self.projector_bias = True
+
+    def load_weights(self, weights) -> None:
+        from wslm.backend.modeling.vision.mmproj import with_projector
+
+        super().load_weights(with_projector(weights, self.mmproj))
 
     def checkpoint_name(self, name: str) -> str | None:
         for old, new in _RENAMES:
