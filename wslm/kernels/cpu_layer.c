@@ -150,7 +150,7 @@ static void dense(rows_fn fn, const void *x, const void *w, void *out, long N, l
 
 /* the bf16 row products both builds share (x and out bf16) */
 static int linear_bf16_rows(const wslm_linear *l, const uint16_t *x, uint16_t *out, int threads) {
-    if (l->kind == LIN_INT4)  /* what Int4Weight.decode_rows runs for one row (cpu_gemv.int4_mv) */
+    if (l->kind == LIN_INT4)  /* what Int4Weight.kernel().mm runs for one row (cpu_gemv.int4_mv) */
         return wslm_int4_mv_q8(x, (const uint8_t *)l->w, l->scales, out, l->n, l->k, l->group, l->block, threads);
     if (l->kind == LIN_INT8)
         return wslm_int8_mm_bf16(x, 1, (const int8_t *)l->w, l->scales, out, l->n, l->k, threads);

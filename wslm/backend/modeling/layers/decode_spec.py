@@ -19,7 +19,9 @@ class DecodeLayer:
     source: object  # the layer itself (its weights may be replaced: ask it again then)
     input_norm: object  # RMS norms: .weight [d] (Gemma's 1 + w folded at load), .eps
     post_norm: object
-    qkv_proj: object  # linear layers: .weight (a tensor or a quantized weight), .bias
+    # linear layers: .weight (a tensor or a quantized weight: quant/kernel.py describes either), .bias, and
+    # .bias_after_product (the bias added to the finished product, as a row-parallel layer adds it)
+    qkv_proj: object
     o_proj: object
     q_norm: object | None  # per-head RMS norms before rotary (HeadRMSNorm: .weight, .norm.eps), or None
     k_norm: object | None
