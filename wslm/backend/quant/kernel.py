@@ -10,7 +10,7 @@ the description and takes the weight's own `apply` (or passes the model on) for 
 Layouts and their buffers:
 - "dense": weight [n, k] in the activations' dtype.
 - "int8": qweight int8 [n, k], scales [n] (w = q * scale per row).
-- "int4": packed (torch's CPU int4 pack), scales_and_zeros [k // group, n, 2]; group columns per (scale,
+- "int4": packed (torch's int4 pack for the weight's device), scales_and_zeros [k // group, n, 2]; group columns per (scale,
   zero); block: the pack's rows per block where wslm's kernels read it back (0: a pack they do not know);
   perm [k] where the activations are permuted first (act-order GPTQ).
 - "gguf": blocks, the C struct of the file's blocks in place (kernels/cpu_gguf.py).

@@ -117,8 +117,12 @@ def _specs(model, kv_pool, enforce_eager: bool = False, weight_bytes: int = 0) -
         for lin in linears(spec):
             if _linear_spec(lin) is None:
                 return "a weight format the compiled graph does not take"
-    table = _graph_kernel(model.embed_tokens.weight)
-    if table is None or table.layout not in ("dense", "int8") or _weight_spec(model.lm_head.weight) is None:
+    describe = getattr(model, "decode_ends", None)
+    ends = describe() if describe is not None else f"{type(model).__name__} describes no token table and head"
+    if isinstance(ends, str):
+        return ends
+    table = _graph_kernel(ends.embed_table)
+    if table is None or table.layout not in ("dense", "int8") or _weight_spec(ends.head) is None:
         return "a token table or head in a format the compiled graph does not take"
     return specs
 
@@ -167,8 +171,9 @@ class _DecodeModule(torch.nn.Module):
     def __init__(self, model, specs: list[DecodeLayer]) -> None:
         super().__init__()
         self._n = 0
-        emb, head = model.embed_tokens.weight, model.lm_head.weight
-        self.embed = self._table(emb)
+        ends = model.decode_ends()  # _specs checked it
+        head = ends.head
+        self.embed = self._table(ends.embed_table)
         self.head = self._linear(_weight_spec(head))
         # One sequence's int8 head runs after the graph, in cpu_gemv's kernel (1.5 vs 2.6-3.5 ms on the
         # demo); a batch keeps it in the graph where the CPU has AMX (inductor's template beats both from a
@@ -176,8 +181,8 @@ class _DecodeModule(torch.nn.Module):
         # without AMX: ~52 ms for 32 rows of the demo's 49152-row head on a Zen 4 core, eager 25-28).
         self.head_after = head if _head_after(head) else None
         self.head_outside_batches = not cpu_gemv.amx()
-        self.final_norm = self._buf(model.norm.weight)
-        self.final_eps = model.norm.eps
+        self.final_norm = self._buf(ends.final_norm.weight)
+        self.final_eps = ends.final_norm.eps
         self.dtype = model.dtype
         self.layers = []
         for spec in specs:
