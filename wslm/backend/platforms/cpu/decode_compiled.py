@@ -37,6 +37,7 @@ import torch.nn.functional as F
 from wslm import envs
 from wslm.backend.modeling.layers.attention import AttentionMetadata
 from wslm.backend.modeling.layers.decode_spec import DecodeLayer
+from wslm.backend.platforms.cpu.decode_math import attend, attention_in, attention_out_and_mlp, gated_mlp
 from wslm.backend.platforms.cpu.decode_specs import (
     NOT_FAST,
     bias_after,
@@ -49,7 +50,7 @@ from wslm.backend.platforms.cpu.thread_pause import ThreadPause
 from wslm.backend.quant.kernel import WeightKernel, weight_kernel
 from wslm.kernels import cpu_gemv
 from wslm.kernels.torch_paged_attention import _decode_blocks
-from wslm.kernels.torch_rotary import _cos_sin, neox_rotated
+from wslm.kernels.torch_rotary import _cos_sin
 
 logger = logging.getLogger(__name__)
 ENV_VAR = "WSLM_CPU_COMPILE"
@@ -165,8 +166,8 @@ def _weight_spec(w, b=None, bias_after: bool = False) -> tuple | None:
 
 
 class _DecodeModule(torch.nn.Module):
-    """The eager fast path's math (decode_eager.CpuDecodePath.run) over the family's layer specs, with every
-    weight a buffer, so that inductor freezes them as constants."""
+    """The eager fast path's math (decode_math.py, as decode_eager.CpuDecodePath.run runs it) over the family's
+    layer specs, with every weight a buffer, so that inductor freezes them as constants."""
 
     def __init__(self, model, specs: list[DecodeLayer]) -> None:
         super().__init__()
@@ -252,28 +253,22 @@ class _DecodeModule(torch.nn.Module):
         residual = None
         new_kv = []
         for i, p in enumerate(self.layers):
-            d = hidden.shape[-1]
-            residual = hidden if residual is None else hidden + residual
-            x = getattr(self, p["w_in"]) * F.rms_norm(residual, (d,), None, p["eps_in"])
-            qkv = self._mm(x, p["qkv"])
-            hd, heads, kvh = p["head_dim"], p["heads"], p["kv_heads"]
-            qk = qkv[:, : p["q_size"] + p["kv_size"]].unflatten(-1, (-1, hd))
-            if p["qk_norm"] is not None:
-                qk = getattr(self, p["qk_norm"]) * F.rms_norm(qk, (hd,), None, p["qk_eps"])
-            qk = neox_rotated(qk, cos2, sin2)
-            kv = torch.stack((qk[:, heads:], qkv[:, p["q_size"] + p["kv_size"] :].view(b, kvh, hd)))
+            heads, kvh, hd = p["heads"], p["kv_heads"], p["head_dim"]
+            qk_norm = None if p["qk_norm"] is None else getattr(self, p["qk_norm"])
+            residual, qk, v = attention_in(
+                hidden, residual, getattr(self, p["w_in"]), p["eps_in"], lambda x, lin=p["qkv"]: self._mm(x, lin),
+                p["q_size"], p["kv_size"], hd, kvh, qk_norm, p["qk_eps"], cos2, sin2,
+            )  # fmt: skip
+            kv = torch.stack((qk[:, heads:], v))
             new_kv.append(kv)
             # This layer's cached keys/values with the new token's put in (the pool itself is not written).
             g = kv_pool[i].index_select(1, blocks).view(2, b * span, kvh, hd).index_copy(1, cur, kv)
             g = g.view(2, b, span, kvh, hd).transpose(2, 3)
-            q = qk[:, :heads].reshape(b, kvh, heads // kvh, hd)
-            out = F.scaled_dot_product_attention(q, g[0], g[1], attn_mask=mask, scale=p["scale"])
-            hidden = self._mm(out.reshape(b, heads * hd), p["o"])
-            residual = hidden + residual
-            x = getattr(self, p["w_post"]) * F.rms_norm(residual, (d,), None, p["eps_post"])
-            gu = self._mm(x, p["gate_up"])
-            half = gu.shape[-1] // 2
-            hidden = self._mm(F.silu(gu[:, :half]) * gu[:, half:], p["down"])
+            out = attend(qk, g[0], g[1], heads, mask, p["scale"])
+            hidden, residual = attention_out_and_mlp(
+                out, residual, lambda x, lin=p["o"]: self._mm(x, lin), getattr(self, p["w_post"]), p["eps_post"],
+                lambda x, gu=p["gate_up"], dn=p["down"]: gated_mlp(x, lambda y: self._mm(y, gu), lambda y: self._mm(y, dn)),
+            )  # fmt: skip
         x = getattr(self, self.final_norm) * F.rms_norm(
             hidden + residual, (hidden.shape[-1],), None, self.final_eps
         )

@@ -25,6 +25,7 @@ import torch.nn.functional as F
 
 from wslm.backend.modeling.layers.attention import AttentionMetadata
 from wslm.backend.modeling.layers.decode_spec import DecodeLayer
+from wslm.backend.platforms.cpu.decode_math import attend, attention_in, attention_out_and_mlp, gated_mlp
 from wslm.backend.platforms.cpu.decode_specs import (
     ENV_VAR,
     bias_after,
@@ -33,7 +34,7 @@ from wslm.backend.platforms.cpu.decode_specs import (
     qk_norm_weight,
 )
 from wslm.kernels.torch_paged_attention import _decode_blocks
-from wslm.kernels.torch_rotary import _cos_sin, neox_rotated
+from wslm.kernels.torch_rotary import _cos_sin
 
 logger = logging.getLogger(__name__)
 __all__ = ["ENV_VAR", "CpuDecodePath", "why_not"]
@@ -67,8 +68,7 @@ def why_not(model, kv_pool: torch.Tensor) -> str | None:
 
 
 class _Layer:
-    __slots__ = ("w_in", "w_post", "eps_in", "eps_post", "qkv", "o", "mlp", "gate_up", "down",
-                 "qk_norm_w", "qk_eps", "q_size", "kv_size", "heads", "kv_heads", "head_dim", "scale")  # fmt: skip
+    __slots__ = ("w_in", "w_post", "eps_in", "eps_post", "qkv", "o", "mlp", "qk_norm_w", "qk_eps", "q_size", "kv_size", "heads", "kv_heads", "head_dim", "scale")  # fmt: skip
 
     def __init__(self, spec: DecodeLayer) -> None:
         self.w_in, self.w_post = spec.input_norm.weight, spec.post_norm.weight
@@ -79,9 +79,10 @@ class _Layer:
         self.heads, self.kv_heads, self.scale = spec.heads, spec.kv_heads, spec.scale
         self.qk_norm_w = qk_norm_weight(spec)
         self.qk_eps = None if spec.q_norm is None else spec.q_norm.norm.eps
-        self.mlp = spec.mlp
-        self.gate_up = _linear_fn(spec.gate_up_proj, dtype) if spec.mlp is None else None
-        self.down = _linear_fn(spec.down_proj, dtype) if spec.mlp is None else None
+        self.mlp = spec.mlp  # an MoE block as it is, or the gated MLP over the bound products
+        if spec.mlp is None:
+            gate_up, down = _linear_fn(spec.gate_up_proj, dtype), _linear_fn(spec.down_proj, dtype)
+            self.mlp = lambda x: gated_mlp(x, gate_up, down)
 
 
 class CpuDecodePath:
@@ -129,34 +130,15 @@ class CpuDecodePath:
         span = blocks.shape[0] // b * bs  # keys each row reads (masked past its length)
         hidden = model.embed(input_ids)
         residual = None
-        rms = F.rms_norm
         for layer, (pool, pool_slots) in zip(self.layers, self.pools):
-            d = hidden.shape[-1]
-            if residual is None:
-                residual = hidden
-            else:
-                residual = hidden + residual
-            x = layer.w_in * rms(residual, (d,), None, layer.eps_in)
-            qkv = layer.qkv(x)
-            hd, heads, kvh = layer.head_dim, layer.heads, layer.kv_heads
-            qk = qkv[:, : layer.q_size + layer.kv_size].unflatten(-1, (-1, hd))
-            if layer.qk_norm_w is not None:
-                qk = layer.qk_norm_w * rms(qk, (hd,), None, layer.qk_eps)
-            qk = neox_rotated(qk, cos2, sin2)
-            v = qkv[:, layer.q_size + layer.kv_size :].view(b, kvh, hd)
-            pool_slots[0].index_copy_(0, slots, qk[:, heads:])
+            residual, qk, v = attention_in(
+                hidden, residual, layer.w_in, layer.eps_in, layer.qkv, layer.q_size, layer.kv_size, layer.head_dim,
+                layer.kv_heads, layer.qk_norm_w, layer.qk_eps, cos2, sin2,
+            )  # fmt: skip
+            pool_slots[0].index_copy_(0, slots, qk[:, layer.heads :])
             pool_slots[1].index_copy_(0, slots, v)
-            kv = pool.index_select(1, blocks).view(2, b, span, kvh, hd).transpose(2, 3)  # both caches, one op
-            q = qk[:, :heads].reshape(b, kvh, heads // kvh, hd)
-            out = F.scaled_dot_product_attention(q, kv[0], kv[1], attn_mask=mask, scale=layer.scale)
-            hidden = layer.o(out.reshape(b, heads * hd))
-            residual = hidden + residual
-            x = layer.w_post * rms(residual, (d,), None, layer.eps_post)
-            if layer.mlp is not None:
-                hidden = layer.mlp(x)
-            else:
-                gu = layer.gate_up(x)
-                half = gu.shape[-1] // 2
-                hidden = layer.down(F.silu(gu[:, :half]) * gu[:, half:])
+            kv = pool.index_select(1, blocks).view(2, b, span, layer.kv_heads, layer.head_dim).transpose(2, 3)
+            out = attend(qk, kv[0], kv[1], layer.heads, mask, layer.scale)  # both caches gathered in one op
+            hidden, residual = attention_out_and_mlp(out, residual, layer.o, layer.w_post, layer.eps_post, layer.mlp)
         self.steps += 1
         return model.compute_logits(model.norm(hidden + residual))
