@@ -84,7 +84,7 @@ def test_c_step_matches_the_eager_step(arch, kw, dtype, tiny_models, demo_tok):
     llm = LLM(str(tiny_models[arch]), dtype=dtype, kv_cache_memory=16 << 20, block_size=8,
               max_model_len=256, enforce_eager=True, **kw)  # fmt: skip
     runner = llm.llm_engine.executor.runner
-    assert runner.native is not None, why_not(runner.cpu_decode, runner.kv_pool)
+    assert runner.native is not None, why_not(runner.model, runner.kv_pool)
     logit_err, kv_err = _compare(llm, demo_tok.encode(PROMPT))
     # The same ops and kernels; attention and the norms sum in another order (bf16: 2^-8 = 0.004 a rounding).
     assert logit_err < 0.05 and kv_err < 0.05
@@ -95,7 +95,7 @@ def test_c_step_with_qk_norm(demo_tok, tmp_path):
     llm = LLM(str(folder), dtype="bfloat16", kv_cache_memory=16 << 20, block_size=8, max_model_len=256,
               enforce_eager=True)  # fmt: skip
     runner = llm.llm_engine.executor.runner
-    assert runner.native is not None, why_not(runner.cpu_decode, runner.kv_pool)
+    assert runner.native is not None, why_not(runner.model, runner.kv_pool)
     logit_err, kv_err = _compare(llm, demo_tok.encode(PROMPT))
     assert logit_err < 0.05 and kv_err < 0.05
 
@@ -153,7 +153,7 @@ def test_lone_chats_take_it_and_agree_with_the_dequantized_demo(dtype, demo_llm,
     llm = LLM("demo", dtype=dtype, kv_cache_memory=64 << 20, max_model_len=512, max_num_seqs=4,
               enforce_eager=True)  # fmt: skip
     runner = llm.llm_engine.executor.runner
-    assert runner.native is not None, why_not(runner.cpu_decode, runner.kv_pool)
+    assert runner.native is not None, why_not(runner.model, runner.kv_pool)
     prompt = llm.llm_engine.apply_chat_template(CHAT, None, True)
     params = SamplingParams(temperature=0, max_tokens=64, ignore_eos=True)
     tokens = llm.generate([{"prompt_token_ids": prompt}], params)[0].outputs[0].token_ids
@@ -172,12 +172,12 @@ def test_off_switch_and_reasons(tiny_models, monkeypatch):
     llm = LLM(str(tiny_models["llama"]), dtype="bfloat16", kv_cache_memory=16 << 20, max_model_len=128,
               enforce_eager=True)  # fmt: skip
     runner = llm.llm_engine.executor.runner
-    assert runner.native is None and why_not(runner.cpu_decode, runner.kv_pool) == f"{ENV_VAR}=0"
+    assert runner.native is None and why_not(runner.model, runner.kv_pool) == f"{ENV_VAR}=0"
     monkeypatch.delenv(ENV_VAR)
     fp8 = LLM(str(tiny_models["llama"]), dtype="bfloat16", kv_cache_dtype="fp8", kv_cache_memory=16 << 20,
               max_model_len=128, enforce_eager=True)  # fmt: skip
     runner = fp8.llm_engine.executor.runner
-    assert runner.native is None and "fast decode path" in why_not(runner.cpu_decode, runner.kv_pool)
+    assert runner.native is None and "fast decode path" in why_not(runner.model, runner.kv_pool)
 
 
 def test_the_batch_graph_compiles_when_the_first_batch_comes(tiny_models, demo_tok, monkeypatch):

@@ -118,7 +118,7 @@ def test_every_type_loads_in_place(weights, blocks_file):
     path, raws = blocks_file
     assert cpu_gguf.library() is not None, "the C kernels did not build here"
     for kind, w in weights.items():
-        assert w.kind == "gguf" and w.types == (kind,) and w.c_kernel()
+        assert w.kind == "gguf" and w.types == (kind,) and w.kernel().c_kernel
         (t, raw), = w.parts  # fmt: skip
         assert t == TYPE_IDS[kind] and torch.equal(raw, torch.from_numpy(raws[kind]))
         assert _mapped_from(raw.data_ptr(), path)  # a view of the mapped file, not a copy
@@ -302,13 +302,16 @@ def test_mapped_load_adds_no_private_copy_of_the_weights():
 
 def test_compiled_batch_graph_takes_the_repacked_form(weights):
     """The compiled batch graph freezes a copy of its weights anyway: blocks hand it the repacked form the
-    loader gave before (its spec), made once and kept, so the graph's buffers are that one copy."""
+    loader gave before (kernel().repacked), made once and kept, so the graph's buffers are that one copy."""
+    from wslm.backend.platforms.cpu.decode_compiled import _weight_spec
     from wslm.backend.quant.linear import finalize
 
     for kind in ("Q4_0", "Q4_1", "Q8_0", "Q4_K", "Q6_K"):
         w = weights[kind]
-        spec = w.graph_spec(None)
+        k = w.kernel()
+        assert k.layout == "gguf" and k.buffers["blocks"] is w.c_struct()
+        spec = _weight_spec(w)
         legacy = finalize(w.legacy(), torch.device("cpu"), torch.bfloat16)
-        expected = legacy.graph_spec(None)
-        assert spec is not None and spec[0] == expected[0], kind
-        assert w.graph_spec(None)[1][0] is spec[1][0]  # made once: the same tensors on every call
+        expected = _weight_spec(legacy)
+        assert spec is not None and spec[0] == expected[0] == legacy.kernel().layout, kind
+        assert _weight_spec(w)[1][0] is spec[1][0]  # made once: the same tensors on every call

@@ -33,7 +33,7 @@ from wslm import envs
 
 logger = logging.getLogger(__name__)
 ENV_VAR = "WSLM_CPU_KERNELS"
-# One library from these: cpu_layer.c (a whole decode row, cpu_native.py) calls cpu_gemv.c's products and
+# One library from these: cpu_layer.c (a whole decode row, platforms/cpu/decode_native.py) calls cpu_gemv.c's products and
 # cpu_gguf.c's (GGUF blocks in place, cpu_gguf.py); cpu_gguf_gemm.c: the same blocks times many rows.
 SOURCES = tuple(Path(__file__).with_name(n) for n in ("cpu_gemv.c", "cpu_layer.c", "cpu_pause.c", "cpu_gguf.c",
                                                       "cpu_gguf_gemm.c"))
@@ -276,7 +276,7 @@ def int4_mm(
 @torch.library.custom_op("wslm::int4_mm_q8", mutates_args=())
 def int4_mm_op(x: torch.Tensor, packed: torch.Tensor, scales_and_zeros: torch.Tensor, group_size: int,
                block_n: int) -> torch.Tensor:  # fmt: skip
-    """int4_mm as an op a compiled graph can call (cpu_compiled.py, where inductor has no int4 template of
+    """int4_mm as an op a compiled graph can call (platforms/cpu/decode_compiled.py, where inductor has no int4 template of
     its own for this CPU)."""
     return int4_mm(x.contiguous(), packed, scales_and_zeros, group_size, block_n)
 

@@ -1,10 +1,10 @@
-/* One sequence's decode step through every layer of a Llama-shaped model in one call (cpu_native.py).
+/* One sequence's decode step through every layer of a Llama-shaped model in one call (platforms/cpu/decode_native.py).
 
    A lone chat on CPU is the desktop app's everyday case, and there a step is overhead: the layers of the
    demo model do ~110 MFLOP of int4 products (~3.5 ms on one core in wslm_int4_mv_q8) while ~20 torch ops
    per layer (or inductor's graph) add another 5-7 ms of dispatch and cache misses. Here one C loop runs
    norm, q|k|v, q/k norm, rotary, the KV write, paged attention, o, norm, gate|up, SiLU and down for every
-   layer, rounding as the torch ops of cpu_decode.py do (each op's result in the model's dtype, sums inside
+   layer, rounding as the torch ops of platforms/cpu/decode_math.py do (each op's result in the model's dtype, sums inside
    an op in fp32), so it agrees with that path to the products' rounding.
 
    Two builds of the step (cpu_layer_body.h): bf16 activations and KV cache (wslm_decode_row), and float32
@@ -150,7 +150,7 @@ static void dense(rows_fn fn, const void *x, const void *w, void *out, long N, l
 
 /* the bf16 row products both builds share (x and out bf16) */
 static int linear_bf16_rows(const wslm_linear *l, const uint16_t *x, uint16_t *out, int threads) {
-    if (l->kind == LIN_INT4)  /* what Int4Weight.decode_rows runs for one row (cpu_gemv.int4_mv) */
+    if (l->kind == LIN_INT4)  /* what Int4Weight.kernel().mm runs for one row (cpu_gemv.int4_mv) */
         return wslm_int4_mv_q8(x, (const uint8_t *)l->w, l->scales, out, l->n, l->k, l->group, l->block, threads);
     if (l->kind == LIN_INT8)
         return wslm_int8_mm_bf16(x, 1, (const int8_t *)l->w, l->scales, out, l->n, l->k, threads);

@@ -25,6 +25,7 @@ import torch
 import torch.nn.functional as F
 
 from wslm.backend.quant.gguf_formats import BLOCK_FORMATS
+from wslm.backend.quant.kernel import WeightKernel
 
 # ggml type id -> (name, columns per block, bytes per block)
 BLOCKS: dict[int, tuple[str, int, int]] = {t: (name, cols, size) for name, (t, cols, size) in BLOCK_FORMATS.items()}
@@ -151,9 +152,9 @@ class GGUFBlockWeight:
         self.index = index
         self.name = name
         self._c = None  # the C view, built on first use
-        self._ours: bool | None = None  # c_kernel(), once decided
+        self._ours: bool | None = None  # _c_ok(), once decided
         self._dtype = torch.bfloat16  # the model's activations' dtype (to_runtime)
-        self._graph = None  # the repacked form the compiled batch graph multiplies by, made once when asked
+        self._graph = None  # the repacked form (kernel().repacked), made once when asked
 
     # ---- what the engine asks (registry.QuantizedWeight) ----
     @property
@@ -180,7 +181,7 @@ class GGUFBlockWeight:
             return _kernels().mm(x, self._c or self.c_struct())
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
-        if not (self.c_kernel() and x.device.type == "cpu"):
+        if not (self._c_ok() and x.device.type == "cpu"):
             out = self._fallback(x2)
         elif x2.shape[0] >= PREFILL_ROWS and not self._gemm():
             out = self._prefill(x2)
@@ -199,7 +200,7 @@ class GGUFBlockWeight:
     def logits(self, x: torch.Tensor, float32: bool = False) -> torch.Tensor | None:
         """An LM head's logits, float32 from the kernel's fp32 sums (never rounded to the activations'
         dtype); None where the kernel does not run (linear.head_logits then applies the weight)."""
-        if not (self.c_kernel() and x.device.type == "cpu" and x.dim() == 2):
+        if not (self._c_ok() and x.device.type == "cpu" and x.dim() == 2):
             return None
         return self._mm(x, torch.float32)
 
@@ -248,13 +249,7 @@ class GGUFBlockWeight:
             w = torch.empty_like(w).index_copy_(0, self.index.long(), w)
         return w.to(dtype)
 
-    def decode_row_limit(self) -> int | None:
-        return 1 << 30  # the kernel serves any row count (each weight row read once for all of them)
-
-    def decode_rows(self, x: torch.Tensor) -> torch.Tensor:
-        return self.apply(x)
-
-    def c_kernel(self) -> bool:
+    def _c_ok(self) -> bool:
         """Whether cpu_gguf's kernels are built here and take every part (decided once)."""
         if self._ours is None:
             from wslm.kernels import cpu_gguf
@@ -262,22 +257,18 @@ class GGUFBlockWeight:
             self._ours = cpu_gguf.takes(self)
         return self._ours
 
-    def c_view(self) -> tuple | str:
-        """What the C decode step (platforms/cpu/decode_native.py) reads: the C struct of the parts."""
-        if not self.c_kernel():
-            return "GGUF blocks without the C kernels built here"
-        return ("gguf", self.c_struct(), None, 0, self.out_features, self.in_features, 0)
+    def kernel(self) -> WeightKernel:
+        """What the back ends read (quant/kernel.py): the C struct of the blocks in place where the kernels are
+        built here; mm is apply (the block kernel serves any row count, each weight row read once for all).
+        repacked: the int4 / int8 form the loader gave before, for a back end that reads no blocks (the
+        compiled batch graph, which freezes a copy of its weights anyway and was tuned with those kernels)."""
+        ours = self._c_ok()
+        return WeightKernel("gguf", self.out_features, self.in_features, {"blocks": self.c_struct()} if ours else {},
+                            c_kernel=ours, mm=self.apply, mm_rows=1 << 30, repacked=self._repacked)  # fmt: skip
 
-    def graph_spec(self, bias: torch.Tensor | None, c_kernels: bool = True) -> tuple | None:
-        """The compiled batch graph freezes a copy of its weights anyway (it compiles only models under 1 GiB
-        by default): it takes the repacked form, whose kernels it was tuned with (the demo's 32 chats kept
-        their speed), while lone chats and eager batches read the blocks."""
-        spec = getattr(self.graph_form(), "graph_spec", None)
-        return spec(bias, c_kernels=c_kernels) if spec is not None else None
-
-    def graph_form(self):
-        """The repacked form the compiled graph reads (its weights and, for a token table, its rows), made
-        once: the graph's buffers are these very tensors, one copy, not two."""
+    def _repacked(self):
+        """The repacked form (its weights and, for a token table, its rows), made once: a graph's buffers are
+        these very tensors, one copy, not two."""
         from wslm.backend.quant.linear import finalize
 
         if self._graph is None:
@@ -367,7 +358,7 @@ class GGUFBlockWeight:
         """CPU: itself (the kernels read the blocks in place); elsewhere, and on a CPU where the C kernels
         cannot be built (no compiler, WSLM_CPU_KERNELS=0: each product would dequantize the weight), the
         repacked forms, until the GPU kernels for these blocks land."""
-        if device.type == "cpu" and self.c_kernel():
+        if device.type == "cpu" and self._c_ok():
             self._dtype = dtype
             return self
         from wslm.backend.quant.linear import finalize

@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 from wslm.backend.quant.int4_dense import DENSE_ROWS, dequantize_packed, pack_block, pack_cpu
 from wslm.backend.quant.int8 import Int8Weight, compute_dtype, quantize_int8
+from wslm.backend.quant.kernel import WeightKernel
 from wslm.kernels import cpu_gemv
 
 logger = logging.getLogger("wslm.quant")
@@ -114,7 +115,7 @@ class Int4Weight:
         self.in_features = in_features
         self.perm = perm
         self.block_n = 0  # CPU: the pack's rows per block where it reads back exactly (int4_dense.py)
-        self._ours: bool | None = None  # c_kernel(), once decided
+        self._ours: bool | None = None  # _c_ok(), once decided
 
     @classmethod
     def from_codes(cls, c: Int4Codes, device: torch.device, dtype: torch.dtype = torch.bfloat16) -> Int4Weight:
@@ -161,10 +162,10 @@ class Int4Weight:
             # here, where the weights just streamed through have evicted the dispatcher's caches.
             kd = self.scales_and_zeros.dtype
             if x.dtype == kd:
-                out = self.decode_rows(x)
+                out = self._rows(x)
                 return out if bias is None else out + bias
             if x.dtype == torch.float32:  # a float32 engine (CPUs without bf16): the kernel's dtype and back
-                out = self.decode_rows(x.to(kd)).to(x.dtype)
+                out = self._rows(x.to(kd)).to(x.dtype)
                 return out if bias is None else out + bias
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
@@ -186,11 +187,11 @@ class Int4Weight:
         out = out.to(x.dtype).reshape(*shape[:-1], self.out_features)
         return out if bias is None else out + bias
 
-    def decode_rows(self, x: torch.Tensor) -> torch.Tensor:
+    def _rows(self, x: torch.Tensor) -> torch.Tensor:
         """x @ w.T for decode rows on CPU (2-D, contiguous, in the kernel's dtype, fewer than DENSE_ROWS,
         no act-order permutation): cpu_gemv's kernels where they are built and read this pack, else
-        torch's. apply and the CPU fast decode path both call this, so they pick the same kernel."""
-        ours = self.c_kernel()
+        torch's. apply and the back ends (through kernel().mm) both call this, so they pick the same kernel."""
+        ours = self._c_ok()
         if ours and x.shape[0] == 1:  # reads ahead
             return cpu_gemv.int4_mv(x, self.packed, self.scales_and_zeros, self.group_size, block_n=self.block_n)
         if ours:  # a few rows: each weight block read once for all of them (1.5-1.8x torch's kernel)
@@ -206,10 +207,9 @@ class Int4Weight:
         kernel, a scalar loop (6 chats of the demo on a loaded 2-core EPYC: 1.5 s a decode step, not 3.9)."""
         return self.scales_and_zeros.dtype == torch.float32 and self.packed.device.type == "cpu"
 
-    def c_kernel(self) -> bool:
+    def _c_ok(self) -> bool:
         """Whether cpu_gemv's int4 kernels read this weight (built here, a pack layout they know, bf16
-        scales, no act-order permutation); decided once. decode_rows, the C decode step and the compiled
-        graph all ask this."""
+        scales, no act-order permutation); decided once."""
         if self._ours is None:
             self._ours = (
                 self.perm is None and self.unpackable
@@ -217,25 +217,18 @@ class Int4Weight:
             )  # fmt: skip
         return self._ours
 
-    def decode_row_limit(self) -> int | None:
-        """Rows below which decode_rows is the kernel apply picks; None for act-order (apply permutes)."""
-        return None if self.perm is not None else DENSE_ROWS
-
-    def c_view(self) -> tuple | str:
-        """What the C decode step (platforms/cpu/decode_native.py) reads, or why it cannot."""
-        if not self.c_kernel():
-            return "an int4 weight the C kernel does not read (act-order, another pack)"
-        return ("int4", self.packed, self.scales_and_zeros, self.group_size, self.out_features, self.in_features,
-                self.block_n)  # fmt: skip
-
-    def graph_spec(self, bias: torch.Tensor | None, c_kernels: bool = True) -> tuple | None:
-        """(kind, tensors, extra) the compiled CPU decode graph multiplies by; extra's second item is the
-        pack's block rows where the graph calls cpu_gemv's kernel (c_kernels and the weight allows), else 0.
-        None for act-order weights."""
-        if self.perm is not None or self._float32():  # float32: the eager path's exact expansion
-            return None
-        block = self.block_n if c_kernels and self.c_kernel() else 0
-        return ("int4", (self.packed, self.scales_and_zeros, bias), (self.group_size, block))
+    def kernel(self) -> WeightKernel:
+        """What the back ends read (quant/kernel.py): torch's CPU int4 pack with a (scale, zero) per group, the
+        activation permutation of act-order weights; mm is the product apply runs for fewer than DENSE_ROWS
+        rows in the scales' dtype (none for act-order weights: apply permutes first)."""
+        buffers = {"packed": self.packed, "scales_and_zeros": self.scales_and_zeros}
+        if self.perm is not None:
+            buffers["perm"] = self.perm
+        return WeightKernel(
+            "int4", self.out_features, self.in_features, buffers, group=self.group_size, block=self.block_n,
+            dtype=self.scales_and_zeros.dtype, c_kernel=self._c_ok(), mm=self._rows if self.perm is None else None,
+            mm_rows=DENSE_ROWS,
+        )  # fmt: skip
 
     def _dense_packed_order(self, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
         """[N, K] in the pack's column order (act-order GPTQ: the sorted one)."""

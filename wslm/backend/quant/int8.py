@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from wslm import envs
+from wslm.backend.quant.kernel import WeightKernel
 from wslm.kernels import cpu_gemv
 
 # aten._weight_int8pack_mm runs one matrix-vector product per activation row (3072x576, one thread:
@@ -55,10 +56,10 @@ class Int8Weight:
         if x.device.type == "cpu":
             if x.dim() == 2 and x.shape[0] < dense_rows() and x.is_contiguous():
                 if x.dtype == self.scales.dtype:
-                    out = self.decode_rows(x)  # decode: the kernel alone
+                    out = self._rows(x)  # decode: the kernel alone
                     return out if bias is None else out + bias
                 if x.dtype == torch.float32:  # a float32 engine (CPUs without bf16): the kernel's dtype and back
-                    out = self.decode_rows(x.to(self.scales.dtype)).to(x.dtype)
+                    out = self._rows(x.to(self.scales.dtype)).to(x.dtype)
                     return out if bias is None else out + bias
             shape = x.shape
             x2 = x.reshape(-1, shape[-1])
@@ -71,12 +72,12 @@ class Int8Weight:
             out = F.linear(x, self.dequantize(x.dtype))
         return out if bias is None else out + bias
 
-    def decode_rows(self, x: torch.Tensor) -> torch.Tensor:
+    def _rows(self, x: torch.Tensor) -> torch.Tensor:
         """x @ w.T for decode rows on CPU (2-D, contiguous, in the scales' dtype, fewer than dense_rows()):
-        cpu_gemv's kernel up to its rows_limit() where it is built, else torch's. apply and the CPU fast decode
-        path both call this, so they pick the same kernel."""
+        cpu_gemv's kernel up to its rows_limit() where it is built, else torch's. apply and the back ends
+        (through kernel().mm) both call this, so they pick the same kernel."""
         if self._ours is None:
-            self._ours = self.c_kernel()
+            self._ours = self._c_ok()
         if self._ours and 0 < x.shape[0] <= cpu_gemv.rows_limit():
             return cpu_gemv.int8_mm(x, self.qweight, self.scales)
         return torch.ops.aten._weight_int8pack_mm(x, self.qweight, self.scales)
@@ -100,26 +101,18 @@ class Int8Weight:
         if x.dtype == torch.float32 and self.scales.dtype != torch.bfloat16:
             return False  # WSLM_QUANT_FLOAT32: apply multiplies in float32 already
         if self._ours is None:
-            self._ours = self.c_kernel()
+            self._ours = self._c_ok()
         return bool(self._ours) and 0 < x.shape[0] <= min(cpu_gemv.rows_limit(), dense_rows() - 1)
 
-    def decode_row_limit(self) -> int:
-        """Rows below which decode_rows is the kernel apply picks (the CPU fast decode path binds it)."""
-        return dense_rows()
-
-    def c_kernel(self) -> bool:
-        """Whether cpu_gemv's int8 kernel takes this weight. Not cached: decode_rows keeps its own answer."""
+    def _c_ok(self) -> bool:
+        """Whether cpu_gemv's int8 kernel takes this weight. Not cached: _rows keeps its own answer."""
         return cpu_gemv.int8_mm_takes(self.qweight, self.scales)
 
-    def c_view(self) -> tuple | str:
-        """What the C decode step (platforms/cpu/decode_native.py) reads, or why it cannot."""
-        if not self.c_kernel() or not self.scales.is_contiguous():
-            return "an int8 weight the C kernel does not take"
-        return ("int8", self.qweight, self.scales, 0, self.out_features, self.in_features, 0)
-
-    def graph_spec(self, bias: torch.Tensor | None, c_kernels: bool = True) -> tuple:
-        """(kind, tensors, extra) the compiled CPU decode graph multiplies by (c_kernels: int4 only)."""
-        return ("int8", (self.qweight, self.scales, bias), None)
+    def kernel(self) -> WeightKernel:
+        """What the back ends read (quant/kernel.py): int8 rows with a scale each; mm is the product apply
+        runs for fewer than dense_rows() rows in the scales' dtype."""
+        return WeightKernel("int8", self.out_features, self.in_features, {"qweight": self.qweight, "scales": self.scales},
+                            dtype=self.scales.dtype, c_kernel=self._c_ok(), mm=self._rows, mm_rows=dense_rows())  # fmt: skip
 
     def shard(self, dim: int, start: int, length: int) -> Int8Weight:
         """Output rows (dim 0) with their scales, or input columns (dim 1) with every row's scale."""

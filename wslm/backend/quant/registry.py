@@ -229,11 +229,13 @@ def iter_registered() -> Iterator[QuantMethod]:
 
 
 class QuantizedWeight(Protocol):
-    """What a runtime quantized weight offers (int8.Int8Weight, int4.Int4Weight; linear.RowStack offers the
-    first group only). The CPU decode hooks are optional: callers look them up with getattr once, at bind
-    time, and a weight without one takes the general path (its own apply). A format of one's own needs only
-    kind, bits, shape, nbytes, apply and dequantize (and `fuse(parts)` as a classmethod to keep q|k|v and
-    gate|up fused in its own form, returning None where it cannot; without it they meet at int8: linear.fuse_rows)."""
+    """What a runtime quantized weight offers (int8.Int8Weight, int4.Int4Weight, gguf_blocks.GGUFBlockWeight;
+    linear.RowStack offers the first group only). Back ends that run their own code over the weights (the CPU
+    decode back ends) read one thing of it: `kernel()`, its layout, buffers and sizes as a quant/kernel.py
+    WeightKernel (or a string saying why it has none; then its own apply serves it on every path). A format of
+    one's own needs only kind, bits, shape, nbytes, apply and dequantize (and `fuse(parts)` as a classmethod to
+    keep q|k|v and gate|up fused in its own form, returning None where it cannot; without it they meet at int8:
+    linear.fuse_rows); `kernel()` in a known layout gives it the fast paths."""
 
     kind: str
     bits: int
@@ -248,23 +250,8 @@ class QuantizedWeight(Protocol):
 
     def dequantize(self, dtype: Any = ...) -> Any: ...
 
-    # CPU decode hooks (platforms/cpu/decode_*.py):
-    def decode_row_limit(self) -> int | None:
-        """Rows below which decode_rows is the kernel apply picks; None where decode_rows does not apply."""
-        ...
-
-    def decode_rows(self, x: Any) -> Any: ...
-
-    def c_kernel(self) -> bool:
-        """Whether cpu_gemv's C kernels read this weight."""
-        ...
-
-    def c_view(self) -> tuple | str:
-        """(kind, weight, scales, group, n, k, block) for cpu_layer.c, or why the C step cannot take it."""
-        ...
-
-    def graph_spec(self, bias: Any, c_kernels: bool = True) -> tuple | None:
-        """(kind, tensors, extra) for the compiled decode graph, or None where it cannot take the weight."""
+    def kernel(self) -> Any:
+        """quant/kernel.py's WeightKernel of this weight, or why it has none (a string); optional."""
         ...
 
 

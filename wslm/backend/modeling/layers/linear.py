@@ -146,6 +146,9 @@ class Linear:
     the whole per-call overhead."""
 
     lora = None  # the LoRA hook (wslm/backend/lora/layers.py), set per layer with --enable-lora
+    # Whether the bias is added to the finished product (rounded as its own op) rather than inside it: what
+    # a back end computing this layer its own way must do to give the same bits (modeling/layers/decode_spec.py).
+    bias_after_product = False
 
     def __init__(
         self,
@@ -266,6 +269,8 @@ class RowParallelLinear(Linear):
     """Input columns split across ranks; the partial outputs are summed by one all-reduce (o, down).
     reduce_results=False leaves the sum to the caller, which adds more partial outputs first (Qwen2-MoE's
     shared expert beside the routed experts: one all-reduce for both, as vLLM does)."""
+
+    bias_after_product = True  # once, to the ranks' sum
 
     def __init__(self, input_size: int, output_size: int, *, reduce_results: bool = True, **kw) -> None:
         self.reduce_results = reduce_results

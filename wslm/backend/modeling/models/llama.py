@@ -14,7 +14,7 @@ import torch
 from wslm.backend.distributed.sharding import local_num_heads, local_num_kv_heads
 from wslm.backend.modeling.layers.activation import get_act_and_mul, silu_and_mul
 from wslm.backend.modeling.layers.attention import Attention, AttentionMetadata
-from wslm.backend.modeling.layers.decode_spec import DecodeLayer
+from wslm.backend.modeling.layers.decode_spec import DecodeEnds, DecodeLayer
 from wslm.backend.modeling.layers.embedding import ParallelLMHead, VocabParallelEmbedding
 from wslm.backend.modeling.layers.linear import (
     MergedColumnParallelLinear,
@@ -278,6 +278,14 @@ class LlamaForCausalLM:
                 return "per-layer rotary"
             specs.append(spec)
         return specs
+
+    def decode_ends(self) -> DecodeEnds | str:
+        """The token table, final norm and head for a back end that freezes the whole decode step
+        (layers/decode_spec.py), or why embed / compute_logits are more than a lookup and a product."""
+        cls = type(self)
+        if cls.embed is not LlamaForCausalLM.embed or cls.compute_logits is not LlamaForCausalLM.compute_logits:
+            return "the model embeds tokens or computes logits its own way"
+        return DecodeEnds(embed_table=self.embed_tokens.weight, final_norm=self.norm, head=self.lm_head.weight)
 
     def forward_hidden(self, input_ids, positions, meta: AttentionMetadata, kv_caches,
                        inputs_embeds=None) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """The CPU decode step compiled by torch.compile (inductor), where a C++ compiler exists.
 
-The eager fast path (cpu_decode.py) still pays ~20 op dispatches per layer, and torch's int4/int8 CPU
+The eager fast path (decode_eager.py) still pays ~20 op dispatches per layer, and torch's int4/int8 CPU
 kernels run one matrix-vector product per batch row. Compiled with frozen weights and max-autotune,
 inductor fuses the small ops into a few C++ loops and picks its own WoQ GEMM micro-kernels (AVX-512 at one
 row, AMX from a few rows where the CPU has it) whenever they beat the aten kernels; on CPUs without AMX
@@ -10,7 +10,7 @@ step on one core, 32 sequences 70 -> 24 ms on two (docs/benchmarks.md).
 
 Compiling takes ~2 minutes per graph on 2 cores with a cold inductor cache (~30 s warm), so it runs in a
 background thread at start: steps run the eager fast path until the graphs (one sequence, unless
-cpu_native.py runs those steps in C; 2+ sequences, shapes dynamic) are ready, then switch. While a lone
+decode_native.py runs those steps in C; 2+ sequences, shapes dynamic) are ready, then switch. While a lone
 chat is served (its steps run in C, no graph needed) the compile pauses (hold()): sharing the GIL and the
 cores with it cost that chat two thirds of its speed.
 Any failure (no compiler, an inductor error) is logged once and the eager path keeps serving.
@@ -36,11 +36,21 @@ import torch.nn.functional as F
 
 from wslm import envs
 from wslm.backend.modeling.layers.attention import AttentionMetadata
+from wslm.backend.modeling.layers.decode_spec import DecodeLayer
+from wslm.backend.platforms.cpu.decode_math import attend, attention_in, attention_out_and_mlp, gated_mlp
+from wslm.backend.platforms.cpu.decode_specs import (
+    NOT_FAST,
+    bias_after,
+    decode_specs,
+    linears,
+    qk_norm_weight,
+)
 from wslm.backend.platforms.cpu.server_memory import AUTO_MAX_WEIGHT_BYTES, has_cxx_compiler
 from wslm.backend.platforms.cpu.thread_pause import ThreadPause
+from wslm.backend.quant.kernel import WeightKernel, weight_kernel
 from wslm.kernels import cpu_gemv
 from wslm.kernels.torch_paged_attention import _decode_blocks
-from wslm.kernels.torch_rotary import _cos_sin, neox_rotated
+from wslm.kernels.torch_rotary import _cos_sin
 
 logger = logging.getLogger(__name__)
 ENV_VAR = "WSLM_CPU_COMPILE"
@@ -78,57 +88,93 @@ except (AttributeError, RuntimeError):  # another Python; or imported while the 
     atexit.register(_cancel_at_exit)
 
 
-def why_not(cpu_decode, enforce_eager: bool = False, weight_bytes: int = 0) -> str | None:
+def why_not(model, kv_pool: torch.Tensor | None = None, enforce_eager: bool = False,
+            weight_bytes: int = 0) -> str | None:
     """None when the decode step of this model can be compiled here; else why not."""
+    specs = _specs(model, kv_pool, enforce_eager, weight_bytes)
+    return specs if isinstance(specs, str) else None
+
+
+def _specs(model, kv_pool, enforce_eager: bool = False, weight_bytes: int = 0) -> list[DecodeLayer] | str:
+    """The model's layers as its family describes them (decode_specs.py), or why the graph cannot take them."""
     setting = envs.get(ENV_VAR)  # None: auto
     if setting is False:
         return f"{ENV_VAR}={envs.raw(ENV_VAR)}"
     if enforce_eager:
         return "--enforce-eager"
-    if cpu_decode is None:
-        return "the model does not take the CPU fast decode path"
+    if model is None or kv_pool is None:
+        return NOT_FAST
+    specs = decode_specs(model, kv_pool)
+    if isinstance(specs, str):
+        return f"{NOT_FAST} ({specs})"
     if setting is None and weight_bytes > AUTO_MAX_WEIGHT_BYTES:
         return (f"weights of {weight_bytes / 2**30:.1f} GiB (each compiled graph keeps a copy; "
                 f"{ENV_VAR}=1 compiles anyway)")  # fmt: skip
     if not has_cxx_compiler():
         return "no C++ compiler (install g++: sudo apt install g++)"
-    for layer in cpu_decode.layers:
-        if layer.mlp is not None:
+    for spec in specs:
+        if spec.mlp is not None:
             return "a mixture-of-experts or other MLP block"
-        for lin in (layer.qkv, layer.o, layer.gate_up, layer.down):
-            if _spec(lin) is None:
+        for lin in linears(spec):
+            if _linear_spec(lin) is None:
                 return "a weight format the compiled graph does not take"
-    return None
+    describe = getattr(model, "decode_ends", None)
+    ends = describe() if describe is not None else f"{type(model).__name__} describes no token table and head"
+    if isinstance(ends, str):
+        return ends
+    table = _graph_kernel(ends.embed_table)
+    if table is None or table.layout not in ("dense", "int8") or _weight_spec(ends.head) is None:
+        return "a token table or head in a format the compiled graph does not take"
+    return specs
 
 
-def _spec(fn) -> tuple | None:
-    """(kind, tensors, extra) of a cpu_decode linear: what the graph multiplies by, as frozen buffers."""
-    return _weight_spec(getattr(fn, "source_weight", None), getattr(fn, "source_bias", None),
-                        getattr(fn, "bias_after", False))  # fmt: skip
+def _linear_spec(layer) -> tuple | None:
+    """(kind, tensors, extra) of a linear layer: what the graph multiplies by, as frozen buffers."""
+    return _weight_spec(layer.weight, layer.bias, bias_after(layer))
+
+
+def _graph_kernel(w) -> WeightKernel | None:
+    """The weight's kernel description in a layout the graph reads (dense, int8, int4): GGUF blocks hand it
+    their repacked form, whose kernels it was tuned with (the demo's 32 chats kept their speed), made once so
+    that the graph's buffers are that one copy; lone chats and eager batches read the blocks."""
+    k = weight_kernel(w)
+    if not isinstance(k, str) and k.layout not in _GRAPH_LAYOUTS and k.repacked is not None:
+        k = weight_kernel(k.repacked())
+    return None if isinstance(k, str) or k.layout not in _GRAPH_LAYOUTS else k
+
+
+_GRAPH_LAYOUTS = ("dense", "int8", "int4")
 
 
 def _weight_spec(w, b=None, bias_after: bool = False) -> tuple | None:
-    if isinstance(w, torch.Tensor):
-        return ("dense", (w, b), bias_after)
-    graph_spec = getattr(w, "graph_spec", None)  # quant.registry.QuantizedWeight's hook; None: not here
-    if graph_spec is None:
+    k = _graph_kernel(w)
+    if k is None:
+        return None
+    if k.layout == "dense":
+        return ("dense", (k.buffers["weight"], b), bias_after)
+    if k.layout == "int8":
+        return ("int8", (k.buffers["qweight"], k.buffers["scales"], b), None)
+    sz = k.buffers["scales_and_zeros"]
+    if "perm" in k.buffers or sz.dtype == torch.float32:  # act-order; float32: the eager path's exact expansion
         return None
     # cpu_gemv's int4 kernel in the graph only without AMX: with it, inductor's own int4 templates beat it
     # from a few rows; elsewhere (AVX-512 without AMX, as Zen 4; AVX2) inductor calls torch's
     # one-row-at-a-time kernel, and ours, which reads each weight block once for all rows, is 1.4-1.8x
     # faster (demo GGUF, 32 chats on a Zen 4 core: 158 tok/s compiled with torch's, 230 eager with ours).
-    return graph_spec(b, c_kernels=not cpu_gemv.amx())
+    block = k.block if (not cpu_gemv.amx() and k.c_kernel) else 0
+    return ("int4", (k.buffers["packed"], sz, b), (k.group, block))
 
 
 class _DecodeModule(torch.nn.Module):
-    """The eager fast path's math (cpu_decode.CpuDecodePath.run) with every weight a buffer, so that
-    inductor freezes them as constants."""
+    """The eager fast path's math (decode_math.py, as decode_eager.CpuDecodePath.run runs it) over the family's
+    layer specs, with every weight a buffer, so that inductor freezes them as constants."""
 
-    def __init__(self, model, cpu_decode) -> None:
+    def __init__(self, model, specs: list[DecodeLayer]) -> None:
         super().__init__()
         self._n = 0
-        emb, head = model.embed_tokens.weight, model.lm_head.weight
-        self.embed = self._table(emb)
+        ends = model.decode_ends()  # _specs checked it
+        head = ends.head
+        self.embed = self._table(ends.embed_table)
         self.head = self._linear(_weight_spec(head))
         # One sequence's int8 head runs after the graph, in cpu_gemv's kernel (1.5 vs 2.6-3.5 ms on the
         # demo); a batch keeps it in the graph where the CPU has AMX (inductor's template beats both from a
@@ -136,20 +182,22 @@ class _DecodeModule(torch.nn.Module):
         # without AMX: ~52 ms for 32 rows of the demo's 49152-row head on a Zen 4 core, eager 25-28).
         self.head_after = head if _head_after(head) else None
         self.head_outside_batches = not cpu_gemv.amx()
-        self.final_norm = self._buf(model.norm.weight)
-        self.final_eps = model.norm.eps
+        self.final_norm = self._buf(ends.final_norm.weight)
+        self.final_eps = ends.final_norm.eps
         self.dtype = model.dtype
         self.layers = []
-        for layer in cpu_decode.layers:
+        for spec in specs:
             self.layers.append(
                 dict(
-                    w_in=self._buf(layer.w_in), w_post=self._buf(layer.w_post),
-                    eps_in=layer.eps_in, eps_post=layer.eps_post,
-                    qkv=self._linear(_spec(layer.qkv)), o=self._linear(_spec(layer.o)),
-                    gate_up=self._linear(_spec(layer.gate_up)), down=self._linear(_spec(layer.down)),
-                    qk_norm=None if layer.qk_norm_w is None else self._buf(layer.qk_norm_w), qk_eps=layer.qk_eps,
-                    q_size=layer.q_size, kv_size=layer.kv_size, heads=layer.heads, kv_heads=layer.kv_heads,
-                    head_dim=layer.head_dim, scale=layer.scale,
+                    w_in=self._buf(spec.input_norm.weight), w_post=self._buf(spec.post_norm.weight),
+                    eps_in=spec.input_norm.eps, eps_post=spec.post_norm.eps,
+                    qkv=self._linear(_linear_spec(spec.qkv_proj)), o=self._linear(_linear_spec(spec.o_proj)),
+                    gate_up=self._linear(_linear_spec(spec.gate_up_proj)),
+                    down=self._linear(_linear_spec(spec.down_proj)),
+                    qk_norm=self._buf(qk_norm_weight(spec)),
+                    qk_eps=None if spec.q_norm is None else spec.q_norm.norm.eps,
+                    q_size=spec.q_size, kv_size=spec.kv_size, heads=spec.heads, kv_heads=spec.kv_heads,
+                    head_dim=spec.head_dim, scale=spec.scale,
                 )
             )  # fmt: skip
 
@@ -166,12 +214,10 @@ class _DecodeModule(torch.nn.Module):
         return name
 
     def _table(self, w) -> tuple:
-        graph_form = getattr(w, "graph_form", None)  # GGUF blocks: the repacked table the graph reads
-        if graph_form is not None:
-            w = graph_form()
-        if isinstance(w, torch.Tensor):
-            return ("dense", self._buf(w), None)
-        return ("int8", self._buf(w.qweight), self._buf(w.scales))
+        k = _graph_kernel(w)  # GGUF blocks: the repacked table
+        if k.layout == "dense":
+            return ("dense", self._buf(k.buffers["weight"]), None)
+        return ("int8", self._buf(k.buffers["qweight"]), self._buf(k.buffers["scales"]))
 
     def _linear(self, spec: tuple) -> tuple:
         kind, tensors, extra = spec
@@ -207,28 +253,22 @@ class _DecodeModule(torch.nn.Module):
         residual = None
         new_kv = []
         for i, p in enumerate(self.layers):
-            d = hidden.shape[-1]
-            residual = hidden if residual is None else hidden + residual
-            x = getattr(self, p["w_in"]) * F.rms_norm(residual, (d,), None, p["eps_in"])
-            qkv = self._mm(x, p["qkv"])
-            hd, heads, kvh = p["head_dim"], p["heads"], p["kv_heads"]
-            qk = qkv[:, : p["q_size"] + p["kv_size"]].unflatten(-1, (-1, hd))
-            if p["qk_norm"] is not None:
-                qk = getattr(self, p["qk_norm"]) * F.rms_norm(qk, (hd,), None, p["qk_eps"])
-            qk = neox_rotated(qk, cos2, sin2)
-            kv = torch.stack((qk[:, heads:], qkv[:, p["q_size"] + p["kv_size"] :].view(b, kvh, hd)))
+            heads, kvh, hd = p["heads"], p["kv_heads"], p["head_dim"]
+            qk_norm = None if p["qk_norm"] is None else getattr(self, p["qk_norm"])
+            residual, qk, v = attention_in(
+                hidden, residual, getattr(self, p["w_in"]), p["eps_in"], lambda x, lin=p["qkv"]: self._mm(x, lin),
+                p["q_size"], p["kv_size"], hd, kvh, qk_norm, p["qk_eps"], cos2, sin2,
+            )  # fmt: skip
+            kv = torch.stack((qk[:, heads:], v))
             new_kv.append(kv)
             # This layer's cached keys/values with the new token's put in (the pool itself is not written).
             g = kv_pool[i].index_select(1, blocks).view(2, b * span, kvh, hd).index_copy(1, cur, kv)
             g = g.view(2, b, span, kvh, hd).transpose(2, 3)
-            q = qk[:, :heads].reshape(b, kvh, heads // kvh, hd)
-            out = F.scaled_dot_product_attention(q, g[0], g[1], attn_mask=mask, scale=p["scale"])
-            hidden = self._mm(out.reshape(b, heads * hd), p["o"])
-            residual = hidden + residual
-            x = getattr(self, p["w_post"]) * F.rms_norm(residual, (d,), None, p["eps_post"])
-            gu = self._mm(x, p["gate_up"])
-            half = gu.shape[-1] // 2
-            hidden = self._mm(F.silu(gu[:, :half]) * gu[:, half:], p["down"])
+            out = attend(qk, g[0], g[1], heads, mask, p["scale"])
+            hidden, residual = attention_out_and_mlp(
+                out, residual, lambda x, lin=p["o"]: self._mm(x, lin), getattr(self, p["w_post"]), p["eps_post"],
+                lambda x, gu=p["gate_up"], dn=p["down"]: gated_mlp(x, lambda y: self._mm(y, gu), lambda y: self._mm(y, dn)),
+            )  # fmt: skip
         x = getattr(self, self.final_norm) * F.rms_norm(
             hidden + residual, (hidden.shape[-1],), None, self.final_eps
         )
@@ -238,18 +278,17 @@ class _DecodeModule(torch.nn.Module):
 
 
 def _head_after(head) -> bool:
-    from wslm.backend.quant.registry import weight_kind
+    k = weight_kernel(head)
+    return not isinstance(k, str) and k.layout in ("int8", "gguf") and k.c_kernel
 
-    return weight_kind(head) in ("int8", "gguf") and head.c_kernel()
 
-
-def _weight_bytes(cpu_decode) -> int:
-    if cpu_decode is None:
+def _weight_bytes(specs) -> int:
+    if isinstance(specs, str):
         return 0
     total = 0
-    for layer in cpu_decode.layers:
-        for fn in (layer.qkv, layer.o, layer.gate_up, layer.down):
-            w = getattr(fn, "source_weight", None)
+    for spec in specs:
+        for lin in linears(spec):
+            w = None if lin is None else lin.weight
             total += w.numel() * w.element_size() if isinstance(w, torch.Tensor) else getattr(w, "nbytes", 0)
     return total
 
@@ -257,10 +296,11 @@ def _weight_bytes(cpu_decode) -> int:
 class CompiledDecode:
     """Compiles in a background thread; run() returns None until the graphs are ready."""
 
-    def __init__(self, model, cpu_decode, kv_pool: torch.Tensor, single: bool = True) -> None:
-        self.module = _DecodeModule(model, cpu_decode).eval()
-        self.single = single  # compile the one-sequence graph too (not when cpu_native.py runs those steps)
-        self.cpu_decode = cpu_decode
+    def __init__(self, model, specs: list[DecodeLayer], kv_pool: torch.Tensor, single: bool = True) -> None:
+        self.module = _DecodeModule(model, specs).eval()
+        self.single = single  # compile the one-sequence graph too (not when decode_native.py runs those steps)
+        self.table = specs[0].cos_sin_cache  # neox rotary, shared by every layer (decode_layers checks)
+        self.head_dim = specs[0].head_dim
         self.dropped = False  # weights replaced after the graph froze them (drop()): never used again
         self.kv_pool = kv_pool
         self.flat_pool = kv_pool.view(kv_pool.shape[0], 2, -1, *kv_pool.shape[4:])  # [L, k|v, slots, ...]
@@ -279,13 +319,13 @@ class CompiledDecode:
 
     @classmethod
     def build(
-        cls, model, cpu_decode, kv_pool: torch.Tensor, enforce_eager: bool = False, single: bool = True
+        cls, model, kv_pool: torch.Tensor, enforce_eager: bool = False, single: bool = True
     ) -> CompiledDecode | None:
-        reason = why_not(cpu_decode, enforce_eager, _weight_bytes(cpu_decode))
-        if reason is not None:
-            logger.info("CPU decode runs eagerly (not compiled): %s", reason)
+        specs = _specs(model, kv_pool, enforce_eager, _weight_bytes(decode_specs(model, kv_pool)))
+        if isinstance(specs, str):
+            logger.info("CPU decode runs eagerly (not compiled): %s", specs)
             return None
-        return cls(model, cpu_decode, kv_pool, single)
+        return cls(model, specs, kv_pool, single)
 
     def drop(self) -> None:
         """The graph froze the weights it was built with: after they are replaced, eager serves."""
@@ -405,7 +445,7 @@ class CompiledDecode:
 
     def _inputs_for(self, b: int, blocks_per_seq: int) -> tuple:
         """Dummy inputs of a b-sequence step reading blocks_per_seq blocks each (block 0; nothing written)."""
-        dtype, head_dim = self.module.dtype, self.cpu_decode.layers[0].head_dim
+        dtype, head_dim = self.module.dtype, self.head_dim
         ids = torch.zeros(b, dtype=torch.int64)
         cos2 = torch.ones(b, 1, head_dim, dtype=dtype)
         sin2 = torch.zeros(b, 1, head_dim, dtype=dtype)
@@ -434,7 +474,7 @@ class CompiledDecode:
         max_len = max(meta.max_seqlen_k, bs + 1)
         if -(-max_len // bs) > meta.block_tables.shape[1] or not bool((slots >= 0).all()):
             return None
-        cos2, sin2 = _cos_sin(positions, self.cpu_decode.table, self.module.dtype, True)[2:]
+        cos2, sin2 = _cos_sin(positions, self.table, self.module.dtype, True)[2:]
         blocks, mask = _decode_blocks(meta.block_tables, meta.seq_lens, max_len, bs, None)
         span = blocks.shape[0] // b * bs
         cur = torch.arange(b, dtype=torch.int64) * span + meta.seq_lens.long() - 1

@@ -11,7 +11,9 @@ layer's tensors and kernels once and runs ~20 ops per layer: the demo model's de
 (tests/test_cpu_decode.py compares logits and the KV pool), so anything it does not cover (prefill,
 sliding windows, soft caps, sinks, partial rotary, fp8 KV, tensor parallelism, other layer types) runs
 the general path. What each layer computes, it learns from the model family (`model.decode_layers()`,
-modeling/layers/decode_spec.py), never from the layers' types. WSLM_CPU_FAST_DECODE=0 turns it off."""
+modeling/layers/decode_spec.py, through decode_specs.py), never from the layers' types, and what each
+weight's product is from its kernel description (quant/kernel.py). WSLM_CPU_FAST_DECODE=0 turns it off
+(with the other CPU decode back ends)."""
 
 from __future__ import annotations
 
@@ -21,124 +23,73 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from wslm import envs
 from wslm.backend.modeling.layers.attention import AttentionMetadata
 from wslm.backend.modeling.layers.decode_spec import DecodeLayer
-from wslm.kernels.dispatch import selected_backend
+from wslm.backend.platforms.cpu.decode_math import attend, attention_in, attention_out_and_mlp, gated_mlp
+from wslm.backend.platforms.cpu.decode_specs import (
+    ENV_VAR,
+    bias_after,
+    decode_specs,
+    kernel_of,
+    qk_norm_weight,
+)
 from wslm.kernels.torch_paged_attention import _decode_blocks
-from wslm.kernels.torch_rotary import _cos_sin, neox_rotated
+from wslm.kernels.torch_rotary import _cos_sin
 
 logger = logging.getLogger(__name__)
-ENV_VAR = "WSLM_CPU_FAST_DECODE"
+__all__ = ["ENV_VAR", "CpuDecodePath", "why_not"]
 
 
 def _linear_fn(layer, dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
     """x -> layer(x) for activations x of dtype, with the per-call format checks done once (tensor
-    parallelism is off here). The function carries what it multiplies by (source_weight, source_bias,
-    bias_after) for decode_compiled.py."""
-    fn = _bind_linear(layer, dtype)
-    if fn is not layer:
-        fn.source_weight, fn.source_bias = layer.weight, layer.bias
-        fn.bias_after = _bias_after(layer)
-    return fn
-
-
-def _bias_after(layer) -> bool:
-    from wslm.backend.modeling.layers.linear import RowParallelLinear
-
-    return layer.bias is not None and isinstance(layer, RowParallelLinear)
-
-
-def _bind_linear(layer, dtype: torch.dtype) -> Callable[[torch.Tensor], torch.Tensor]:
+    parallelism is off here): the product the weight's kernel description names (quant/kernel.py)."""
     w, b = layer.weight, layer.bias
     if isinstance(w, torch.Tensor):
-        if _bias_after(layer):
+        if bias_after(layer):
             return lambda x: F.linear(x, w) + b  # added after the (would-be) sum, rounded as the layer does
         return lambda x: F.linear(x, w, b)
-    row_limit = getattr(w, "decode_row_limit", None)  # quant.registry.QuantizedWeight's decode hooks
-    rows = None if row_limit is None else row_limit()
-    if rows is not None:
-        mm = w.decode_rows  # the kernel apply picks for these rows
-        kd = _kernel_dtype(layer)
-        if kd is not None and dtype != kd:  # a float32 engine over bf16 kernels (CPUs without bf16): as apply does
-            if b is None:
-                return lambda x: mm(x.to(kd)).to(dtype) if x.shape[0] < rows else w.apply(x)
-            return lambda x: mm(x.to(kd)).to(dtype) + b if x.shape[0] < rows else w.apply(x, b)
+    k = kernel_of(layer)
+    if isinstance(k, str) or k.mm is None:
+        return layer  # any other format: its own call
+    mm, rows, kd = k.mm, k.mm_rows, k.dtype  # the kernel apply picks for fewer rows than `rows`
+    if kd is not None and dtype != kd:  # a float32 engine over bf16 kernels (CPUs without bf16): as apply does
         if b is None:
-            return lambda x: mm(x) if x.shape[0] < rows else w.apply(x)
-        return lambda x: mm(x) + b if x.shape[0] < rows else w.apply(x, b)
-    return layer  # any other format: its own call
-
-
-def _kernel_dtype(layer):
-    w = layer.weight
-    if isinstance(w, torch.Tensor):
-        return w.dtype
-    for name in ("scales_and_zeros", "scales"):
-        if isinstance(getattr(w, name, None), torch.Tensor):
-            return getattr(w, name).dtype
-    return None
+            return lambda x: mm(x.to(kd)).to(dtype) if x.shape[0] < rows else w.apply(x)
+        return lambda x: mm(x.to(kd)).to(dtype) + b if x.shape[0] < rows else w.apply(x, b)
+    if b is None:
+        return lambda x: mm(x) if x.shape[0] < rows else w.apply(x)
+    return lambda x: mm(x) + b if x.shape[0] < rows else w.apply(x, b)
 
 
 def why_not(model, kv_pool: torch.Tensor) -> str | None:
     """None when the fast path computes this model's decode steps exactly; else the reason it cannot."""
-    specs = _specs(model, kv_pool)
+    specs = decode_specs(model, kv_pool)
     return specs if isinstance(specs, str) else None
 
 
-def _specs(model, kv_pool: torch.Tensor) -> list[DecodeLayer] | str:
-    """The model's layers as its family describes them (modeling/layers/decode_spec.py), or why not."""
-    from wslm.backend.distributed.parallel_state import get_tp_size
-
-    if not envs.get(ENV_VAR):
-        return f"{ENV_VAR}=0"
-    if model.device.type != "cpu" or selected_backend(model.device) != "torch":
-        return "not the CPU PyTorch kernels"
-    if get_tp_size() != 1:
-        return "tensor parallelism"
-    if kv_pool.dtype != model.dtype:
-        return "a KV cache dtype other than the model's"
-    describe = getattr(model, "decode_layers", None)
-    specs = describe() if describe is not None else f"{type(model).__name__} describes no decode layers"
-    if isinstance(specs, str):
-        return specs
-    for spec in specs:
-        linears = [spec.qkv_proj, spec.o_proj, spec.gate_up_proj, spec.down_proj]
-        kernel = {_kernel_dtype(lin) for lin in linears if lin is not None} - {model.dtype, None}
-        if kernel and (model.dtype != torch.float32 or kernel != {torch.bfloat16}):
-            return "weights computing in another dtype"
-    return specs
-
-
 class _Layer:
-    __slots__ = ("source", "w_in", "w_post", "eps_in", "eps_post", "qkv", "o", "mlp", "gate_up", "down",
-                 "qk_norm_w", "qk_eps", "q_size", "kv_size", "heads", "kv_heads", "head_dim", "scale")  # fmt: skip
+    __slots__ = ("w_in", "w_post", "eps_in", "eps_post", "qkv", "o", "mlp", "qk_norm_w", "qk_eps", "q_size", "kv_size", "heads", "kv_heads", "head_dim", "scale")  # fmt: skip
 
     def __init__(self, spec: DecodeLayer) -> None:
-        self.source = spec.source
         self.w_in, self.w_post = spec.input_norm.weight, spec.post_norm.weight
         self.eps_in, self.eps_post = spec.input_norm.eps, spec.post_norm.eps
         dtype = self.w_in.dtype  # the model's
         self.qkv, self.o = _linear_fn(spec.qkv_proj, dtype), _linear_fn(spec.o_proj, dtype)
         self.q_size, self.kv_size, self.head_dim = spec.q_size, spec.kv_size, spec.head_dim
         self.heads, self.kv_heads, self.scale = spec.heads, spec.kv_heads, spec.scale
-        self.qk_norm_w = self.qk_eps = None
-        if spec.q_norm is not None:
-            # One norm over the q|k heads side by side: each head row is normed on its own, so stacking
-            # the q and k weights per head computes both HeadRMSNorms in one op.
-            qw, kw = spec.q_norm.weight, spec.k_norm.weight
-            self.qk_norm_w = torch.cat([qw.expand(self.heads, -1), kw.expand(self.kv_heads, -1)])
-            self.qk_eps = spec.q_norm.norm.eps
-        self.mlp = spec.mlp
-        self.gate_up = _linear_fn(spec.gate_up_proj, dtype) if spec.mlp is None else None
-        self.down = _linear_fn(spec.down_proj, dtype) if spec.mlp is None else None
+        self.qk_norm_w = qk_norm_weight(spec)
+        self.qk_eps = None if spec.q_norm is None else spec.q_norm.norm.eps
+        self.mlp = spec.mlp  # an MoE block as it is, or the gated MLP over the bound products
+        if spec.mlp is None:
+            gate_up, down = _linear_fn(spec.gate_up_proj, dtype), _linear_fn(spec.down_proj, dtype)
+            self.mlp = lambda x: gated_mlp(x, gate_up, down)
 
 
 class CpuDecodePath:
     def __init__(self, model, kv_pool: torch.Tensor) -> None:
         self.model = model
         self.kv_pool = kv_pool  # [layers, k|v, blocks, block_size, kv_heads, head_dim]
-        specs = _specs(model, kv_pool)
+        specs = decode_specs(model, kv_pool)
         assert not isinstance(specs, str), specs  # build() asked first
         self.layers = [_Layer(spec) for spec in specs]
         self.table = specs[0].cos_sin_cache
@@ -159,7 +110,9 @@ class CpuDecodePath:
 
     def rebind(self) -> None:
         """Bind the layers' weights again (ModelRunner.weights_updated: they were replaced after loading)."""
-        self.layers = [_Layer(layer.decode_spec()) for layer in self.model.layers]
+        specs = self.model.decode_layers()
+        assert not isinstance(specs, str), specs  # the same model: only its weights were replaced
+        self.layers = [_Layer(spec) for spec in specs]
 
     @torch.inference_mode()
     def run(
@@ -177,34 +130,15 @@ class CpuDecodePath:
         span = blocks.shape[0] // b * bs  # keys each row reads (masked past its length)
         hidden = model.embed(input_ids)
         residual = None
-        rms = F.rms_norm
         for layer, (pool, pool_slots) in zip(self.layers, self.pools):
-            d = hidden.shape[-1]
-            if residual is None:
-                residual = hidden
-            else:
-                residual = hidden + residual
-            x = layer.w_in * rms(residual, (d,), None, layer.eps_in)
-            qkv = layer.qkv(x)
-            hd, heads, kvh = layer.head_dim, layer.heads, layer.kv_heads
-            qk = qkv[:, : layer.q_size + layer.kv_size].unflatten(-1, (-1, hd))
-            if layer.qk_norm_w is not None:
-                qk = layer.qk_norm_w * rms(qk, (hd,), None, layer.qk_eps)
-            qk = neox_rotated(qk, cos2, sin2)
-            v = qkv[:, layer.q_size + layer.kv_size :].view(b, kvh, hd)
-            pool_slots[0].index_copy_(0, slots, qk[:, heads:])
+            residual, qk, v = attention_in(
+                hidden, residual, layer.w_in, layer.eps_in, layer.qkv, layer.q_size, layer.kv_size, layer.head_dim,
+                layer.kv_heads, layer.qk_norm_w, layer.qk_eps, cos2, sin2,
+            )  # fmt: skip
+            pool_slots[0].index_copy_(0, slots, qk[:, layer.heads :])
             pool_slots[1].index_copy_(0, slots, v)
-            kv = pool.index_select(1, blocks).view(2, b, span, kvh, hd).transpose(2, 3)  # both caches, one op
-            q = qk[:, :heads].reshape(b, kvh, heads // kvh, hd)
-            out = F.scaled_dot_product_attention(q, kv[0], kv[1], attn_mask=mask, scale=layer.scale)
-            hidden = layer.o(out.reshape(b, heads * hd))
-            residual = hidden + residual
-            x = layer.w_post * rms(residual, (d,), None, layer.eps_post)
-            if layer.mlp is not None:
-                hidden = layer.mlp(x)
-            else:
-                gu = layer.gate_up(x)
-                half = gu.shape[-1] // 2
-                hidden = layer.down(F.silu(gu[:, :half]) * gu[:, half:])
+            kv = pool.index_select(1, blocks).view(2, b, span, layer.kv_heads, layer.head_dim).transpose(2, 3)
+            out = attend(qk, kv[0], kv[1], layer.heads, mask, layer.scale)  # both caches gathered in one op
+            hidden, residual = attention_out_and_mlp(out, residual, layer.o, layer.w_post, layer.eps_post, layer.mlp)
         self.steps += 1
         return model.compute_logits(model.norm(hidden + residual))

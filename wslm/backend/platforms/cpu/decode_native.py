@@ -2,7 +2,7 @@
 
 A lone chat (the desktop app's everyday case) decodes one token at a time, and on CPU that step is
 mostly overhead: the demo model's int4 products take ~3.5 ms a token on one core, while ~20 torch ops a
-layer (cpu_decode.py) or inductor's graph (cpu_compiled.py) add 5-7 ms of dispatch and cold caches. Here
+layer (decode_eager.py) or inductor's graph (decode_compiled.py) add 5-7 ms of dispatch and cold caches. Here
 every layer runs in one C loop over the weights in place (torch's int4 pack, int8 rows or dense), the
 embedding lookup, final norm and head staying in torch. It covers the models and weights the eager fast
 path covers, in bfloat16 or float32 (what dtype=auto picks on CPUs without bf16 arithmetic, where the
@@ -10,7 +10,11 @@ int4/int8 products still take bf16 rows, as in torch) with a KV cache of the mod
 keeps the other paths.
 WSLM_CPU_NATIVE_DECODE=0 turns it off (WSLM_CPU_KERNELS=0 too, with the rest of the C kernels).
 
-Results follow cpu_decode.py's op for op in the model's dtype, with the same int4 and int8 kernels (the
+The layers are the family's `decode_layers()` specs (decode_specs.py) and each weight is passed to C as its
+kernel description says (quant/kernel.py: dense rows, int8 rows, torch's int4 pack, GGUF blocks); the C loop
+(cpu_layer.c) is the layer's math, assembled per layer from those.
+
+Results follow decode_eager.py's op for op in the model's dtype, with the same int4 and int8 kernels (the
 int4 one rounds the activation row to int8 per 32 columns where the CPU has AVX2 or AVX512-VNNI, as
 llama.cpp does; so does the eager path's, cpu_gemv.int4_q8()); attention and the norms sum in another
 order, so logits agree to the dtype's rounding and greedy tokens may branch on a near-tie after a while,
@@ -26,6 +30,8 @@ import torch
 
 from wslm import envs
 from wslm.backend.modeling.layers.attention import AttentionMetadata
+from wslm.backend.modeling.layers.decode_spec import DecodeLayer
+from wslm.backend.platforms.cpu.decode_specs import NOT_FAST, decode_specs, kernel_of, linears, qk_norm_weight
 from wslm.backend.platforms.cpu.tuning import StepThreads, torch_threads
 from wslm.kernels import cpu_gemv
 from wslm.kernels.torch_rotary import _cos_sin
@@ -33,8 +39,11 @@ from wslm.kernels.torch_rotary import _cos_sin
 logger = logging.getLogger(__name__)
 ENV_VAR = "WSLM_CPU_NATIVE_DECODE"
 INT4, INT8, BF16, F32, GGUF = 1, 2, 3, 4, 5  # cpu_layer.c's weight kinds
-_QUANT = {"int4": INT4, "int8": INT8, "gguf": GGUF}  # the kinds of quantized weights' c_view
+_QUANT = {"int4": INT4, "int8": INT8, "gguf": GGUF}  # quant/kernel.py layouts -> cpu_layer.c's kinds
 _DENSE = {torch.bfloat16: BF16, torch.float32: F32}
+# Each layout's buffers in cpu_layer.c's order: (the weight, its scales)
+_BUFFERS = {"dense": ("weight", None), "int8": ("qweight", "scales"), "int4": ("packed", "scales_and_zeros"),
+            "gguf": ("blocks", None)}  # fmt: skip
 
 
 class _Linear(ctypes.Structure):
@@ -54,113 +63,124 @@ def _plain(t: torch.Tensor | None, dtype: torch.dtype) -> bool:
     return t is None or (t.dtype == dtype and t.is_contiguous() and t.device.type == "cpu")
 
 
-def _linear(fn, dtype: torch.dtype) -> tuple[_Linear, list[torch.Tensor]] | str:
-    """The C view of one of cpu_decode's bound linears for activations of dtype (what it holds kept alive
-    beside it), or why not."""
-    w, bias = getattr(fn, "source_weight", None), getattr(fn, "source_bias", None)
-    if w is None or not _plain(bias, dtype):
-        return "a linear layer of another kind or a bias in another dtype"
-    c_view = getattr(w, "c_view", None)  # quant.registry.QuantizedWeight's hook
-    if c_view is not None:
-        view = c_view()
-        if isinstance(view, str):
-            return view
-        spec = (_QUANT[view[0]], *view[1:])
-    elif isinstance(w, torch.Tensor) and _plain(w, dtype) and w.dim() == 2:
-        spec = (_DENSE[dtype], w, None, 0, w.shape[0], w.shape[1], 0)
-    else:
-        return f"{type(w).__name__} weights ({getattr(w, 'dtype', 'packed')})"
-    kind, main, scales, group, n, k, block = spec
+def _linear(layer, dtype: torch.dtype) -> tuple[_Linear, list] | str:
+    """The C view of a linear layer for activations of dtype, built from its weight's kernel description
+    (quant/kernel.py), with what it points into (kept alive beside it); or why not."""
+    bias = layer.bias
+    if not _plain(bias, dtype):
+        return "a bias in another dtype"
+    k = kernel_of(layer)
+    if isinstance(k, str):
+        return k
+    if k.layout not in _BUFFERS or "perm" in k.buffers:
+        return f"{k.layout} weights with a layout the C step does not read"
+    if k.layout == "dense" and k.dtype != dtype:
+        return f"dense {k.dtype} weights in a {dtype} model"
+    tensors = [t for t in k.buffers.values() if isinstance(t, torch.Tensor)]
+    if not k.c_kernel or not all(t.is_contiguous() for t in tensors):
+        return f"{k.layout} weights the C kernels do not read here"
+    kind = _DENSE[dtype] if k.layout == "dense" else _QUANT[k.layout]
+    main, scales = (None if name is None else k.buffers[name] for name in _BUFFERS[k.layout])
     keep = [t for t in (main, scales, bias) if t is not None]
     # GGUF blocks: main is the C struct of the weight's parts (kernels/cpu_gguf.py), read in place
     ptr = [None if t is None else ctypes.addressof(t) if isinstance(t, ctypes.Structure) else t.data_ptr()
            for t in (main, scales, bias)]  # fmt: skip
-    return _Linear(kind, ptr[0], ptr[1], ptr[2], n, k, group, block), keep
+    return _Linear(kind, ptr[0], ptr[1], ptr[2], k.n, k.k, k.group, k.block), keep
 
 
-def why_not(cpu_decode, kv_pool: torch.Tensor) -> str | None:
-    """None when one-sequence decode steps can run in C here; else the reason they cannot."""
+def _specs(model, kv_pool: torch.Tensor) -> list[DecodeLayer] | str:
+    """The model's layers as its family describes them (decode_specs.py), or why they cannot run in C."""
     if not envs.get(ENV_VAR):
         return f"{ENV_VAR}=0"
-    if cpu_decode is None:
-        return "the model does not take the CPU fast decode path"
-    dtype = cpu_decode.model.dtype
+    if model is None:
+        return NOT_FAST
+    specs = decode_specs(model, kv_pool)
+    if isinstance(specs, str):
+        return f"{NOT_FAST} ({specs})"
+    dtype = model.dtype
     if dtype not in _DENSE or kv_pool.dtype != dtype:
         return f"a {dtype} model with a {kv_pool.dtype} KV cache (bfloat16 or float32, both alike, run here)"
     if cpu_gemv.library() is None:
         return "the C kernels are not built here"
-    for layer in cpu_decode.layers:
-        if layer.mlp is not None:
+    for spec in specs:
+        if spec.mlp is not None:
             return "a mixture-of-experts or other MLP block"
-        if layer.heads % layer.kv_heads or layer.heads // layer.kv_heads > 64 or layer.head_dim % 2:
+        if spec.heads % spec.kv_heads or spec.heads // spec.kv_heads > 64 or spec.head_dim % 2:
             return "head layout"
-        if not all(_plain(t, dtype) for t in (layer.w_in, layer.w_post, layer.qk_norm_w)):
+        if not all(_plain(t, dtype) for t in (spec.input_norm.weight, spec.post_norm.weight, qk_norm_weight(spec))):
             return "norm weights not contiguous in the model's dtype"
-        for fn in (layer.qkv, layer.o, layer.gate_up, layer.down):
-            spec = _linear(fn, dtype)
-            if isinstance(spec, str):
-                return spec
-    return None
+        for layer in linears(spec):
+            view = _linear(layer, dtype)
+            if isinstance(view, str):
+                return view
+    return specs
+
+
+def why_not(model, kv_pool: torch.Tensor) -> str | None:
+    """None when one-sequence decode steps can run in C here; else the reason they cannot."""
+    specs = _specs(model, kv_pool)
+    return specs if isinstance(specs, str) else None
 
 
 class NativeDecode:
     """run() is the logits of a one-sequence decode step, or None for anything else."""
 
-    def __init__(self, cpu_decode, kv_pool: torch.Tensor) -> None:
-        self.cpu_decode = cpu_decode
+    def __init__(self, model, kv_pool: torch.Tensor, specs: list[DecodeLayer]) -> None:
+        self.model = model
         self.kv_pool = kv_pool  # [layers, k|v, blocks, block_size, kv_heads, head_dim]
+        self.block_size = kv_pool.shape[3]
         self.lib = cpu_gemv.library()
-        self.dtype = cpu_decode.model.dtype
+        self.dtype = model.dtype
         fn = self.lib.wslm_decode_row if self.dtype == torch.bfloat16 else self.lib.wslm_decode_row_f32
         self.step_fn = fn
         fn.restype = ctypes.c_int
         fn.argtypes = [ctypes.c_void_p] + [ctypes.c_int64] * 5 + [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 3 + [
             ctypes.c_int]  # fmt: skip
-        self._bind()
+        self._bind(specs)
         self.steps = 0
         self.threads = StepThreads()
         self.fixed_threads = envs.WSLM_CPU_STEP_THREADS  # read once: not an environment lookup a step
 
     @classmethod
-    def build(cls, cpu_decode, kv_pool: torch.Tensor) -> NativeDecode | None:
-        reason = why_not(cpu_decode, kv_pool)
-        if reason is not None:
-            logger.info("one-sequence CPU decode not in C: %s", reason)
+    def build(cls, model, kv_pool: torch.Tensor) -> NativeDecode | None:
+        specs = _specs(model, kv_pool)
+        if isinstance(specs, str):
+            logger.info("one-sequence CPU decode not in C: %s", specs)
             return None
-        return cls(cpu_decode, kv_pool)
+        return cls(model, kv_pool, specs)
 
     def rebind(self) -> bool:
-        """After cpu_decode.rebind() (weights replaced): the C structs again; False when the new weights are
-        not for this path (then the runner drops it)."""
-        if why_not(self.cpu_decode, self.kv_pool) is not None:
+        """After the weights were replaced: the C structs again; False when the new weights are not for this
+        path (then the plan drops it)."""
+        specs = _specs(self.model, self.kv_pool)
+        if isinstance(specs, str):
             return False
-        self._bind()
+        self._bind(specs)
         return True
 
-    def _bind(self) -> None:
-        """The C structs for the layers cpu_decode has bound now (and the tensors they point into)."""
-        layers = self.cpu_decode.layers
-        self.keep: list[torch.Tensor] = []
-        arr = (_LayerC * len(layers))()
-        for i, layer in enumerate(layers):
+    def _bind(self, specs: list[DecodeLayer]) -> None:
+        """The C structs of the layers the family describes (and the tensors they point into)."""
+        self.keep: list = []
+        arr = (_LayerC * len(specs))()
+        for i, spec in enumerate(specs):
             c = arr[i]
-            linears = []
-            for fn in (layer.qkv, layer.o, layer.gate_up, layer.down):
-                lin, keep = _linear(fn, self.dtype)
-                linears.append(lin)
+            views = []
+            for layer in linears(spec):
+                lin, keep = _linear(layer, self.dtype)
+                views.append(lin)
                 self.keep += keep
-            c.qkv, c.o, c.gate_up, c.down = linears
-            c.w_in, c.w_post = layer.w_in.data_ptr(), layer.w_post.data_ptr()
-            c.eps_in, c.eps_post, c.scale = layer.eps_in, layer.eps_post, layer.scale
-            if layer.qk_norm_w is not None:
-                c.qk_norm, c.qk_eps = layer.qk_norm_w.data_ptr(), layer.qk_eps
+            c.qkv, c.o, c.gate_up, c.down = views
+            w_in, w_post, qk_norm = spec.input_norm.weight, spec.post_norm.weight, qk_norm_weight(spec)
+            c.w_in, c.w_post = w_in.data_ptr(), w_post.data_ptr()
+            c.eps_in, c.eps_post, c.scale = spec.input_norm.eps, spec.post_norm.eps, spec.scale
+            if qk_norm is not None:
+                c.qk_norm, c.qk_eps = qk_norm.data_ptr(), spec.q_norm.norm.eps
             c.k_cache, c.v_cache = self.kv_pool[i, 0].data_ptr(), self.kv_pool[i, 1].data_ptr()
-            self.keep += [layer.w_in, layer.w_post] + (
-                [layer.qk_norm_w] if layer.qk_norm_w is not None else []
-            )
+            self.keep += [w_in, w_post] + ([qk_norm] if qk_norm is not None else [])
         self.layers = arr
-        first = layers[0]
+        first = specs[0]
         self.dims = (first.heads, first.kv_heads, first.head_dim)
+        self.table = first.cos_sin_cache  # neox rotary, shared by every layer (decode_layers checks)
 
     @torch.inference_mode()
     def run(
@@ -172,11 +192,10 @@ class NativeDecode:
         slot = int(meta.slot_mapping[0])
         if slot < 0:
             return None
-        cpu = self.cpu_decode
-        model = cpu.model
+        model = self.model
         hidden = model.embed(input_ids).to(self.dtype).contiguous().clone()
         residual = torch.empty_like(hidden)
-        cos2, sin2 = (t.contiguous() for t in _cos_sin(positions, cpu.table, self.dtype, True)[2:])
+        cos2, sin2 = (t.contiguous() for t in _cos_sin(positions, self.table, self.dtype, True)[2:])
         table = meta.block_tables[0].contiguous()
         heads, kv_heads, head_dim = self.dims
         most = torch.get_num_threads()
@@ -191,7 +210,7 @@ class NativeDecode:
             rc = self.step_fn(
                 ctypes.addressof(self.layers), len(self.layers), hidden.shape[-1], heads, kv_heads, head_dim,
                 hidden.data_ptr(), residual.data_ptr(), cos2.data_ptr(), sin2.data_ptr(), table.data_ptr(),
-                cpu.block_size, int(meta.seq_lens[0]), slot, threads,
+                self.block_size, int(meta.seq_lens[0]), slot, threads,
             )  # fmt: skip
             if rc == -1:
                 raise MemoryError("wslm_decode_row: out of memory for a decode step's buffers")

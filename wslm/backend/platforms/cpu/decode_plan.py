@@ -33,7 +33,7 @@ class CpuDecodePlan:
             return None
         from wslm.backend.platforms.cpu.decode_native import NativeDecode
 
-        return cls(eager, NativeDecode.build(eager, kv_pool))
+        return cls(eager, NativeDecode.build(model, kv_pool))
 
     def enable_compile(self, model, kv_pool: torch.Tensor, enforce_eager: bool) -> None:
         """Compile the step in the background; eager serves until it is ready."""
@@ -43,7 +43,7 @@ class CpuDecodePlan:
         # and the batch graph compiles when the first batch comes, or when start_compile() asks (the server,
         # once ready): offline, a lone chat never shares the cores (and the GIL) with inductor.
         single = self.native is None
-        self.compiled = CompiledDecode.build(model, self.eager, kv_pool, enforce_eager, single)
+        self.compiled = CompiledDecode.build(model, kv_pool, enforce_eager, single)
         if self.compiled is not None and single:
             self.compiled.start()
         self._order.clear()
