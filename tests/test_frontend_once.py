@@ -82,9 +82,11 @@ def test_a_bad_request_is_refused_once_with_its_field_named(served, calls):
 def test_llm_chat_takes_the_same_path(served, calls):
     from wslm.backend.entrypoints.llm import LLM
 
-    engine, _ = served
-    llm = LLM.__new__(LLM)  # the served engine itself: LLM is a thin loop over it
-    llm.llm_engine = engine
+    served_engine, _ = served
+    # An engine of its own, built as the served one is: LLM steps it from this thread, and two threads must
+    # never step one core (the server's engine thread steps the served one).
+    llm = LLM.__new__(LLM)  # LLM is a thin loop over an LLMEngine
+    llm.llm_engine = LLMEngine(served_engine.config)
     llm._ids = iter(range(10**6))
     out = llm.chat([{"role": "user", "content": "hello there " * 20}],
                    SamplingParams(max_tokens=4, truncate_prompt_tokens=16))

@@ -128,14 +128,19 @@ def test_concurrent_first_requests_share_one_load_and_the_default_is_unaffected(
             time.sleep(0.05)
         assert _chat(client, "demo").model == "demo"
         replies = [f.result() for f in seconds]
+    answered = time.monotonic()
+    # Read the pool before anything else: --model-ttl is short, and a loaded machine can outlast it.
+    state = _states(server)["second"]
+    text = httpx.get(server.url + "/metrics", timeout=30).text
+    late = time.monotonic() - answered >= TTL - 0.5
+    assert state == "loaded" or late, state
+    if state == "loaded" and not late:
+        assert metric(text, "wslm:model_loaded", 'model_name="second"') == 1
+        assert metric(text, "wslm:generation_tokens_total", 'model_name="second"') >= 3  # each model its own
     assert all(r.model == "second" and r.usage.completion_tokens == 3 for r in replies)
     # Each from its own model: the tiny random model does not reply as the demo does.
     assert replies[0].choices[0].message.content != _chat(client, "demo").choices[0].message.content
     assert server.stderr().count("Loading model 'second'") == 1
-    assert _states(server)["second"] == "loaded"
-    text = httpx.get(server.url + "/metrics", timeout=30).text
-    assert metric(text, "wslm:model_loaded", 'model_name="second"') == 1
-    assert metric(text, "wslm:generation_tokens_total", 'model_name="second"') >= 3  # each model its own
     assert _chat(client, "demo").choices[0].message.content
 
 
