@@ -121,8 +121,8 @@ class TPExecutorBase(Executor):
         if any(graphs) and not all(graphs):  # one rank without its graphs: the others' collectives would not meet
             self._call_all("drop_cuda_graphs")
 
-    def start_background_compile(self) -> None:
-        self._call_all("start_background_compile")
+    # start_background_compile stays the no-op: the CPU plan declines under tensor parallelism, so the ranks have
+    # nothing to compile, and a call from the server's thread could cross a step's messages on the pipes.
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         if pairs:
