@@ -212,7 +212,10 @@ def child_transformers(args, ids: list[int]) -> dict:
 
 def child(args) -> int:
     ids = json.loads(Path(args.ids).read_text())
-    run = {"wslm": child_wslm, "llama.cpp": child_llama, "transformers": child_transformers}[args.child]
+    if args.child == "wslm-repacked":  # the GGUF weights repacked at load (WSLM_GGUF_BLOCKS=0), not in blocks
+        os.environ["WSLM_GGUF_BLOCKS"] = "0"
+    run = {"wslm": child_wslm, "wslm-repacked": child_wslm, "llama.cpp": child_llama,
+           "transformers": child_transformers}[args.child]
     result = run(args, ids)
     print("RESULT " + json.dumps(result), flush=True)
     return 0
@@ -341,7 +344,9 @@ def main() -> int:
     p.add_argument("--threads", nargs="+", type=int, default=[1, 2])
     p.add_argument("--metrics", nargs="+", default=["decode_0", "prefill_512", "load_warm", "memory"],
                    choices=METRICS)
-    p.add_argument("--engines", nargs="+", default=None, help="default: wslm and the peer (llama.cpp / transformers)")
+    p.add_argument("--engines", nargs="+", default=None,
+                   help="default: wslm and the peer (llama.cpp / transformers); wslm-repacked: wslm with "
+                        "WSLM_GGUF_BLOCKS=0")
     p.add_argument("--repeats", type=int, default=3, help="fresh processes per engine; the best is the figure")
     p.add_argument("--inner", type=int, default=2, help="runs of each speed metric inside one process")
     p.add_argument("--decode-tokens", type=int, default=64)

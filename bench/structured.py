@@ -36,18 +36,23 @@ def run(llm, batch: int, max_tokens: int, kind: str | None) -> dict:
     from wslm.backend import SamplingParams
 
     engine = llm.llm_engine
-    sampler = engine.sampler
+    executor = engine.executor
+    # The grammar's share of a step: the executor fills the bitmask rows, the sampler applies them.
+    hooks = [(executor.masker, "fill"), (executor.worker.sampler.grammar_masker, "apply_bitmask")]
     grammar_time = [0.0]
-    original = sampler._apply_grammars
 
-    def timed(logits, seqs):
-        t = time.perf_counter()
-        try:
-            return original(logits, seqs)
-        finally:
-            grammar_time[0] += time.perf_counter() - t
+    def timed(original):
+        def call(*args):
+            t = time.perf_counter()
+            try:
+                return original(*args)
+            finally:
+                grammar_time[0] += time.perf_counter() - t
 
-    sampler._apply_grammars = timed
+        return call
+
+    for obj, name in hooks:
+        setattr(obj, name, timed(getattr(obj, name)))
     try:
         for i in range(batch):
             spec = constraint(kind) if kind and i % 2 == 0 else None
@@ -69,7 +74,8 @@ def run(llm, batch: int, max_tokens: int, kind: str | None) -> dict:
                 grammar_in_decode += grammar_time[0] - before
             started.update(o.request_id for o in outs if o.outputs and o.outputs[0].token_ids)
     finally:
-        sampler._apply_grammars = original
+        for obj, name in hooks:
+            delattr(obj, name)  # the instance attribute goes: the class's method is back
     return {"step_ms": 1000 * statistics.mean(steps), "cpu_ms": 1000 * statistics.mean(cpu),
             "grammar_ms": 1000 * grammar_in_decode / len(steps), "steps": len(steps)}
 

@@ -26,6 +26,9 @@ LAYERS = [
     ("quant",),
 ]
 UPPER = {"entrypoints", "frontend", "pooling", "engine", "executor"}
+# What the engine hands down a step and gets back, as plain data (vLLM's workers import its scheduler output
+# too): every layer may import these, and they import only the shared types (and each other).
+INTERFACES = {"wslm.backend.engine.scheduler_output", "wslm.backend.engine.step_inputs"}
 
 
 def _modules() -> dict[str, Path]:
@@ -112,6 +115,8 @@ def test_backend_layers_import_only_downward():
             continue
         mine = _layer(module)
         for dep in sorted(deps):
+            if dep in INTERFACES:
+                continue
             theirs = _layer(dep)
             if mine is not None and theirs is not None and theirs < mine:
                 upward.append(f"{module} -> {dep}")
@@ -119,6 +124,16 @@ def test_backend_layers_import_only_downward():
             if side and theirs is not None and LAYERS[theirs][0] in UPPER | {"frontend"}:
                 upward.append(f"{module} -> {dep}")
     assert upward == []
+
+
+def test_step_interfaces_import_only_shared_types():
+    """The modules every layer may import (INTERFACES) reach no ranked layer or side folder themselves."""
+    graph, mods = _graph(), _modules()
+    shared = {m for m, path in mods.items() if m.count(".") == 2 and m.startswith("wslm.backend.")
+              and path.name != "__init__.py"}  # backend/config.py, sequence.py, ...
+    reaching = [f"{m} -> {d}" for m in sorted(INTERFACES) for d in sorted(graph[m])
+                if d.startswith("wslm.backend") and d not in INTERFACES | shared]
+    assert INTERFACES <= set(mods) and reaching == []
 
 
 def test_kernels_gui_and_bridge_stay_out_of_the_backend():

@@ -12,8 +12,8 @@ import torch
 from wslm.backend.config import EngineConfig
 from wslm.backend.engine import stop_check
 from wslm.backend.engine.core import EngineCore, EngineRequest
+from wslm.backend.engine.step_inputs import ModelRunnerOutput
 from wslm.backend.sampling_params import SamplingParams
-from wslm.backend.worker.step_inputs import ModelRunnerOutput
 
 EOS = 2
 

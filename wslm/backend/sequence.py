@@ -39,7 +39,6 @@ class Sequence:
     pending_forks: list[Sequence] = field(default_factory=list)
     # Speculative decoding: tokens proposed after this decode's last token, verified in this step (spec_decode/).
     spec_token_ids: list[int] = field(default_factory=list)
-    generator: object | None = None  # torch.Generator for a seeded request
     grammar: object | None = None  # structured.GrammarState when the output must follow a grammar
     token_rules: object | None = None  # token_rules.TokenRules: logit_bias, allowed_token_ids, bad_words
     prompt_logprobs: list = field(default_factory=list)  # prompt_logprobs: one dict per prompt token after the first

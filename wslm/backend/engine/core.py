@@ -17,6 +17,8 @@ import torch
 
 from wslm.backend.engine.block_manager import BlockManager
 from wslm.backend.engine.scheduler import Scheduler
+from wslm.backend.engine.scheduler_output import SchedulerOutput
+from wslm.backend.engine.step_inputs import prompt_logprob_positions
 from wslm.backend.engine.stop_check import append_tokens
 from wslm.backend.errors import EngineDeadError, ErrorKind
 from wslm.backend.outputs import OUT_OF_MEMORY_ERROR
@@ -24,8 +26,6 @@ from wslm.backend.pooling_params import PoolingParams
 from wslm.backend.sampling_params import SamplingParams
 from wslm.backend.sequence import RequestState, Sequence
 from wslm.backend.structured.compiler import GrammarState
-from wslm.backend.worker.prompt_logprobs import prompt_logprob_positions
-from wslm.backend.worker.step_inputs import SchedulerOutput
 
 logger = logging.getLogger("wslm.engine")
 
@@ -118,11 +118,9 @@ class EngineCore:
                     n=1, seed=None if params.seed is None else params.seed + i,
                     prompt_logprobs=params.prompt_logprobs if i == 0 else None,  # the request's, reported once
                 )
+                # A seeded one's generator is the sampling worker's, kept by seq_id (told when it finishes).
                 seq = Sequence(self._new_seq_id(), req.request_id, i, req.prompt_token_ids, p, req.arrival_time,
                                self.model_config.eos_token_ids)
-                if p.seed is not None:
-                    seq.generator = torch.Generator(device=self.executor.device)
-                    seq.generator.manual_seed(p.seed)
                 seq.grammar = GrammarState(req.grammar) if req.grammar is not None else None
                 seq.token_rules = req.token_rules
                 seq.images = req.images

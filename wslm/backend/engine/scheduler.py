@@ -14,7 +14,9 @@ from wslm.backend.sequence import Sequence, SequenceStatus
 
 
 @dataclass(slots=True)
-class SchedulerOutput:
+class ScheduledBatch:
+    """The scheduler's pick for one step (the core makes the executor's SchedulerOutput from it)."""
+
     # (sequence, number of its tokens to compute this step), in batch order.
     scheduled: list[tuple[Sequence, int]] = field(default_factory=list)
     preempted: list[Sequence] = field(default_factory=list)
@@ -56,8 +58,8 @@ class Scheduler:
     def has_unfinished(self) -> bool:
         return bool(self.waiting or self.running)
 
-    def schedule(self) -> SchedulerOutput:
-        out = SchedulerOutput()
+    def schedule(self) -> ScheduledBatch:
+        out = ScheduledBatch()
         budget = self.max_num_batched_tokens
         bm = self.block_manager
         # Budget held back for the decodes still to come in the running list (they are never starved).

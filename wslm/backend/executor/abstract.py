@@ -1,9 +1,10 @@
 """Executor: what the engine core runs its steps through, whether the model lives in this process
-(uniproc.py) or in one worker per tensor-parallel rank (mp_executor.py, ray_executor.py).
-
-One call a step: execute(SchedulerOutput) -> ModelRunnerOutput (sampled token ids, their logprobs, the
-prompt_logprobs rows). The core keeps the scheduler and the block manager; the executor owns the weights,
-the KV pool and the sampler."""
+(uniproc.py: one Worker, rank 0 of 1) or in one worker per tensor-parallel rank (mp_executor.py,
+ray_executor.py). Every form runs a step the same way: execute(SchedulerOutput) builds the step's plain inputs
+once (engine/step_inputs.py: StepInputs for every rank, a SamplingBatch for rank 0, the grammar bitmask rows
+filled here, where the grammar states live) and hands them to Worker.execute_step; rank 0 samples and answers
+with a ModelRunnerOutput (token ids, their logprobs, the prompt_logprobs rows). The core keeps the scheduler
+and the block manager; the workers own the weights, the KV pool and the sampler."""
 
 from __future__ import annotations
 
@@ -11,14 +12,15 @@ from abc import ABC, abstractmethod
 
 import torch
 
-from wslm.backend.structured.mask import GrammarMasker
-from wslm.backend.worker.step_inputs import (
+from wslm.backend.engine.scheduler_output import SchedulerOutput
+from wslm.backend.engine.step_inputs import (
     ModelRunnerOutput,
     SampleRow,
     SamplingBatch,
-    SchedulerOutput,
+    StepInputs,
     prepare_step,
 )
+from wslm.backend.structured.mask import GrammarMasker
 
 
 def kv_cache_note(size: int, num_blocks: int, num_kv_heads: int) -> str:
@@ -38,19 +40,49 @@ class Executor(ABC):
     block_size: int
     num_blocks: int
     kv_cache_bytes: int  # per rank under tensor parallelism
-    device: torch.device  # where sampling runs: seeded requests keep their generator there
+    device: torch.device  # the model's (the core empties CUDA's cache after an out-of-memory step)
+    masker: GrammarMasker  # fills the grammar bitmask rows each step (the engine holds the grammar states)
 
-    @abstractmethod
     def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
         """Run one step. Raises MemoryError / torch.OutOfMemoryError before anything was computed when
         memory runs out (the core then retries smaller), EngineDeadError when the workers are gone."""
+        step, sampled = prepare_step(so.scheduled, self.block_size)
+        result = self._execute_step(step, self.sampling_batch(so, sampled))
+        return result if result is not None else ModelRunnerOutput([], [], [])
+
+    def sampling_batch(self, so: SchedulerOutput, sampled: list) -> SamplingBatch:
+        """What rank 0 samples the step with. sampled: prepare_step's sequences with a logits row, in order."""
+        seqs = so.sample_seqs
+        rows = so.sample_rows
+        drafts = spec_masks = None
+        if so.spec is not None:  # a speculating sequence has 1 + k rows: each entry's first row moves down
+            starts, r = [], 0
+            for seq in sampled:
+                starts.append(r)
+                r += 1 + len(seq.spec_token_ids)
+            rows = [starts[i] for i in rows]
+            drafts = [list(seq.spec_token_ids) for seq in seqs]
+            spec_masks = [so.spec.bitmasks.get(seq.seq_id) if d else None for seq, d in zip(seqs, drafts)]
+        grammar = [(i, seq.grammar) for i, seq in enumerate(seqs)
+                   if seq.grammar is not None and not (drafts and drafts[i])]
+        for i, state in grammar:
+            state.sync(seqs[i].output_token_ids)  # no-op unless the state fell out of step
+        return SamplingBatch([SampleRow.of(s) for s in seqs], rows, so.prompt_targets(), [i for i, _ in grammar],
+                             self.masker.fill(grammar) if grammar else None, so.finished_seq_ids, drafts, spec_masks)
+
+    @abstractmethod
+    def _execute_step(self, step: StepInputs, batch: SamplingBatch | None):
+        """Worker.execute_step on every rank; rank 0's answer (a ModelRunnerOutput, None when the step has no
+        logits rows, the hidden states for a pooling step)."""
 
     @abstractmethod
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         """Copy KV blocks (src, dst): an n > 1 request's siblings take their own copy of a partial block."""
 
     def execute_pooling(self, scheduled: list) -> tuple[torch.Tensor, list]:
-        raise ValueError("Embedding models run on one device here: drop --tensor-parallel-size.")
+        """An embedding step: the hidden states of the sequences whose prompt it completes, and those."""
+        step, done = prepare_step(scheduled, self.block_size, pooling=True)
+        return self._execute_step(step, None), done
 
     def warm_up(self, max_num_seqs: int, max_model_len: int, enforce_eager: bool) -> None:
         """Once max_model_len is known (nothing to do by default)."""
@@ -71,24 +103,26 @@ class Executor(ABC):
 
 class TPExecutorBase(Executor):
     """Tensor parallelism: every rank runs the step on its shard; rank 0 samples from the gathered logits,
-    so only token ids (and the logprobs asked for) come back over the pipe. The grammar states stay here:
-    their bitmask rows go with the step."""
+    so only token ids (and the logprobs asked for) come back over the pipe."""
 
     vocab_size: int
 
     def _call_all(self, method: str, *args) -> list:
         raise NotImplementedError
 
-    def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
-        step, _ = prepare_step(so.scheduled, self.block_size)
-        grammar = [(i, seq.grammar) for i, seq in enumerate(so.sample_seqs) if seq.grammar is not None]
-        for i, state in grammar:
-            state.sync(so.sample_seqs[i].output_token_ids)  # no-op unless the state fell out of step
-        batch = SamplingBatch([SampleRow.of(s) for s in so.sample_seqs], so.sample_rows, so.prompt_targets(),
-                              [i for i, _ in grammar], self.masker.fill(grammar) if grammar else None,
-                              so.finished_seq_ids)
-        result = self._call_all("execute_step", step, batch)[0]
-        return result if result is not None else ModelRunnerOutput([], [], [])
+    def _execute_step(self, step: StepInputs, batch: SamplingBatch | None):
+        return self._call_all("execute_step", step, batch)[0]
+
+    def execute_pooling(self, scheduled: list) -> tuple[torch.Tensor, list]:
+        raise ValueError("Embedding models run on one device here: drop --tensor-parallel-size.")
+
+    def warm_up(self, max_num_seqs: int, max_model_len: int, enforce_eager: bool) -> None:
+        graphs = self._call_all("warm_up", max_num_seqs, max_model_len, enforce_eager)
+        if any(graphs) and not all(graphs):  # one rank without its graphs: the others' collectives would not meet
+            self._call_all("drop_cuda_graphs")
+
+    # start_background_compile stays the no-op: the CPU plan declines under tensor parallelism, so the ranks have
+    # nothing to compile, and a call from the server's thread could cross a step's messages on the pipes.
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         if pairs:
@@ -97,7 +131,7 @@ class TPExecutorBase(Executor):
     def _start(self, init_args: list[tuple], config, model_config) -> None:
         """The start-up sequence both executors share; init_args: Worker.init_device's, per rank."""
         self.vocab_size = model_config.vocab_size
-        self.device = torch.device("cpu")  # the engine's generators are unused: rank 0 keeps its own
+        self.device = torch.device("cpu")  # the ranks' memory is theirs: nothing to free in this process
         self.masker = GrammarMasker(model_config.vocab_size)
         self.pids = self._call_each("init_device", init_args)
         # Rank 0 loads first: a GGUF's first load writes the converted-copy cache that the others then read.

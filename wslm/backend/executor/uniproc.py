@@ -1,14 +1,15 @@
-"""UniProcExecutor: the model in this process, on one device (a CPU or one GPU)."""
+"""UniProcExecutor: the model in this process, on one device (a CPU or one GPU): one Worker, rank 0 of 1,
+called directly, through the same step as the tensor-parallel executors (abstract.py)."""
 
 from __future__ import annotations
 
 import torch
 
+from wslm.backend.engine.scheduler_output import SchedulerOutput
+from wslm.backend.engine.step_inputs import ModelRunnerOutput, SamplingBatch, StepInputs
 from wslm.backend.executor.abstract import Executor
-from wslm.backend.platforms.kv_cache import determine_num_blocks
-from wslm.backend.worker.model_runner import ModelRunner, finish_step, load_model
-from wslm.backend.worker.sampler import Sampler
-from wslm.backend.worker.step_inputs import ModelRunnerOutput, SchedulerOutput
+from wslm.backend.structured.mask import GrammarMasker
+from wslm.backend.worker.worker import Worker
 
 
 class UniProcExecutor(Executor):
@@ -17,49 +18,47 @@ class UniProcExecutor(Executor):
         self.device = device
         self.embedding = embedding
         self.vocab_size = model_config.vocab_size
-        model = load_model(source, model_config, device, embedding=embedding, lora_path=config.lora_path,
-                           no_mmap=config.no_mmap)
+        self.masker = GrammarMasker(model_config.vocab_size)
+        self.worker = Worker(config, source, model_config)
+        self.worker.init_device(device)
+        self.worker.load_model(embedding)
         self.block_size = config.block_size
-        self.num_blocks = determine_num_blocks(config, model_config, device)
-        self.runner = ModelRunner(model, config.block_size, self.num_blocks)
-        self.kv_cache_bytes = self.runner.kv_cache_bytes
-        if getattr(config, "enable_lora", False) and not embedding:
-            self.runner.enable_lora(config.max_loras, config.max_lora_rank, config.max_cpu_loras)
-        self.sampler = Sampler(model_config.vocab_size, device, config.seed)
-        self.spec_step = None  # speculative decoding (spec_decode/step.py): steps where a sequence speculates
+        self.num_blocks = self.worker.determine_num_blocks()
+        self.kv_cache_bytes = self.worker.init_cache(self.num_blocks)
+        self.draft = None  # spec_decode.draft.DraftProposer: a draft model proposes before each speculative step
         spec = config.speculative()
-        if spec is not None and not embedding:
-            from wslm.backend.spec_decode.step import SpecStep
+        if spec is not None and spec.method == "draft_model" and not embedding:
+            from wslm.backend.spec_decode.draft import load_draft
 
-            draft = None
-            if spec.method == "draft_model":
-                from wslm.backend.spec_decode.draft import load_draft
+            self.draft = load_draft(spec.model, model_config, device, self.block_size, self.num_blocks,
+                                    config.trust_remote_code)
 
-                draft = load_draft(spec.model, model_config, device, self.block_size, self.num_blocks,
-                                   config.trust_remote_code)
-            self.spec_step = SpecStep(draft)
+    @property
+    def runner(self):
+        """The worker's ModelRunner (tests and benches read its model, KV pool and decode back ends)."""
+        return self.worker.runner
 
     def warm_up(self, max_num_seqs: int, max_model_len: int, enforce_eager: bool) -> None:
-        if self.embedding:
-            return  # CUDA graphs and the compiled CPU step serve decode steps, which an embedding model never runs
-        if self.device.type == "cuda" and not enforce_eager:
-            self.runner.enable_cuda_graphs(max_num_seqs, max_model_len)
-        if self.device.type == "cpu":
-            self.runner.enable_cpu_compile(enforce_eager)
+        self.worker.warm_up(max_num_seqs, max_model_len, enforce_eager)
 
     def start_background_compile(self) -> None:
-        if not self.embedding:
-            self.runner.start_cpu_compile()
+        self.worker.start_background_compile()
 
     def execute(self, so: SchedulerOutput) -> ModelRunnerOutput:
-        if so.spec is not None and self.spec_step is not None:
-            return self.spec_step.execute(self.runner, self.sampler, so, self.vocab_size)
-        logits, sampled = self.runner.execute(so.scheduled)
-        return finish_step(logits, len(sampled), so.sample_rows, so.sample_seqs, so.prompt_targets(), self.sampler,
-                           self.vocab_size)
+        spec = so.spec if self.draft is not None else None
+        if spec is not None and spec.seqs:  # the drafts go in before the step's rows are laid out
+            drafts = self.draft.propose(spec.seqs, [len(s.spec_token_ids) for s in spec.seqs])
+            for seq, d in zip(spec.seqs, drafts):
+                seq.spec_token_ids[:] = d
+        result = super().execute(so)
+        if spec is not None and result.spec_token_ids is not None:
+            for seq, toks in zip(so.sample_seqs, result.spec_token_ids):
+                if seq.spec_token_ids:
+                    self.draft.verified(seq, len(toks), len(seq.spec_token_ids))
+        return result
 
-    def execute_pooling(self, scheduled: list) -> tuple[torch.Tensor, list]:
-        return self.runner.execute_pooling(scheduled)
+    def _execute_step(self, step: StepInputs, batch: SamplingBatch | None):
+        return self.worker.execute_step(step, batch)
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
-        self.runner.copy_blocks(pairs)
+        self.worker.copy_blocks(pairs)

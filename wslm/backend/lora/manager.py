@@ -93,18 +93,18 @@ class LoraManager:
         return sum(h.nbytes() for h in self.hooks.values())
 
     # ---- steps ---------------------------------------------------------------------------------
-    def begin_step(self, scheduled: list) -> bool:
-        """Set up the hooks for a step ((sequence, tokens) in batch order); False (nothing set) when no
-        sequence of the step runs an adapter: the base's fast paths then serve it."""
-        reqs = _requests(scheduled)
+    def begin_step(self, rows: list) -> bool:
+        """Set up the hooks for a step: rows, (LoRARequest or None, tokens) per sequence in batch order
+        (StepInputs.lora); False (nothing set) when no sequence of the step runs an adapter: the base's fast
+        paths then serve it."""
+        reqs = [req for req, _ in rows if req is not None]
         if not reqs:
             return False
         keep = {r.lora_int_id for r in reqs}
         for req in reqs:
             self.add(req, keep)
         row_ids: list[int] = []
-        for seq, n in scheduled:
-            req = getattr(seq, "lora_request", None)
+        for req, n in rows:
             row_ids += [req.lora_int_id if req is not None else 0] * n
         batch = LoraBatch(torch.tensor(row_ids, dtype=torch.int64).to(self.device), frozenset(keep))
         if self.slotted:
@@ -116,6 +116,3 @@ class LoraManager:
     def end_step(self) -> None:
         self.state.batch = None
 
-
-def _requests(scheduled: list) -> list[LoRARequest]:
-    return [r for seq, _ in scheduled if (r := getattr(seq, "lora_request", None)) is not None]

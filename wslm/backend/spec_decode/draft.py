@@ -9,8 +9,8 @@ import logging
 
 import torch
 
+from wslm.backend.engine.step_inputs import StepInputs
 from wslm.backend.worker.model_runner import ModelRunner, load_model
-from wslm.backend.worker.step_inputs import StepInputs
 
 logger = logging.getLogger("wslm.engine")
 

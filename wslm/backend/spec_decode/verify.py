@@ -5,28 +5,30 @@ are chosen (rejection.py) and their logprobs read off the same rows."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
+from wslm.backend.engine.step_inputs import SampleRow
 from wslm.backend.spec_decode.rejection import accept_greedy, accept_sampled
-from wslm.backend.worker.sampler import Sampler
-from wslm.backend.worker.step_inputs import SampleRow
 
 
-def _position_row(seq, drafts: list[int], i: int) -> SampleRow:
-    """What the sampler reads at the i-th verified position: seq as if drafts[:i] were already generated."""
-    row = SampleRow.of(seq)
+def _position_row(seq: SampleRow, drafts: list[int], i: int) -> SampleRow:
+    """What the sampler reads at the i-th verified position: seq as if drafts[:i] were already generated
+    (its output tokens are in the row when its settings read them: SampleRow.of)."""
     p = seq.params
+    outputs = seq.output_token_ids
     if i and (p.has_penalties or p.min_tokens or (seq.token_rules and seq.token_rules.bad_words)):
-        row.output_token_ids = list(seq.output_token_ids) + drafts[:i]
-    row.num_output_tokens = seq.num_output_tokens + i
-    return row
+        outputs = outputs + drafts[:i]
+    return dataclasses.replace(seq, output_token_ids=outputs, num_output_tokens=seq.num_output_tokens + i)
 
 
 @torch.inference_mode()
-def verify(sampler: Sampler, logits: torch.Tensor, seqs: list, drafts: list[list[int]],
+def verify(sampler, logits: torch.Tensor, seqs: list[SampleRow], drafts: list[list[int]],
            bitmasks: list[torch.Tensor | None]) -> tuple[list[list[int]], list[list]]:
     """logits: [sum(k_i + 1), vocab], each sequence's rows in order. bitmasks: per sequence its grammar's
-    [k_i + 1, words] rows, or None. Returns each sequence's new tokens (1..k_i + 1) and their logprobs."""
+    [k_i + 1, words] rows, or None. sampler: worker.sampler.Sampler. Returns each sequence's new tokens
+    (1..k_i + 1) and their logprobs."""
     rows: list[SampleRow] = []
     starts: list[int] = []
     mask_rows: list[int] = []

@@ -1,6 +1,6 @@
-"""Image tokens in a step: which rows of the step are image tokens (image_rows, run where the step is
-prepared) and their embeddings (ImageEmbedder: the model's vision encoder + projector, run once per image and
-kept while its tokens are prefilled, so an image cut by chunked prefill is encoded once)."""
+"""Image tokens' embeddings (ImageEmbedder: the model's vision encoder + projector, run once per image and kept
+while its tokens are prefilled, so an image cut by chunked prefill is encoded once). Which rows of a step are
+image tokens is decided where the step is prepared (engine/step_inputs.image_rows)."""
 
 from __future__ import annotations
 
@@ -12,17 +12,6 @@ import torch
 from wslm.backend.multimodal import ImageInput
 
 logger = logging.getLogger("wslm.engine")
-
-
-def image_rows(images: tuple[ImageInput, ...], start: int, end: int, row0: int, seq_index: int) -> list:
-    """For the step's sequence seq_index computing tokens [start, end) from step row row0: (row, first, end
-    index into the image's embeddings, image, seq_index) of each image whose tokens overlap."""
-    out = []
-    for im in images:
-        a, b = max(start, im.offset), min(end, im.offset + im.length)
-        if a < b:
-            out.append((row0 + a - start, a - im.offset, b - im.offset, im, seq_index))
-    return out
 
 
 def image_spans(images: list) -> list[tuple[int, int, int, int]]:

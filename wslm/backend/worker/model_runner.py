@@ -1,4 +1,7 @@
-"""ModelRunner: owns the weights and the KV pool, turns a scheduled batch into tensors and runs it."""
+"""ModelRunner: owns the weights and the KV pool, turns a step's plain inputs into tensors and runs it. One
+entry for every executor: execute(StepInputs) offers a pure decode step to CUDA graphs or the CPU decode plan
+and runs everything else (prefill, images, LoRA rows, speculative verification rows, pooling) through the
+model's forward; sample_step turns rank 0's logits into tokens."""
 
 from __future__ import annotations
 
@@ -6,12 +9,11 @@ import logging
 
 import torch
 
+from wslm.backend.engine.step_inputs import ModelRunnerOutput, SamplingBatch, StepInputs
 from wslm.backend.modeling import get_model_class
 from wslm.backend.modeling.layers.attention import AttentionMetadata
-from wslm.backend.sequence import Sequence
 from wslm.backend.worker.prompt_logprobs import compute_prompt_logprobs
 from wslm.backend.worker.sampler import Sampler
-from wslm.backend.worker.step_inputs import ModelRunnerOutput, StepInputs, prepare_step
 
 logger = logging.getLogger(__name__)
 
@@ -119,11 +121,6 @@ class ModelRunner:
         dst = torch.tensor([d for _, d in pairs], device=self.device)
         self.kv_pool[:, :, dst] = self.kv_pool[:, :, src]
 
-    def prepare(self, scheduled: list[tuple[Sequence, int]]):
-        step, sampled = prepare_step(scheduled, self.block_size)
-        input_ids, positions, meta = self.tensorize(step)
-        return input_ids, positions, meta, sampled
-
     def tensorize(self, step: StepInputs):
         dev = self.device
 
@@ -142,39 +139,32 @@ class ModelRunner:
         )
         return t(step.input_ids, torch.int64), t(step.positions, torch.int64), meta
 
-    def execute_step(self, step: StepInputs) -> torch.Tensor | None:
-        """Run prepared host-side inputs (what tensor-parallel workers receive). Logits or None."""
+    def execute(self, step: StepInputs) -> torch.Tensor | None:
+        """Run one step: the logits of step.logits_indices' rows (the sampled rows, then the prompt_logprobs
+        rows), None when it has none; a pooling step: the final normed hidden states of those rows."""
         input_ids, positions, meta = self.tensorize(step)
-        if step.images:
-            logits = self._forward_images(input_ids, positions, meta, step.images)
-        else:
-            logits = self.model.forward(input_ids, positions, meta, self.kv_caches)
-        return logits if step.logits_indices else None
-
-    def execute(self, scheduled: list[tuple[Sequence, int]]) -> tuple[torch.Tensor | None, list[Sequence]]:
-        """Run one step. Returns logits [len(sampled), vocab] for the sequences that get a new token."""
-        step, sampled = prepare_step(scheduled, self.block_size)
-        input_ids, positions, meta = self.tensorize(step)
+        if step.pooling:  # embedding requests (pooling/decoder.py): the last prompt token of each finished prompt
+            return self.model.forward_hidden(input_ids, positions, meta, self.kv_caches)
         # A step with LoRA rows runs the eager forward (the fast decode paths bind the base weights only).
-        lora = self.lora is not None and self.lora.begin_step(scheduled)
+        lora = self.lora is not None and bool(step.lora) and self.lora.begin_step(step.lora)
         try:
             if step.images:  # a prefill with image tokens: their embeddings come from the vision encoder
                 logits = self._forward_images(input_ids, positions, meta, step.images)
-                return (logits if meta.logits_indices.numel() else None), sampled
+                return logits if step.logits_indices else None
             # Every row one token, every row sampled (a speculative sequence's drafts are rows of their own).
-            is_decode = (meta.max_seqlen_q == 1 and meta.logits_indices.numel() == input_ids.shape[0]
+            is_decode = (meta.max_seqlen_q == 1 and len(step.logits_indices) == len(step.input_ids)
                          and not lora)
             if self.graphs is not None and is_decode and self.graphs.can_run(input_ids.shape[0]):
-                return self.graphs.run(input_ids, positions, meta), sampled
+                return self.graphs.run(input_ids, positions, meta)
             if self.cpu_plan is not None and is_decode:
                 logits = self.cpu_plan.run(input_ids, positions, meta)
                 if logits is not None:
-                    return logits, sampled
+                    return logits
             logits = self.model.forward(input_ids, positions, meta, self.kv_caches)
         finally:
             if lora:
                 self.lora.end_step()
-        return (logits if meta.logits_indices.numel() else None), sampled
+        return logits if step.logits_indices else None
 
     def _forward_images(self, input_ids, positions, meta, images: list) -> torch.Tensor:
         if self.image_embedder is None:
@@ -190,24 +180,25 @@ class ModelRunner:
             meta.image_spans = image_spans(images)
         return self.model.forward(input_ids, positions, meta, self.kv_caches, inputs_embeds=embeds)
 
-    def execute_pooling(self, scheduled: list[tuple[Sequence, int]]) -> tuple[torch.Tensor, list[Sequence]]:
-        """Run one step of embedding requests: the final normed hidden state [len(done), hidden] of the last
-        prompt token of each sequence whose prompt this step completes (pooling/decoder.py)."""
-        input_ids, positions, meta, done = self.prepare(scheduled)
-        return self.model.forward_hidden(input_ids, positions, meta, self.kv_caches), done
 
-
-def finish_step(logits: torch.Tensor | None, num_sampled: int, sample_rows: list[int], seqs: list,
-                prompt_targets: list[tuple[list[int], int]], sampler: Sampler, vocab_size: int,
-                grammar_bitmask: tuple[list[int], torch.Tensor] | None = None) -> ModelRunnerOutput:
-    """The step's logits (sampled rows, then prompt_logprobs rows) -> its tokens and prompt_logprobs. seqs:
-    a Sequence or SampleRow per token to sample; sample_rows: the logits row of each (an n > 1 request's
-    siblings forked this step share their parent's)."""
-    prompt = compute_prompt_logprobs(prompt_targets, logits[num_sampled:], vocab_size) if prompt_targets else []
-    if not seqs:
+def sample_step(logits: torch.Tensor, batch: SamplingBatch, sampler: Sampler, vocab_size: int
+                ) -> ModelRunnerOutput:
+    """The step's logits (sampled rows, then prompt_logprobs rows) -> its tokens and prompt_logprobs. The
+    batch's rows: one SampleRow per token to sample; sample_rows: the logits row of each (an n > 1 request's
+    siblings forked this step share their parent's). A speculative step's drafts are verified
+    (spec_decode/step.py)."""
+    num_sampled = logits.shape[0] - sum(len(targets) for targets, _ in batch.prompt_targets)
+    prompt = (compute_prompt_logprobs(batch.prompt_targets, logits[num_sampled:], vocab_size)
+              if batch.prompt_targets else [])
+    if not batch.rows:
         return ModelRunnerOutput([], [], prompt)
+    if batch.drafts is not None:
+        from wslm.backend.spec_decode.step import sample_speculative
+
+        return sample_speculative(sampler, logits, batch, prompt)
     rows = logits[:num_sampled]
-    if sample_rows != list(range(num_sampled)):
-        rows = rows.index_select(0, torch.tensor(sample_rows, device=rows.device))
-    result = sampler(rows, seqs, grammar_bitmask)
+    if batch.sample_rows != list(range(num_sampled)):
+        rows = rows.index_select(0, torch.tensor(batch.sample_rows, device=rows.device))
+    bitmask = (batch.bitmask_rows, batch.bitmask) if batch.bitmask is not None else None
+    result = sampler(rows, batch.rows, bitmask)
     return ModelRunnerOutput(result.token_ids, result.logprobs, prompt)

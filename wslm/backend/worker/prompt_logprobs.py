@@ -1,26 +1,15 @@
 """prompt_logprobs (vLLM's): the logprob of every prompt token given the ones before it, plus the top-N.
 
 The step asks the model for extra logits rows (after the sampled rows) at the prompt positions of requests
-that want them; the engine turns those rows into one dict per prompt token here. Requests with
-prompt_logprobs skip the prefix cache (as in vLLM): a cached prefix has no logits to report."""
+that want them (which: engine/step_inputs.prompt_logprob_positions); the sampling rank turns those rows into
+one dict per prompt token here. Requests with prompt_logprobs skip the prefix cache (as in vLLM): a cached
+prefix has no logits to report."""
 
 from __future__ import annotations
 
 import torch
 
 from wslm.backend.outputs import Logprob
-from wslm.backend.sequence import Sequence
-
-
-def prompt_logprob_positions(seq: Sequence, num_new: int) -> range:
-    """Positions of this step's chunk whose logits score the next prompt token, skipping those already
-    recorded (a preempted sequence recomputes its prompt)."""
-    if getattr(seq.params, "prompt_logprobs", None) is None:  # embedding requests carry PoolingParams
-        return range(0)
-    start = seq.num_computed_tokens
-    lo = max(start, len(seq.prompt_logprobs))
-    hi = min(start + num_new, seq.num_prompt_tokens - 1)
-    return range(lo, hi) if hi > lo else range(0)
 
 
 def compute_prompt_logprobs(rows: list[tuple[list[int], int]], logits: torch.Tensor, vocab_size: int

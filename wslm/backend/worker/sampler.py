@@ -1,4 +1,5 @@
-"""Sampler: every request's own settings applied in one batched pass over the logits."""
+"""Sampler: every request's own settings applied in one batched pass over the logits. It reads SampleRows
+(engine/step_inputs.py), on whichever rank samples; a grammar reaches it as bitmask rows the engine filled."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from dataclasses import dataclass
 
 import torch
 
-from wslm.backend.sequence import Sequence
+from wslm.backend.engine.step_inputs import SampleRow
 from wslm.backend.structured.mask import GrammarMasker
 from wslm.backend.worker.token_rules import apply_token_rules
 
@@ -28,9 +29,9 @@ class Sampler:
         self.grammar_masker = GrammarMasker(vocab_size)
 
     @torch.inference_mode()
-    def __call__(self, logits: torch.Tensor, seqs: list[Sequence], grammar_bitmask=None) -> SamplerOutput:
-        """seqs: Sequences, or SampleRows on a tensor-parallel rank 0; grammar_bitmask: (rows, bitmask) the
-        engine filled from its grammar states (rank 0 holds none), instead of each seq's grammar."""
+    def __call__(self, logits: torch.Tensor, seqs: list[SampleRow], grammar_bitmask=None) -> SamplerOutput:
+        """seqs: a SampleRow per logits row; grammar_bitmask: (rows, bitmask) the engine filled from its
+        grammar states (GrammarMasker.fill), or None."""
         params = [s.params for s in seqs]
         want_logprobs = [p.logprobs is not None for p in params]
         logits, raw_logprobs = self.process(logits, seqs, grammar_bitmask)
@@ -54,12 +55,10 @@ class Sampler:
         logits = apply_token_rules(logits, seqs)
         if grammar_bitmask is not None:
             logits = self.grammar_masker.apply_bitmask(logits, *grammar_bitmask)
-        else:
-            logits = self._apply_grammars(logits, seqs)
         return logits, raw_logprobs
 
     # ---- logits processing ----------------------------------------------------------------------
-    def _apply_penalties(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    def _apply_penalties(self, logits: torch.Tensor, seqs: list[SampleRow]) -> torch.Tensor:
         rows = len(seqs)
         dev = logits.device
         out_counts = torch.zeros(rows, self.vocab_size, device=dev)
@@ -81,7 +80,7 @@ class Sampler:
         # OpenAI's presence/frequency penalties cover generated tokens only.
         return logits - freq * out_counts - pres * (out_counts > 0).float()
 
-    def _block_early_stop(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
+    def _block_early_stop(self, logits: torch.Tensor, seqs: list[SampleRow]) -> torch.Tensor:
         """While a request is below min_tokens, its EOS and stop tokens cannot be sampled."""
         cloned = False
         for i, seq in enumerate(seqs):
@@ -95,19 +94,7 @@ class Sampler:
                     logits[i, banned] = float("-inf")
         return logits
 
-    def _apply_grammars(self, logits: torch.Tensor, seqs: list[Sequence]) -> torch.Tensor:
-        """Structured output: what each constrained request's grammar forbids next gets -inf (in place)."""
-        rows = []
-        for i, seq in enumerate(seqs):
-            if seq.grammar is not None:
-                seq.grammar.sync(seq.output_token_ids)  # no-op unless the state fell out of step
-                rows.append((i, seq.grammar))
-        if rows:
-            logits = logits.contiguous()  # xgrammar's kernel writes in place into a dense tensor
-            self.grammar_masker.apply(logits, rows)
-        return logits
-
-    def _sample(self, logits: torch.Tensor, seqs: list[Sequence], greedy: list[bool]) -> torch.Tensor:
+    def _sample(self, logits: torch.Tensor, seqs: list[SampleRow], greedy: list[bool]) -> torch.Tensor:
         dev = logits.device
         greedy_tokens = logits.argmax(dim=-1)
         probs = self.probs(logits, [s.params for s in seqs], greedy)

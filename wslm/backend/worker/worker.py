@@ -1,6 +1,8 @@
-"""Worker: one tensor-parallel rank. It holds 1/N of the weights and its own slice of the KV pool and runs
-the steps the engine (rank-less, in the engine process) sends it. The mp and ray executors drive it the same
-way: a method name and arguments in, a result out."""
+"""Worker: one rank. It holds 1/N of the weights (all of them on one device) and its own slice of the KV pool,
+and runs the steps the engine's executor sends it: StepInputs on every rank, a SamplingBatch for rank 0,
+which samples. Every executor drives it the same way: the one-device executor holds one in its own process
+(rank 0 of 1, called directly); the mp and ray executors one per tensor-parallel rank (a method name and
+arguments in, a result out)."""
 
 from __future__ import annotations
 
@@ -12,17 +14,17 @@ import torch
 
 from wslm.backend.config import EngineConfig
 from wslm.backend.distributed.parallel_state import destroy_tensor_parallel, init_tensor_parallel
+from wslm.backend.engine.step_inputs import ModelRunnerOutput, SamplingBatch, StepInputs
 from wslm.backend.loader.model_source import ModelSource
-from wslm.backend.worker.model_runner import ModelRunner, finish_step
+from wslm.backend.worker.model_runner import ModelRunner, sample_step
 from wslm.backend.worker.sampler import Sampler
-from wslm.backend.worker.step_inputs import ModelRunnerOutput, SamplingBatch, StepInputs
 
 logger = logging.getLogger("wslm.worker")
 
 
 class Worker:
-    def __init__(self, config: EngineConfig, source: ModelSource, model_config, rank: int, size: int,
-                 init_method: str) -> None:  # fmt: skip
+    def __init__(self, config: EngineConfig, source: ModelSource, model_config, rank: int = 0, size: int = 1,
+                 init_method: str | None = None) -> None:  # fmt: skip
         self.config = config
         self.source = source
         self.mc = model_config
@@ -33,6 +35,7 @@ class Worker:
         self.model = None
         self.runner = None
         self.sampler = None  # rank 0 samples (init_cache makes it)
+        self.embedding = False  # an embedding model: pooling steps only (no CUDA graphs, no compiled step)
         self._generators: dict[int, torch.Generator] = {}  # seeded sequences' own, by seq_id
 
     # ---- start-up, in the order the executor calls them --------------------------------------
@@ -51,10 +54,12 @@ class Worker:
             pass
         return host, free_port("0.0.0.0")
 
-    def init_device(self, device: str, init_method: str | None = None) -> int:
+    def init_device(self, device: str | torch.device, init_method: str | None = None) -> int:
         if init_method:
             self.init_method = init_method
         self.device = torch.device(device)
+        if self.size == 1:
+            return os.getpid()  # one device: no group to join, and the threads stay as the platform set them
         if self.device.type == "cuda":
             self.device = torch.device("cuda", self.device.index if self.device.index is not None else 0)
             torch.cuda.set_device(self.device)
@@ -66,11 +71,13 @@ class Worker:
         init_tensor_parallel(self.rank, self.size, self.init_method, backend)
         return os.getpid()
 
-    def load_model(self) -> None:
+    def load_model(self, embedding: bool = False) -> None:
+        """embedding: an embedding checkpoint (one device only), which may be a bare decoder body."""
         from wslm.backend.worker.model_runner import load_model
 
-        self.model = load_model(self.source, self.mc, self.device, lora_path=self.config.lora_path,
-                                no_mmap=self.config.no_mmap)
+        self.embedding = embedding
+        self.model = load_model(self.source, self.mc, self.device, embedding=embedding,
+                                lora_path=self.config.lora_path, no_mmap=self.config.no_mmap)
 
     def determine_num_blocks(self) -> int:
         import dataclasses
@@ -78,21 +85,46 @@ class Worker:
         from wslm.backend.distributed.sharding import local_num_kv_heads
         from wslm.backend.platforms.kv_cache import determine_num_blocks
 
-        local = dataclasses.replace(self.mc, num_kv_heads=local_num_kv_heads(self.mc.num_kv_heads))
+        local = self.mc
+        if self.size > 1:
+            local = dataclasses.replace(self.mc, num_kv_heads=local_num_kv_heads(self.mc.num_kv_heads))
         return determine_num_blocks(self.config, local, self.device)
 
     def init_cache(self, num_blocks: int) -> int:
-        """Allocate this rank's KV slice; returns its bytes."""
+        """Allocate this rank's KV slice (and the LoRA slots, with --enable-lora); returns its bytes."""
         self.runner = ModelRunner(self.model, self.config.block_size, num_blocks)
+        if getattr(self.config, "enable_lora", False) and not self.embedding:  # one device (config checks)
+            self.runner.enable_lora(self.config.max_loras, self.config.max_lora_rank, self.config.max_cpu_loras)
         self.sampler = Sampler(self.mc.vocab_size, self.device, self.config.seed)
-        return self.runner.kv_pool.numel() * self.runner.kv_pool.element_size()
+        return self.runner.kv_cache_bytes
+
+    def warm_up(self, max_num_seqs: int, max_model_len: int, enforce_eager: bool) -> bool:
+        """Once max_model_len is known: CUDA graphs, the compiled CPU decode step. True when graphs are on."""
+        if self.embedding:
+            return False  # both serve decode steps, which an embedding model never runs
+        if self.device.type == "cuda" and not enforce_eager:
+            self.runner.enable_cuda_graphs(max_num_seqs, max_model_len)
+        if self.device.type == "cpu":
+            self.runner.enable_cpu_compile(enforce_eager)
+        return self.runner.graphs is not None
+
+    def drop_cuda_graphs(self) -> None:
+        self.runner.graphs = None
+
+    def start_background_compile(self) -> None:
+        if not self.embedding:
+            self.runner.start_cpu_compile()
 
     # ---- per step -----------------------------------------------------------------------------
-    def execute_step(self, step: StepInputs, batch: SamplingBatch | None = None) -> ModelRunnerOutput | None:
+    def execute_step(self, step: StepInputs, batch: SamplingBatch | None = None
+                     ) -> ModelRunnerOutput | torch.Tensor | None:
         """Run the step on this rank's shard. Rank 0 (every rank holds the gathered logits) samples and
-        answers for all: token ids and the logprobs asked for, never the logits."""
-        logits = self.runner.execute_step(step)
-        if self.rank != 0 or logits is None or batch is None:
+        answers for all: token ids and the logprobs asked for, never the logits (a ModelRunnerOutput; None
+        from the other ranks, or when the step has no logits rows). A pooling step: the hidden states."""
+        out = self.runner.execute(step)
+        if step.pooling:
+            return out
+        if self.rank != 0 or out is None or batch is None:
             return None
         for seq_id in batch.finished_seq_ids:
             self._generators.pop(seq_id, None)
@@ -100,12 +132,9 @@ class Worker:
             if row.params.seed is not None:
                 row.generator = self._generators.get(row.seq_id)
                 if row.generator is None:
-                    row.generator = self._generators[row.seq_id] = torch.Generator(device=logits.device)
+                    row.generator = self._generators[row.seq_id] = torch.Generator(device=out.device)
                     row.generator.manual_seed(row.params.seed)
-        num_sampled = logits.shape[0] - sum(len(targets) for targets, _ in batch.prompt_targets)
-        bitmask = (batch.bitmask_rows, batch.bitmask) if batch.bitmask is not None else None
-        return finish_step(logits, num_sampled, batch.sample_rows, batch.rows, batch.prompt_targets, self.sampler,
-                           self.mc.vocab_size, bitmask)
+        return sample_step(out, batch, self.sampler, self.mc.vocab_size)
 
     def copy_blocks(self, pairs: list[tuple[int, int]]) -> None:
         self.runner.copy_blocks(pairs)

@@ -1,5 +1,10 @@
-"""StepInputs: one scheduled step as plain host-side lists. The engine builds it once; the model runner
-turns it into tensors, and tensor-parallel workers receive it as it is (it pickles small and fast)."""
+"""What crosses from the engine to a worker and back, as plain data (vLLM's scheduler-output and
+model-runner-output types): the engine defines it, every executor builds it the same way (executor/abstract.py),
+and a worker receives it as it is, in this process or over a pipe (it pickles small and fast). So the layers
+below the engine may import this module; it imports nothing but the shared types.
+
+StepInputs: one scheduled step's rows (prepare_step). SamplingBatch: what rank 0 needs to sample them.
+ModelRunnerOutput: what comes back."""
 
 from __future__ import annotations
 
@@ -8,8 +13,28 @@ from typing import Any
 
 from wslm.backend.multimodal import rope_positions
 from wslm.backend.sequence import Sequence
-from wslm.backend.worker.image_embeds import image_rows
-from wslm.backend.worker.prompt_logprobs import prompt_logprob_positions
+
+
+def prompt_logprob_positions(seq: Sequence, num_new: int) -> range:
+    """Positions of this step's chunk whose logits score the next prompt token, skipping those already
+    recorded (a preempted sequence recomputes its prompt)."""
+    if getattr(seq.params, "prompt_logprobs", None) is None:  # embedding requests carry PoolingParams
+        return range(0)
+    start = seq.num_computed_tokens
+    lo = max(start, len(seq.prompt_logprobs))
+    hi = min(start + num_new, seq.num_prompt_tokens - 1)
+    return range(lo, hi) if hi > lo else range(0)
+
+
+def image_rows(images: tuple, start: int, end: int, row0: int, seq_index: int) -> list:
+    """For the step's sequence seq_index computing tokens [start, end) from step row row0: (row, first, end
+    index into the image's embeddings, multimodal.ImageInput, seq_index) of each image whose tokens overlap."""
+    out = []
+    for im in images:
+        a, b = max(start, im.offset), min(end, im.offset + im.length)
+        if a < b:
+            out.append((row0 + a - start, a - im.offset, b - im.offset, im, seq_index))
+    return out
 
 
 @dataclass(slots=True)
@@ -27,9 +52,14 @@ class StepInputs:
     # Image tokens this step computes: (first row in the step, first and end index into the image's
     # embeddings, multimodal.ImageInput, sequence index); their rows take the image's embeddings.
     images: list = field(default_factory=list)
+    # LoRA: (lora.LoRARequest or None, tokens this step) per scheduled sequence; empty when none runs an adapter.
+    lora: list = field(default_factory=list)
+    pooling: bool = False  # an embedding step: the runner returns the hidden states of logits_indices' rows
 
 
-def prepare_step(scheduled: list[tuple[Sequence, int]], block_size: int) -> tuple[StepInputs, list[Sequence]]:
+def prepare_step(scheduled: list[tuple[Sequence, int]], block_size: int, pooling: bool = False
+                 ) -> tuple[StepInputs, list[Sequence]]:
+    """The step's rows, and the sequences whose logits row (or hidden state, pooling) it returns, in order."""
     bs = block_size
     input_ids: list[int] = []
     positions: list[int] = []
@@ -83,35 +113,11 @@ def prepare_step(scheduled: list[tuple[Sequence, int]], block_size: int) -> tupl
             sampled.append(seq)
     max_blocks = -(-max(seq_lens) // bs)
     tables = [seq.block_table[:max_blocks] + [0] * (max_blocks - len(seq.block_table)) for seq in row_seqs]
+    lora = ([(seq.lora_request, n) for seq, n in scheduled]
+            if any(seq.lora_request is not None for seq, _ in scheduled) else [])
     step = StepInputs(input_ids, positions, slots, cu, seq_lens, logits_idx + prompt_rows, tables, max_q,
-                      len(prompt_rows), images)
+                      len(prompt_rows), images, lora, pooling)
     return step, sampled
-
-
-@dataclass(slots=True)
-class SchedulerOutput:
-    """What the engine core hands the executor for one step.
-
-    scheduled: each sequence with its number of new tokens this step. sample_seqs / sample_rows: who gets a
-    new token and from which of the step's sampled logits rows (an n > 1 request's siblings, forked this
-    step, share their first completion's row). prompt_rows: the sequences (and prompt positions) whose
-    prompt_logprobs this step computes, in the order prepare_step appends their rows."""
-
-    scheduled: list[tuple[Sequence, int]]
-    sample_seqs: list[Sequence]
-    sample_rows: list[int]
-    prompt_rows: list[tuple[Sequence, range]]
-    finished_seq_ids: list[int] = field(default_factory=list)  # since the last step: workers drop their state
-    spec: Any = None  # spec_decode.engine_hook.SpecBatch when some sequence speculates this step
-
-    def prompt_targets(self) -> list[tuple[list[int], int]]:
-        """Per prompt_logprobs row: the prompt tokens it scores and how many top entries it wants."""
-        return [(seq.prompt_token_ids[r.start + 1 : r.stop + 1], seq.params.prompt_logprobs)
-                for seq, r in self.prompt_rows]
-
-    @property
-    def num_tokens(self) -> int:
-        return sum(n for _, n in self.scheduled)
 
 
 @dataclass(slots=True)
@@ -141,7 +147,6 @@ class SampleRow:
     prompt_token_ids: list[int]
     token_rules: Any = None
     generator: Any = None  # filled in by the worker that samples (seeded requests)
-    grammar: Any = None  # never sent: the engine sends the grammar's bitmask row instead
 
     @classmethod
     def of(cls, seq: Sequence) -> SampleRow:
@@ -157,11 +162,16 @@ class SampleRow:
 
 @dataclass(slots=True)
 class SamplingBatch:
-    """What a tensor-parallel rank 0 needs to sample a step itself, so that only token ids come back."""
+    """What the sampling rank (rank 0; the only one on one device) needs to sample a step itself, so that only
+    token ids come back. The grammar states stay with the engine: it sends their bitmask rows."""
 
-    rows: list[SampleRow]
-    sample_rows: list[int]
+    rows: list[SampleRow]  # one per token to sample (the core's sample_seqs)
+    sample_rows: list[int]  # the logits row of each (a speculating one's first verified position)
     prompt_targets: list[tuple[list[int], int]]
-    bitmask_rows: list[int]  # rows constrained by a grammar...
+    bitmask_rows: list[int]  # entries of rows constrained by a grammar (not speculating)...
     bitmask: Any = None  # ...and their xgrammar bitmask (int32 [len(bitmask_rows), vocab / 32]), or None
-    finished_seq_ids: list[int] = field(default_factory=list)
+    finished_seq_ids: list[int] = field(default_factory=list)  # since the last step: their generators go
+    # A speculative step: per entry its drafts ([] for a plain one; its k + 1 rows start at sample_rows) and its
+    # grammar's [k + 1, words] bitmask rows (None: unconstrained). None when nothing speculates.
+    drafts: list[list[int]] | None = None
+    spec_bitmasks: list | None = None
