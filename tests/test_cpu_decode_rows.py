@@ -66,10 +66,17 @@ def _check(llm: LLM, prompt: list[int], rows: int = 5, max_tokens: int = 12) -> 
         one.append(native.run(*_inputs(table, positions[i : i + 1], ids[i : i + 1], bs), threads=1))
     want, want_pool = torch.cat(one), runner.kv_pool.clone()
     runner.kv_pool.copy_(before)
-    got = run_rows(native, *_inputs(table, positions, ids, bs))
-    assert got is not None
-    assert torch.equal(got, want)
-    assert torch.equal(runner.kv_pool, want_pool)  # the same keys and values, in the same slots, and no others
+    fixed = native.fixed_threads
+    try:
+        for threads in (1, 2):  # the products split over threads by weight rows: the same bits
+            native.fixed_threads = threads
+            runner.kv_pool.copy_(before)
+            got = run_rows(native, *_inputs(table, positions, ids, bs))
+            assert got is not None
+            assert torch.equal(got, want)
+            assert torch.equal(runner.kv_pool, want_pool)  # the same keys and values, in the same slots only
+    finally:
+        native.fixed_threads = fixed
     # and the eager step (batched torch ops) to rounding
     runner.kv_pool.copy_(before)
     eager = runner.cpu_decode.run(*_inputs(table, positions, ids, bs))
@@ -81,9 +88,9 @@ def _check(llm: LLM, prompt: list[int], rows: int = 5, max_tokens: int = 12) -> 
     runner.kv_pool.copy_(before)
 
 
-@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
-@pytest.mark.parametrize("arch,kw", [("llama", {"quantization": "int4"}), ("qwen2", {"quantization": "int8"}),
-                                     ("llama", {})])  # fmt: skip
+@pytest.mark.parametrize("arch,kw,dtype", [("llama", {"quantization": "int4"}, "bfloat16"),
+                                           ("qwen2", {"quantization": "int8"}, "float32"),
+                                           ("llama", {}, "float32"), ("llama", {}, "bfloat16")])  # fmt: skip
 def test_rows_equal_one_row_steps(arch, kw, dtype, tiny_models, demo_tok):
     llm = LLM(str(tiny_models[arch]), dtype=dtype, kv_cache_memory=16 << 20, block_size=8,
               max_model_len=256, enforce_eager=True, **kw)  # fmt: skip

@@ -5,15 +5,19 @@ Without it those K + 1 rows left the one-sequence C step for the batched decode 
 several times the C step's cost for a small model, and speculation did not pay on CPU. Here each row's
 arithmetic is the one-row step's op for op (bit for bit what K + 1 one-row steps give, so greedy output is
 the same with and without speculation), and GGUF block weights are read once per step for all rows.
-The rows run on one thread (the one-row step's team of threads is not split over rows)."""
+The products may run on several threads (each split by weight rows, which leaves every row's bits as they
+are), chosen as the one-row step chooses its own (tuning.StepThreads: what recent steps measured faster);
+norms, attention and the rest run on the calling thread."""
 
 from __future__ import annotations
 
 import ctypes
+import time
 
 import torch
 
 from wslm.backend.modeling.layers.attention import AttentionMetadata
+from wslm.backend.platforms.cpu.tuning import StepThreads, torch_threads
 from wslm.kernels.torch_rotary import _cos_sin
 
 MAX_ROWS = 15  # the head kernel takes 16 rows and more to its tiled GEMM, which rounds otherwise
@@ -52,23 +56,29 @@ def run_rows(native, input_ids: torch.Tensor, positions: torch.Tensor, meta: Att
     cos2, sin2 = (t.reshape(m, -1).contiguous() for t in _cos_sin(positions, cpu.table, native.dtype, True)[2:])
     table = meta.block_tables[0].contiguous()
     heads, kv_heads, head_dim = native.dims
+    chooser = getattr(native, "row_threads", None)
+    if chooser is None:
+        chooser = native.row_threads = StepThreads()  # its own: a step of M rows is another load than one row's
+    most = torch.get_num_threads()
+    threads = min(native.fixed_threads, most) if native.fixed_threads else chooser.pick(most)
+    start = time.perf_counter()
     rc = native.rows_fn(
         ctypes.addressof(native.layers), len(native.layers), hidden.shape[-1], heads, kv_heads, head_dim,
         hidden.data_ptr(), residual.data_ptr(), cos2.data_ptr(), sin2.data_ptr(), table.data_ptr(),
-        cpu.block_size, pos[-1] + 1, slots.data_ptr(), m, 1,
+        cpu.block_size, pos[-1] + 1, slots.data_ptr(), m, threads,
     )  # fmt: skip
     if rc == -1:
         raise MemoryError("wslm_decode_rows: out of memory for a verification step's buffers")
     if rc != 0:
         raise RuntimeError(f"wslm_decode_rows failed ({rc})")
-    from wslm.backend.platforms.cpu.tuning import torch_threads
-
-    with torch_threads(1):
+    with torch_threads(threads):
         normed = model.norm(hidden + residual)
         if isinstance(getattr(model.lm_head, "weight", None), torch.Tensor):
             # a dense head: torch's GEMM over M rows sums in another order than its one-row GEMV
             logits = torch.cat([model.compute_logits(row) for row in normed.split(1)])
         else:  # the quantized kernels give each row's bits whatever the row count (below their GEMM's)
             logits = model.compute_logits(normed)
+    if not native.fixed_threads:
+        chooser.record(threads, (time.perf_counter() - start) / m)  # per row: steps of several row counts
     native.steps += 1
     return logits
