@@ -104,3 +104,60 @@ def test_rows_on_the_demo_gguf_blocks(dtype, demo_tok, monkeypatch):
     llm = LLM("demo", dtype=dtype, kv_cache_memory=16 << 20, block_size=8, max_model_len=256, enforce_eager=True)
     assert llm.llm_engine.executor.runner.native is not None
     _check(llm, demo_tok.encode(PROMPT), rows=5)
+
+
+def test_a_lone_chat_verifies_in_c_and_keeps_its_greedy_tokens(demo_tok, monkeypatch):
+    """With n-gram speculation a lone chat's verification rows take the multi-row C step, and on the demo's
+    GGUF blocks (no dequantizing) its greedy tokens are the ones it decodes without speculation."""
+    from wslm.backend.platforms.cpu import decode_rows
+
+    monkeypatch.setenv("WSLM_GGUF_DEQUANTIZE", "0")
+    spec = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 3, "prompt_lookup_min": 2}
+    # no prefix cache: a second run's prompt would be a shorter prefill, whose products round otherwise
+    llm = LLM("demo", kv_cache_memory=32 << 20, max_model_len=512, enforce_eager=True, speculative_config=spec,
+              enable_prefix_caching=False)  # fmt: skip
+    core = llm.llm_engine.core
+    native = core.executor.runner.native
+    native.fixed_threads = 1  # the one-row step's team splits long attention in stretches (other sums)
+    calls = []
+    real = decode_rows.run_rows
+
+    def spy(*args):
+        out = real(*args)
+        calls.append(out is not None)
+        return out
+
+    monkeypatch.setattr(decode_rows, "run_rows", spy)
+    prompt = demo_tok.encode("Copy this list exactly.\nred, green, blue, cyan, magenta, yellow, black, white\n"
+                             "red, green, blue, cyan, magenta, yellow, black, white\nred, green,")
+    params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+    speculator = core.speculator
+    with_spec = llm.generate([{"prompt_token_ids": prompt}], params)[0].outputs[0].token_ids
+    core.speculator = None
+    without = llm.generate([{"prompt_token_ids": prompt}], params)[0].outputs[0].token_ids
+    core.speculator = speculator
+    assert speculator.num_accepted_tokens > 0 and calls and all(calls)
+    assert with_spec == without
+
+
+def test_adaptive_k_backs_off_where_proposals_fail():
+    from wslm.backend.spec_decode.adaptive import MAX_PAUSE, AdaptiveK, best_k
+
+    assert best_k(0.99, 4) == 4 and best_k(0.3, 4) == 0  # k grows with the acceptance rate
+    assert 0 < best_k(0.9, 8) < 8
+    ak = AdaptiveK()
+    assert ak.limit(1, 4) >= 3  # a new sequence tries (the prior: 95 percent accepted)
+    tried = 0
+    for _ in range(4 * MAX_PAUSE):  # its proposals keep failing: it stops proposing, and probes now and then,
+        k = ak.limit(1, 4)           # less often while the probes fail
+        if k:
+            tried += 1
+            ak.record(1, k, 0)
+    assert 3 <= tried <= 12
+    for _ in range(40):  # proposals that are all accepted bring it back to K
+        k = ak.limit(1, 4)
+        if k:
+            ak.record(1, k, k)
+    assert ak.limit(1, 4) == 4
+    ak.forget(set())
+    assert len(ak) == 0

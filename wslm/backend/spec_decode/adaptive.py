@@ -17,7 +17,7 @@ from dataclasses import dataclass
 # on the demo GGUF (docs/benchmarks.md); a GPU's extra rows cost less, so this errs toward fewer tokens there.
 ROW_COST = 0.5
 DECAY = 0.8  # the weight of earlier runs in the counts: about the last five runs matter
-PRIOR = (3.0, 1.0)  # (accepted, rejected): a new sequence starts at a = 0.75, enough to try K proposals
+PRIOR = (5.0, 0.25)  # (accepted, rejected): a new sequence starts at a = 0.95 (copying runs are long); three failed runs bring it to 0.5
 FIRST_PAUSE, MAX_PAUSE = 4, 64  # steps
 
 
@@ -27,6 +27,7 @@ class _State:
     rejected: float = PRIOR[1]
     pause: int = 0  # steps left without proposals
     backoff: int = FIRST_PAUSE
+    probing: bool = False  # the first run after a pause: a failure pauses again at once
 
 
 def best_k(a: float, k_max: int, row_cost: float = ROW_COST) -> int:
@@ -61,6 +62,7 @@ class AdaptiveK:
             if st.pause == 0:  # probe again, from an estimate halfway back to the prior
                 st.accepted = (st.accepted + PRIOR[0]) / 2
                 st.rejected = (st.rejected + PRIOR[1]) / 2
+                st.probing = True
             return 0
         k = best_k(st.accepted / (st.accepted + st.rejected), k_max, self.row_cost)
         if k == 0:
@@ -75,3 +77,6 @@ class AdaptiveK:
         st.rejected = st.rejected * DECAY + (1 if accepted < proposed else 0)
         if accepted == proposed:
             st.backoff = FIRST_PAUSE  # a full run: the text repeats here
+        elif st.probing and accepted == 0:
+            st.pause, st.backoff = st.backoff, min(st.backoff * 2, MAX_PAUSE)
+        st.probing = False
