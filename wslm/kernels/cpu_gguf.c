@@ -639,6 +639,8 @@ AI void dotm_q4(const uint8_t *w, long rb, const xq_t *x, long M, long K, float 
         __m128 dw, mw = _mm_setzero_ps();
         if (q41) f16_pairs4(p, rb, &dw, &mw);
         else dw = f16x4(p, rb);
+        __m256 dw01, dw23;  /* spread before the multiply: the same lane products, moved once for all rows */
+        spread4(dw, &dw01, &dw23);
         for (long m = 0; m < M; m++) {
             const __m128i *xb = (const __m128i *)(x[m].q32 + b * 32);
             __m256i xl = _mm256_broadcastsi128_si256(_mm_loadu_si128(xb));
@@ -647,8 +649,7 @@ AI void dotm_q4(const uint8_t *w, long rb, const xq_t *x, long M, long K, float 
                                                              _mm256_maddubs_epi16(hi[0], xh)), ones);
             __m256i m23 = _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo[1], xl),
                                                              _mm256_maddubs_epi16(hi[1], xh)), ones);
-            __m256 s01, s23;
-            spread4(_mm_mul_ps(dw, _mm_set1_ps(x[m].d32[b])), &s01, &s23);
+            __m256 dx = _mm256_set1_ps(x[m].d32[b]), s01 = _mm256_mul_ps(dw01, dx), s23 = _mm256_mul_ps(dw23, dx);
             acc01[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(m01), s01, acc01[m]);
             acc23[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(m23), s23, acc23[m]);
             side[m] = _mm_fmadd_ps(q41 ? mw : dw, _mm_set1_ps(x[m].s32[b]), side[m]);
