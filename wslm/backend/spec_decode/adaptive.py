@@ -36,7 +36,7 @@ def best_k(a: float, k_max: int, row_cost: float = ROW_COST) -> int:
     for k in range(1, k_max + 1):
         tokens = k + 1 if a >= 1.0 else (1.0 - a ** (k + 1)) / (1.0 - a)
         rate = tokens / (1.0 + row_cost * k)
-        if rate > best_rate * 1.02:  # a marginal gain is not worth the variance
+        if rate > best_rate:
             best, best_rate = k, rate
     return best
 
