@@ -7,13 +7,16 @@ whose answer repeats the prompt (edit this code, quote this document) and on one
 One engine per model with speculation configured; the runs without it switch the engine's proposer off (the
 same weights, KV pool and threads), alternating with and without so that a change of machine load hits both.
 decode tok/s = (tokens - 1) / (last token time - first token time), from the request's own metrics; greedy;
-the best of --repeats. Prints a table (load average included) and, with --log, appends it to
+the best of --repeats. CPU ms / token: this process's CPU time (all threads) for the chat less that of a
+max_tokens=1 run of it, per decode token; the least of --repeats. On a shared machine wall time swings with
+the neighbours' load, CPU time much less: it is the figure to compare there. Prints a table (load average included) and, with --log, appends it to
 docs/benchmarks-log.md with JSON records in bench/results/."""
 
 from __future__ import annotations
 
 import argparse
 import os
+import resource
 import sys
 from pathlib import Path
 
@@ -65,7 +68,10 @@ def main() -> None:
 
     spec = {"method": "ngram", "num_speculative_tokens": args.k, "prompt_lookup_max": args.lookup_max,
             "prompt_lookup_min": args.lookup_min or args.lookup_max}
-    llm = LLM(os.path.expanduser(args.model), speculative_config=spec, max_model_len=2048, kv_cache_memory=512 << 20)
+    # No prefix cache: a rerun's prompt would be a shorter prefill, rounded otherwise, and "same tokens" would
+    # compare two prompts' KV rather than decoding with and without speculation.
+    llm = LLM(os.path.expanduser(args.model), speculative_config=spec, max_model_len=2048, kv_cache_memory=512 << 20,
+              enable_prefix_caching=False)  # fmt: skip
     core = llm.llm_engine.core
     speculator = core.speculator
     params = SamplingParams(temperature=0, max_tokens=args.max_tokens, ignore_eos=True)
@@ -79,16 +85,29 @@ def main() -> None:
                 plan.compiled.wait(args.wait_compile)
             compiled = "ready" if plan.compiled.ready.is_set() else "not ready"
 
-    def run(messages, on: bool) -> tuple[float, tuple[int, int], list[int]]:
+    first = SamplingParams(temperature=0, max_tokens=1, ignore_eos=True)
+
+    def cpu() -> float:  # this process's CPU seconds, every thread (the engine runs in it)
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return r.ru_utime + r.ru_stime
+
+    def run(messages, on: bool) -> tuple[float, float, tuple[int, int], list[int]]:
+        """(decode tok/s, CPU ms per decode token, (accepted, proposed), tokens). The CPU time of the
+        prompt and first token (a max_tokens=1 run of the same chat just before) is taken off."""
         core.speculator = speculator if on else None
+        c0 = cpu()
+        llm.chat(messages, first, use_tqdm=False)
+        c1 = cpu()
         before = speculator.stats()
-        out = llm.chat(messages, params)[0]
+        out = llm.chat(messages, params, use_tqdm=False)[0]
+        c2 = cpu()
         m = out.metrics
         n = len(out.outputs[0].token_ids)
         after = speculator.stats()
         accepted = (after["spec_decode_num_accepted_tokens"] - before["spec_decode_num_accepted_tokens"],
                     after["spec_decode_num_draft_tokens"] - before["spec_decode_num_draft_tokens"])
-        return (n - 1) / (m.finished_time - m.first_token_time), accepted, out.outputs[0].token_ids
+        cpu_ms = 1000 * ((c2 - c1) - (c1 - c0)) / (n - 1)
+        return (n - 1) / (m.finished_time - m.first_token_time), cpu_ms, accepted, out.outputs[0].token_ids
 
     run(PROMPTS["no repeats"], False)  # warm-up: kernels, thread counts
     run(PROMPTS["no repeats"], True)
@@ -96,28 +115,35 @@ def main() -> None:
     load_start = os.getloadavg()[0]
     for name, messages in PROMPTS.items():
         best = {True: 0.0, False: 0.0}
+        least = {True: float("inf"), False: float("inf")}
         accepted, same, ref = (0, 0), True, []
         for _ in range(args.repeats):
             for on in (False, True):
-                rate, acc, tokens = run(messages, on)
+                rate, cpu_ms, acc, tokens = run(messages, on)
                 best[on] = max(best[on], rate)
+                least[on] = min(least[on], cpu_ms)
                 if on:
                     accepted = acc
                     same = same and tokens == ref
                 else:
                     ref = tokens
         speedup = best[True] / best[False]
-        rows.append(f"| {name} | {best[False]:.1f} | {best[True]:.1f} | {speedup:.2f}x | {accepted[0]} of "
-                    f"{accepted[1]} | {'yes' if same else 'no'} |")
+        cpu_speedup = least[False] / least[True]
+        rows.append(f"| {name} | {best[False]:.1f} | {best[True]:.1f} | {speedup:.2f}x | {least[False]:.1f} | "
+                    f"{least[True]:.1f} | {cpu_speedup:.2f}x | {accepted[0]} of {accepted[1]} | "
+                    f"{'yes' if same else 'no'} |")
         records.append({"metric": f"ngram speculation speed-up, {name}", "model": Path(args.model).name,
                         "threads": os.cpu_count(), "engine": "wslm", "value": round(speedup, 3), "unit": "x",
-                        "higher_is_better": True, "off_tok_s": best[False], "on_tok_s": best[True]})
+                        "higher_is_better": True, "off_tok_s": best[False], "on_tok_s": best[True],
+                        "off_cpu_ms_per_token": round(least[False], 2), "on_cpu_ms_per_token": round(least[True], 2),
+                        "cpu_speedup": round(cpu_speedup, 3)})
     load = f"{load_start:.1f} / {os.getloadavg()[0]:.1f}"
     body = (f"`bench/spec_decode.py --model {args.model} --k {args.k} --lookup-max {args.lookup_max} --lookup-min "
             f"{args.lookup_min or args.lookup_max} --max-tokens {args.max_tokens}`; "
             f"load average (1 min) at start / end: {load}; compiled CPU decode step at start: {compiled}\n\n"
-            "| prompt | decode tok/s, no speculation | with ngram | speed-up | proposed tokens accepted | "
-            "same tokens |\n|---|---:|---:|---:|---:|---|\n" + "\n".join(rows))
+            "| prompt | decode tok/s, no speculation | with ngram | speed-up | CPU ms / token, no speculation | "
+            "with ngram | CPU speed-up | proposed tokens accepted | same tokens |\n"
+            "|---|---:|---:|---:|---:|---:|---:|---:|---|\n" + "\n".join(rows))
     print(body)
     print("Machine:", machine.describe())
     if args.log:

@@ -611,6 +611,207 @@ static void dot_rows(long t, const uint8_t *w, long rb, int nr, const xq_t *x, l
     }
 }
 
+/* ---- several activation rows per weight block (a sequence's speculative rows) --------------------------
+   The same arithmetic as the one-row kernels above, op for op for each activation row (so each row's result
+   is bit for bit what dot_n gives it), but every weight block is unpacked once for all of the rows: the
+   nibbles, fifth bits and scales are the larger part of a block's work, and M rows of one sequence share
+   them. MMAX rows at most a call (rows_range's tile). */
+#define MMAX 8
+#if defined(GG_AVX2)
+/* Q4_0 and Q4_1 (dot_q4_0, and dot_q451's qh == 0 path), NR weight rows */
+AI void dotm_q4(const uint8_t *w, long rb, const xq_t *x, long M, long K, float (*res)[NR], int q41) {
+    long nb = K / 32, bs = q41 ? 20 : 18, qs = q41 ? 4 : 2;
+    const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    __m256 acc01[MMAX], acc23[MMAX];
+    __m128 side[MMAX];  /* q4_0: corr; q4_1: mins */
+    for (long m = 0; m < M; m++) acc01[m] = acc23[m] = _mm256_setzero_ps(), side[m] = _mm_setzero_ps();
+    for (long b = 0; b < nb; b++) {
+        const uint8_t *p = w + b * bs;
+        prefetch_run(w + GGUF_AHEAD * NR * rb + b * NR * bs, NR * bs);
+        __m256i lo[2], hi[2];
+        for (int i = 0; i < 2; i++) {
+            const uint8_t *a = p + qs + 2 * i * rb;
+            __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)a)),
+                                                _mm_loadu_si128((const __m128i *)(a + rb)), 1);
+            lo[i] = _mm256_and_si256(v, low);
+            hi[i] = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+        }
+        __m128 dw, mw = _mm_setzero_ps();
+        if (q41) f16_pairs4(p, rb, &dw, &mw);
+        else dw = f16x4(p, rb);
+        __m256 dw01, dw23;  /* spread before the multiply: the same lane products, moved once for all rows */
+        spread4(dw, &dw01, &dw23);
+        for (long m = 0; m < M; m++) {
+            const __m128i *xb = (const __m128i *)(x[m].q32 + b * 32);
+            __m256i xl = _mm256_broadcastsi128_si256(_mm_loadu_si128(xb));
+            __m256i xh = _mm256_broadcastsi128_si256(_mm_loadu_si128(xb + 1));
+            __m256i m01 = _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo[0], xl),
+                                                             _mm256_maddubs_epi16(hi[0], xh)), ones);
+            __m256i m23 = _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo[1], xl),
+                                                             _mm256_maddubs_epi16(hi[1], xh)), ones);
+            __m256 dx = _mm256_set1_ps(x[m].d32[b]), s01 = _mm256_mul_ps(dw01, dx), s23 = _mm256_mul_ps(dw23, dx);
+            acc01[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(m01), s01, acc01[m]);
+            acc23[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(m23), s23, acc23[m]);
+            side[m] = _mm_fmadd_ps(q41 ? mw : dw, _mm_set1_ps(x[m].s32[b]), side[m]);
+        }
+    }
+    for (long m = 0; m < M; m++) {
+        __m128 a = sum4x2(acc01[m], acc23[m]);
+        _mm_storeu_ps(res[m], q41 ? _mm_add_ps(a, side[m]) : _mm_fnmadd_ps(_mm_set1_ps(8.0f), side[m], a));
+    }
+}
+
+/* Q8_0 (dot_q8_0), NR weight rows */
+AI void dotm_q8_0(const uint8_t *w, long rb, const xq_t *x, long M, long K, float (*res)[NR]) {
+    long nb = K / 32;
+    __m128 acc[MMAX];
+    for (long m = 0; m < M; m++) acc[m] = _mm_setzero_ps();
+    for (long b = 0; b < nb; b++) {
+        const uint8_t *p = w + b * 34;
+        prefetch_run(w + GGUF_AHEAD * NR * rb + b * NR * 34, NR * 34);
+        __m256i wv[4], wa[4];
+        for (int r = 0; r < 4; r++) {
+            wv[r] = _mm256_loadu_si256((const __m256i *)(p + r * rb + 2));
+            wa[r] = _mm256_sign_epi8(wv[r], wv[r]);
+        }
+        __m128 dw = f16x4(p, rb);
+        for (long m = 0; m < M; m++) {
+            __m256i xv = _mm256_loadu_si256((const __m256i *)(x[m].q32 + b * 32));
+            __m256i pr[4];
+            for (int r = 0; r < 4; r++) pr[r] = dot_us(wa[r], _mm256_sign_epi8(xv, wv[r]));
+            acc[m] = _mm_fmadd_ps(_mm_cvtepi32_ps(sum4_i32(pr[0], pr[1], pr[2], pr[3])),
+                                  _mm_mul_ps(dw, _mm_set1_ps(x[m].d32[b])), acc[m]);
+        }
+    }
+    for (long m = 0; m < M; m++) _mm_storeu_ps(res[m], acc[m]);
+}
+
+/* Q4_K / Q5_K (dot1_q45_k), one weight row */
+AI void dotm1_q45_k(const uint8_t *w, const xq_t *x, long M, long nb, int five, float *res, long stride) {
+    const long bs = five ? 176 : 144;
+    const __m256i low = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);
+    __m256 acc[MMAX];
+    __m128 mins[MMAX];
+    for (long m = 0; m < M; m++) acc[m] = _mm256_setzero_ps(), mins[m] = _mm_setzero_ps();
+    for (long b = 0; b < nb; b++) {
+        const uint8_t *p = w + b * bs, *qs = p + (five ? 48 : 16);
+        prefetch_run(p + GGUF_PF, bs);
+        int32_t dm;
+        memcpy(&dm, p, 4);
+        __m128 dmh = _mm_cvtph_ps(_mm_cvtsi32_si128(dm));
+        __m128i scm = k4_scales_mins(p + 4);
+        __m128i mn16 = _mm_cvtepu8_epi16(_mm_unpackhi_epi64(scm, scm));
+        __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepu8_epi16(scm));
+        __m256i hbits = five ? _mm256_loadu_si256((const __m256i *)(p + 16)) : _mm256_setzero_si256();
+        __m256i q[8], scp[8];
+        for (int j = 0; j < 4; j++) {
+            __m256i v = _mm256_loadu_si256((const __m256i *)(qs + 32 * j));
+            __m256i lo = _mm256_and_si256(v, low), hi = _mm256_and_si256(_mm256_srli_epi16(v, 4), low);
+            if (five) {
+                lo = _mm256_or_si256(lo, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits, 2 * j), one), 4));
+                hi = _mm256_or_si256(hi, _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hbits, 2 * j + 1), one), 4));
+            }
+            q[2 * j] = lo, q[2 * j + 1] = hi;
+            scp[2 * j] = _mm256_shuffle_epi8(sc16, k_pick16(2 * j));
+            scp[2 * j + 1] = _mm256_shuffle_epi8(sc16, k_pick16(2 * j + 1));
+        }
+        for (long m = 0; m < M; m++) {
+            const int8_t *xq = x[m].q256 + b * 256;
+            __m128i xsum32 = _mm_loadu_si128((const __m128i *)(x[m].bsum32 + b * 8));
+            __m128 dmx = _mm_mul_ps(dmh, _mm_set1_ps(x[m].d256[b]));
+            __m128i mn = _mm_madd_epi16(mn16, xsum32);
+            mins[m] = _mm_fmadd_ps(_mm_shuffle_ps(dmx, dmx, 0x55), _mm_cvtepi32_ps(mn), mins[m]);
+            __m256i s0 = _mm256_setzero_si256(), s1 = _mm256_setzero_si256();
+            for (int j = 0; j < 4; j++) {
+                __m256i plo = _mm256_maddubs_epi16(q[2 * j], _mm256_loadu_si256((const __m256i *)(xq + 64 * j)));
+                __m256i phi = _mm256_maddubs_epi16(q[2 * j + 1], _mm256_loadu_si256((const __m256i *)(xq + 64 * j + 32)));
+                s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(plo, scp[2 * j]));
+                s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(phi, scp[2 * j + 1]));
+            }
+            acc[m] = _mm256_fmadd_ps(_mm256_broadcastss_ps(dmx), _mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1)), acc[m]);
+        }
+    }
+    for (long m = 0; m < M; m++) res[m * stride] = hsum_ps(acc[m]) - hsum4_ps(mins[m]);
+}
+
+/* Q6_K (dot1_q6_k), one weight row */
+AI void dotm1_q6_k(const uint8_t *w, const xq_t *x, long M, long nb, float *res, long stride) {
+    const __m256i low = _mm256_set1_epi8(0x0f), three = _mm256_set1_epi8(3);
+    __m256 acc[MMAX];
+    for (long m = 0; m < M; m++) acc[m] = _mm256_setzero_ps();
+    for (long b = 0; b < nb; b++) {
+        const uint8_t *p = w + b * 210, *ql = p, *qh = p + 128;
+        prefetch_run(p + GGUF_PF, 210);
+        const int8_t *sc = (const int8_t *)(p + 192);
+        __m128i sc8x = _mm_loadu_si128((const __m128i *)sc);
+        __m256i sc8w = _mm256_cvtepi8_epi16(sc8x);
+        __m256i q[8], scp[8];
+        for (int h = 0; h < 2; h++) {
+            __m256i l0 = _mm256_loadu_si256((const __m256i *)(ql + 64 * h));
+            __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 64 * h + 32));
+            __m256i hb = _mm256_loadu_si256((const __m256i *)(qh + 32 * h));
+            __m256i sc16 = _mm256_broadcastsi128_si256(_mm_cvtepi8_epi16(h ? _mm_unpackhi_epi64(sc8x, sc8x) : sc8x));
+            q[4 * h] = _mm256_or_si256(_mm256_and_si256(l0, low), _mm256_slli_epi16(_mm256_and_si256(hb, three), 4));
+            q[4 * h + 1] = _mm256_or_si256(_mm256_and_si256(l1, low),
+                                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), three), 4));
+            q[4 * h + 2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), low),
+                                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), three), 4));
+            q[4 * h + 3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), low),
+                                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), three), 4));
+            for (int i = 0; i < 4; i++) scp[4 * h + i] = _mm256_shuffle_epi8(sc16, k_pick16_pair(i));
+        }
+        uint16_t hd;
+        memcpy(&hd, p + 208, 2);
+        float dh = _cvtsh_ss(hd);
+        for (long m = 0; m < M; m++) {
+            const int8_t *xq = x[m].q256 + b * 256;
+            __m256i s = _mm256_slli_epi32(_mm256_madd_epi16(sc8w, _mm256_loadu_si256((const __m256i *)(x[m].bsum + b * 16))), 5);
+            s = _mm256_sub_epi32(_mm256_setzero_si256(), s);
+            __m256i s1 = _mm256_setzero_si256();
+            for (int h = 0; h < 2; h++)
+                for (int i = 0; i < 4; i++) {
+                    __m256i pr = _mm256_maddubs_epi16(q[4 * h + i], _mm256_loadu_si256((const __m256i *)(xq + 128 * h + 32 * i)));
+                    pr = _mm256_madd_epi16(pr, scp[4 * h + i]);
+                    if (i & 1) s1 = _mm256_add_epi32(s1, pr);
+                    else s = _mm256_add_epi32(s, pr);
+                }
+            acc[m] = _mm256_fmadd_ps(_mm256_set1_ps(dh * x[m].d256[b]), _mm256_cvtepi32_ps(_mm256_add_epi32(s, s1)), acc[m]);
+        }
+    }
+    for (long m = 0; m < M; m++) res[m * stride] = hsum_ps(acc[m]);
+}
+
+/* 1 where dot_rows_m below shares the blocks' unpacking (else it runs dot_rows per activation row) */
+static int has_m(long t) { return t == GT_Q4_0 || t == GT_Q4_1 || t == GT_Q8_0 || t == GT_Q4_K || t == GT_Q5_K || t == GT_Q6_K; }
+
+/* dot_rows for M (<= MMAX) activation rows: res[m][r], each row's bits dot_rows's */
+static void dot_rows_m(long t, const uint8_t *w, long rb, int nr, const xq_t *x, long M, long K, float (*res)[NR]) {
+    if (is_k(t)) {
+        for (int r = 0; r < nr; r++) {
+            if (t == GT_Q6_K) dotm1_q6_k(w + r * rb, x, M, K / 256, &res[0][r], NR);
+            else dotm1_q45_k(w + r * rb, x, M, K / 256, t == GT_Q5_K, &res[0][r], NR);
+        }
+        return;
+    }
+    if (nr == NR) {
+        if (t == GT_Q8_0) dotm_q8_0(w, rb, x, M, K, res);
+        else dotm_q4(w, rb, x, M, K, res, t == GT_Q4_1);
+        return;
+    }
+    for (int r = 0; r < nr; r++) {  /* a last group of fewer: each row as NR copies of itself (dot_rows) */
+        float one[MMAX][NR];
+        if (t == GT_Q8_0) dotm_q8_0(w + r * rb, 0, x, M, K, one);
+        else dotm_q4(w + r * rb, 0, x, M, K, one, t == GT_Q4_1);
+        for (long m = 0; m < M; m++) res[m][r] = one[m][0];
+    }
+}
+#else
+static int has_m(long t) { (void)t; return 0; }
+static void dot_rows_m(long t, const uint8_t *w, long rb, int nr, const xq_t *x, long M, long K, float (*res)[NR]) {
+    (void)t, (void)w, (void)rb, (void)nr, (void)x, (void)M, (void)K, (void)res;
+}
+#endif
+
 /* ---- rows of a (fused) weight ------------------------------------------------------------------------ */
 static void needs(const wslm_gguf *w, int *n32, int *n256) {
     *n32 = *n256 = 0;
@@ -641,6 +842,17 @@ static void rows_range(const wslm_gguf *w, const xq_t *xs, long M, void *out, in
                 for (long n = c; n < ce; n += NR) {
                     int nr = ce - n < NR ? (int)(ce - n) : NR;
                     const uint8_t *rows = w->data[p] + (n - start) * rb;
+                    if (m1 - m0 > 1 && m1 - m0 <= MMAX && has_m(t)) {  /* the blocks unpacked once */
+                        float resm[MMAX][NR];
+                        dot_rows_m(t, rows, rb, nr, xs + m0, m1 - m0, K, resm);
+                        for (long m = m0; m < m1; m++)
+                            for (int r = 0; r < nr; r++) {
+                                long col = w->index ? w->index[n + r] : n + r;
+                                if (out_bf16) ((uint16_t *)out)[m * w->n + col] = f2bf(resm[m - m0][r]);
+                                else ((float *)out)[m * w->n + col] = resm[m - m0][r];
+                            }
+                        continue;
+                    }
                     for (long m = m0; m < m1; m++) {
                         float res[NR];
                         dot_rows(t, rows, rb, nr, xs + m, K, res);

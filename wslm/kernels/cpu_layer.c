@@ -285,6 +285,7 @@ static int team_bf16_rows(const wslm_linear *l, const uint16_t *x, uint16_t *out
 #define RND(f) rbf(f)
 #define NAME(n) n##_bf16
 #define ENTRY wslm_decode_row
+#define ENTRY_ROWS wslm_decode_rows
 #include "cpu_layer_body.h"
 #undef ACT_BF16
 #undef T
@@ -293,6 +294,7 @@ static int team_bf16_rows(const wslm_linear *l, const uint16_t *x, uint16_t *out
 #undef RND
 #undef NAME
 #undef ENTRY
+#undef ENTRY_ROWS
 
 /* The step in float32. */
 #define ACT_BF16 0
@@ -302,4 +304,5 @@ static int team_bf16_rows(const wslm_linear *l, const uint16_t *x, uint16_t *out
 #define RND(f) (f)
 #define NAME(n) n##_f32
 #define ENTRY wslm_decode_row_f32
+#define ENTRY_ROWS wslm_decode_rows_f32
 #include "cpu_layer_body.h"

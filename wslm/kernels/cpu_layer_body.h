@@ -359,3 +359,69 @@ int ENTRY(const wslm_layer *layers, int64_t n_layers, int64_t d, int64_t heads, 
     free(xb);
     return rc;
 }
+
+/* ---- several rows of one sequence (speculative verification) -------------------------------------------
+   M consecutive tokens of one sequence in one call: the last accepted token and the drafts after it. Each
+   row's arithmetic is the one-row step's, op for op (its products through the same kernels, its attention
+   over the keys up to its own position), so its output is bit for bit what M one-row steps would give; the
+   GGUF products take all M rows per weight chunk (cpu_gguf.c's rows_range: a chunk read from memory once,
+   met by every row while in cache), which is where a verification step saves over M decode steps. */
+
+/* out[m] = x[m] @ w.T (+ bias) for m < M; x rows l->k apart, out rows l->n apart */
+static int NAME(linear_m)(const wslm_linear *l, const T *x, T *out, long M, int threads, uint16_t *xb,
+                          uint16_t *ob) {
+    if (l->kind != LIN_GGUF || M == 1) {
+        for (long m = 0; m < M; m++) {
+            int rc = NAME(linear)(l, x + m * l->k, out + m * l->n, threads, xb, ob);
+            if (rc) return rc;
+        }
+        return 0;
+    }
+    int rc = wslm_gguf_mm(l->w, x, M, ACT_BF16, out, ACT_BF16, threads);  /* split by weight rows */
+    if (rc == 0 && l->bias) {
+        const T *b = (const T *)l->bias;
+        for (long m = 0; m < M; m++)
+            for (long i = 0; i < l->n; i++) out[m * l->n + i] = ST(LD(out[m * l->n + i]) + LD(b[i]));
+    }
+    return rc;
+}
+
+/* hidden, residual [M, d]; cos2/sin2 [M, hd]; slots [M]; len: the sequence's tokens including the last row
+   (row m attends to the first len - M + 1 + m). threads: the products' (each product split by weight rows,
+   which leaves every row's bits as they are); the rest runs on the calling thread. Returns as ENTRY. */
+int ENTRY_ROWS(const wslm_layer *layers, int64_t n_layers, int64_t d, int64_t heads, int64_t kvh, int64_t hd,
+               T *hidden, T *residual, const T *cos2, const T *sin2, const int32_t *table, int64_t bs, int64_t len,
+               const int64_t *slots, int64_t M, int threads) {
+    long q_size = heads * hd, group = heads / kvh;
+    if (group > 64 || M < 1 || len < M) return -2;
+    long qkv_n, gu_n, widest = NAME(widest)(layers, n_layers, &qkv_n, &gu_n);
+    size_t elems = (size_t)M * (size_t)(d + qkv_n + q_size + gu_n + gu_n / 2);
+    T *x = (T *)malloc(sizeof(T) * elems);
+    float *f = (float *)malloc(sizeof(float) * (size_t)(group * (len + hd + 2) + hd));
+    uint16_t *xb = ACT_BF16 ? NULL : (uint16_t *)malloc(sizeof(uint16_t) * 2 * (size_t)widest);
+    if (!x || !f || (!ACT_BF16 && !xb)) { free(x); free(f); free(xb); return -1; }
+    uint16_t *ob = xb ? xb + widest : NULL;
+    T *qkv = x + M * d, *att = qkv + M * qkv_n, *gu = att + M * q_size, *act = gu + M * gu_n;
+    int rc = 0;
+    for (long li = 0; li < n_layers && rc == 0; li++) {
+        const wslm_layer *l = layers + li;
+        long qn = l->qkv.n, gn = l->gate_up.n, inter = gn / 2;
+        for (long m = 0; m < M; m++)
+            NAME(add_norm)(li, hidden + m * d, residual + m * d, (const T *)l->w_in, l->eps_in, d, x + m * d);
+        if ((rc = NAME(linear_m)(&l->qkv, x, qkv, M, threads, xb, ob))) break;
+        for (long m = 0; m < M; m++)  /* every row's key and value in the cache before any row attends */
+            NAME(rope_store)(l, qkv + m * qn, heads, kvh, hd, cos2 + m * hd, sin2 + m * hd, slots[m]);
+        for (long m = 0; m < M; m++)
+            NAME(attend)(qkv + m * qn, l, heads, kvh, hd, table, bs, len - M + 1 + m, att + m * q_size, f);
+        if ((rc = NAME(linear_m)(&l->o, att, hidden, M, threads, xb, ob))) break;
+        for (long m = 0; m < M; m++)
+            NAME(add_norm)(1, hidden + m * d, residual + m * d, (const T *)l->w_post, l->eps_post, d, x + m * d);
+        if ((rc = NAME(linear_m)(&l->gate_up, x, gu, M, threads, xb, ob))) break;
+        for (long m = 0; m < M; m++) NAME(silu_mul)(gu + m * gn, act + m * inter, inter, 0, inter);
+        rc = NAME(linear_m)(&l->down, act, hidden, M, threads, xb, ob);
+    }
+    free(x);
+    free(f);
+    free(xb);
+    return rc;
+}

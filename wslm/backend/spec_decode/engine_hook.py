@@ -10,6 +10,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any
 
+from wslm.backend.spec_decode.adaptive import AdaptiveK
 from wslm.backend.spec_decode.config import SpeculativeConfig
 from wslm.backend.spec_decode.ngram import propose_ngram
 
@@ -34,6 +35,7 @@ class Speculator:
         self.num_draft_tokens = 0
         self.num_accepted_tokens = 0
         self._said: set[str] = set()
+        self.adaptive = AdaptiveK()  # fewer or no proposals where a sequence's are mostly rejected
 
     def _once(self, key: str, message: str, *args) -> None:
         if key not in self._said:
@@ -51,11 +53,16 @@ class Speculator:
     def propose(self, running: list) -> None:
         """Set spec_token_ids on each running decode ([] where nothing is proposed)."""
         cfg = self.config
+        if len(self.adaptive) > 4 * len(running) + 256:  # forget finished sequences now and then
+            self.adaptive.forget({seq.seq_id for seq in running})
         for seq in running:
             seq.spec_token_ids = []
             if seq.num_tokens - seq.num_computed_tokens != 1 or seq.pooling is not None or seq.pending_forks:
                 continue
             k = self._room(seq)
+            if k <= 0:
+                continue
+            k = self.adaptive.limit(seq.seq_id, k)
             if k <= 0:
                 continue
             if cfg.method == "ngram":
@@ -119,6 +126,7 @@ class Speculator:
         """seq's run is settled: num_new tokens (accepted drafts + one). Count, and give back the blocks past
         what its computed tokens fill (the rejected tokens' slots)."""
         k = len(seq.spec_token_ids)
+        self.adaptive.record(seq.seq_id, k, num_new - 1)
         self.num_drafts += 1
         self.num_draft_tokens += k
         self.num_accepted_tokens += num_new - 1

@@ -136,6 +136,10 @@ class NativeDecode:
         fn.restype = ctypes.c_int
         fn.argtypes = [ctypes.c_void_p] + [ctypes.c_int64] * 5 + [ctypes.c_void_p] * 5 + [ctypes.c_int64] * 3 + [
             ctypes.c_int]  # fmt: skip
+        rows = self.lib.wslm_decode_rows if self.dtype == torch.bfloat16 else self.lib.wslm_decode_rows_f32
+        rows.restype = ctypes.c_int
+        rows.argtypes = fn.argtypes[:13] + [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int]
+        self.rows_fn = rows  # several rows of one sequence (decode_rows.py)
         self._bind(specs)
         self.steps = 0
         self.threads = StepThreads()

@@ -66,6 +66,14 @@ class CpuDecodePlan:
 
     def run(self, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata) -> torch.Tensor | None:
         n = input_ids.shape[0]
+        if n > 1 and self.native is not None:  # a lone chat's speculative rows: C too (decode_rows.py)
+            from wslm.backend.platforms.cpu.decode_rows import run_rows
+
+            logits = run_rows(self.native, input_ids, positions, meta)
+            if logits is not None:
+                if self.compiled is not None:
+                    self.compiled.hold()
+                return logits
         for backend in self.backends(n):
             if backend is self.native:  # it measures which thread count serves it best (StepThreads)
                 logits = backend.run(input_ids, positions, meta)

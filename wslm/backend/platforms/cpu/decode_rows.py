@@ -1,0 +1,83 @@
+"""Several decode rows of ONE sequence in a single C call (wslm_decode_rows in cpu_layer.c): a speculative
+verification step of a lone chat, its last token and K drafts, each row attending up to its own position.
+
+Without it those K + 1 rows left the one-sequence C step for the batched decode step (compiled or eager),
+several times the C step's cost for a small model, and speculation did not pay on CPU. Here each row's
+arithmetic is the one-row step's op for op (bit for bit what K + 1 one-row steps give, so greedy output is
+the same with and without speculation), and GGUF block weights are read once per step for all rows.
+The products may run on several threads (each split by weight rows, which leaves every row's bits as they
+are), chosen as the one-row step chooses its own (tuning.StepThreads: what recent steps measured faster);
+norms, attention and the rest run on the calling thread."""
+
+from __future__ import annotations
+
+import ctypes
+import time
+
+import torch
+
+from wslm.backend.modeling.layers.attention import AttentionMetadata
+from wslm.backend.platforms.cpu.tuning import StepThreads, torch_threads
+from wslm.kernels.torch_rotary import _cos_sin
+
+MAX_ROWS = 15  # the head kernel takes 16 rows and more to its tiled GEMM, which rounds otherwise
+
+
+def one_sequence(positions: list[int], meta: AttentionMetadata) -> bool:
+    """Whether the step's rows are consecutive tokens of one sequence, each attending up to itself."""
+    m = len(positions)
+    lens = meta.seq_lens.tolist()
+    if lens[-1] != positions[-1] + 1 or lens[0] != positions[0] + 1 or lens[-1] - lens[0] != m - 1:
+        return False
+    if any(b - a != 1 for a, b in zip(lens, lens[1:])) or any(p + 1 != n for p, n in zip(positions, lens)):
+        return False
+    tables = meta.block_tables
+    return bool((tables == tables[:1]).all())
+
+
+@torch.inference_mode()
+def run_rows(native, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
+             ) -> torch.Tensor | None:
+    """native: a decode_native.NativeDecode. The logits [M, vocab] of M rows of one sequence, or None when
+    the rows are not that (a batch of sequences: the other back ends take it)."""
+    m = input_ids.shape[0]
+    if not 1 < m <= MAX_ROWS or meta.block_tables.dtype != torch.int32:
+        return None
+    pos = positions.tolist()
+    if not one_sequence(pos, meta):
+        return None
+    slots = meta.slot_mapping.to(torch.int64).contiguous()
+    if bool((slots < 0).any()):
+        return None
+    model = native.model
+    hidden = model.embed(input_ids).to(native.dtype).contiguous().clone()
+    residual = torch.empty_like(hidden)
+    cos2, sin2 = (t.reshape(m, -1).contiguous() for t in _cos_sin(positions, native.table, native.dtype, True)[2:])
+    table = meta.block_tables[0].contiguous()
+    heads, kv_heads, head_dim = native.dims
+    chooser = getattr(native, "row_threads", None)
+    if chooser is None:
+        chooser = native.row_threads = StepThreads()  # its own: a step of M rows is another load than one row's
+    most = torch.get_num_threads()
+    threads = min(native.fixed_threads, most) if native.fixed_threads else chooser.pick(most)
+    start = time.perf_counter()
+    rc = native.rows_fn(
+        ctypes.addressof(native.layers), len(native.layers), hidden.shape[-1], heads, kv_heads, head_dim,
+        hidden.data_ptr(), residual.data_ptr(), cos2.data_ptr(), sin2.data_ptr(), table.data_ptr(),
+        native.block_size, pos[-1] + 1, slots.data_ptr(), m, threads,
+    )  # fmt: skip
+    if rc == -1:
+        raise MemoryError("wslm_decode_rows: out of memory for a verification step's buffers")
+    if rc != 0:
+        raise RuntimeError(f"wslm_decode_rows failed ({rc})")
+    with torch_threads(threads):
+        normed = model.norm(hidden + residual)
+        if isinstance(getattr(model.lm_head, "weight", None), torch.Tensor):
+            # a dense head: torch's GEMM over M rows sums in another order than its one-row GEMV
+            logits = torch.cat([model.compute_logits(row) for row in normed.split(1)])
+        else:  # the quantized kernels give each row's bits whatever the row count (below their GEMM's)
+            logits = model.compute_logits(normed)
+    if not native.fixed_threads:
+        chooser.record(threads, (time.perf_counter() - start) / m)  # per row: steps of several row counts
+    native.steps += 1
+    return logits
