@@ -48,7 +48,8 @@ def test_a_format_without_a_layout_is_described_by_a_reason():
 
 
 def test_back_ends_read_specs_and_kernels_not_each_other():
-    hooks = re.compile(r"\.(decode_rows|decode_row_limit|c_view|graph_spec|graph_form|source_weight)\b|\.c_kernel\(")
+    # (?<!cpu): platforms/cpu/decode_rows.py is a module (a lone chat's verification rows), not the old hook
+    hooks = re.compile(r"(?<!cpu)\.(decode_rows|decode_row_limit|c_view|graph_spec|graph_form|source_weight)\b|\.c_kernel\(")
     offenders = [f"{p.relative_to(ROOT.parent)}:{n}" for p in ROOT.rglob("*.py")
                  for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1) if hooks.search(line)]  # fmt: skip
     assert offenders == []
