@@ -22,8 +22,8 @@ sums, KV precision) without the quantization error every engine shares.
 
 Text, windows and scoring: bench/fidelity.py's (same token ids in every engine, each target scored once).
 Engines in their own processes, --threads threads (1 by default: not a timing run). Writes
-bench/results/fidelity_formats-DATE.json and the table to docs/benchmarks-log.md (unless --no-docs or
---limit-tokens); docs/benchmarks.md's fidelity table is copied from it by hand."""
+bench/results/fidelity_formats-DATE.json (after each file) and the table to docs/benchmarks-log.md (unless
+--no-docs); docs/benchmarks.md's fidelity table is copied from it by hand."""
 
 from __future__ import annotations
 
@@ -203,8 +203,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--stride", type=int, default=256)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--llama-python", default="/work/llama-venv/bin/python")
-    p.add_argument("--limit-tokens", type=int, default=0, help="score only the text's first N tokens (a quick "
-                   "check; not written to the docs)")  # fmt: skip
+    p.add_argument("--limit-tokens", type=int, default=0, help="score only the text's first N tokens (the table "
+                   "says how many)")  # fmt: skip
     p.add_argument("--no-docs", action="store_true", help="print the table only")
     args = p.parse_args(argv)
     args.llama_no_extra_bufts = False
@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         saved = None
         for quant in args.formats:
             results[quant] = run_format(quant, args, ref_work)
-            if not (args.no_docs or args.limit_tokens):  # after each file: a cut-off run keeps what it measured
+            if not args.no_docs:  # after each file: a cut-off run keeps what it measured
                 saved = save_json(results, ref, args, tree, saved)
         count = len(json.loads((ref_work / "tokens.json").read_text())["tokens"])
     rows, verdict = table(results, ref)
@@ -240,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
             f"KL(reference || engine) over the full vocabulary, mean per position. Tree: {tree}. Command: "
             f"`.venv/bin/python {command}`.\n\n{rows}\n" + ("\n" + "\n".join(verdict) if verdict else ""))  # fmt: skip
     print(body)
-    if args.no_docs or args.limit_tokens:
+    if args.no_docs:
         return 0
     import machine
 
