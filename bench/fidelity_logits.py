@@ -163,7 +163,8 @@ def main() -> int:
                         f"| {100 * c['top1']:.1f}% ({c['positions']}) | {max(c['kl'], 0):.2e} |")  # fmt: skip
     command = shlex.join(["bench/fidelity_logits.py", *sys.argv[1:]])
     body = (f"Logits of every position of a fixed prompt (bench/data/fidelity_text.md's first tokens), one prefill "
-            f"per engine, {args.threads} thread(s); 64 rows take wslm's tiled block GEMM, 63 its row kernel. "
+            f"per engine, {args.threads} thread(s); from 64 rows wslm runs its tiled block GEMM, below that its row "
+            f"kernel (the one decode steps use). "
             f"Command: `.venv/bin/python {command}`.\n\n" + "\n".join(rows) + "\n")  # fmt: skip
     print(body)
     if args.no_docs:
