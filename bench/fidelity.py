@@ -69,6 +69,9 @@ WSLM_CONFIGS = {
     # bench/fidelity_formats.py's rows: the file's blocks in place (the default) and repacked
     "wslm blocks": (None, {"WSLM_GGUF_BLOCKS": "1"}),
     "wslm repacked": (None, {"WSLM_GGUF_BLOCKS": "0"}),
+    # the blocks with the tiled int8 GEMM refused (run_wslm patches GGUFBlockWeight._gemm, here, not in the
+    # package): a prefill multiplies dequantized slices in float, no activation rounding (an experiment)
+    "wslm blocks, float prefill": (None, {"WSLM_GGUF_BLOCKS": "1"}),
 }
 ENGINES = ["reference", *list(WSLM_CONFIGS)[:5], "llama.cpp"]
 REF_NAME = "transformers float32 (reference)"
@@ -212,6 +215,10 @@ def run_wslm(name: str, args, work: Path) -> dict:
 
     from wslm.backend import LLM, SamplingParams
 
+    if name == "wslm blocks, float prefill":
+        from wslm.backend.quant import gguf_blocks
+
+        gguf_blocks.GGUFBlockWeight._gemm = lambda self: False  # many rows: gguf_blocks' _prefill path
     info = json.loads((work / "tokens.json").read_text())
     tokens, vocab = info["tokens"], info["vocab"]
     spans = windows(len(tokens), args.window, args.stride)
