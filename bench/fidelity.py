@@ -2,6 +2,9 @@
 
     .venv/bin/python bench/fidelity.py [--model FILE.gguf] [--window 512] [--stride 256] [--threads 2]
         [--llama-python /work/llama-venv/bin/python] [--only ...] [--limit-tokens N] [--no-docs]
+    .venv/bin/python bench/fidelity.py --formats [Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q4_K_M Q5_K_M Q6_K] [--threads 1]
+        (per block format: the demo quantized by llama.cpp into each, wslm blocks / repacked / llama.cpp;
+        bench/fidelity_formats.py)
 
 The text is bench/data/fidelity_text.md (English, Chinese and code, ~4.3k tokens with the demo tokenizer),
 tokenized once by the reference child with the model's own tokenizer (transformers reading the GGUF, no
@@ -63,8 +66,14 @@ WSLM_CONFIGS = {
     "wslm bfloat16": ("bfloat16", {}),  # dtype=auto's choice on a CPU with bf16 arithmetic (AVX512-BF16, AMX)
     "wslm float32 + WSLM_QUANT_FLOAT32=1": ("float32", {"WSLM_QUANT_FLOAT32": "1"}),
     "wslm float32, GGUF dequantized": ("float32", {"WSLM_GGUF_DEQUANTIZE": "1"}),
+    # bench/fidelity_formats.py's rows: the file's blocks in place (the default) and repacked
+    "wslm blocks": (None, {"WSLM_GGUF_BLOCKS": "1"}),
+    "wslm repacked": (None, {"WSLM_GGUF_BLOCKS": "0"}),
+    # the blocks with the tiled int8 GEMM refused (run_wslm patches GGUFBlockWeight._gemm, here, not in the
+    # package): a prefill multiplies dequantized slices in float, no activation rounding (an experiment)
+    "wslm blocks, float prefill": (None, {"WSLM_GGUF_BLOCKS": "1"}),
 }
-ENGINES = ["reference", *WSLM_CONFIGS, "llama.cpp"]
+ENGINES = ["reference", *list(WSLM_CONFIGS)[:5], "llama.cpp"]
 REF_NAME = "transformers float32 (reference)"
 
 
@@ -107,27 +116,49 @@ class Scores:
         self.nll = 0.0
         self.kl = 0.0
         self.agree = 0
+        self.kl2 = 0.0  # against a second reference (bench/fidelity_formats.py: the file dequantized)
+        self.agree2 = 0
+        self.second = False
 
-    def add(self, logprobs: np.ndarray, targets: np.ndarray, ref: np.ndarray | None = None) -> None:
-        """logprobs, ref: [rows, vocab] log-probabilities (engine's, reference's); targets: [rows] token ids."""
+    def add(self, logprobs: np.ndarray, targets: np.ndarray, ref: np.ndarray | None = None,
+            ref2: np.ndarray | None = None) -> None:  # fmt: skip
+        """logprobs, ref, ref2: [rows, vocab] log-probabilities (engine's, reference's, an optional second
+        reference's); targets: [rows] token ids."""
         logprobs = np.asarray(logprobs, dtype=np.float64)
         rows = np.arange(len(targets))
         self.n += len(targets)
         self.nll -= float(logprobs[rows, targets].sum())
         if ref is not None:
-            ref = np.asarray(ref, dtype=np.float64)
-            self.kl += float((np.exp(ref) * (ref - logprobs)).sum())
-            self.agree += int((ref.argmax(axis=-1) == logprobs.argmax(axis=-1)).sum())
+            kl, agree = self._versus(logprobs, ref)
+            self.kl += kl
+            self.agree += agree
+        if ref2 is not None:
+            kl, agree = self._versus(logprobs, ref2)
+            self.kl2 += kl
+            self.agree2 += agree
+            self.second = True
+
+    @staticmethod
+    def _versus(logprobs: np.ndarray, ref: np.ndarray) -> tuple[float, int]:
+        ref = np.asarray(ref, dtype=np.float64)
+        return (float((np.exp(ref) * (ref - logprobs)).sum()),
+                int((ref.argmax(axis=-1) == logprobs.argmax(axis=-1)).sum()))  # fmt: skip
 
     def result(self) -> dict:
-        return {"positions": self.n, "ppl": float(np.exp(self.nll / self.n)), "kl": self.kl / self.n,
-                "top1": self.agree / self.n}  # fmt: skip
+        out = {"positions": self.n, "ppl": float(np.exp(self.nll / self.n)), "kl": self.kl / self.n,
+               "top1": self.agree / self.n}  # fmt: skip
+        if self.second:
+            out.update(kl_file=self.kl2 / self.n, top1_file=self.agree2 / self.n)
+        return out
 
 
 def score_windows(spans, tokens: list[int], window_logits, ref_path: Path | None, vocab: int) -> dict:
     """window_logits(ids) -> logits [len(ids) - 1 or more, >= vocab] for the positions 0.. of one window. Scores
-    every window against the reference log-probabilities at ref_path (rows in scored order), if given."""
+    every window against the reference log-probabilities at ref_path (rows in scored order), if given, and
+    against ref_file.npy beside it where that exists (kl_file, top1_file)."""
     ref = np.load(ref_path, mmap_mode="r") if ref_path else None
+    second = ref_path.with_name("ref_file.npy") if ref_path else None
+    ref2 = np.load(second, mmap_mode="r") if second and second.exists() else None
     scores, row = Scores(), 0
     for start, end, first in spans:
         logits = window_logits(tokens[start:end])
@@ -137,7 +168,8 @@ def score_windows(spans, tokens: list[int], window_logits, ref_path: Path | None
             b = min(a + 128, hi)
             r = row + a - lo
             scores.add(log_softmax(np.asarray(logits[a:b])[:, :vocab]), targets[a - lo : b - lo],
-                       None if ref is None else ref[r : r + b - a])  # fmt: skip
+                       None if ref is None else ref[r : r + b - a],
+                       None if ref2 is None else ref2[r : r + b - a])  # fmt: skip
         row += hi - lo
     return scores.result()
 
@@ -183,6 +215,10 @@ def run_wslm(name: str, args, work: Path) -> dict:
 
     from wslm.backend import LLM, SamplingParams
 
+    if name == "wslm blocks, float prefill":
+        from wslm.backend.quant import gguf_blocks
+
+        gguf_blocks.GGUFBlockWeight._gemm = lambda self: False  # many rows: gguf_blocks' _prefill path
     info = json.loads((work / "tokens.json").read_text())
     tokens, vocab = info["tokens"], info["vocab"]
     spans = windows(len(tokens), args.window, args.stride)
@@ -369,7 +405,17 @@ def main() -> int:
     p.add_argument("--work", default=None, help=argparse.SUPPRESS)
     p.add_argument("--model-path", default=None, help=argparse.SUPPRESS)
     p.add_argument("--llama-no-extra-bufts", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--formats", nargs="*", default=None, help="per GGUF block format instead (Q4_0 ... Q6_K; none "
+                   "named: all): hands over to bench/fidelity_formats.py with the other flags")  # fmt: skip
     args = p.parse_args()
+    if args.formats is not None and not args.child:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        import fidelity_formats
+
+        argv = ["--window", str(args.window), "--stride", str(args.stride), "--threads", str(args.threads),
+                "--llama-python", args.llama_python, "--limit-tokens", str(args.limit_tokens)]  # fmt: skip
+        return fidelity_formats.main(argv + (["--formats", *args.formats] if args.formats else [])
+                                     + (["--no-docs"] if args.no_docs else []))  # fmt: skip
     windows(args.window + 1, args.window, args.stride)  # a bad --window/--stride fails here, not in a child
     if args.child:
         return child(args)

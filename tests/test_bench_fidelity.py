@@ -78,3 +78,44 @@ def test_text_is_fixed_and_long_enough(demo_tok):
     assert not text.startswith("<!--") and "山城" in text and "def " in text and "#include" in text
     assert "public domain" in fidelity.TEXT.read_text(encoding="utf-8").split("-->")[0]  # its licence header
     assert len(demo_tok(text, add_special_tokens=False).input_ids) >= 2000
+
+
+def test_second_reference_scores_beside_the_first(tmp_path):
+    """ref_file.npy beside ref.npy (bench/fidelity_formats.py: the file dequantized) gives kl_file / top1_file."""
+    rng = np.random.default_rng(1)
+    vocab, tokens = 5, list(rng.integers(0, 5, size=11))
+    table = rng.normal(size=(len(tokens), vocab)).astype(np.float32)
+    spans = fidelity.windows(len(tokens), 4, 2)
+    mine = np.concatenate([fidelity.log_softmax(table[first - 1 : end - 1]) for _, end, first in spans])
+    other = fidelity.log_softmax(mine + rng.normal(size=mine.shape))
+    np.save(tmp_path / "ref.npy", other.astype(np.float32))  # first reference: another distribution
+    np.save(tmp_path / "ref_file.npy", mine.astype(np.float32))  # second: the engine's own
+
+    it = iter(spans)
+
+    def window_logits(ids):
+        start, end, _ = next(it)
+        return table[start : end - 1]
+
+    r = fidelity.score_windows(spans, tokens, window_logits, tmp_path / "ref.npy", vocab)
+    assert r["kl_file"] == pytest.approx(0.0, abs=1e-6) and r["top1_file"] == 1.0
+    assert r["kl"] > 0.01
+    s = fidelity.Scores()
+    s.add(mine, np.asarray(tokens[1:]), other)
+    assert r["kl"] == pytest.approx(s.result()["kl"], rel=1e-5) and "kl_file" not in s.result()
+
+
+def test_formats_table_names_the_target(tmp_path):
+    import fidelity_formats
+
+    base = {"ppl": 10.0}
+    row = {"ppl": 11.0, "kl": 0.2, "top1": 0.8, "kl_file": 0.003, "top1_file": 0.95}
+    res = {"Q4_0": {"file": "demo-Q4_0.gguf", "types": "Q4_0 79%, Q8_0 21%", "dequantized": {"ppl": 11.0},
+                    "engines": {"wslm blocks": row, "wslm repacked": {**row, "ppl": 11.1, "kl": 0.3},
+                                "llama.cpp": {**row, "kl": 0.25}}}}  # fmt: skip
+    rows, verdict = fidelity_formats.table(res, base)
+    assert "| demo-Q4_0.gguf (Q4_0 79%, Q8_0 21%) | wslm blocks | 11.0000 | +0.00% | 0.20000 |" in rows
+    assert verdict[0].startswith("Q4_0, wslm blocks: perplexity within 0.5% of llama.cpp's met (+0.00%); KL vs "
+                                 "float32 no larger met")  # fmt: skip
+    assert "perplexity within 0.5% of llama.cpp's NOT met (+0.91%)" in verdict[1] and "NOT met (0.30000" in verdict[1]
+    assert set(fidelity_formats.FTYPES) == set(fidelity_formats.FORMATS)
