@@ -56,10 +56,15 @@ def test_compiled_decode_matches_eager_and_never_recompiles(dtype, tiny_models, 
     assert compiled.steps >= 2 * 23  # both generate calls' decode steps (past the first block) compiled
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 0  # no recompile for any shape
     for (g_ids, g_lp), (w_ids, w_lp) in zip(got, want):
-        # Other kernels round differently in bf16: the first tokens agree, logprobs stay close.
-        assert g_ids[:4] == w_ids[:4]
+        # Other kernels round differently in bf16: logprobs stay close while the tokens agree, and the tokens
+        # may part only at a near tie. The tiny random model's distributions are nearly flat (top logprobs
+        # ~-5 of a 49152-token vocabulary, the first few within 0.02 of each other), so on an AVX512-BF16 CPU
+        # greedy runs part after 2 steps with the chosen tokens' logprobs 0.017 apart.
+        assert g_ids[0] == w_ids[0]
         n = next((i for i, (a, b) in enumerate(zip(g_ids, w_ids)) if a != b), len(g_ids))
         assert max(abs(a - b) for a, b in zip(g_lp[:n], w_lp[:n])) < 0.2
+        if n < len(g_ids):
+            assert abs(g_lp[n] - w_lp[n]) < 0.1, (n, g_lp[n], w_lp[n])
     engine = llm.llm_engine
     assert engine.block_manager.num_free_blocks == engine.block_manager.num_blocks
 

@@ -18,6 +18,7 @@ import torch
 
 from wslm.backend.modeling.layers.attention import AttentionMetadata
 from wslm.backend.platforms.cpu.tuning import StepThreads, torch_threads
+from wslm.backend.quant.kernel import weight_kernel
 from wslm.kernels.torch_rotary import _cos_sin
 
 MAX_ROWS = 15  # the head kernel takes 16 rows and more to its tiled GEMM, which rounds otherwise
@@ -33,6 +34,16 @@ def one_sequence(positions: list[int], meta: AttentionMetadata) -> bool:
         return False
     tables = meta.block_tables
     return bool((tables == tables[:1]).all())
+
+
+def _head_rows_exact(head) -> bool:
+    """Whether the head's product over several rows gives each row the bits of its one-row product. The GGUF
+    blocks and wslm's int4 kernels do (their many-row loops keep each row's integer sums and float updates in
+    the one-row order). A dense head does not (torch's GEMM sums in another order than its GEMV), nor the
+    int8 kernel on AVX512-BF16 CPUs (several rows take bf16 pair products), nor torch's int4 kernel: those
+    heads run row by row, which reads the head once a row but keeps speculation's greedy output exact."""
+    k = weight_kernel(getattr(head, "weight", None))
+    return not isinstance(k, str) and k.c_kernel and k.layout in ("gguf", "int4")
 
 
 @torch.inference_mode()
@@ -72,11 +83,10 @@ def run_rows(native, input_ids: torch.Tensor, positions: torch.Tensor, meta: Att
         raise RuntimeError(f"wslm_decode_rows failed ({rc})")
     with torch_threads(threads):
         normed = model.norm(hidden + residual)
-        if isinstance(getattr(model.lm_head, "weight", None), torch.Tensor):
-            # a dense head: torch's GEMM over M rows sums in another order than its one-row GEMV
-            logits = torch.cat([model.compute_logits(row) for row in normed.split(1)])
-        else:  # the quantized kernels give each row's bits whatever the row count (below their GEMM's)
+        if _head_rows_exact(model.lm_head):
             logits = model.compute_logits(normed)
+        else:
+            logits = torch.cat([model.compute_logits(row) for row in normed.split(1)])
     if not native.fixed_threads:
         chooser.record(threads, (time.perf_counter() - start) / m)  # per row: steps of several row counts
     native.steps += 1
