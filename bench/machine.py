@@ -11,6 +11,24 @@ import sys
 from pathlib import Path
 
 
+def isa() -> str:
+    """The CPU's widest vector instructions, as the kernels see them ("AVX-512 BF16 VNNI", "AVX2", ...): two
+    machines with the same model name (a cloud "AMD EPYC" is Zen 3 or Zen 4) run different kernels."""
+    try:
+        flags: set[str] = set()
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    except OSError:
+        return ""
+    if "avx512f" in flags:
+        extra = [name for flag, name in (("avx512_bf16", "BF16"), ("avx512_vnni", "VNNI"), ("amx_tile", "AMX"))
+                 if flag in flags]  # fmt: skip
+        return " ".join(["AVX-512", *extra])
+    return "AVX2" if "avx2" in flags else "SSE" if flags else ""
+
+
 def describe() -> str:
     cpu = platform.processor() or "unknown CPU"
     try:
@@ -20,6 +38,8 @@ def describe() -> str:
                 break
     except OSError:
         pass
+    if isa():
+        cpu += f" ({isa()})"
     cores = os.cpu_count() or 0
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else cores
     try:
@@ -46,8 +66,8 @@ RESULTS = ROOT / "bench" / "results"
 
 
 def short() -> str:
-    """The machine in a few words, for a table cell: CPU model and core count."""
-    return describe().split(" (", 1)[0]
+    """The machine in a few words, for a table cell: CPU model, vector instructions and core count."""
+    return describe().split(" cores (", 1)[0] + " cores"
 
 
 def append_section(title: str, body: str, records: list[dict] | None = None, bench: str | None = None) -> Path:

@@ -51,14 +51,31 @@ def load(folder: Path = RESULTS) -> list[dict]:
     return records
 
 
+def machine_of(r: dict) -> str:
+    return r.get("machine_short") or r.get("machine", "-").split(" (")[0]
+
+
+def _key(r: dict) -> tuple:
+    return (r.get("bench", ""), r["metric"], r["model"], r.get("quant", ""), r["threads"], machine_of(r), r["engine"])
+
+
 def latest(records: list[dict]) -> dict[tuple, dict]:
-    """The newest record per (bench, metric, model, quant, threads, engine)."""
+    """The newest record per (bench, metric, model, quant, threads, machine, engine): machines that differ in
+    their vector instructions get rows of their own."""
     out: dict[tuple, dict] = {}
     for r in records:
-        key = (r.get("bench", ""), r["metric"], r["model"], r.get("quant", ""), r["threads"], r["engine"])
+        key = _key(r)
         if key not in out or r.get("date", "") >= out[key].get("date", ""):
             out[key] = r
     return out
+
+
+def same_run(records: list[dict], ours: dict, engine: str) -> dict | None:
+    """The peer's record from the run (JSON file) that gave ours, when that run measured the peer too: a
+    ratio of two runs compares two machine states."""
+    want = _key(ours)[:-1] + (engine,)
+    hits = [r for r in records if _key(r) == want and r.get("source") == ours.get("source")]
+    return max(hits, key=lambda r: r.get("date", "")) if hits else None
 
 
 def cell(r: dict | None) -> str:
@@ -87,26 +104,33 @@ def ratio(ours: dict | None, peer: dict | None) -> str:
 def table(records: list[dict]) -> str:
     best = latest(records)
     groups: dict[tuple, dict[str, dict]] = {}
-    for (bench, metric, model, quant, threads, engine), r in best.items():
-        groups.setdefault((bench, model, quant, metric, threads), {})[engine] = r
+    for (bench, metric, model, quant, threads, machine, engine), r in best.items():
+        groups.setdefault((bench, model, quant, metric, threads, machine), {})[engine] = r
+
     def order(key: tuple) -> tuple:
-        bench, model, quant, metric, threads = key
-        return (bench != "realsize", model, quant, ORDER.index(metric) if metric in ORDER else 99, metric, threads)
+        bench, model, quant, metric, threads, machine = key
+        return (bench != "realsize", model, quant, machine, ORDER.index(metric) if metric in ORDER else 99, metric,
+                threads)  # fmt: skip
 
     rows = ["| metric | model | threads | wslm | peer | peer's figure | wslm advantage | load avg | date | machine |",
             "|---|---|---:|---:|---|---:|---:|---:|---|---|"]  # fmt: skip
     for key in sorted(groups, key=order):
-        bench, model, quant, metric, threads = key
+        bench, model, quant, metric, threads, machine = key
         engines = groups[key]
         ours = engines.get("wslm")
         peer_name = next((e for e in PEER_ORDER if e in engines), next((e for e in engines if e != "wslm"), None))
         peer = engines.get(peer_name) if peer_name else None
+        if ours and peer_name:
+            peer = same_run(records, ours, peer_name) or peer
         ref = ours or peer
         loads = [f"{r['loadavg']:.1f}" for r in (ours, peer) if r and r.get("loadavg") is not None]
         unit = "" if ref["unit"] in ("bytes", "tok/s", "s") else f" ({ref['unit']})"
+        dates = ref.get("date", "-")
+        if ours and peer and peer.get("date") != ours.get("date"):
+            dates = f"{ours.get('date', '-')} / peer {peer.get('date', '-')}"  # two runs: say so
         rows.append(f"| {LABELS.get(metric, metric)}{unit} | {model} {quant}".rstrip() + f" | {threads} | {cell(ours)} | "
                     f"{peer_name or '-'} | {cell(peer)} | {ratio(ours, peer)} | {' / '.join(loads) or '-'} | "
-                    f"{ref.get('date', '-')} | {ref.get('machine_short') or ref.get('machine', '-').split(' (')[0]} |")  # fmt: skip
+                    f"{dates} | {machine} |")  # fmt: skip
     return "\n".join(rows)
 
 
