@@ -61,6 +61,36 @@ def _gone(pids: list[int], timeout: float) -> list[int]:
         time.sleep(0.05)
 
 
+def _kill_while_running(url: str, model: str, core_pid: int) -> tuple[dict, float, float]:
+    """SIGKILL a model's core while a request of its own runs; (that request's answer, the kill's time, the
+    answer's time limit)."""
+    answer: dict = {}
+    killing = threading.Event()
+
+    def doomed() -> None:
+        # Requests one after another until the kill: on a fast CPU one can finish between two polls of
+        # /metrics below, and then the next one is the request the kill meets.
+        while True:
+            resp = httpx.post(url + "/v1/chat/completions", json=_body(model, 400), timeout=120)
+            if killing.is_set() or resp.status_code != 200:
+                answer.update(status=resp.status_code, body=resp.json(), at=time.monotonic())
+                return
+
+    victim = threading.Thread(target=doomed)
+    victim.start()
+    deadline = time.monotonic() + 60
+    while metric(httpx.get(url + "/metrics", timeout=30).text, "wslm:num_requests_running",
+                 f'model_name="{model}"') < 1:  # fmt: skip
+        assert time.monotonic() < deadline and victim.is_alive(), answer
+        time.sleep(0.02)
+    limit = _answer_limit()
+    killing.set()
+    killed_at = time.monotonic()
+    os.kill(core_pid, signal.SIGKILL)
+    victim.join(30)
+    return answer, killed_at, limit
+
+
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
     folder = tmp_path_factory.mktemp("models")
@@ -100,23 +130,7 @@ def test_killing_one_pooled_core_fails_its_requests_fast_and_the_next_request_re
 
     streamer = threading.Thread(target=stream)
     streamer.start()
-    answer: dict = {}
-
-    def doomed() -> None:
-        resp = httpx.post(url + "/v1/chat/completions", json=_body("second", 400), timeout=120)
-        answer.update(status=resp.status_code, body=resp.json(), at=time.monotonic())
-
-    victim = threading.Thread(target=doomed)
-    victim.start()
-    deadline = time.monotonic() + 60
-    while metric(httpx.get(url + "/metrics", timeout=30).text, "wslm:num_requests_running",
-                 'model_name="second"') < 1:
-        assert time.monotonic() < deadline and victim.is_alive()
-        time.sleep(0.02)
-    limit = _answer_limit()
-    killed_at = time.monotonic()
-    os.kill(second_core[0].pid, signal.SIGKILL)
-    victim.join(30)
+    answer, killed_at, limit = _kill_while_running(url, "second", second_core[0].pid)
     assert answer["status"] == 503, answer
     assert answer["at"] - killed_at < limit, (answer["at"] - killed_at, limit)  # ~0.03 s at load 5 on 2 cores
     error = answer["body"]["error"]
@@ -148,23 +162,7 @@ def test_killing_the_default_models_core_fails_its_requests_fast_and_the_next_re
 
     streamer = threading.Thread(target=stream)
     streamer.start()
-    answer: dict = {}
-
-    def doomed() -> None:
-        resp = httpx.post(url + "/v1/chat/completions", json=_body("first", 400), timeout=120)
-        answer.update(status=resp.status_code, body=resp.json(), at=time.monotonic())
-
-    victim = threading.Thread(target=doomed)
-    victim.start()
-    deadline = time.monotonic() + 60
-    while metric(httpx.get(url + "/metrics", timeout=30).text, "wslm:num_requests_running",
-                 'model_name="first"') < 1:
-        assert time.monotonic() < deadline and victim.is_alive()
-        time.sleep(0.02)
-    limit = _answer_limit()
-    killed_at = time.monotonic()
-    os.kill(first.pid, signal.SIGKILL)
-    victim.join(30)
+    answer, killed_at, limit = _kill_while_running(url, "first", first.pid)
     assert answer["status"] == 503, answer
     assert answer["at"] - killed_at < limit, (answer["at"] - killed_at, limit)
     error = answer["body"]["error"]
