@@ -168,7 +168,20 @@ static inline void scale_min_k4(int j, const uint8_t *q, int *sc, int *m) {
 #if defined(__AVX2__) && defined(__FMA__)
 #define GG_AVX2 1
 static inline __m256i dot_us(__m256i u, __m256i s) {  /* 8 lanes, each the sum of 4 u8 * s8 products */
+#if defined(GG_VNNI)
+    return DPBUSD(_mm256_setzero_si256(), u, s);
+#else
     return _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1));
+#endif
+}
+/* the 4-bit codes lo (x[0..15]) and hi (x[16..31]) of a block against xl and xh: 8 lanes of 4-product sums */
+static inline __m256i dot_nibbles(__m256i lo, __m256i hi, __m256i xl, __m256i xh) {
+#if defined(GG_VNNI)
+    return DPBUSD(DPBUSD(_mm256_setzero_si256(), lo, xl), hi, xh);
+#else
+    return _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo, xl), _mm256_maddubs_epi16(hi, xh)),
+                             _mm256_set1_epi16(1));
+#endif
 }
 static inline __m256i dot_ss(__m256i a, __m256i b) {  /* s8 * s8 the same way: |a| times b with a's sign */
     return dot_us(_mm256_sign_epi8(a, a), _mm256_sign_epi8(b, a));
@@ -257,15 +270,13 @@ AI __m128i sum4_i32(__m256i p0, __m256i p1, __m256i p2, __m256i p3) {
    halves. -> [row 0: 4 sums | row 1: 4 sums], [row 2 | row 3], scaled in these lanes (spread4) and
    reduced once per row (sum4x2), not per block. */
 AI void q4x4_parts(const uint8_t *p, long rb, __m256i xl, __m256i xh, __m256i *m01, __m256i *m23) {
-    const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    const __m256i low = _mm256_set1_epi8(0x0f);
     __m256i m[2];
     for (int i = 0; i < 2; i++) {
         const uint8_t *a = p + 2 * i * rb;
         __m256i v = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)a)),
                                             _mm_loadu_si128((const __m128i *)(a + rb)), 1);
-        __m256i s = _mm256_add_epi16(_mm256_maddubs_epi16(_mm256_and_si256(v, low), xl),
-                                     _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(v, 4), low), xh));
-        m[i] = _mm256_madd_epi16(s, ones);
+        m[i] = dot_nibbles(_mm256_and_si256(v, low), _mm256_and_si256(_mm256_srli_epi16(v, 4), low), xl, xh);
     }
     *m01 = m[0];
     *m23 = m[1];
@@ -466,8 +477,8 @@ AI float dot1_q45_k(const uint8_t *w, const xq_t *x, long nb, int five) {
             }
             __m256i plo = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)(xq + 64 * j)));
             __m256i phi = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(xq + 64 * j + 32)));
-            s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(plo, _mm256_shuffle_epi8(sc16, k_pick16(2 * j))));
-            s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(phi, _mm256_shuffle_epi8(sc16, k_pick16(2 * j + 1))));
+            s0 = MADD_ACC(s0, plo, _mm256_shuffle_epi8(sc16, k_pick16(2 * j)));
+            s1 = MADD_ACC(s1, phi, _mm256_shuffle_epi8(sc16, k_pick16(2 * j + 1)));
         }
         acc = _mm256_fmadd_ps(_mm256_broadcastss_ps(dmx), _mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1)), acc);
     }
@@ -501,9 +512,8 @@ AI float dot1_q6_k(const uint8_t *w, const xq_t *x, long nb) {
                                    _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), three), 4));
             for (int i = 0; i < 4; i++) {
                 __m256i pr = _mm256_maddubs_epi16(q[i], _mm256_loadu_si256((const __m256i *)(xq + 128 * h + 32 * i)));
-                pr = _mm256_madd_epi16(pr, _mm256_shuffle_epi8(sc16, k_pick16_pair(i)));
-                if (i & 1) s1 = _mm256_add_epi32(s1, pr);
-                else s = _mm256_add_epi32(s, pr);
+                if (i & 1) s1 = MADD_ACC(s1, pr, _mm256_shuffle_epi8(sc16, k_pick16_pair(i)));
+                else s = MADD_ACC(s, pr, _mm256_shuffle_epi8(sc16, k_pick16_pair(i)));
             }
         }
         uint16_t hd;
@@ -621,7 +631,7 @@ static void dot_rows(long t, const uint8_t *w, long rb, int nr, const xq_t *x, l
 /* Q4_0 and Q4_1 (dot_q4_0, and dot_q451's qh == 0 path), NR weight rows */
 AI void dotm_q4(const uint8_t *w, long rb, const xq_t *x, long M, long K, float (*res)[NR], int q41) {
     long nb = K / 32, bs = q41 ? 20 : 18, qs = q41 ? 4 : 2;
-    const __m256i low = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1);
+    const __m256i low = _mm256_set1_epi8(0x0f);
     __m256 acc01[MMAX], acc23[MMAX];
     __m128 side[MMAX];  /* q4_0: corr; q4_1: mins */
     for (long m = 0; m < M; m++) acc01[m] = acc23[m] = _mm256_setzero_ps(), side[m] = _mm_setzero_ps();
@@ -645,10 +655,7 @@ AI void dotm_q4(const uint8_t *w, long rb, const xq_t *x, long M, long K, float 
             const __m128i *xb = (const __m128i *)(x[m].q32 + b * 32);
             __m256i xl = _mm256_broadcastsi128_si256(_mm_loadu_si128(xb));
             __m256i xh = _mm256_broadcastsi128_si256(_mm_loadu_si128(xb + 1));
-            __m256i m01 = _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo[0], xl),
-                                                             _mm256_maddubs_epi16(hi[0], xh)), ones);
-            __m256i m23 = _mm256_madd_epi16(_mm256_add_epi16(_mm256_maddubs_epi16(lo[1], xl),
-                                                             _mm256_maddubs_epi16(hi[1], xh)), ones);
+            __m256i m01 = dot_nibbles(lo[0], hi[0], xl, xh), m23 = dot_nibbles(lo[1], hi[1], xl, xh);
             __m256 dx = _mm256_set1_ps(x[m].d32[b]), s01 = _mm256_mul_ps(dw01, dx), s23 = _mm256_mul_ps(dw23, dx);
             acc01[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(m01), s01, acc01[m]);
             acc23[m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(m23), s23, acc23[m]);
@@ -725,8 +732,8 @@ AI void dotm1_q45_k(const uint8_t *w, const xq_t *x, long M, long nb, int five, 
             for (int j = 0; j < 4; j++) {
                 __m256i plo = _mm256_maddubs_epi16(q[2 * j], _mm256_loadu_si256((const __m256i *)(xq + 64 * j)));
                 __m256i phi = _mm256_maddubs_epi16(q[2 * j + 1], _mm256_loadu_si256((const __m256i *)(xq + 64 * j + 32)));
-                s0 = _mm256_add_epi32(s0, _mm256_madd_epi16(plo, scp[2 * j]));
-                s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(phi, scp[2 * j + 1]));
+                s0 = MADD_ACC(s0, plo, scp[2 * j]);
+                s1 = MADD_ACC(s1, phi, scp[2 * j + 1]);
             }
             acc[m] = _mm256_fmadd_ps(_mm256_broadcastss_ps(dmx), _mm256_cvtepi32_ps(_mm256_add_epi32(s0, s1)), acc[m]);
         }
@@ -771,9 +778,8 @@ AI void dotm1_q6_k(const uint8_t *w, const xq_t *x, long M, long nb, float *res,
             for (int h = 0; h < 2; h++)
                 for (int i = 0; i < 4; i++) {
                     __m256i pr = _mm256_maddubs_epi16(q[4 * h + i], _mm256_loadu_si256((const __m256i *)(xq + 128 * h + 32 * i)));
-                    pr = _mm256_madd_epi16(pr, scp[4 * h + i]);
-                    if (i & 1) s1 = _mm256_add_epi32(s1, pr);
-                    else s = _mm256_add_epi32(s, pr);
+                    if (i & 1) s1 = MADD_ACC(s1, pr, scp[4 * h + i]);
+                    else s = MADD_ACC(s, pr, scp[4 * h + i]);
                 }
             acc[m] = _mm256_fmadd_ps(_mm256_set1_ps(dh * x[m].d256[b]), _mm256_cvtepi32_ps(_mm256_add_epi32(s, s1)), acc[m]);
         }

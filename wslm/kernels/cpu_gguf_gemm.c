@@ -237,7 +237,6 @@ static inline float gg_hsum(__m256 v) {
 GAI void tile32(const uint8_t *wc, const char *aux, long stride, const gx_t *x, long K, float *res, const int RM,
                 const int RN, const int sgn) {
     __m256 acc[4][4];
-    const __m256i ones = _mm256_set1_epi16(1);
     for (int j = 0; j < RN; j++)
         for (int i = 0; i < RM; i++) acc[j][i] = _mm256_setzero_ps();
     for (long b = 0; b < K / 32; b++) {
@@ -250,9 +249,9 @@ GAI void tile32(const uint8_t *wc, const char *aux, long stride, const gx_t *x, 
             __m256i xv = _mm256_loadu_si256((const __m256i *)(x[j].q + b * 32));
             __m256 dx = _mm256_broadcast_ss(x[j].d + b);
             for (int i = 0; i < RM; i++) {
-                __m256i pr = sgn ? _mm256_maddubs_epi16(aw[i], _mm256_sign_epi8(xv, w[i]))
-                                 : _mm256_maddubs_epi16(w[i], xv);
-                __m256 f = _mm256_cvtepi32_ps(_mm256_madd_epi16(pr, ones));
+                __m256i pr = sgn ? DPBUSD(_mm256_setzero_si256(), aw[i], _mm256_sign_epi8(xv, w[i]))
+                                 : DPBUSD(_mm256_setzero_si256(), w[i], xv);
+                __m256 f = _mm256_cvtepi32_ps(pr);
                 __m256 sw = _mm256_broadcast_ss((const float *)(aux + i * stride) + b);
                 acc[j][i] = _mm256_fmadd_ps(f, _mm256_mul_ps(sw, dx), acc[j][i]);
             }
@@ -288,7 +287,7 @@ GAI void tilek(const uint8_t *wc, const char *aux, long stride, const gx_t *x, l
                 __m256i xv = _mm256_loadu_si256((const __m256i *)(x[j].q + b * 256 + c * 32));
                 for (int i = 0; i < RM; i++) {
                     const __m256i sc = _mm256_loadu_si256((const __m256i *)(aux + i * stride + (b * 8 + c) * 32));
-                    is[j][i] = _mm256_add_epi32(is[j][i], _mm256_madd_epi16(_mm256_maddubs_epi16(w[i], xv), sc));
+                    is[j][i] = MADD_ACC(is[j][i], _mm256_maddubs_epi16(w[i], xv), sc);
                 }
             }
         }

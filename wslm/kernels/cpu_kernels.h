@@ -1,5 +1,5 @@
-/* Shared by the CPU kernels built by cpu_gemv.py (cpu_gemv.c, cpu_layer.c): bf16 conversions and the
-   entry points one file calls in the other. */
+/* Shared by the CPU kernels built by cpu_gemv.py (cpu_gemv.c, cpu_layer.c, cpu_gguf.c, cpu_gguf_gemm.c): bf16
+   conversions, the GGUF kernels' integer dot products and the entry points one file calls in the other. */
 #ifndef WSLM_CPU_KERNELS_H
 #define WSLM_CPU_KERNELS_H
 #include <math.h>
@@ -11,6 +11,23 @@
 #endif
 #if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
+#endif
+
+/* The GGUF kernels' integer dot products (cpu_gguf.c, cpu_gguf_gemm.c). VNNI (AVX512-VNNI with VL, or
+   AVX-VNNI): one instruction for maddubs + madd + add (DPBUSD), and for madd + add (MADD_ACC). The same
+   integers either way: no int16 lane of maddubs saturates there (4- to 6-bit codes, or |w| <= 128, times int8
+   activations of |x| <= 127: at most 2 * 128 * 127 < 32767), so a build's bits do not depend on it. */
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define GG_VNNI 1
+#define DPBUSD(acc, u, s) _mm256_dpbusd_epi32(acc, u, s)
+#define MADD_ACC(acc, a, b) _mm256_dpwssd_epi32(acc, a, b)
+#elif defined(__AVXVNNI__)
+#define GG_VNNI 1
+#define DPBUSD(acc, u, s) _mm256_dpbusd_avx_epi32(acc, u, s)
+#define MADD_ACC(acc, a, b) _mm256_dpwssd_avx_epi32(acc, a, b)
+#elif defined(__AVX2__)
+#define DPBUSD(acc, u, s) _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(u, s), _mm256_set1_epi16(1)))
+#define MADD_ACC(acc, a, b) _mm256_add_epi32(acc, _mm256_madd_epi16(a, b))
 #endif
 
 static inline float bf2f(uint16_t v) { uint32_t u = (uint32_t)v << 16; float f; memcpy(&f, &u, 4); return f; }
