@@ -11,8 +11,8 @@ step on one core, 32 sequences 70 -> 24 ms on two (docs/benchmarks.md).
 Compiling takes ~2 minutes per graph on 2 cores with a cold inductor cache (~30 s warm), so it runs in a
 background thread at start: steps run the eager fast path until the graphs (one sequence, unless
 decode_native.py runs those steps in C; 2+ sequences, shapes dynamic) are ready, then switch. While a lone
-chat is served (its steps run in C, no graph needed) the compile pauses (hold()): sharing the GIL and the
-cores with it cost that chat two thirds of its speed.
+chat or a batch is served without the graph, the compile pauses (hold()): sharing the GIL and the cores with
+it cost a lone chat two thirds of its speed and a batch six sevenths; it goes on when the steps pause.
 Any failure (no compiler, an inductor error) is logged once and the eager path keeps serving.
 
 The graph reads the KV pool but never writes it: each layer's new key/value are put into its gathered
@@ -372,10 +372,11 @@ class CompiledDecode:
         return not thread.is_alive()
 
     def hold(self) -> None:
-        """A lone chat's step was just served (in C, which needs no graph): the compile, if under way, pauses
-        at its next Python event until no such step has come for _HOLD_S. Inductor is Python holding the GIL
-        and a core: beside it a served lone chat ran at a third of its speed for the compile's 2-4 minutes.
-        Batches do not hold it, so the batch graph they wait for still gets built under batch load."""
+        """A step was just served without the graph (a lone chat in C, or a batch eagerly): the compile, if
+        under way, pauses at its next Python event until no such step has come for _HOLD_S. Inductor is Python
+        holding the GIL and a core: beside it a served lone chat ran at a third of its speed and a batch at a
+        seventh. So the graph is built in the pauses between steps; under load without pause it is not built,
+        and the steps keep the eager speed."""
         pause = self._pause
         if pause is not None:
             pause.hold()

@@ -82,6 +82,11 @@ class CpuDecodePlan:
             else:
                 with one_thread_when(n <= SMALL_STEP_ROWS):
                     logits = backend.run(input_ids, positions, meta)
+                if logits is not None and backend is self.eager and self.compiled is not None:
+                    # A batch served eagerly while the graph compiles: inductor's Python shares the GIL with
+                    # every eager op, and beside it a batch ran at 0.14x its eager speed (2-core Zen 4,
+                    # bench/batch_during_compile.py). The compile waits; it goes on when the steps pause.
+                    self.compiled.hold()
             if logits is not None:
                 return logits
         return None
