@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from wslm.backend.modeling.models.llama import LlamaForCausalLM
+from wslm.backend.modeling.models.llama import LlamaForCausalLM, renamed
 from wslm.backend.modeling.vision.clip import Weights
 from wslm.backend.modeling.vision.siglip import SiglipVisionTower
 
@@ -48,10 +48,7 @@ class Idefics3ForConditionalGeneration(LlamaForCausalLM):
         super().load_weights(with_projector(weights, self.mmproj))
 
     def checkpoint_name(self, name: str) -> str | None:
-        for old, new in _RENAMES:
-            if name.startswith(old):
-                name = new + name[len(old):]
-                break
+        name = renamed(name, _RENAMES)
         return super().checkpoint_name(name)
 
     def weight_loaders(self):

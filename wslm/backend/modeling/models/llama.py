@@ -28,6 +28,15 @@ from wslm.backend.modeling.layers.rotary import get_rope
 Loaders = dict[str, Callable[[torch.Tensor], None]]
 
 
+def renamed(name: str, renames) -> str:
+    """name with the first of renames' (old prefix, new prefix) pairs that it starts with replaced: the
+    vision-language families map their checkpoints' wrappers onto the text model's names this way."""
+    for old, new in renames:
+        if name.startswith(old):
+            return new + name[len(old):]
+    return name
+
+
 def linear_loaders(prefix: str, layer, parts: dict[str, object]) -> Loaders:
     """Checkpoint names -> loaders for a (possibly fused) linear layer: parts maps each checkpoint
     projection name to its part of the layer (None: the checkpoint already holds the fused tensor)."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from wslm.backend.modeling.models.llama import LlamaForCausalLM
+from wslm.backend.modeling.models.llama import LlamaForCausalLM, renamed
 from wslm.backend.modeling.vision.clip import ACTIVATIONS, CLIPVisionTower, Weights
 
 # Checkpoint prefixes (transformers 5 nests everything under model.; 4.x kept language_model. outside).
@@ -64,10 +64,7 @@ class LlavaForConditionalGeneration(LlamaForCausalLM):
         super().load_weights(with_projector(weights, self.mmproj))
 
     def checkpoint_name(self, name: str) -> str | None:
-        for old, new in _RENAMES:
-            if name.startswith(old):
-                name = new + name[len(old):]
-                break
+        name = renamed(name, _RENAMES)
         if name.startswith("vision_tower."):
             name = name.replace("vision_tower.vision_model.", "vision_tower.")  # 4.x: CLIPVisionModel's wrapper
         return super().checkpoint_name(name)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from wslm.backend.modeling.layers.mrope import MRotaryEmbedding, image_positions
-from wslm.backend.modeling.models.llama import Qwen2ForCausalLM
+from wslm.backend.modeling.models.llama import Qwen2ForCausalLM, renamed
 from wslm.backend.modeling.vision.qwen2_5_vl import Qwen25VisionTower
 
 # Checkpoint prefixes: the hub's checkpoints (and transformers 5's saves) keep model.* and visual.*;
@@ -54,10 +54,7 @@ class Qwen2_5_VLForConditionalGeneration(Qwen2ForCausalLM):
         return self._mrope
 
     def checkpoint_name(self, name: str) -> str | None:
-        for old, new in _RENAMES:
-            if name.startswith(old):
-                name = new + name[len(old):]
-                break
+        name = renamed(name, _RENAMES)
         return super().checkpoint_name(name)
 
     def weight_loaders(self):
