@@ -161,3 +161,24 @@ def test_adaptive_k_backs_off_where_proposals_fail():
     assert ak.limit(1, 4) == 4
     ak.forget(set())
     assert len(ak) == 0
+
+
+def test_adaptive_k_follows_the_measured_cost_of_a_verification_row():
+    from wslm.backend.spec_decode.adaptive import MAX_PAUSE, ROW_COST, AdaptiveK, best_k
+
+    ak = AdaptiveK()
+    ak.observe(5, 0.5)  # no plain step timed yet: nothing to compare with
+    assert ak.row_cost == ROW_COST
+    for _ in range(20):
+        ak.observe(1, 0.010)
+    ak.observe(5, 1.0)  # one odd step (a thread-count try, a page fault) moves it, but not far
+    assert ak.row_cost < 0.7
+    for _ in range(30):  # 4 extra rows cost 0.2 of a row together: speculating pays at a lower acceptance
+        ak.observe(5, 0.012)
+    assert ak.row_cost < 0.1 and best_k(0.6, 4, ak.row_cost) >= 2
+    for _ in range(40):  # now each extra row costs a whole row (a busy machine): it does not pay
+        ak.observe(5, 0.050)
+    assert ak.row_cost > 0.9 and best_k(0.8, 4, ak.row_cost) == 0
+    # Paused by that cost, a sequence still probes with one token now and then, so the cost is measured again.
+    probes = sum(1 for _ in range(4 * MAX_PAUSE) if ak.limit(7, 4))
+    assert probes >= 2

@@ -924,6 +924,31 @@ int wslm_gguf_rows(const void *wv, const void *x, int x_bf16, void *out, int out
     return 0;
 }
 
+/* A team's product of M activation rows in two phases (cpu_layer.c's verification step): each thread rounds
+   its share of the rows into a shared buffer (wslm_gguf_quant, wslm_gguf_xq_size bytes a row), and after a
+   barrier takes its weight rows for all M (wslm_gguf_rows_q), each chunk of blocks met by every row while in
+   cache, as wslm_gguf_mm does. */
+size_t wslm_gguf_xq_size(long K) { return (xq_bytes(K) + 63) & ~(size_t)63; }
+
+void wslm_gguf_quant(const void *wv, const void *x, int x_bf16, void *buf) {
+    const wslm_gguf *w = (const wslm_gguf *)wv;
+    xq_t xs;
+    int n32, n256;
+    xq_carve(buf, w->k, &xs);
+    needs(w, &n32, &n256);
+    quantize_x(x, x_bf16, w->k, n32, n256, &xs);
+}
+
+/* bufs: M rows per bytes apart (at least wslm_gguf_xq_size(K)), M <= 16 */
+int wslm_gguf_rows_q(const void *wv, const void *bufs, size_t per, long M, void *out, int out_bf16, long n0, long n1) {
+    const wslm_gguf *w = (const wslm_gguf *)wv;
+    xq_t xs[16];
+    if (M < 1 || M > 16 || per < xq_bytes(w->k)) return -2;
+    for (long m = 0; m < M; m++) xq_carve((char *)bufs + per * (size_t)m, w->k, xs + m);
+    rows_range(w, xs, M, out, out_bf16, n0, n1);
+    return 0;
+}
+
 /* ---- prefill: rows dequantized for a GEMM ----------------------------------------------------------
    Many activation rows (a prompt) are compute-bound; without VNNI an int8 dot costs ~3 instructions per 32
    products beside the blocks' unpacking, while a float32 (or bf16) GEMM library multiplies 16-32 a cycle.

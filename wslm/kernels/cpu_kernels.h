@@ -61,6 +61,9 @@ int wslm_int4_mv_q8_rows(const uint16_t *x, const uint8_t *packed, const uint16_
 int wslm_gguf_mm(const void *w, const void *x, long M, int x_bf16, void *out, int out_bf16, int threads);
 int wslm_gguf_rows(const void *w, const void *x, int x_bf16, void *out, int out_bf16, long n0, long n1,
                    void *scratch);
+size_t wslm_gguf_xq_size(long K);
+void wslm_gguf_quant(const void *w, const void *x, int x_bf16, void *buf);
+int wslm_gguf_rows_q(const void *w, const void *bufs, size_t per, long M, void *out, int out_bf16, long n0, long n1);
 int wslm_int8_mv_rows(const uint16_t *x, const int8_t *w, const uint16_t *scale, uint16_t *out, long N, long K,
                       long n0, long n1, void *scratch);
 #endif

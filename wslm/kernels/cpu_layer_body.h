@@ -226,19 +226,25 @@ static void NAME(team_linear)(const wslm_linear *l, const T *x, T *out, int t, i
     }
 }
 
+/* whether a team takes every product of the layers (a team cannot return an error from inside) */
+static int NAME(team_takes)(const wslm_layer *layers, long n_layers) {
+    for (long i = 0; i < n_layers; i++) {
+        const wslm_linear *ls[4] = {&layers[i].qkv, &layers[i].o, &layers[i].gate_up, &layers[i].down};
+        for (int j = 0; j < 4; j++) {
+            long k = ls[j]->kind;
+            if (!(k == LIN_INT4 || k == LIN_INT8 || k == LIN_GGUF || k == (ACT_BF16 ? LIN_BF16 : LIN_F32))) return 0;
+        }
+    }
+    return 1;
+}
+
 /* The step with threads: one parallel region; every product split by rows, attention by key/value head
    and, past a short context, by stretches of the context (flash-decoding: each stretch's softmax kept
    unnormalised with its top score, the stretches merged after); the small phases on thread 0. */
 static int NAME(step_team)(const wslm_layer *layers, long n_layers, long d, long heads, long kvh, long hd,
                            T *hidden, T *residual, const T *cos2, const T *sin2, const int32_t *table, long bs,
                            long len, long slot, int threads) {
-    for (long i = 0; i < n_layers; i++) {  /* every kind known before the team starts: no errors inside */
-        const wslm_linear *ls[4] = {&layers[i].qkv, &layers[i].o, &layers[i].gate_up, &layers[i].down};
-        for (int j = 0; j < 4; j++) {
-            long k = ls[j]->kind;
-            if (!(k == LIN_INT4 || k == LIN_INT8 || k == LIN_GGUF || k == (ACT_BF16 ? LIN_BF16 : LIN_F32))) return -2;
-        }
-    }
+    if (!NAME(team_takes)(layers, n_layers)) return -2;  /* every kind known before the team starts */
     long qkv_n, gu_n, widest = NAME(widest)(layers, n_layers, &qkv_n, &gu_n);
     long q_size = heads * hd, group = heads / kvh;
     long most = threads < 64 ? threads : 64;  /* stretches of one head at most */
@@ -386,6 +392,112 @@ static int NAME(linear_m)(const wslm_linear *l, const T *x, T *out, long M, int 
     return rc;
 }
 
+#if defined(_OPENMP)
+/* A team thread's weight rows of out[m] = x[m] @ w.T (+ bias) for every m < M. GGUF blocks: the rows as
+   rounded in q (wslm_gguf_quant, per bytes apart), every row met by each chunk of blocks; other kinds: row by
+   row through team_linear. The split is by weight rows, so each row's bits are the one-row step's. */
+static void NAME(team_linear_m)(const wslm_linear *l, const T *x, T *out, long M, const char *q, size_t per, int t,
+                                int nt, void *scratch, uint16_t *xb, uint16_t *ob) {
+    if (l->kind != LIN_GGUF) {
+        for (long m = 0; m < M; m++) NAME(team_linear)(l, x + m * l->k, out + m * l->n, t, nt, scratch, xb, ob);
+        return;
+    }
+    long n0, n1;
+    team_rows(l, t, nt, &n0, &n1);
+    if (n0 >= n1) return;
+    wslm_gguf_rows_q(l->w, q, per, M, out, ACT_BF16, n0, n1);
+    if (l->bias) {
+        const T *b = (const T *)l->bias;
+        for (long m = 0; m < M; m++)
+            for (long i = n0; i < n1; i++) out[m * l->n + i] = ST(LD(out[m * l->n + i]) + LD(b[i]));
+    }
+}
+
+/* rows [m0, m1) of x (l->k apart) rounded into q for l's product (GGUF blocks only) */
+static void NAME(team_quant)(const wslm_linear *l, const T *x, char *q, size_t per, long m0, long m1) {
+    if (l->kind == LIN_GGUF)
+        for (long m = m0; m < m1; m++) wslm_gguf_quant(l->w, x + m * l->k, ACT_BF16, q + per * (size_t)m);
+}
+
+/* The verification step with threads: one parallel region (one wake-up a step, where a region per product
+   woke the sleeping threads ~120 times a step of the demo), barriers between the phases; the rows' norms,
+   rotary and KV writes split by row, attention by (row, key/value head) over each row's whole context (one
+   stretch: the sums of the one-row step on one thread), the products by weight rows. */
+static int NAME(rows_team)(const wslm_layer *layers, long n_layers, long d, long heads, long kvh, long hd,
+                           T *hidden, T *residual, const T *cos2, const T *sin2, const int32_t *table, long bs,
+                           long len, const int64_t *slots, long M, int threads) {
+    if (!NAME(team_takes)(layers, n_layers)) return -2;  /* every kind known before the team starts */
+    if (M > 16) return -2;
+    long qkv_n, gu_n, widest = NAME(widest)(layers, n_layers, &qkv_n, &gu_n);
+    long q_size = heads * hd, group = heads / kvh;
+    size_t per = wslm_gguf_xq_size(widest);
+    size_t acts = sizeof(T) * (size_t)M * (size_t)(d + qkv_n + q_size + gu_n + gu_n / 2);
+    acts = (acts + 63) & ~(size_t)63;
+    size_t shared = acts + per * (size_t)M + sizeof(uint16_t) * (size_t)widest;
+    size_t own = ROW_SCRATCH_BYTES(widest) + sizeof(float) * (size_t)(group * (len + hd) + hd + group * (hd + 2))
+                 + sizeof(uint16_t) * (size_t)widest;
+    own = (own + 63) & ~(size_t)63;
+    shared = (shared + 63) & ~(size_t)63;
+    char *mem = (char *)aligned_alloc(64, shared + own * (size_t)threads);
+    if (!mem) return -1;
+    T *x = (T *)mem, *qkv = x + M * d, *att = qkv + M * qkv_n, *gu = att + M * q_size, *act = gu + M * gu_n;
+    char *q = mem + acts;
+    uint16_t *ob = (uint16_t *)(q + per * (size_t)M);
+    team_bar bar = {0, 0, 1};
+#pragma omp parallel num_threads(threads)
+    {
+        int t = omp_get_thread_num(), nt = omp_get_num_threads(), sense = 0;
+#pragma omp single
+        bar.n = nt;  /* (the implied barrier publishes it) */
+        char *mine = mem + shared + own * (size_t)t;
+        void *scratch = mine;
+        float *work = (float *)(mine + ROW_SCRATCH_BYTES(widest));
+        float *top = work + group * (len + hd) + hd, *sum = top + group, *acc = sum + group;
+        uint16_t *xb = (uint16_t *)(acc + group * hd);
+        long m0 = M * t / nt, m1 = M * (t + 1) / nt, units = M * kvh, u0 = units * t / nt, u1 = units * (t + 1) / nt;
+        for (long li = 0; li < n_layers; li++) {
+            const wslm_layer *l = layers + li;
+            long qn = l->qkv.n, gn = l->gate_up.n, inter = gn / 2;
+            for (long m = m0; m < m1; m++)
+                NAME(add_norm)(li, hidden + m * d, residual + m * d, (const T *)l->w_in, l->eps_in, d, x + m * d);
+            NAME(team_quant)(&l->qkv, x, q, per, m0, m1);
+            team_wait(&bar, &sense);
+            NAME(team_linear_m)(&l->qkv, x, qkv, M, q, per, t, nt, scratch, xb, ob);
+            team_wait(&bar, &sense);
+            for (long m = m0; m < m1; m++)  /* every row's key and value in the cache before any row attends */
+                NAME(rope_store)(l, qkv + m * qn, heads, kvh, hd, cos2 + m * hd, sin2 + m * hd, slots[m]);
+            team_wait(&bar, &sense);
+            for (long u = u0; u < u1; u++) {
+                long m = u / kvh, kh = u % kvh;
+                NAME(attend_part)(qkv + m * qn, l, kh, group, kvh, hd, table, bs, 0, len - M + 1 + m, work, top, sum,
+                                  acc);
+                for (long g = 0; g < group; g++)
+                    for (long i = 0; i < hd; i++)
+                        att[m * q_size + (kh * group + g) * hd + i] = ST(acc[g * hd + i] / sum[g]);
+            }
+            team_wait(&bar, &sense);
+            NAME(team_quant)(&l->o, att, q, per, m0, m1);
+            team_wait(&bar, &sense);
+            NAME(team_linear_m)(&l->o, att, hidden, M, q, per, t, nt, scratch, xb, ob);
+            team_wait(&bar, &sense);
+            for (long m = m0; m < m1; m++)
+                NAME(add_norm)(1, hidden + m * d, residual + m * d, (const T *)l->w_post, l->eps_post, d, x + m * d);
+            NAME(team_quant)(&l->gate_up, x, q, per, m0, m1);
+            team_wait(&bar, &sense);
+            NAME(team_linear_m)(&l->gate_up, x, gu, M, q, per, t, nt, scratch, xb, ob);
+            team_wait(&bar, &sense);
+            for (long m = m0; m < m1; m++) NAME(silu_mul)(gu + m * gn, act + m * inter, inter, 0, inter);
+            NAME(team_quant)(&l->down, act, q, per, m0, m1);
+            team_wait(&bar, &sense);
+            NAME(team_linear_m)(&l->down, act, hidden, M, q, per, t, nt, scratch, xb, ob);
+            team_wait(&bar, &sense);
+        }
+    }
+    free(mem);
+    return 0;
+}
+#endif
+
 /* hidden, residual [M, d]; cos2/sin2 [M, hd]; slots [M]; len: the sequence's tokens including the last row
    (row m attends to the first len - M + 1 + m). threads: the products' (each product split by weight rows,
    which leaves every row's bits as they are); the rest runs on the calling thread. Returns as ENTRY. */
@@ -394,6 +506,11 @@ int ENTRY_ROWS(const wslm_layer *layers, int64_t n_layers, int64_t d, int64_t he
                const int64_t *slots, int64_t M, int threads) {
     long q_size = heads * hd, group = heads / kvh;
     if (group > 64 || M < 1 || len < M) return -2;
+#if defined(_OPENMP)
+    if (threads > 1 && M > 1)
+        return NAME(rows_team)(layers, n_layers, d, heads, kvh, hd, hidden, residual, cos2, sin2, table, bs, len, slots,
+                               M, threads);
+#endif
     long qkv_n, gu_n, widest = NAME(widest)(layers, n_layers, &qkv_n, &gu_n);
     size_t elems = (size_t)M * (size_t)(d + qkv_n + q_size + gu_n + gu_n / 2);
     T *x = (T *)malloc(sizeof(T) * elems);

@@ -183,7 +183,10 @@ class EngineCore:
             so, forks = self._scheduler_output(sched.scheduled)
             if self.speculator is not None:
                 so.spec = self.speculator.batch(sched.scheduled)
+            started = time.perf_counter()
             result = self.executor.execute(so)
+            if self.speculator is not None:
+                self.speculator.timed(sched.scheduled, time.perf_counter() - started)
         except EngineDeadError:
             raise  # the workers are gone: nothing more can be served (the server exits, LLM raises)
         except (MemoryError, torch.OutOfMemoryError) as exc:

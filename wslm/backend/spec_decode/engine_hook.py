@@ -122,6 +122,15 @@ class Speculator:
             g.matcher.rollback(len(drafts))
         return bitmask
 
+    def timed(self, scheduled: list, seconds: float) -> None:
+        """A step's wall time (executing and sampling). A step that decoded one sequence alone tells the
+        adaptive K what its extra verification rows cost here (the only case whose rows are all one chat's)."""
+        if len(scheduled) != 1:
+            return
+        seq, n = scheduled[0]
+        if n == 1 + len(seq.spec_token_ids):  # a decode (a prefill chunk schedules its prompt's tokens)
+            self.adaptive.observe(n, seconds)
+
     def verified(self, seq, num_new: int, block_manager) -> None:
         """seq's run is settled: num_new tokens (accepted drafts + one). Count, and give back the blocks past
         what its computed tokens fill (the rejected tokens' slots)."""

@@ -22,27 +22,18 @@ def accept_greedy(targets: list[int], drafts: list[int]) -> list[int]:
     return out
 
 
-def accept_sampled(probs: torch.Tensor, drafts: list[int], generator: torch.Generator | None) -> list[int]:
+def accept_sampled(probs: torch.Tensor, drafts: list[int], noise: torch.Tensor) -> list[int]:
     """probs: [k + 1, vocab], the target's final sampling distribution at each position (temperature, top-k/p,
-    min-p applied). Two draws per run: k uniforms, and one categorical sample (the correction or bonus)."""
-    k = len(drafts)
-    probs = probs / probs.sum(dim=-1, keepdim=True)  # min-p leaves the rows unnormalized; acceptance reads p(d)
+    min-p applied; rows need not be normalized). noise: [k + 1, vocab] of Exp(1) draws, each row the one the
+    plain sampler would draw for that position. Each position's token is the plain sampler's own (the
+    exponential race argmax(p / E)), and the drafts are accepted while they equal it: for a point-mass q that
+    is the speculative-sampling rule itself (d is accepted with probability p(d); after a rejection the token
+    follows p with d removed), and a seeded request's tokens are those it gets without speculation."""
+    sampled = (probs / noise).argmax(dim=-1).tolist()
     out: list[int] = []
-    if k:
-        d = torch.tensor(drafts, device=probs.device)
-        p_draft = probs[:k].gather(1, d.unsqueeze(1)).squeeze(1)
-        u = torch.rand(k, generator=generator, device=probs.device)
-        accepted = (u < p_draft).tolist()
-        j = accepted.index(False) if False in accepted else k
-        out = list(drafts[:j])
-    else:
-        j = 0
-    row = probs[j]
-    if j < k:
-        row = row.clone()
-        row[drafts[j]] = 0.0  # the residual max(p - q, 0) for a point-mass q
-    total = row.sum()
-    if total <= 0:  # p put all its mass on the rejected token: cannot happen (it would have been accepted)
-        row, total = probs[j], probs[j].sum()
-    out.append(int(torch.multinomial(row / total, 1, generator=generator).item()))
+    for d, t in zip(drafts, sampled):
+        if d != t:
+            break
+        out.append(d)
+    out.append(sampled[len(out)])
     return out

@@ -51,7 +51,7 @@ def verify(sampler, logits: torch.Tensor, seqs: list[SampleRow], drafts: list[li
             out = accept_greedy(argmax[span.start : span.stop], d)
         else:
             probs = sampler.probs(processed[span.start : span.stop], [p] * len(span), [False] * len(span))
-            out = accept_sampled(probs, d, seq.generator or sampler.generator)
+            out = accept_sampled(probs, d, sampler.noise(probs, seq))  # each position's draw, as a plain step's
         tokens.append(out)
         if p.logprobs is not None and raw is not None:
             used = raw[span.start : span.start + len(out)]

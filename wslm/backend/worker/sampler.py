@@ -20,6 +20,13 @@ class SamplerOutput:
     logprobs: list[tuple | None]
 
 
+def at_position(generator: torch.Generator, seed: int, position: int) -> torch.Generator:
+    """A seeded request's generator, seeded for its output token at position: the noise it draws is a function
+    of (seed, position) alone."""
+    generator.manual_seed((seed * 0x9E3779B97F4A7C15 + position) % (1 << 64))
+    return generator
+
+
 class Sampler:
     def __init__(self, vocab_size: int, device: torch.device, seed: int = 0) -> None:
         self.vocab_size = vocab_size
@@ -99,15 +106,26 @@ class Sampler:
         greedy_tokens = logits.argmax(dim=-1)
         probs = self.probs(logits, [s.params for s in seqs], greedy)
         # Exponential race (Gumbel-max): argmax(p / E) with E ~ Exp(1) samples from p. A seeded request
-        # draws its noise from its own generator, so its tokens do not depend on the rest of the batch.
+        # draws its noise from its own generator, set for the token's position, so its tokens depend on
+        # neither the rest of the batch nor how its earlier tokens were made (speculative runs or steps).
         noise = torch.empty_like(probs)
         noise.exponential_(generator=self.generator)
         for i, seq in enumerate(seqs):
             if seq.generator is not None and not greedy[i]:
-                noise[i].exponential_(generator=seq.generator)
+                noise[i].exponential_(generator=at_position(seq.generator, seq.params.seed, seq.num_output_tokens))
         sampled = (probs / noise).argmax(dim=-1)
         is_greedy = torch.tensor(greedy, device=dev)
         return torch.where(is_greedy, greedy_tokens, sampled)
+
+    def noise(self, probs: torch.Tensor, seq: SampleRow) -> torch.Tensor:
+        """Exp(1) draws for seq's next len(probs) positions, each row the one _sample would draw there (a
+        speculative run's positions: spec_decode/verify.py)."""
+        noise = torch.empty_like(probs)
+        if seq.generator is None:
+            return noise.exponential_(generator=self.generator)
+        for i in range(noise.shape[0]):
+            noise[i].exponential_(generator=at_position(seq.generator, seq.params.seed, seq.num_output_tokens + i))
+        return noise
 
     def probs(self, logits: torch.Tensor, params: list, greedy: list[bool]) -> torch.Tensor:
         """The distribution each row samples from: temperature, top-k/top-p, min-p (unnormalized after min-p)."""

@@ -5,9 +5,9 @@ Without it those K + 1 rows left the one-sequence C step for the batched decode 
 several times the C step's cost for a small model, and speculation did not pay on CPU. Here each row's
 arithmetic is the one-row step's op for op (bit for bit what K + 1 one-row steps give, so greedy output is
 the same with and without speculation), and GGUF block weights are read once per step for all rows.
-The products may run on several threads (each split by weight rows, which leaves every row's bits as they
-are), chosen as the one-row step chooses its own (tuning.StepThreads: what recent steps measured faster);
-norms, attention and the rest run on the calling thread."""
+With several threads (chosen as the one-row step chooses its own, tuning.StepThreads: what recent steps
+measured faster) the step runs as one team, as the one-row step does: the products split by weight rows,
+attention by (row, key/value head), the rest by row, each row's bits as one thread leaves them."""
 
 from __future__ import annotations
 
@@ -88,6 +88,8 @@ def run_rows(native, input_ids: torch.Tensor, positions: torch.Tensor, meta: Att
         else:
             logits = torch.cat([model.compute_logits(row) for row in normed.split(1)])
     if not native.fixed_threads:
-        chooser.record(threads, (time.perf_counter() - start) / m)  # per row: steps of several row counts
+        # Steps of 2..K+1 rows share one record: scaled to a two-row step's work (an extra row costs ~0.3-0.5 of
+        # the first), so a try that happened to meet shorter steps does not look slower per row than it is.
+        chooser.record(threads, (time.perf_counter() - start) * 3.0 / (m + 1))
     native.steps += 1
     return logits
