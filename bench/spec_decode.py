@@ -3,6 +3,8 @@ whose answer repeats the prompt (edit this code, quote this document) and on one
 
     .venv/bin/python bench/spec_decode.py [--model demo|PATH.gguf] [--k 4] [--max-tokens 128] [--repeats 2]
     .venv/bin/python bench/spec_decode.py --model ~/.cache/wslm-bench/3b-Q4_K_M.gguf --max-tokens 64
+    .venv/bin/python bench/spec_decode.py --model ~/.cache/wslm-bench/3b-Q4_K_M.gguf --oracle  (every proposal
+        accepted: a random-weight model copies nothing, so this is how its verification steps pay at best)
 
 One engine per model with speculation configured; the runs without it switch the engine's proposer off (the
 same weights, KV pool and threads), alternating with and without so that a change of machine load hits both.
@@ -62,6 +64,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--wait-compile", type=float, default=0.0, metavar="S",
                     help="first wait up to S seconds for the compiled CPU decode step (verification rows use it)")
+    ap.add_argument("--oracle", action="store_true",
+                    help="propose the next K tokens of the output without speculation (every proposal accepted): "
+                         "the ceiling of the verification step on a model whose output copies nothing (random weights)")
     ap.add_argument("--log", action="store_true", help="append to docs/benchmarks-log.md and bench/results/")
     args = ap.parse_args()
     from wslm.backend import LLM, SamplingParams
@@ -109,6 +114,22 @@ def main() -> None:
         cpu_ms = 1000 * ((c2 - c1) - (c1 - c0)) / (n - 1)
         return (n - 1) / (m.finished_time - m.first_token_time), cpu_ms, accepted, out.outputs[0].token_ids
 
+    if args.oracle:  # the n-gram proposer replaced, in this process only, by the known continuation
+        import wslm.backend.spec_decode.engine_hook as hook
+
+        known: list[list[int]] = []
+
+        def propose(token_ids, k, _lo, _hi):
+            for ref in known:
+                if ref[: len(token_ids)] == token_ids:
+                    return ref[len(token_ids) : len(token_ids) + k]
+            return []
+
+        hook.propose_ngram = propose
+        for messages in PROMPTS.values():
+            core.speculator = None
+            out = llm.chat(messages, params, use_tqdm=False)[0]
+            known.append(list(out.prompt_token_ids) + list(out.outputs[0].token_ids))
     run(PROMPTS["no repeats"], False)  # warm-up: kernels, thread counts
     run(PROMPTS["no repeats"], True)
     rows, records = [], []
@@ -132,14 +153,15 @@ def main() -> None:
         rows.append(f"| {name} | {best[False]:.1f} | {best[True]:.1f} | {speedup:.2f}x | {least[False]:.1f} | "
                     f"{least[True]:.1f} | {cpu_speedup:.2f}x | {accepted[0]} of {accepted[1]} | "
                     f"{'yes' if same else 'no'} |")
-        records.append({"metric": f"ngram speculation speed-up, {name}", "model": Path(args.model).name,
+        what = "speculation speed-up, every proposal accepted" if args.oracle else "ngram speculation speed-up"
+        records.append({"metric": f"{what}, {name}", "model": Path(args.model).name,
                         "threads": os.cpu_count(), "engine": "wslm", "value": round(speedup, 3), "unit": "x",
                         "higher_is_better": True, "off_tok_s": best[False], "on_tok_s": best[True],
                         "off_cpu_ms_per_token": round(least[False], 2), "on_cpu_ms_per_token": round(least[True], 2),
                         "cpu_speedup": round(cpu_speedup, 3)})
     load = f"{load_start:.1f} / {os.getloadavg()[0]:.1f}"
     body = (f"`bench/spec_decode.py --model {args.model} --k {args.k} --lookup-max {args.lookup_max} --lookup-min "
-            f"{args.lookup_min or args.lookup_max} --max-tokens {args.max_tokens}`; "
+            f"{args.lookup_min or args.lookup_max} --max-tokens {args.max_tokens}{' --oracle' if args.oracle else ''}`; "
             f"load average (1 min) at start / end: {load}; compiled CPU decode step at start: {compiled}\n\n"
             "| prompt | decode tok/s, no speculation | with ngram | speed-up | CPU ms / token, no speculation | "
             "with ngram | CPU speed-up | proposed tokens accepted | same tokens |\n"

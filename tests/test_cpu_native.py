@@ -106,12 +106,12 @@ def test_c_step_with_qk_norm(demo_tok, tmp_path):
                                      ("llama", {})])  # fmt: skip
 def test_a_team_of_threads_gives_the_one_thread_step(arch, kw, dtype, tiny_models, demo_tok):
     """With threads the step runs as one team (products split by rows, attention by head and, in a long
-    context, by stretches merged after): a short context gives the one-thread step's bits; a long one the
-    same logits and keys and values to rounding."""
+    context, by stretches merged after): the one-thread step's bits, short context or long (the stretches
+    follow from the context length, not the thread count, so a greedy answer does not depend on the threads)."""
     llm = LLM(str(tiny_models[arch]), dtype=dtype, kv_cache_memory=16 << 20, block_size=8,
-              max_model_len=256, enforce_eager=True, **kw)  # fmt: skip
+              max_model_len=512, enforce_eager=True, **kw)  # fmt: skip
     runner = llm.llm_engine.executor.runner
-    for prompt, exact in ((demo_tok.encode(PROMPT), True), ([(i * 97) % 900 + 5 for i in range(200)], False)):
+    for prompt in (demo_tok.encode(PROMPT), [(i * 97) % 900 + 5 for i in range(480)]):  # 480: two stretches
         step = _one_step(llm, prompt)
         before = runner.kv_pool.clone()
         results = []
@@ -120,11 +120,7 @@ def test_a_team_of_threads_gives_the_one_thread_step(arch, kw, dtype, tiny_model
             results.append((runner.native.run(*step, threads=threads), runner.kv_pool.clone()))
         (one, pool), teams = results[0], results[1:]
         for logits, team_pool in teams:
-            if exact:
-                assert torch.equal(logits, one) and torch.equal(team_pool, pool)
-            else:  # later layers' keys follow the earlier layers' attention, merged in another order
-                assert float((logits - one).abs().max() / one.abs().max()) < 0.02
-                assert float((team_pool - pool).abs().max() / pool.abs().max()) < 0.02
+            assert torch.equal(logits, one) and torch.equal(team_pool, pool)
 
 
 def test_the_thread_count_follows_what_the_steps_measure():

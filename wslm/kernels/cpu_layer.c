@@ -220,6 +220,30 @@ static float exp_shifted(float *sc, long n, float top) {
 }
 
 static long max_l(long a, long b) { return a > b ? a : b; }
+static float max_f(float a, float b) { return a > b ? a : b; }
+
+/* Attention over a long context runs in stretches of ATT_STRETCH keys, each kept unnormalised with its
+   top score and merged after (flash-decoding), so a team can share one head's keys. The stretches follow
+   from the context length alone, never from the thread count: one thread, a team of any size and a
+   verification step's rows sum a token's attention in the same order, and a greedy answer does not change
+   with the threads a step happened to run on. */
+#ifndef ATT_STRETCH
+#define ATT_STRETCH 256
+#endif
+#define ATT_MAX_STRETCHES 64
+/* keys a stretch: ATT_STRETCH, or more (a multiple of 16) past ATT_MAX_STRETCHES of them. A multiple of 16
+   so that only the last stretch leaves a remainder to the softmax's vector loop (and each starts a block). */
+static long att_span(long len) {
+    long span = ATT_STRETCH;
+    if (len > span * ATT_MAX_STRETCHES) span = ((len + ATT_MAX_STRETCHES - 1) / ATT_MAX_STRETCHES + 15) / 16 * 16;
+    return span;
+}
+static long att_stretches(long len) {
+    long span = att_span(len), s = (len + span - 1) / span;
+    return s < 1 ? 1 : s;
+}
+/* the scratch floats one thread's attention takes (attend_head: scores and a value row, the stretches' parts) */
+#define ATT_WORK_FLOATS(group, len, hd) ((group) * (len) + (hd) + ATT_MAX_STRETCHES * (group) * ((hd) + 2))
 
 /* ---- a team: every thread of the step in one parallel region ----------------------------------------
    With OMP_WAIT_POLICY=PASSIVE (wslm's default: a server's other threads need the cores too) each
@@ -228,7 +252,6 @@ static long max_l(long a, long b) { return a > b ? a : b; }
    as one region: one wake-up a step, and between its phases a barrier that spins, briefly, as llama.cpp's
    threads do, then yields the core (a busy machine: the thread it waits for may need it). */
 #if defined(_OPENMP)
-static float max_f(float a, float b) { return a > b ? a : b; }
 
 typedef struct {
     int count, sense, n;

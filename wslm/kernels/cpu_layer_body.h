@@ -118,6 +118,9 @@ static void NAME(attend_part)(const T *q, const wslm_layer *l, long kh, long gro
     float *scores = work, *vf = work + group * n, scale = (float)l->scale;
     const T *kc = (const T *)l->k_cache, *vc = (const T *)l->v_cache;
     const T *qh = q + kh * group * hd;  /* q heads kh * group ... are this key head's */
+    /* the first rows asked for at once: the loops below ask ATT_AHEAD rows ahead, which leaves a stretch's first
+       rows to wait on memory one after another */
+    for (long t = ta; t < tb && t < ta + ATT_AHEAD; t++) NAME(fetch_row)(kc, table, bs, row, kh, hd, t);
     for (long t = ta; t < tb;) {
         long end = (t / bs + 1) * bs < tb ? (t / bs + 1) * bs : tb;
         const T *kp = kc + ((long)table[t / bs] * bs + t % bs) * row + kh * hd;
@@ -132,6 +135,7 @@ static void NAME(attend_part)(const T *q, const wslm_layer *l, long kh, long gro
         top[g] = m;
         sum[g] = n ? exp_shifted(sc, n, m) : 0.0f;
     }
+    for (long t = ta; t < tb && t < ta + ATT_AHEAD; t++) NAME(fetch_row)(vc, table, bs, row, kh, hd, t);
     for (long i = 0; i < group * hd; i++) acc[i] = 0.0f;
     for (long t = ta; t < tb;) {
         long end = (t / bs + 1) * bs < tb ? (t / bs + 1) * bs : tb;
@@ -147,17 +151,46 @@ static void NAME(attend_part)(const T *q, const wslm_layer *l, long kh, long gro
     }
 }
 
+/* q head g's output from the stretches of its key/value head: part holds each stretch's top scores [group],
+   sums [group] and accumulators [group * hd], group * (hd + 2) floats a stretch, in context order. Every path
+   (one thread, a team, the rows of a verification step) merges here, in this order, so a token's attention
+   has the same bits whichever thread computed which stretch. */
+static void NAME(merge_head)(const float *part, long stretches, long group, long hd, long g, T *out) {
+    float m = -INFINITY, total = 0.0f, w[ATT_MAX_STRETCHES];
+    for (long c = 0; c < stretches; c++) m = max_f(m, part[c * group * (hd + 2) + g]);
+    for (long c = 0; c < stretches; c++) {
+        const float *top = part + c * group * (hd + 2);
+        w[c] = stretches == 1 ? 1.0f : expf(top[g] - m);
+        total += top[group + g] * w[c];
+    }
+    for (long i = 0; i < hd; i++) {
+        float a = 0.0f;
+        for (long c = 0; c < stretches; c++) a += part[c * group * (hd + 2) + 2 * group + g * hd + i] * w[c];
+        out[i] = ST(a / total);
+    }
+}
+
+/* softmax(q k^T * scale) v for the q heads of key/value head kh over the len keys of the sequence, one
+   thread: its stretches one after another, then merged (merge_head). out: the q heads' rows [heads * hd].
+   work: group * len + hd floats; part: ATT_MAX_STRETCHES * group * (hd + 2) floats. */
+static void NAME(attend_head)(const T *q, const wslm_layer *l, long kh, long group, long kvh, long hd,
+                              const int32_t *table, long bs, long len, T *out, float *work, float *part) {
+    long stretches = att_stretches(len), span = att_span(len);
+    for (long c = 0; c < stretches; c++) {
+        float *top = part + c * group * (hd + 2), *sum = top + group, *acc = sum + group;
+        NAME(attend_part)(q, l, kh, group, kvh, hd, table, bs, c * span, c == stretches - 1 ? len : (c + 1) * span,
+                          work, top, sum, acc);
+    }
+    for (long g = 0; g < group; g++) NAME(merge_head)(part, stretches, group, hd, g, out + (kh * group + g) * hd);
+}
+
 /* softmax(q k^T * scale) v for one new token over the len keys of its sequence, one thread.
-   work: group * (len + hd + 2) + hd floats. */
+   work: ATT_WORK_FLOATS(group, len, hd) floats. */
 static void NAME(attend)(const T *q, const wslm_layer *l, long heads, long kvh, long hd, const int32_t *table,
                          long bs, long len, T *out, float *work) {
     long group = heads / kvh;
-    float *top = work, *sum = top + group, *acc = sum + group, *rest = acc + group * hd;
-    for (long kh = 0; kh < kvh; kh++) {
-        NAME(attend_part)(q, l, kh, group, kvh, hd, table, bs, 0, len, rest, top, sum, acc);
-        for (long g = 0; g < group; g++)
-            for (long i = 0; i < hd; i++) out[(kh * group + g) * hd + i] = ST(acc[g * hd + i] / sum[g]);
-    }
+    float *part = work + group * len + hd;
+    for (long kh = 0; kh < kvh; kh++) NAME(attend_head)(q, l, kh, group, kvh, hd, table, bs, len, out, work, part);
 }
 
 /* The phases of a layer that one thread does (the products and attention are split in a team). */
@@ -239,17 +272,17 @@ static int NAME(team_takes)(const wslm_layer *layers, long n_layers) {
 }
 
 /* The step with threads: one parallel region; every product split by rows, attention by key/value head
-   and, past a short context, by stretches of the context (flash-decoding: each stretch's softmax kept
-   unnormalised with its top score, the stretches merged after); the small phases on thread 0. */
+   and stretch (att_stretches: ATT_STRETCH keys each, from the context length alone, merged by merge_head as one
+   thread merges them: the same bits for any thread count); the small phases on thread 0. */
 static int NAME(step_team)(const wslm_layer *layers, long n_layers, long d, long heads, long kvh, long hd,
                            T *hidden, T *residual, const T *cos2, const T *sin2, const int32_t *table, long bs,
                            long len, long slot, int threads) {
     if (!NAME(team_takes)(layers, n_layers)) return -2;  /* every kind known before the team starts */
     long qkv_n, gu_n, widest = NAME(widest)(layers, n_layers, &qkv_n, &gu_n);
     long q_size = heads * hd, group = heads / kvh;
-    long most = threads < 64 ? threads : 64;  /* stretches of one head at most */
+    long stretches = att_stretches(len), span = att_span(len), units = kvh * stretches;  /* (key/value head, stretch) */
     size_t shared = sizeof(T) * (size_t)(d + qkv_n + q_size + gu_n + gu_n / 2)
-                    + sizeof(float) * (size_t)(kvh * most * group * (hd + 2)) + sizeof(uint16_t) * (size_t)widest;
+                    + sizeof(float) * (size_t)(units * group * (hd + 2)) + sizeof(uint16_t) * (size_t)widest;
     size_t own = ROW_SCRATCH_BYTES(widest) + sizeof(float) * (size_t)(group * (len + hd) + hd)
                  + sizeof(uint16_t) * (size_t)widest;
     own = (own + 63) & ~(size_t)63;
@@ -258,7 +291,7 @@ static int NAME(step_team)(const wslm_layer *layers, long n_layers, long d, long
     if (!mem) return -1;
     T *x = (T *)mem, *qkv = x + d, *att = qkv + qkv_n, *gu = att + q_size, *act = gu + gu_n;
     float *part = (float *)(act + gu_n / 2);
-    uint16_t *ob = (uint16_t *)(part + kvh * most * group * (hd + 2));
+    uint16_t *ob = (uint16_t *)(part + units * group * (hd + 2));
     team_bar bar = {0, 0, 1};
 #pragma omp parallel num_threads(threads)
     {
@@ -269,8 +302,6 @@ static int NAME(step_team)(const wslm_layer *layers, long n_layers, long d, long
         void *scratch = mine;
         float *work = (float *)(mine + ROW_SCRATCH_BYTES(widest));
         uint16_t *xb = (uint16_t *)(work + group * (len + hd) + hd);
-        /* attention units: (key/value head, stretch); one stretch unless the context is long enough to share */
-        long stretches = len >= 64 * nt ? (nt < most ? nt : most) : 1, units = kvh * stretches;
         long u0 = units * t / nt, u1 = units * (t + 1) / nt, h0 = heads * t / nt, h1 = heads * (t + 1) / nt;
         for (long li = 0; li < n_layers; li++) {
             const wslm_layer *l = layers + li;
@@ -283,26 +314,13 @@ static int NAME(step_team)(const wslm_layer *layers, long n_layers, long d, long
             for (long u = u0; u < u1; u++) {
                 long kh = u / stretches, c = u % stretches;
                 float *top = part + u * group * (hd + 2), *sum = top + group, *acc = sum + group;
-                NAME(attend_part)(qkv, l, kh, group, kvh, hd, table, bs, len * c / stretches,
-                                  len * (c + 1) / stretches, work, top, sum, acc);
+                NAME(attend_part)(qkv, l, kh, group, kvh, hd, table, bs, c * span,
+                                  c == stretches - 1 ? len : (c + 1) * span, work, top, sum, acc);
             }
             team_wait(&bar, &sense);
-            for (long h = h0; h < h1; h++) {  /* merge the stretches of q head h */
-                long kh = h / group, g = h % group;
-                float m = -INFINITY, total = 0.0f, w[64];
-                for (long c = 0; c < stretches; c++) m = max_f(m, part[(kh * stretches + c) * group * (hd + 2) + g]);
-                for (long c = 0; c < stretches; c++) {
-                    const float *top = part + (kh * stretches + c) * group * (hd + 2);
-                    w[c] = stretches == 1 ? 1.0f : expf(top[g] - m);
-                    total += top[group + g] * w[c];
-                }
-                for (long i = 0; i < hd; i++) {
-                    float a = 0.0f;
-                    for (long c = 0; c < stretches; c++)
-                        a += part[(kh * stretches + c) * group * (hd + 2) + 2 * group + g * hd + i] * w[c];
-                    att[h * hd + i] = ST(a / total);
-                }
-            }
+            for (long h = h0; h < h1; h++)  /* merge the stretches of q head h */
+                NAME(merge_head)(part + h / group * stretches * group * (hd + 2), stretches, group, hd, h % group,
+                                 att + h * hd);
             team_wait(&bar, &sense);
             NAME(team_linear)(&l->o, att, hidden, t, nt, scratch, xb, ob);
             team_wait(&bar, &sense);
@@ -341,7 +359,7 @@ int ENTRY(const wslm_layer *layers, int64_t n_layers, int64_t d, int64_t heads, 
     long qkv_n, gu_n, widest = NAME(widest)(layers, n_layers, &qkv_n, &gu_n);
     size_t elems = (size_t)(d + qkv_n + q_size + gu_n + gu_n / 2);
     T *x = (T *)malloc(sizeof(T) * elems);
-    float *f = (float *)malloc(sizeof(float) * (size_t)(group * (len + hd + 2) + hd));
+    float *f = (float *)malloc(sizeof(float) * (size_t)ATT_WORK_FLOATS(group, len, hd));
     uint16_t *xb = ACT_BF16 ? NULL : (uint16_t *)malloc(sizeof(uint16_t) * 2 * (size_t)widest);
     if (!x || !f || (!ACT_BF16 && !xb)) { free(x); free(f); free(xb); return -1; }
     uint16_t *ob = xb ? xb + widest : NULL;
@@ -421,8 +439,8 @@ static void NAME(team_quant)(const wslm_linear *l, const T *x, char *q, size_t p
 
 /* The verification step with threads: one parallel region (one wake-up a step, where a region per product
    woke the sleeping threads ~120 times a step of the demo), barriers between the phases; the rows' norms,
-   rotary and KV writes split by row, attention by (row, key/value head) over each row's whole context (one
-   stretch: the sums of the one-row step on one thread), the products by weight rows. */
+   rotary and KV writes split by row, attention by (row, key/value head) (its stretches in turn, merged as
+   every path merges them), the products by weight rows. */
 static int NAME(rows_team)(const wslm_layer *layers, long n_layers, long d, long heads, long kvh, long hd,
                            T *hidden, T *residual, const T *cos2, const T *sin2, const int32_t *table, long bs,
                            long len, const int64_t *slots, long M, int threads) {
@@ -434,7 +452,7 @@ static int NAME(rows_team)(const wslm_layer *layers, long n_layers, long d, long
     size_t acts = sizeof(T) * (size_t)M * (size_t)(d + qkv_n + q_size + gu_n + gu_n / 2);
     acts = (acts + 63) & ~(size_t)63;
     size_t shared = acts + per * (size_t)M + sizeof(uint16_t) * (size_t)widest;
-    size_t own = ROW_SCRATCH_BYTES(widest) + sizeof(float) * (size_t)(group * (len + hd) + hd + group * (hd + 2))
+    size_t own = ROW_SCRATCH_BYTES(widest) + sizeof(float) * (size_t)ATT_WORK_FLOATS(group, len, hd)
                  + sizeof(uint16_t) * (size_t)widest;
     own = (own + 63) & ~(size_t)63;
     shared = (shared + 63) & ~(size_t)63;
@@ -452,8 +470,7 @@ static int NAME(rows_team)(const wslm_layer *layers, long n_layers, long d, long
         char *mine = mem + shared + own * (size_t)t;
         void *scratch = mine;
         float *work = (float *)(mine + ROW_SCRATCH_BYTES(widest));
-        float *top = work + group * (len + hd) + hd, *sum = top + group, *acc = sum + group;
-        uint16_t *xb = (uint16_t *)(acc + group * hd);
+        uint16_t *xb = (uint16_t *)(work + ATT_WORK_FLOATS(group, len, hd));
         long m0 = M * t / nt, m1 = M * (t + 1) / nt, units = M * kvh, u0 = units * t / nt, u1 = units * (t + 1) / nt;
         for (long li = 0; li < n_layers; li++) {
             const wslm_layer *l = layers + li;
@@ -469,11 +486,8 @@ static int NAME(rows_team)(const wslm_layer *layers, long n_layers, long d, long
             team_wait(&bar, &sense);
             for (long u = u0; u < u1; u++) {
                 long m = u / kvh, kh = u % kvh;
-                NAME(attend_part)(qkv + m * qn, l, kh, group, kvh, hd, table, bs, 0, len - M + 1 + m, work, top, sum,
-                                  acc);
-                for (long g = 0; g < group; g++)
-                    for (long i = 0; i < hd; i++)
-                        att[m * q_size + (kh * group + g) * hd + i] = ST(acc[g * hd + i] / sum[g]);
+                NAME(attend_head)(qkv + m * qn, l, kh, group, kvh, hd, table, bs, len - M + 1 + m, att + m * q_size,
+                                  work, work + group * len + hd);
             }
             team_wait(&bar, &sense);
             NAME(team_quant)(&l->o, att, q, per, m0, m1);
@@ -514,7 +528,7 @@ int ENTRY_ROWS(const wslm_layer *layers, int64_t n_layers, int64_t d, int64_t he
     long qkv_n, gu_n, widest = NAME(widest)(layers, n_layers, &qkv_n, &gu_n);
     size_t elems = (size_t)M * (size_t)(d + qkv_n + q_size + gu_n + gu_n / 2);
     T *x = (T *)malloc(sizeof(T) * elems);
-    float *f = (float *)malloc(sizeof(float) * (size_t)(group * (len + hd + 2) + hd));
+    float *f = (float *)malloc(sizeof(float) * (size_t)ATT_WORK_FLOATS(group, len, hd));
     uint16_t *xb = ACT_BF16 ? NULL : (uint16_t *)malloc(sizeof(uint16_t) * 2 * (size_t)widest);
     if (!x || !f || (!ACT_BF16 && !xb)) { free(x); free(f); free(xb); return -1; }
     uint16_t *ob = xb ? xb + widest : NULL;
