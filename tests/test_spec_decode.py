@@ -213,6 +213,28 @@ def test_draft_model_greedy_identical(engines):
         mp.undo()
 
 
+def test_a_draft_models_keys_and_values_count_in_the_kv_budget(engines):
+    """The draft's pool has the target's block ids, so each block costs both models' keys and values: with the
+    demo as its own draft the same --kv-cache-memory holds half the blocks."""
+    base, _ = engines
+    mp = pytest.MonkeyPatch()
+    mp.setenv("WSLM_GGUF_DEQUANTIZE", "1")
+    try:
+        common = dict(dtype="float32", kv_cache_memory=64 << 20, max_model_len=512, max_num_seqs=8)
+        alone = LLM("demo", **common).llm_engine.block_manager.num_blocks
+        draft = LLM("demo", speculative_config={"model": "demo", "num_speculative_tokens": 3}, **common)
+        executor = draft.llm_engine.core.executor
+        assert draft.llm_engine.block_manager.num_blocks == alone // 2
+        assert executor.draft.runner.num_blocks == alone // 2
+        assert executor.draft.runner.kv_cache_bytes + executor.runner.kv_cache_bytes <= 64 << 20
+        assert executor.kv_cache_bytes == executor.draft.runner.kv_cache_bytes + executor.runner.kv_cache_bytes
+        with pytest.raises(ValueError, match="draft model's keys and values share"):  # the error says why
+            LLM("demo", speculative_config={"model": "demo", "num_speculative_tokens": 3},
+                **{**common, "max_model_len": 1024})
+    finally:
+        mp.undo()
+
+
 def test_speculating_beside_a_prefill(engines):
     """One stream speculates while a newcomer's prompt is prefilled in the same steps (a mixed batch)."""
     base, ngram = engines

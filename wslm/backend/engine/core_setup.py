@@ -54,8 +54,14 @@ def build_core(config, source, mc, device, embedding: bool = False, in_core_proc
         capacity = num_blocks * config.block_size
         if held is not None and num_blocks >= held:
             capacity = max(capacity, mc.max_position_embeddings)
-        mc.max_model_len = resolve_max_model_len(config.max_model_len, model_max or mc.max_position_embeddings,
-                                                 capacity)
+        try:
+            mc.max_model_len = resolve_max_model_len(config.max_model_len, model_max or mc.max_position_embeddings,
+                                                     capacity)
+        except ValueError as exc:
+            if getattr(executor, "draft", None) is None:
+                raise
+            raise ValueError(f"{exc} The speculative draft model's keys and values share that memory (each block "
+                             "holds both models'); without --speculative-config the same memory holds more.") from None
         core = EngineCore(config, mc, executor)
         executor.warm_up(config.max_num_seqs, mc.max_model_len, config.enforce_eager)
     except BaseException:

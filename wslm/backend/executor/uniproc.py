@@ -23,15 +23,21 @@ class UniProcExecutor(Executor):
         self.worker.init_device(device)
         self.worker.load_model(embedding)
         self.block_size = config.block_size
-        self.num_blocks = self.worker.determine_num_blocks()
-        self.kv_cache_bytes = self.worker.init_cache(self.num_blocks)
         self.draft = None  # spec_decode.draft.DraftProposer: a draft model proposes before each speculative step
         spec = config.speculative()
+        loaded = None
         if spec is not None and spec.method == "draft_model" and not embedding:
             from wslm.backend.spec_decode.draft import load_draft
 
-            self.draft = load_draft(spec.model, model_config, device, self.block_size, self.num_blocks,
-                                    config.trust_remote_code)
+            loaded = load_draft(spec.model, model_config, device, config.trust_remote_code)
+        # A draft's pool has the target's block ids: each block costs both models' keys and values.
+        self.num_blocks = self.worker.determine_num_blocks(loaded.mc.kv_bytes_per_token() if loaded else 0)
+        self.kv_cache_bytes = self.worker.init_cache(self.num_blocks)
+        if loaded is not None:
+            from wslm.backend.spec_decode.draft import DraftProposer
+
+            self.draft = DraftProposer.build(loaded, model_config, self.block_size, self.num_blocks)
+            self.kv_cache_bytes += self.draft.runner.kv_cache_bytes
 
     @property
     def runner(self):

@@ -54,9 +54,11 @@ def kv_cache_torch_dtype(name: str, device: torch.device) -> torch.dtype | None:
     return torch.float8_e4m3fn
 
 
-def plan_pool(config: EngineConfig, mc: ModelConfig, device: torch.device) -> KvPoolPlan:
+def plan_pool(config: EngineConfig, mc: ModelConfig, device: torch.device, extra_kv_bytes_per_token: int = 0
+              ) -> KvPoolPlan:
     """The pool for this engine: by need (max_num_seqs full-length sequences), within the memory cap, unless
-    --num-gpu-blocks-override, --kv-cache-memory (CPU) or WSLM_CPU_KVCACHE_SPACE (CPU) say otherwise."""
+    --num-gpu-blocks-override, --kv-cache-memory (CPU) or WSLM_CPU_KVCACHE_SPACE (CPU) say otherwise.
+    extra_kv_bytes_per_token: a draft model's keys and values, held in blocks of the same ids."""
     # Sized for the context asked for (else the model's own), as `wslm models info` estimates it; when every
     # layer is windowed a sequence holds only its window's blocks (block_manager.py).
     seq_tokens = kv_context(config.max_model_len or mc.max_position_embeddings, mc.uniform_sliding_window,
@@ -69,18 +71,23 @@ def plan_pool(config: EngineConfig, mc: ModelConfig, device: torch.device) -> Kv
             cap = _cuda_budget(config, mc, device)
     else:
         explicit.update(kv_cache_memory=config.kv_cache_memory, cpu_kvcache_space_gib=envs.WSLM_CPU_KVCACHE_SPACE)
-    return plan_kv_pool(mc.kv_bytes_per_token(), seq_tokens, config.max_num_seqs, config.block_size, cap_bytes=cap,
-                        **explicit)
+    return plan_kv_pool(mc.kv_bytes_per_token() + int(extra_kv_bytes_per_token), seq_tokens, config.max_num_seqs,
+                        config.block_size, cap_bytes=cap, **explicit)
 
 
-def determine_num_blocks(config: EngineConfig, mc: ModelConfig, device: torch.device) -> int:
-    plan = plan_pool(config, mc, device)
+def determine_num_blocks(config: EngineConfig, mc: ModelConfig, device: torch.device,
+                         extra_kv_bytes_per_token: int = 0) -> int:
+    plan = plan_pool(config, mc, device, extra_kv_bytes_per_token)
     if plan.num_blocks < 2:
         raise ValueError(
             f"The KV cache budget ({plan.bytes / 2**20:.0f} MiB) holds fewer than 2 blocks of {config.block_size} "
             "tokens for this model. Give it more room: --kv-cache-memory on CPU, --gpu-memory-utilization on GPU."
         )
     logger.info("%s", plan.describe())
+    if extra_kv_bytes_per_token:
+        logger.info("The pool's size counts the speculative draft model's keys and values too (%d of every %d "
+                    "bytes a token): each of its blocks is held by both models.", extra_kv_bytes_per_token,
+                    plan.bytes_per_block // plan.block_size)
     free = available_ram() if device.type == "cpu" else None
     if free is not None and plan.bytes > free:
         logger.warning("The KV cache pool (%.2f GiB) is more than the RAM free now (%.2f GiB): the system may swap "

@@ -6,6 +6,8 @@ sequence's tokens it has computed (a new, forked or preempted sequence catches u
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -33,8 +35,16 @@ def check_draft_tokenizer(target_tokenizer, draft_model: str, trust_remote_code:
                          '"method": "ngram", which needs no second model.')
 
 
-def load_draft(model: str, target_mc, device: torch.device, block_size: int, num_blocks: int,
-               trust_remote_code: bool = False) -> DraftProposer:
+@dataclass(slots=True)
+class LoadedDraft:
+    model: Any
+    mc: Any  # its ModelConfig
+    name: str
+
+
+def load_draft(model: str, target_mc, device: torch.device, trust_remote_code: bool = False) -> LoadedDraft:
+    """The draft model, loaded before the KV pool is sized (its keys and values share the pool's budget, and on a
+    GPU its weights the card's); DraftProposer.build gives it its pool."""
     from wslm.backend.loader.model_loader import load_model_config, load_tokenizer, resolve_model
 
     source = resolve_model(model)
@@ -46,13 +56,18 @@ def load_draft(model: str, target_mc, device: torch.device, block_size: int, num
     if mc.vocab_size < target_mc.vocab_size - 1024 or mc.vocab_size > target_mc.vocab_size + 1024:
         raise ValueError(f"speculative_config: the draft model's vocabulary ({mc.vocab_size}) does not match the "
                          f"served model's ({target_mc.vocab_size}); use a draft of the same family and tokenizer.")
-    draft = load_model(source, mc, device)
-    logger.info("Speculative draft model %s loaded (%s, its own KV pool of %d blocks)", source.name,
-                mc.architecture, num_blocks)
-    return DraftProposer(ModelRunner(draft, block_size, num_blocks), min(mc.vocab_size, target_mc.vocab_size))
+    return LoadedDraft(load_model(source, mc, device), mc, source.name)
 
 
 class DraftProposer:
+    @classmethod
+    def build(cls, draft: LoadedDraft, target_mc, block_size: int, num_blocks: int) -> DraftProposer:
+        """A loaded draft with its KV pool: the target's block count (the same block ids)."""
+        runner = ModelRunner(draft.model, block_size, num_blocks)
+        logger.info("Speculative draft model %s loaded (%s, its own KV pool of %d blocks, %.2f GiB, counted in the "
+                    "KV budget)", draft.name, draft.mc.architecture, num_blocks, runner.kv_cache_bytes / 2**30)
+        return cls(runner, min(draft.mc.vocab_size, target_mc.vocab_size))
+
     def __init__(self, runner: ModelRunner, vocab_size: int) -> None:
         self.runner = runner
         self.vocab_size = vocab_size

@@ -79,7 +79,9 @@ class Worker:
         self.model = load_model(self.source, self.mc, self.device, embedding=embedding,
                                 lora_path=self.config.lora_path, no_mmap=self.config.no_mmap)
 
-    def determine_num_blocks(self) -> int:
+    def determine_num_blocks(self, extra_kv_bytes_per_token: int = 0) -> int:
+        """The KV pool's blocks; extra_kv_bytes_per_token: another pool's keys and values with the same block
+        ids (a speculative draft model's), counted in the same budget."""
         import dataclasses
 
         from wslm.backend.distributed.sharding import local_num_kv_heads
@@ -88,7 +90,7 @@ class Worker:
         local = self.mc
         if self.size > 1:
             local = dataclasses.replace(self.mc, num_kv_heads=local_num_kv_heads(self.mc.num_kv_heads))
-        return determine_num_blocks(self.config, local, self.device)
+        return determine_num_blocks(self.config, local, self.device, extra_kv_bytes_per_token)
 
     def init_cache(self, num_blocks: int) -> int:
         """Allocate this rank's KV slice (and the LoRA slots, with --enable-lora); returns its bytes."""
