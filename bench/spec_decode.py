@@ -64,6 +64,9 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=2)
     ap.add_argument("--wait-compile", type=float, default=0.0, metavar="S",
                     help="first wait up to S seconds for the compiled CPU decode step (verification rows use it)")
+    ap.add_argument("--batch", type=int, default=1,
+                    help="N copies of each chat at once (a batch: its rows verify through the batched step); "
+                         "tok/s then counts every stream's tokens")
     ap.add_argument("--oracle", action="store_true",
                     help="propose the next K tokens of the output without speculation (every proposal accepted): "
                          "the ceiling of the verification step on a model whose output copies nothing (random weights)")
@@ -100,19 +103,20 @@ def main() -> None:
         """(decode tok/s, CPU ms per decode token, (accepted, proposed), tokens). The CPU time of the
         prompt and first token (a max_tokens=1 run of the same chat just before) is taken off."""
         core.speculator = speculator if on else None
+        chats = [messages] * args.batch
         c0 = cpu()
-        llm.chat(messages, first, use_tqdm=False)
+        llm.chat(chats, first, use_tqdm=False)
         c1 = cpu()
         before = speculator.stats()
-        out = llm.chat(messages, params, use_tqdm=False)[0]
+        outs = llm.chat(chats, params, use_tqdm=False)
         c2 = cpu()
-        m = out.metrics
-        n = len(out.outputs[0].token_ids)
+        n = sum(len(o.outputs[0].token_ids) - 1 for o in outs)  # decode tokens (after each stream's first)
+        span = max(o.metrics.finished_time for o in outs) - min(o.metrics.first_token_time for o in outs)
         after = speculator.stats()
         accepted = (after["spec_decode_num_accepted_tokens"] - before["spec_decode_num_accepted_tokens"],
                     after["spec_decode_num_draft_tokens"] - before["spec_decode_num_draft_tokens"])
-        cpu_ms = 1000 * ((c2 - c1) - (c1 - c0)) / (n - 1)
-        return (n - 1) / (m.finished_time - m.first_token_time), cpu_ms, accepted, out.outputs[0].token_ids
+        cpu_ms = 1000 * ((c2 - c1) - (c1 - c0)) / n
+        return n / span, cpu_ms, accepted, outs[0].outputs[0].token_ids
 
     if args.oracle:  # the n-gram proposer replaced, in this process only, by the known continuation
         import wslm.backend.spec_decode.engine_hook as hook
@@ -154,6 +158,8 @@ def main() -> None:
                     f"{least[True]:.1f} | {cpu_speedup:.2f}x | {accepted[0]} of {accepted[1]} | "
                     f"{'yes' if same else 'no'} |")
         what = "speculation speed-up, every proposal accepted" if args.oracle else "ngram speculation speed-up"
+        if args.batch > 1:
+            what += f", {args.batch} streams"
         records.append({"metric": f"{what}, {name}", "model": Path(args.model).name,
                         "threads": os.cpu_count(), "engine": "wslm", "value": round(speedup, 3), "unit": "x",
                         "higher_is_better": True, "off_tok_s": best[False], "on_tok_s": best[True],
@@ -161,7 +167,7 @@ def main() -> None:
                         "cpu_speedup": round(cpu_speedup, 3)})
     load = f"{load_start:.1f} / {os.getloadavg()[0]:.1f}"
     body = (f"`bench/spec_decode.py --model {args.model} --k {args.k} --lookup-max {args.lookup_max} --lookup-min "
-            f"{args.lookup_min or args.lookup_max} --max-tokens {args.max_tokens}{' --oracle' if args.oracle else ''}`; "
+            f"{args.lookup_min or args.lookup_max} --max-tokens {args.max_tokens}{' --oracle' if args.oracle else ''}{f' --batch {args.batch}' if args.batch > 1 else ''}`; "
             f"load average (1 min) at start / end: {load}; compiled CPU decode step at start: {compiled}\n\n"
             "| prompt | decode tok/s, no speculation | with ngram | speed-up | CPU ms / token, no speculation | "
             "with ngram | CPU speed-up | proposed tokens accepted | same tokens |\n"

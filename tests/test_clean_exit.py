@@ -15,8 +15,8 @@ SCRIPT = textwrap.dedent(
     from wslm.backend import LLM, SamplingParams
 
     llm = LLM("demo", kv_cache_memory=16 << 20, max_model_len=128, max_num_seqs=2)
-    # Two sequences: the first batch starts the batch graph's compile (decode_plan.backends).
     out = llm.generate(["Hello", "The capital of France is"], SamplingParams(max_tokens=4, temperature=0))
+    llm.llm_engine.executor.runner.start_cpu_compile()  # as the server does once ready
     assert all(o.outputs[0].token_ids for o in out)
     compiled = llm.llm_engine.executor.runner.compiled
     print("compiling" if compiled is not None and compiled._thread is not None else "no compile", flush=True)

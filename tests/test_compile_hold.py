@@ -22,8 +22,10 @@ SCRIPT = textwrap.dedent(
 
     # 64 MiB: 1024 tokens fit in float32 too (a CPU without bf16 runs the demo in float32: 45 KiB a token).
     llm = LLM("demo", kv_cache_memory=64 << 20, max_model_len=1024, max_num_seqs=2)
-    # Two sequences: the first batch starts the batch graph's compile (decode_plan.backends).
     llm.generate(["Hello", "The capital of France is"], SamplingParams(max_tokens=4, temperature=0))
+    # The batch graph's compile, as the server starts it once ready (a batch this small decodes in C and
+    # would not start it: decode_rows.py).
+    llm.llm_engine.executor.runner.start_cpu_compile()
     compiled = llm.llm_engine.executor.runner.compiled
     thread = compiled._thread if compiled is not None else None
     if thread is None or llm.llm_engine.executor.runner.native is None:

@@ -81,7 +81,7 @@ def _check(llm: LLM, prompt: list[int], rows: int = 5, max_tokens: int = 12) -> 
     runner.kv_pool.copy_(before)
     eager = runner.cpu_decode.run(*_inputs(table, positions, ids, bs))
     assert float((eager - got).abs().max() / eager.abs().max()) < 0.05
-    # rows of two sequences (or not consecutive) are not this path's
+    # rows that do not each attend up to their own position (a prompt chunk's layout) are not this path's
     ids_t, pos_t, meta = _inputs(table, positions, ids, bs)
     meta.seq_lens = torch.tensor([positions[0] + 1] * rows, dtype=torch.int32)
     assert run_rows(native, ids_t, pos_t, meta) is None

@@ -157,8 +157,9 @@ def test_lone_chats_take_it_and_agree_with_the_dequantized_demo(dtype, demo_llm,
     # Given the same prefix, the dequantized float32 model picks the same next token almost always.
     assert _teacher_forced_agreement(demo_llm, prompt, list(tokens)) >= 0.9
     steps = runner.native.steps
-    llm.generate([{"prompt_token_ids": prompt}] * 3, SamplingParams(temperature=0, max_tokens=8))
-    assert runner.native.steps == steps  # batches run the other paths
+    outs = llm.generate([{"prompt_token_ids": prompt}] * 3, SamplingParams(temperature=0, max_tokens=8))
+    assert runner.native.steps == steps + 7  # a small batch's decode steps run in C too (decode_rows.py)
+    assert all(list(o.outputs[0].token_ids) == list(tokens[:8]) for o in outs)  # each row the lone chat's bits
     manager = llm.llm_engine.block_manager
     assert manager.num_free_blocks == manager.num_blocks
 
@@ -190,13 +191,16 @@ def test_the_batch_graph_compiles_when_the_first_batch_comes(tiny_models, demo_t
     params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
     llm.generate([{"prompt_token_ids": demo_tok.encode(PROMPT)}], params)
     assert compiled._thread is None  # a lone chat: nothing compiles beside it
-    batch = [{"prompt_token_ids": demo_tok.encode(p)} for p in ("Hi", PROMPT)]
+    small = [{"prompt_token_ids": demo_tok.encode(p)} for p in ("Hi", PROMPT)]
+    llm.generate(small, params)
+    assert compiled._thread is None  # a small batch's decode rows run in C as well (decode_rows.MAX_ROWS)
+    batch = [{"prompt_token_ids": demo_tok.encode(f"{p} {i}")} for i in range(8) for p in ("Hi", PROMPT)]
     llm.generate(batch, params)
     assert compiled._thread is not None
     assert compiled.wait(timeout=600), compiled.failed
     llm.generate(batch, params)
     assert compiled.steps >= 10  # the batch's decode steps now run the graph
-    assert runner.native.steps == 11  # the lone chat's decode steps, and no batch's
+    assert runner.native.steps == 22  # the lone chat's decode steps and the small batch's, not the large one's
 
 
 _AVX2_CHILD = """

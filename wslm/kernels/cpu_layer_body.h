@@ -442,8 +442,9 @@ static void NAME(team_quant)(const wslm_linear *l, const T *x, char *q, size_t p
    rotary and KV writes split by row, attention by (row, key/value head) (its stretches in turn, merged as
    every path merges them), the products by weight rows. */
 static int NAME(rows_team)(const wslm_layer *layers, long n_layers, long d, long heads, long kvh, long hd,
-                           T *hidden, T *residual, const T *cos2, const T *sin2, const int32_t *table, long bs,
-                           long len, const int64_t *slots, long M, int threads) {
+                           T *hidden, T *residual, const T *cos2, const T *sin2, const int32_t *tables,
+                           long table_stride, long bs, const int64_t *lens, long len, const int64_t *slots, long M,
+                           int threads) {
     if (!NAME(team_takes)(layers, n_layers)) return -2;  /* every kind known before the team starts */
     if (M > 16) return -2;
     long qkv_n, gu_n, widest = NAME(widest)(layers, n_layers, &qkv_n, &gu_n);
@@ -486,8 +487,8 @@ static int NAME(rows_team)(const wslm_layer *layers, long n_layers, long d, long
             team_wait(&bar, &sense);
             for (long u = u0; u < u1; u++) {
                 long m = u / kvh, kh = u % kvh;
-                NAME(attend_head)(qkv + m * qn, l, kh, group, kvh, hd, table, bs, len - M + 1 + m, att + m * q_size,
-                                  work, work + group * len + hd);
+                NAME(attend_head)(qkv + m * qn, l, kh, group, kvh, hd, tables + m * table_stride, bs, lens[m],
+                                  att + m * q_size, work, work + group * len + hd);
             }
             team_wait(&bar, &sense);
             NAME(team_quant)(&l->o, att, q, per, m0, m1);
@@ -512,18 +513,24 @@ static int NAME(rows_team)(const wslm_layer *layers, long n_layers, long d, long
 }
 #endif
 
-/* hidden, residual [M, d]; cos2/sin2 [M, hd]; slots [M]; len: the sequence's tokens including the last row
-   (row m attends to the first len - M + 1 + m). threads: the products' (each product split by weight rows,
-   which leaves every row's bits as they are); the rest runs on the calling thread. Returns as ENTRY. */
+/* hidden, residual [M, d]; cos2/sin2 [M, hd]; slots [M]. Row m attends to the first lens[m] keys of the
+   sequence whose block table is tables + m * table_stride: the rows of one sequence (a verification step: the
+   same table, lens one apart) or of several (a batch of decodes), each written to the cache before any
+   attends. threads: more than one runs the step as a team (rows_team); one thread runs each product for all
+   rows (GGUF blocks read once), the rest row by row. Returns as ENTRY. */
 int ENTRY_ROWS(const wslm_layer *layers, int64_t n_layers, int64_t d, int64_t heads, int64_t kvh, int64_t hd,
-               T *hidden, T *residual, const T *cos2, const T *sin2, const int32_t *table, int64_t bs, int64_t len,
-               const int64_t *slots, int64_t M, int threads) {
-    long q_size = heads * hd, group = heads / kvh;
-    if (group > 64 || M < 1 || len < M) return -2;
+               T *hidden, T *residual, const T *cos2, const T *sin2, const int32_t *tables, int64_t table_stride,
+               int64_t bs, const int64_t *lens, const int64_t *slots, int64_t M, int threads) {
+    long q_size = heads * hd, group = heads / kvh, len = 0;
+    if (group > 64 || M < 1) return -2;
+    for (long m = 0; m < M; m++) {
+        if (lens[m] < 1) return -2;
+        len = max_l(len, lens[m]);
+    }
 #if defined(_OPENMP)
     if (threads > 1 && M > 1)
-        return NAME(rows_team)(layers, n_layers, d, heads, kvh, hd, hidden, residual, cos2, sin2, table, bs, len, slots,
-                               M, threads);
+        return NAME(rows_team)(layers, n_layers, d, heads, kvh, hd, hidden, residual, cos2, sin2, tables, table_stride,
+                               bs, lens, len, slots, M, threads);
 #endif
     long qkv_n, gu_n, widest = NAME(widest)(layers, n_layers, &qkv_n, &gu_n);
     size_t elems = (size_t)M * (size_t)(d + qkv_n + q_size + gu_n + gu_n / 2);
@@ -543,7 +550,7 @@ int ENTRY_ROWS(const wslm_layer *layers, int64_t n_layers, int64_t d, int64_t he
         for (long m = 0; m < M; m++)  /* every row's key and value in the cache before any row attends */
             NAME(rope_store)(l, qkv + m * qn, heads, kvh, hd, cos2 + m * hd, sin2 + m * hd, slots[m]);
         for (long m = 0; m < M; m++)
-            NAME(attend)(qkv + m * qn, l, heads, kvh, hd, table, bs, len - M + 1 + m, att + m * q_size, f);
+            NAME(attend)(qkv + m * qn, l, heads, kvh, hd, tables + m * table_stride, bs, lens[m], att + m * q_size, f);
         if ((rc = NAME(linear_m)(&l->o, att, hidden, M, threads, xb, ob))) break;
         for (long m = 0; m < M; m++)
             NAME(add_norm)(1, hidden + m * d, residual + m * d, (const T *)l->w_post, l->eps_post, d, x + m * d);

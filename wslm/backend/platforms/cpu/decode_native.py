@@ -138,8 +138,8 @@ class NativeDecode:
             ctypes.c_int]  # fmt: skip
         rows = self.lib.wslm_decode_rows if self.dtype == torch.bfloat16 else self.lib.wslm_decode_rows_f32
         rows.restype = ctypes.c_int
-        rows.argtypes = fn.argtypes[:13] + [ctypes.c_void_p, ctypes.c_int64, ctypes.c_int]
-        self.rows_fn = rows  # several rows of one sequence (decode_rows.py)
+        rows.argtypes = fn.argtypes[:11] + [ctypes.c_int64] * 2 + [ctypes.c_void_p] * 2 + [ctypes.c_int64, ctypes.c_int]
+        self.rows_fn = rows  # several decode rows, of one sequence or of several (decode_rows.py)
         self._bind(specs)
         self.steps = 0
         self.threads = StepThreads()

@@ -1,10 +1,12 @@
-"""Several decode rows of ONE sequence in a single C call (wslm_decode_rows in cpu_layer.c): a speculative
-verification step of a lone chat, its last token and K drafts, each row attending up to its own position.
+"""Several decode rows in a single C call (wslm_decode_rows in cpu_layer_body.h): a speculative verification
+step of a lone chat (its last token and K drafts, each row attending up to its own position), or a decode step
+of a few chats (each row its own sequence's next token), or both at once.
 
-Without it those K + 1 rows left the one-sequence C step for the batched decode step (compiled or eager),
-several times the C step's cost for a small model, and speculation did not pay on CPU. Here each row's
-arithmetic is the one-row step's op for op (bit for bit what K + 1 one-row steps give, so greedy output is
-the same with and without speculation), and GGUF block weights are read once per step for all rows.
+Without it those rows left the one-sequence C step for the batched decode step (compiled or eager): several
+times the C step's cost for a small model, so speculation did not pay on CPU, and a batch of 4 demo chats
+made 0.6x the tokens a second of one chat alone. Here each row's arithmetic is the one-row step's op for op
+(bit for bit what one-row steps give, so greedy output is the same with and without speculation, and a chat's
+tokens do not depend on the chats beside it), and GGUF block weights are read once per step for all rows.
 With several threads (chosen as the one-row step chooses its own, tuning.StepThreads: what recent steps
 measured faster) the step runs as one team, as the one-row step does: the products split by weight rows,
 attention by (row, key/value head), the rest by row, each row's bits as one thread leaves them."""
@@ -24,16 +26,13 @@ from wslm.kernels.torch_rotary import _cos_sin
 MAX_ROWS = 15  # the head kernel takes 16 rows and more to its tiled GEMM, which rounds otherwise
 
 
-def one_sequence(positions: list[int], meta: AttentionMetadata) -> bool:
-    """Whether the step's rows are consecutive tokens of one sequence, each attending up to itself."""
+def decode_rows(positions: list[int], meta: AttentionMetadata) -> bool:
+    """Whether every row is one new token attending up to its own position (a decode row: of one sequence's
+    verification run or of a batch), rather than a chunk of a prompt."""
     m = len(positions)
-    lens = meta.seq_lens.tolist()
-    if lens[-1] != positions[-1] + 1 or lens[0] != positions[0] + 1 or lens[-1] - lens[0] != m - 1:
+    if meta.cu_seqlens_q is not None and meta.cu_seqlens_q.tolist() != list(range(m + 1)):
         return False
-    if any(b - a != 1 for a, b in zip(lens, lens[1:])) or any(p + 1 != n for p, n in zip(positions, lens)):
-        return False
-    tables = meta.block_tables
-    return bool((tables == tables[:1]).all())
+    return meta.seq_lens.tolist() == [p + 1 for p in positions]
 
 
 def _head_rows_exact(head) -> bool:
@@ -49,13 +48,13 @@ def _head_rows_exact(head) -> bool:
 @torch.inference_mode()
 def run_rows(native, input_ids: torch.Tensor, positions: torch.Tensor, meta: AttentionMetadata
              ) -> torch.Tensor | None:
-    """native: a decode_native.NativeDecode. The logits [M, vocab] of M rows of one sequence, or None when
-    the rows are not that (a batch of sequences: the other back ends take it)."""
+    """native: a decode_native.NativeDecode. The logits [M, vocab] of M decode rows (decode_rows), or None when
+    the step is not that or has more rows than the C step takes (the other back ends take it)."""
     m = input_ids.shape[0]
-    if not 1 < m <= MAX_ROWS or meta.block_tables.dtype != torch.int32:
+    if not 1 < m <= MAX_ROWS or meta.block_tables.dtype != torch.int32 or meta.block_tables.shape[0] != m:
         return None
     pos = positions.tolist()
-    if not one_sequence(pos, meta):
+    if not decode_rows(pos, meta):
         return None
     slots = meta.slot_mapping.to(torch.int64).contiguous()
     if bool((slots < 0).any()):
@@ -64,7 +63,8 @@ def run_rows(native, input_ids: torch.Tensor, positions: torch.Tensor, meta: Att
     hidden = model.embed(input_ids).to(native.dtype).contiguous().clone()
     residual = torch.empty_like(hidden)
     cos2, sin2 = (t.reshape(m, -1).contiguous() for t in _cos_sin(positions, native.table, native.dtype, True)[2:])
-    table = meta.block_tables[0].contiguous()
+    tables = meta.block_tables.contiguous()  # [M, width]: row m's sequence's blocks
+    lens = meta.seq_lens.to(torch.int64).contiguous()
     heads, kv_heads, head_dim = native.dims
     chooser = getattr(native, "row_threads", None)
     if chooser is None:
@@ -74,8 +74,8 @@ def run_rows(native, input_ids: torch.Tensor, positions: torch.Tensor, meta: Att
     start = time.perf_counter()
     rc = native.rows_fn(
         ctypes.addressof(native.layers), len(native.layers), hidden.shape[-1], heads, kv_heads, head_dim,
-        hidden.data_ptr(), residual.data_ptr(), cos2.data_ptr(), sin2.data_ptr(), table.data_ptr(),
-        native.block_size, pos[-1] + 1, slots.data_ptr(), m, threads,
+        hidden.data_ptr(), residual.data_ptr(), cos2.data_ptr(), sin2.data_ptr(), tables.data_ptr(),
+        tables.shape[1], native.block_size, lens.data_ptr(), slots.data_ptr(), m, threads,
     )  # fmt: skip
     if rc == -1:
         raise MemoryError("wslm_decode_rows: out of memory for a verification step's buffers")
