@@ -175,7 +175,7 @@ class EngineCore:
     def step(self) -> EngineCoreOutputs:
         out = EngineCoreOutputs()
         if self.speculator is not None:
-            self.speculator.propose(self.scheduler.running)
+            self.speculator.propose(self.scheduler.running, self.executor.decode_row_budget())
         sched = self.scheduler.schedule()
         if sched.is_empty():
             return out

@@ -88,6 +88,11 @@ class Executor(ABC):
         """Once max_model_len is known (nothing to do by default)."""
         return None
 
+    def decode_row_budget(self) -> int | None:
+        """The most rows a decode step runs on its fastest path (None: no such limit). Speculation keeps a batch's
+        verification rows within it: past it a CPU step leaves the C rows step for the batched one."""
+        return None
+
     def start_background_compile(self) -> None:
         """Start compiling, in the background, what warm_up() left for later (nothing by default)."""
         return None

@@ -47,6 +47,9 @@ class UniProcExecutor(Executor):
     def warm_up(self, max_num_seqs: int, max_model_len: int, enforce_eager: bool) -> None:
         self.worker.warm_up(max_num_seqs, max_model_len, enforce_eager)
 
+    def decode_row_budget(self) -> int | None:
+        return self.worker.runner.decode_row_budget()
+
     def start_background_compile(self) -> None:
         self.worker.start_background_compile()
 

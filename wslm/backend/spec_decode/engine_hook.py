@@ -50,16 +50,21 @@ class Speculator:
             k = min(k, p.max_tokens - seq.num_output_tokens - 1)
         return min(k, self.max_model_len - seq.num_tokens - 1)
 
-    def propose(self, running: list) -> None:
-        """Set spec_token_ids on each running decode ([] where nothing is proposed)."""
+    def propose(self, running: list, row_budget: int | None = None) -> None:
+        """Set spec_token_ids on each running decode ([] where nothing is proposed). row_budget: the most rows a
+        decode step runs on its fast path (Executor.decode_row_budget): each decode's proposals are capped so
+        that the step's rows stay within it (several CPU chats: past 15 rows a step leaves the C rows step for
+        the batched one, which costs more than speculation saves)."""
         cfg = self.config
         if len(self.adaptive) > 4 * len(running) + 256:  # forget finished sequences now and then
             self.adaptive.forget({seq.seq_id for seq in running})
+        decodes = [seq for seq in running
+                   if seq.num_tokens - seq.num_computed_tokens == 1 and seq.pooling is None and not seq.pending_forks]
+        share = None if row_budget is None else row_budget // max(1, len(decodes)) - 1
         for seq in running:
             seq.spec_token_ids = []
-            if seq.num_tokens - seq.num_computed_tokens != 1 or seq.pooling is not None or seq.pending_forks:
-                continue
-            k = self._room(seq)
+        for seq in decodes:
+            k = self._room(seq) if share is None else min(self._room(seq), share)
             if k <= 0:
                 continue
             k = self.adaptive.limit(seq.seq_id, k)

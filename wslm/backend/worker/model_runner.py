@@ -87,6 +87,14 @@ class ModelRunner:
         if self.cpu_plan is not None:
             self.cpu_plan.start_compile()
 
+    def decode_row_budget(self) -> int | None:
+        """Decode rows the CPU's C step takes at once (platforms/cpu/decode_rows.py); None elsewhere."""
+        if self.cpu_plan is None or self.cpu_plan.native is None:
+            return None
+        from wslm.backend.platforms.cpu.decode_rows import MAX_ROWS
+
+        return MAX_ROWS
+
     # The CPU decode back ends, for tests and benchmarks to read (the plan holds them).
     @property
     def cpu_decode(self):
