@@ -164,6 +164,24 @@ def test_lone_chats_take_it_and_agree_with_the_dequantized_demo(dtype, demo_llm,
     assert manager.num_free_blocks == manager.num_blocks
 
 
+def test_a_small_batch_of_chats_decodes_in_c_each_as_it_would_alone(monkeypatch):
+    """Chats of different lengths in one decode step (decode_rows.py: each row its own block table and
+    length): every chat gets the tokens it gets alone, whatever else is in the batch."""
+    monkeypatch.setenv("WSLM_GGUF_DEQUANTIZE", "0")
+    llm = LLM("demo", kv_cache_memory=64 << 20, max_model_len=512, max_num_seqs=4, enforce_eager=True,
+              enable_prefix_caching=False)  # fmt: skip
+    native = llm.llm_engine.executor.runner.native
+    assert native is not None
+    chats = [[{"role": "user", "content": c}] for c in
+             ("Hi!", "Name three colours.", "Write one sentence about a lighthouse on a rocky coast at night.")]
+    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True)
+    alone = [llm.chat(c, params)[0].outputs[0].token_ids for c in chats]
+    steps = native.steps
+    together = [o.outputs[0].token_ids for o in llm.chat(chats, params)]
+    assert native.steps == steps + 11  # one C step for all three chats' rows each time
+    assert together == alone
+
+
 def test_off_switch_and_reasons(tiny_models, monkeypatch):
     monkeypatch.setenv(ENV_VAR, "0")
     llm = LLM(str(tiny_models["llama"]), dtype="bfloat16", kv_cache_memory=16 << 20, max_model_len=128,
