@@ -242,6 +242,12 @@ static long att_stretches(long len) {
     long span = att_span(len), s = (len + span - 1) / span;
     return s < 1 ? 1 : s;
 }
+/* the keys [*ta, *tb) of stretch c: every path takes its bounds from here (the same bits depend on it) */
+static void att_stretch(long len, long c, long *ta, long *tb) {
+    long span = att_span(len);
+    *ta = c * span;
+    *tb = c == att_stretches(len) - 1 ? len : (c + 1) * span;
+}
 /* the scratch floats one thread's attention takes (attend_head: scores and a value row, the stretches' parts) */
 #define ATT_WORK_FLOATS(group, len, hd) ((group) * (len) + (hd) + ATT_MAX_STRETCHES * (group) * ((hd) + 2))
 

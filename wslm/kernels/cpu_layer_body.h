@@ -175,11 +175,11 @@ static void NAME(merge_head)(const float *part, long stretches, long group, long
    work: group * len + hd floats; part: ATT_MAX_STRETCHES * group * (hd + 2) floats. */
 static void NAME(attend_head)(const T *q, const wslm_layer *l, long kh, long group, long kvh, long hd,
                               const int32_t *table, long bs, long len, T *out, float *work, float *part) {
-    long stretches = att_stretches(len), span = att_span(len);
+    long stretches = att_stretches(len), ta, tb;
     for (long c = 0; c < stretches; c++) {
         float *top = part + c * group * (hd + 2), *sum = top + group, *acc = sum + group;
-        NAME(attend_part)(q, l, kh, group, kvh, hd, table, bs, c * span, c == stretches - 1 ? len : (c + 1) * span,
-                          work, top, sum, acc);
+        att_stretch(len, c, &ta, &tb);
+        NAME(attend_part)(q, l, kh, group, kvh, hd, table, bs, ta, tb, work, top, sum, acc);
     }
     for (long g = 0; g < group; g++) NAME(merge_head)(part, stretches, group, hd, g, out + (kh * group + g) * hd);
 }
@@ -280,7 +280,7 @@ static int NAME(step_team)(const wslm_layer *layers, long n_layers, long d, long
     if (!NAME(team_takes)(layers, n_layers)) return -2;  /* every kind known before the team starts */
     long qkv_n, gu_n, widest = NAME(widest)(layers, n_layers, &qkv_n, &gu_n);
     long q_size = heads * hd, group = heads / kvh;
-    long stretches = att_stretches(len), span = att_span(len), units = kvh * stretches;  /* (key/value head, stretch) */
+    long stretches = att_stretches(len), units = kvh * stretches;  /* attention units: (key/value head, stretch) */
     size_t shared = sizeof(T) * (size_t)(d + qkv_n + q_size + gu_n + gu_n / 2)
                     + sizeof(float) * (size_t)(units * group * (hd + 2)) + sizeof(uint16_t) * (size_t)widest;
     size_t own = ROW_SCRATCH_BYTES(widest) + sizeof(float) * (size_t)(group * (len + hd) + hd)
@@ -314,8 +314,9 @@ static int NAME(step_team)(const wslm_layer *layers, long n_layers, long d, long
             for (long u = u0; u < u1; u++) {
                 long kh = u / stretches, c = u % stretches;
                 float *top = part + u * group * (hd + 2), *sum = top + group, *acc = sum + group;
-                NAME(attend_part)(qkv, l, kh, group, kvh, hd, table, bs, c * span,
-                                  c == stretches - 1 ? len : (c + 1) * span, work, top, sum, acc);
+                long ta, tb;
+                att_stretch(len, c, &ta, &tb);
+                NAME(attend_part)(qkv, l, kh, group, kvh, hd, table, bs, ta, tb, work, top, sum, acc);
             }
             team_wait(&bar, &sense);
             for (long h = h0; h < h1; h++)  /* merge the stretches of q head h */

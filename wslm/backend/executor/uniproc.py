@@ -27,15 +27,13 @@ class UniProcExecutor(Executor):
         spec = config.speculative()
         loaded = None
         if spec is not None and spec.method == "draft_model" and not embedding:
-            from wslm.backend.spec_decode.draft import load_draft
+            from wslm.backend.spec_decode.draft import DraftProposer, load_draft
 
             loaded = load_draft(spec.model, model_config, device, config.trust_remote_code)
         # A draft's pool has the target's block ids: each block costs both models' keys and values.
         self.num_blocks = self.worker.determine_num_blocks(loaded.mc.kv_bytes_per_token() if loaded else 0)
         self.kv_cache_bytes = self.worker.init_cache(self.num_blocks)
         if loaded is not None:
-            from wslm.backend.spec_decode.draft import DraftProposer
-
             self.draft = DraftProposer.build(loaded, model_config, self.block_size, self.num_blocks)
             self.kv_cache_bytes += self.draft.runner.kv_cache_bytes
 
