@@ -212,12 +212,58 @@ static void unpack_row(long t, const uint8_t *p, long K, uint8_t *codes, char *a
     }
 }
 
+/* ---- eight weight rows interleaved -----------------------------------------------------------------------
+   The panel's unit is a group of GG_G = 8 weight rows. Codes first (K * 8 bytes): for every 4 columns the
+   8 rows' 4 codes, 32 bytes, one vector; so one DPBUSD of it with 4 activation codes broadcast to every
+   lane leaves each row's partial dot product in its own lane: a tile's results come out one per lane, with
+   no horizontal sums, and a block's scales are applied to 8 rows in one vector operation. Then the aux
+   (from byte K * 8), per block:
+   32-column types: sc[8], mn[8] float (w = sc q + mn);
+   K-quants (GK_AUX bytes a super-block): d[8], dm[8] float, sc[16][8] int32 (each 16 columns' integer scale),
+   mp[8][8] int32, each two int16 minimum factors (columns 32p..32p+15, 32p+16..32p+31): w = d sc q - dm mn.
+   Rows past a weight's last are zero codes and scales. */
+#define GG_G 8
+#define GK_AUX (64 + 512 + 256)
+
+static size_t group_bytes(long t, long K) {
+    size_t aux = gg_cols(t) == 256 ? (size_t)(K / 256) * GK_AUX : (size_t)(K / 32) * 64;
+    return ((size_t)K * 8 + aux + 63) & ~(size_t)63;
+}
+
+/* nrows (<= 8) weight rows from src (rb bytes a row) into group g; tmp: one unpacked row (3 K bytes) */
+static void unpack_group(long t, const uint8_t *src, long rb, int nrows, long K, uint8_t *g, uint8_t *tmp) {
+    memset(g, 0, group_bytes(t, K));
+    const char *aux = (const char *)tmp + K;
+    for (int r = 0; r < nrows; r++) {
+        unpack_row(t, src + r * rb, K, tmp, (char *)aux);
+        for (long c = 0; c < K / 4; c++) memcpy(g + c * 32 + r * 4, tmp + c * 4, 4);
+        if (gg_cols(t) == 32) {
+            const float *sm = (const float *)aux, *mn = sm + K / 32;
+            float *a = (float *)(g + K * 8);
+            for (long b = 0; b < K / 32; b++) { a[b * 16 + r] = sm[b]; a[b * 16 + 8 + r] = mn[b]; }
+            continue;
+        }
+        const int16_t *sc16 = (const int16_t *)aux, *mn = (const int16_t *)(aux + K + (K / 256) * 8);
+        const float *dd = (const float *)(aux + K);
+        for (long b = 0; b < K / 256; b++) {
+            uint8_t *a = g + K * 8 + b * GK_AUX;
+            memcpy(a + 4 * r, dd + 2 * b, 4);
+            memcpy(a + 32 + 4 * r, dd + 2 * b + 1, 4);
+            for (int s = 0; s < 16; s++) {
+                int32_t v = sc16[(b * 8 + s / 2) * 16 + (s % 2) * 8];
+                memcpy(a + 64 + s * 32 + 4 * r, &v, 4);
+            }
+            for (int p = 0; p < 8; p++) memcpy(a + 576 + p * 32 + 4 * r, mn + b * 16 + 2 * p, 4);
+        }
+    }
+}
+
 /* ---- register tiles ------------------------------------------------------------------------------------
-   RM weight rows (codes and aux `stride` bytes apart) x RN activation rows: res[j * RM + i]. Every
-   output's sum runs the same operations in the same order whatever the tile's shape, so a row's result
-   never depends on where the tiles fall. */
-#ifndef GG_RM
-#define GG_RM 2  /* weight rows a tile (at most 4) */
+   RG groups (gs bytes apart) x RN activation rows: res[j * RG * 8 + i * 8 + r]. Every output's sum runs
+   the same operations in the same order whatever the tile's shape, so a row's result never depends on
+   where the tiles fall. */
+#ifndef GG_RG
+#define GG_RG 2  /* groups of 8 weight rows a tile (at most 2) */
 #endif
 #ifndef GG_RN
 #define GG_RN 4  /* activation rows a tile (at most 4) */
@@ -226,148 +272,178 @@ static void unpack_row(long t, const uint8_t *p, long K, uint8_t *codes, char *a
 
 #if defined(__AVX2__) && defined(__FMA__)
 #define GG_AVX2 1
-static inline float gg_hsum(__m256 v) {
-    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-    s = _mm_add_ss(s, _mm_movehdup_ps(s));
-    return _mm_cvtss_f32(s);
+static inline __m256i bc4(const void *p) {  /* 4 bytes to every 32-bit lane */
+    int32_t v;
+    memcpy(&v, p, 4);
+    return _mm256_set1_epi32(v);
 }
-/* 32-column types: per block and pair, the integer dot (maddubs + madd) in fp32 times sc_w d_x; then the
-   minimums: sum over blocks of mn_w times the row's d_x-scaled code sums, 8 blocks a vector */
-GAI void tile32(const uint8_t *wc, const char *aux, long stride, const gx_t *x, long K, float *res, const int RM,
-                const int RN, const int sgn) {
-    __m256 acc[4][4];
-    for (int j = 0; j < RN; j++)
-        for (int i = 0; i < RM; i++) acc[j][i] = _mm256_setzero_ps();
+/* 32-column types: per block, each row's integer dot (8 DPBUSD, Q8_0's signed codes by the sign trick) in
+   fp32 times sc d_x, plus mn times the row's d_x-scaled code sum */
+GAI void tile32(const uint8_t *g0, long gs, const gx_t *x, long K, float *res, const int RG, const int RN,
+                const int sgn) {
+    __m256 acc[2][4];
+    for (int i = 0; i < RG; i++)
+        for (int j = 0; j < RN; j++) acc[i][j] = _mm256_setzero_ps();
     for (long b = 0; b < K / 32; b++) {
-        __m256i w[4], aw[4];
-        for (int i = 0; i < RM; i++) {
-            w[i] = _mm256_loadu_si256((const __m256i *)(wc + i * stride + b * 32));
-            if (sgn) aw[i] = _mm256_sign_epi8(w[i], w[i]);
+        __m256i is[2][4];
+        for (int i = 0; i < RG; i++)
+            for (int j = 0; j < RN; j++) is[i][j] = _mm256_setzero_si256();
+        for (int c = 0; c < 8; c++) {
+            __m256i w[2], aw[2];
+            for (int i = 0; i < RG; i++) {
+                w[i] = _mm256_loadu_si256((const __m256i *)(g0 + i * gs + (b * 8 + c) * 32));
+                if (sgn) aw[i] = _mm256_sign_epi8(w[i], w[i]);
+            }
+            for (int j = 0; j < RN; j++) {
+                __m256i xv = bc4(x[j].q + b * 32 + c * 4);
+                for (int i = 0; i < RG; i++)
+                    is[i][j] = sgn ? DPBUSD(is[i][j], aw[i], _mm256_sign_epi8(xv, w[i])) : DPBUSD(is[i][j], w[i], xv);
+            }
         }
-        for (int j = 0; j < RN; j++) {
-            __m256i xv = _mm256_loadu_si256((const __m256i *)(x[j].q + b * 32));
-            __m256 dx = _mm256_broadcast_ss(x[j].d + b);
-            for (int i = 0; i < RM; i++) {
-                __m256i pr = sgn ? DPBUSD(_mm256_setzero_si256(), aw[i], _mm256_sign_epi8(xv, w[i]))
-                                 : DPBUSD(_mm256_setzero_si256(), w[i], xv);
-                __m256 f = _mm256_cvtepi32_ps(pr);
-                __m256 sw = _mm256_broadcast_ss((const float *)(aux + i * stride) + b);
-                acc[j][i] = _mm256_fmadd_ps(f, _mm256_mul_ps(sw, dx), acc[j][i]);
+        for (int i = 0; i < RG; i++) {
+            const float *a = (const float *)(g0 + i * gs + K * 8) + b * 16;
+            __m256 sc = _mm256_loadu_ps(a), mn = _mm256_loadu_ps(a + 8);
+            for (int j = 0; j < RN; j++) {
+                acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[i][j]), _mm256_mul_ps(sc, _mm256_set1_ps(x[j].d[b])),
+                                            acc[i][j]);
+                acc[i][j] = _mm256_fmadd_ps(mn, _mm256_set1_ps(x[j].s[b]), acc[i][j]);
             }
         }
     }
-    const long nb = K / 32, nb8 = nb / 8 * 8;
     for (int j = 0; j < RN; j++)
-        for (int i = 0; i < RM; i++) {
-            const float *mn = (const float *)(aux + i * stride) + nb;
-            __m256 mv = _mm256_setzero_ps();
-            for (long b = 0; b < nb8; b += 8) mv = _mm256_fmadd_ps(_mm256_loadu_ps(mn + b), _mm256_loadu_ps(x[j].s + b), mv);
-            float tail = 0.0f;
-            for (long b = nb8; b < nb; b++) tail += mn[b] * x[j].s[b];
-            res[j * RM + i] = gg_hsum(acc[j][i]) + (gg_hsum(mv) + tail);
-        }
+        for (int i = 0; i < RG; i++) _mm256_storeu_ps(res + (j * RG + i) * 8, acc[i][j]);
 }
-/* K-quants: per super-block and pair, the integer sum of sc q x over its 256 columns (madd by the codes'
-   integer scales), then d d_x times it minus dm d_x times the integer sum of mn (code sums of x) */
-GAI void tilek(const uint8_t *wc, const char *aux, long stride, const gx_t *x, long K, float *res, const int RM,
-               const int RN) {
-    __m256 acc[4][4];
-    for (int j = 0; j < RN; j++)
-        for (int i = 0; i < RM; i++) acc[j][i] = _mm256_setzero_ps();
-    const long nb = K / 256;
-    for (long b = 0; b < nb; b++) {
-        __m256i is[4][4];
-        for (int j = 0; j < RN; j++)
-            for (int i = 0; i < RM; i++) is[j][i] = _mm256_setzero_si256();
-        for (int c = 0; c < 8; c++) {
-            __m256i w[4];
-            for (int i = 0; i < RM; i++) w[i] = _mm256_loadu_si256((const __m256i *)(wc + i * stride + b * 256 + c * 32));
-            for (int j = 0; j < RN; j++) {
-                __m256i xv = _mm256_loadu_si256((const __m256i *)(x[j].q + b * 256 + c * 32));
-                for (int i = 0; i < RM; i++) {
-                    const __m256i sc = _mm256_loadu_si256((const __m256i *)(aux + i * stride + (b * 8 + c) * 32));
-                    is[j][i] = MADD_ACC(is[j][i], _mm256_maddubs_epi16(w[i], xv), sc);
+/* K-quants: per super-block, each row's integer sum of sc times its SUB-column dots (SUB 32: Q4_K / Q5_K,
+   whose scales change every 32 columns; 16: Q6_K), then d d_x times it minus dm d_x times the integer sum
+   of the minimum factors times the activation's 16-column code sums */
+GAI void tilek(const uint8_t *g0, long gs, const gx_t *x, long K, float *res, const int RG, const int RN,
+               const int SUB) {
+    __m256 acc[2][4];
+    for (int i = 0; i < RG; i++)
+        for (int j = 0; j < RN; j++) acc[i][j] = _mm256_setzero_ps();
+    for (long b = 0; b < K / 256; b++) {
+        __m256i isum[2][4];
+        for (int i = 0; i < RG; i++)
+            for (int j = 0; j < RN; j++) isum[i][j] = _mm256_setzero_si256();
+        for (int s = 0; s < 256 / SUB; s++) {
+            __m256i t[2][4];
+            for (int i = 0; i < RG; i++)
+                for (int j = 0; j < RN; j++) t[i][j] = _mm256_setzero_si256();
+            for (int c = 0; c < SUB / 4; c++) {
+                long c4 = b * 64 + s * (SUB / 4) + c;
+                __m256i w[2];
+                for (int i = 0; i < RG; i++) w[i] = _mm256_loadu_si256((const __m256i *)(g0 + i * gs + c4 * 32));
+                for (int j = 0; j < RN; j++) {
+                    __m256i xv = bc4(x[j].q + c4 * 4);
+                    for (int i = 0; i < RG; i++) t[i][j] = DPBUSD(t[i][j], w[i], xv);
                 }
             }
+            for (int i = 0; i < RG; i++) {
+                __m256i sc = _mm256_loadu_si256((const __m256i *)(g0 + i * gs + K * 8 + b * GK_AUX + 64) + s * (SUB / 16));
+                for (int j = 0; j < RN; j++) isum[i][j] = _mm256_add_epi32(isum[i][j], _mm256_mullo_epi32(t[i][j], sc));
+            }
         }
-        for (int j = 0; j < RN; j++) {
-            __m256i bs = _mm256_loadu_si256((const __m256i *)(x[j].bs + b * 16));
-            float dx = x[j].d[b];
-            for (int i = 0; i < RM; i++) {
-                const char *a = aux + i * stride;
-                const float *dd = (const float *)(a + K) + 2 * b;
-                __m256i mn = _mm256_loadu_si256((const __m256i *)(a + K + nb * 8 + b * 32));
-                acc[j][i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(is[j][i]), _mm256_set1_ps(dd[0] * dx), acc[j][i]);
-                acc[j][i] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(mn, bs)), _mm256_set1_ps(dd[1] * dx),
-                                             acc[j][i]);
+        __m256i mi[2][4];
+        for (int i = 0; i < RG; i++)
+            for (int j = 0; j < RN; j++) mi[i][j] = _mm256_setzero_si256();
+        for (int p = 0; p < 8; p++) {
+            __m256i mp[2];
+            for (int i = 0; i < RG; i++)
+                mp[i] = _mm256_loadu_si256((const __m256i *)(g0 + i * gs + K * 8 + b * GK_AUX + 576) + p);
+            for (int j = 0; j < RN; j++) {
+                __m256i bs = bc4(x[j].bs + b * 16 + 2 * p);
+                for (int i = 0; i < RG; i++) mi[i][j] = MADD_ACC(mi[i][j], mp[i], bs);
+            }
+        }
+        for (int i = 0; i < RG; i++) {
+            const float *a = (const float *)(g0 + i * gs + K * 8 + b * GK_AUX);
+            __m256 d = _mm256_loadu_ps(a), dm = _mm256_loadu_ps(a + 8);
+            for (int j = 0; j < RN; j++) {
+                __m256 dx = _mm256_set1_ps(x[j].d[b]);
+                acc[i][j] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[i][j]), _mm256_mul_ps(d, dx), acc[i][j]);
+                acc[i][j] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mi[i][j]), _mm256_mul_ps(dm, dx), acc[i][j]);
             }
         }
     }
     for (int j = 0; j < RN; j++)
-        for (int i = 0; i < RM; i++) res[j * RM + i] = gg_hsum(acc[j][i]);
+        for (int i = 0; i < RG; i++) _mm256_storeu_ps(res + (j * RG + i) * 8, acc[i][j]);
 }
 #else
-GAI void tile32(const uint8_t *wc, const char *aux, long stride, const gx_t *x, long K, float *res, const int RM,
-                const int RN, const int sgn) {
-    for (int j = 0; j < RN; j++)
-        for (int i = 0; i < RM; i++) {
-            float acc = 0.0f, mins = 0.0f;
-            const float *sm = (const float *)(aux + i * stride), *mn = sm + K / 32;
-            for (long b = 0; b < K / 32; b++) {
-                const uint8_t *c = wc + i * stride + b * 32;
-                const int8_t *q = x[j].q + b * 32;
-                int s = 0;
-                for (int l = 0; l < 32; l++) s += (sgn ? (int)(int8_t)c[l] : (int)c[l]) * q[l];
-                acc += (float)s * (sm[b] * x[j].d[b]);
-                mins += mn[b] * x[j].s[b];
-            }
-            res[j * RM + i] = acc + mins;
-        }
-}
-GAI void tilek(const uint8_t *wc, const char *aux, long stride, const gx_t *x, long K, float *res, const int RM,
-               const int RN) {
-    const long nb = K / 256;
-    for (int j = 0; j < RN; j++)
-        for (int i = 0; i < RM; i++) {
-            const char *a = aux + i * stride;
-            const int16_t *sc = (const int16_t *)a, *mn = (const int16_t *)(a + K + nb * 8);
-            const float *dd = (const float *)(a + K);
-            float acc = 0.0f;
-            for (long b = 0; b < nb; b++) {
-                long is = 0, im = 0;
-                for (int l = 0; l < 256; l++) {
-                    int g = l / 16;  /* the 16-column group: sc16 chunk g / 2, half g % 2 */
-                    is += (long)sc[(b * 8 + g / 2) * 16 + (g % 2) * 8] * wc[i * stride + b * 256 + l] * x[j].q[b * 256 + l];
+/* the plain loops: the same sums lane by lane */
+GAI void tile32(const uint8_t *g0, long gs, const gx_t *x, long K, float *res, const int RG, const int RN,
+                const int sgn) {
+    for (int i = 0; i < RG; i++)
+        for (int j = 0; j < RN; j++)
+            for (int r = 0; r < GG_G; r++) {
+                const uint8_t *g = g0 + i * gs;
+                const float *a = (const float *)(g + K * 8);
+                float acc = 0.0f;
+                for (long b = 0; b < K / 32; b++) {
+                    int s = 0;
+                    for (int l = 0; l < 32; l++) {
+                        uint8_t c = g[(b * 8 + l / 4) * 32 + r * 4 + l % 4];
+                        s += (sgn ? (int)(int8_t)c : (int)c) * x[j].q[b * 32 + l];
+                    }
+                    acc += (float)s * (a[b * 16 + r] * x[j].d[b]);
+                    acc += a[b * 16 + 8 + r] * x[j].s[b];
                 }
-                for (int g = 0; g < 16; g++) im += (long)mn[b * 16 + g] * x[j].bs[b * 16 + g];
-                acc += (float)is * (dd[2 * b] * x[j].d[b]) - (float)im * (dd[2 * b + 1] * x[j].d[b]);
+                res[(j * RG + i) * 8 + r] = acc;
             }
-            res[j * RM + i] = acc;
-        }
+}
+GAI void tilek(const uint8_t *g0, long gs, const gx_t *x, long K, float *res, const int RG, const int RN,
+               const int SUB) {
+    (void)SUB;
+    for (int i = 0; i < RG; i++)
+        for (int j = 0; j < RN; j++)
+            for (int r = 0; r < GG_G; r++) {
+                const uint8_t *g = g0 + i * gs;
+                float acc = 0.0f;
+                for (long b = 0; b < K / 256; b++) {
+                    const uint8_t *a = g + K * 8 + b * GK_AUX;
+                    long is = 0, im = 0;
+                    for (int l = 0; l < 256; l++) {
+                        int32_t sc;
+                        memcpy(&sc, a + 64 + (l / 16) * 32 + 4 * r, 4);
+                        is += (long)sc * g[(b * 64 + l / 4) * 32 + r * 4 + l % 4] * x[j].q[b * 256 + l];
+                    }
+                    for (int h = 0; h < 16; h++) {
+                        int16_t mn;
+                        memcpy(&mn, a + 576 + (h / 2) * 32 + 4 * r + 2 * (h % 2), 2);
+                        im += (long)mn * x[j].bs[b * 16 + h];
+                    }
+                    float d, dm;
+                    memcpy(&d, a + 4 * r, 4);
+                    memcpy(&dm, a + 32 + 4 * r, 4);
+                    acc += (float)is * (d * x[j].d[b]) - (float)im * (dm * x[j].d[b]);
+                }
+                res[(j * RG + i) * 8 + r] = acc;
+            }
 }
 #endif
 
-typedef void (*tile_fn)(const uint8_t *, const char *, long, const gx_t *, long, float *);
-#define GG_TILE(RM, RN)                                                                                       \
-    static void t32_##RM##_##RN(const uint8_t *wc, const char *aux, long st, const gx_t *x, long K, float *r) { \
-        tile32(wc, aux, st, x, K, r, RM, RN, 0);                                                              \
+typedef void (*tile_fn)(const uint8_t *, long, const gx_t *, long, float *);
+#define GG_TILE(RG, RN)                                                                                       \
+    static void t32_##RG##_##RN(const uint8_t *g, long gs, const gx_t *x, long K, float *r) {                 \
+        tile32(g, gs, x, K, r, RG, RN, 0);                                                                    \
     }                                                                                                         \
-    static void t8_##RM##_##RN(const uint8_t *wc, const char *aux, long st, const gx_t *x, long K, float *r) {  \
-        tile32(wc, aux, st, x, K, r, RM, RN, 1);                                                              \
+    static void t8_##RG##_##RN(const uint8_t *g, long gs, const gx_t *x, long K, float *r) {                  \
+        tile32(g, gs, x, K, r, RG, RN, 1);                                                                    \
     }                                                                                                         \
-    static void tk_##RM##_##RN(const uint8_t *wc, const char *aux, long st, const gx_t *x, long K, float *r) {  \
-        tilek(wc, aux, st, x, K, r, RM, RN);                                                                  \
+    static void tk_##RG##_##RN(const uint8_t *g, long gs, const gx_t *x, long K, float *r) {                  \
+        tilek(g, gs, x, K, r, RG, RN, 32);                                                                    \
+    }                                                                                                         \
+    static void t6_##RG##_##RN(const uint8_t *g, long gs, const gx_t *x, long K, float *r) {                  \
+        tilek(g, gs, x, K, r, RG, RN, 16);                                                                    \
     }
-#define GG_TILES_RN(RN) GG_TILE(1, RN) GG_TILE(2, RN) GG_TILE(3, RN) GG_TILE(4, RN)
+#define GG_TILES_RN(RN) GG_TILE(1, RN) GG_TILE(2, RN)
 GG_TILES_RN(1) GG_TILES_RN(2) GG_TILES_RN(3) GG_TILES_RN(4)
-#define GG_ROW(P, RN) {P##_1_##RN, P##_2_##RN, P##_3_##RN, P##_4_##RN}
-#define GG_KIND(P) {GG_ROW(P, 1), GG_ROW(P, 2), GG_ROW(P, 3), GG_ROW(P, 4)}
-static const tile_fn tiles[3][4][4] = {GG_KIND(t32), GG_KIND(t8), GG_KIND(tk)};
+#define GG_ROW(P, RG) {P##_##RG##_1, P##_##RG##_2, P##_##RG##_3, P##_##RG##_4}
+#define GG_KIND(P) {GG_ROW(P, 1), GG_ROW(P, 2)}
+static const tile_fn tiles[4][2][4] = {GG_KIND(t32), GG_KIND(t8), GG_KIND(tk), GG_KIND(t6)};
 
 /* ---- the product ----------------------------------------------------------------------------------- */
 #ifndef GG_PANEL_BYTES
-#define GG_PANEL_BYTES (96 * 1024)  /* one thread's unpacked weight rows: in L2 beside the activations' tiles */
+#define GG_PANEL_BYTES (160 * 1024)  /* one thread's unpacked weight rows: in L2 beside the activations' tiles */
 #endif
 
 #ifndef GG_MBLOCK
@@ -378,29 +454,33 @@ typedef struct {  /* a run of weight rows of one part */
     long part, r0, r1, start;  /* rows [r0, r1) of the fused weight; start: the part's first row */
 } gg_chunk;
 
-/* weight rows c times activation rows [m_lo, m_hi) */
+/* weight rows c times activation rows [m_lo, m_hi); panel: the chunk's groups, tmp: one unpacked row */
 static void do_chunk(const gg_weight *w, const gg_chunk *c, const gx_t *xs32, const gx_t *xs256, long m_lo,
-                     long m_hi, uint8_t *panel, void *out, int out_bf16) {
-    long K = w->k, t = w->type[c->part], rb = K / gg_cols(t) * gg_bytes(t), stride = 3 * K;
-    long nr = c->r1 - c->r0;
-    for (long r = 0; r < nr; r++)
-        unpack_row(t, w->data[c->part] + (c->r0 - c->start + r) * rb, K, panel + r * stride,
-                   (char *)panel + r * stride + K);
+                     long m_hi, uint8_t *panel, uint8_t *tmp, void *out, int out_bf16) {
+    long K = w->k, t = w->type[c->part], rb = K / gg_cols(t) * gg_bytes(t);
+    long nr = c->r1 - c->r0, ng = (nr + GG_G - 1) / GG_G, gs = (long)group_bytes(t, K);
+    for (long gi = 0; gi < ng; gi++) {
+        long r = gi * GG_G;
+        unpack_group(t, w->data[c->part] + (c->r0 - c->start + r) * rb, rb, nr - r < GG_G ? (int)(nr - r) : GG_G, K,
+                     panel + gi * gs, tmp);
+    }
     const gx_t *xs = gg_cols(t) == 256 ? xs256 : xs32;
-    int kind = gg_cols(t) == 256 ? 2 : t == T_Q8_0;
-    float res[GG_RM * GG_RN];
+    int kind = t == T_Q6_K ? 3 : gg_cols(t) == 256 ? 2 : t == T_Q8_0;
+    float res[GG_RN * 2 * GG_G];
     for (long m0 = m_lo; m0 < m_hi; m0 += GG_RN) {
         int rn = m_hi - m0 < GG_RN ? (int)(m_hi - m0) : GG_RN;
-        for (long i0 = 0; i0 < nr; i0 += GG_RM) {
-            int rm = nr - i0 < GG_RM ? (int)(nr - i0) : GG_RM;
-            tiles[kind][rn - 1][rm - 1](panel + i0 * stride, (const char *)panel + i0 * stride + K, stride, xs + m0,
-                                        K, res);
+        for (long g0 = 0; g0 < ng; g0 += GG_RG) {
+            int rg = ng - g0 < GG_RG ? (int)(ng - g0) : GG_RG;
+            tiles[kind][rg - 1][rn - 1](panel + g0 * gs, gs, xs + m0, K, res);
             for (int j = 0; j < rn; j++)
-                for (int i = 0; i < rm; i++) {
-                    long n = c->r0 + i0 + i, col = w->index ? w->index[n] : n;
+                for (int i = 0; i < rg * GG_G; i++) {
+                    long row = (g0 * GG_G + i);
+                    if (row >= nr) break;
+                    long n = c->r0 + row, col = w->index ? w->index[n] : n;
                     size_t at = (size_t)(m0 + j) * (size_t)w->n + (size_t)col;
-                    if (out_bf16) ((uint16_t *)out)[at] = f2bf(res[j * rm + i]);
-                    else ((float *)out)[at] = res[j * rm + i];
+                    float v = res[j * rg * GG_G + i];
+                    if (out_bf16) ((uint16_t *)out)[at] = f2bf(v);
+                    else ((float *)out)[at] = v;
                 }
         }
     }
@@ -437,18 +517,22 @@ int wslm_gguf_gemm(const void *wv, const void *x, long M, int x_bf16, void *out,
         if (n32) { gx_carve(mem + per * ((size_t)m * forms + f++), K, xs32 + m); gx_row(row, x_bf16, K, 32, xs32 + m); }
         if (n256) { gx_carve(mem + per * ((size_t)m * forms + f), K, xs256 + m); gx_row(row, x_bf16, K, 256, xs256 + m); }
     }
-    /* chunks of rows a panel holds (a multiple of GG_RM), never across parts */
-    long per_row = 3 * K;
-    long rows = GG_PANEL_BYTES / per_row / GG_RM * GG_RM;
-    if (rows < GG_RM) rows = GG_RM;
-    long count = 0, start = 0;
-    for (long p = 0; p < w->parts; p++) count += (w->rows[p] + rows - 1) / rows;
+    /* chunks of rows a panel holds (whole tiles of GG_RG groups), never across parts */
+    long count = 0, start = 0, panel_bytes = 0, rows[GG_PARTS];
+    for (long p = 0; p < w->parts; p++) {
+        long gb = (long)group_bytes(w->type[p], K), tile = GG_G * GG_RG;
+        rows[p] = GG_PANEL_BYTES / gb / GG_RG * tile;
+        if (rows[p] < tile) rows[p] = tile;
+        if (rows[p] / GG_G * gb > panel_bytes) panel_bytes = rows[p] / GG_G * gb;
+        count += (w->rows[p] + rows[p] - 1) / rows[p];
+    }
     gg_chunk *chunks = (gg_chunk *)malloc(sizeof(gg_chunk) * (size_t)(count ? count : 1));
     if (!chunks) { free(mem); return -1; }
     count = 0;
     for (long p = 0; p < w->parts; p++) {
-        for (long r = 0; r < w->rows[p]; r += rows)
-            chunks[count++] = (gg_chunk){p, start + r, start + (r + rows < w->rows[p] ? r + rows : w->rows[p]), start};
+        for (long r = 0; r < w->rows[p]; r += rows[p])
+            chunks[count++] = (gg_chunk){p, start + r, start + (r + rows[p] < w->rows[p] ? r + rows[p] : w->rows[p]),
+                                         start};
         start += w->rows[p];
     }
     int failed = 0;
@@ -460,7 +544,7 @@ int wslm_gguf_gemm(const void *wv, const void *x, long M, int x_bf16, void *out,
 #if defined(_OPENMP)
         t = omp_get_thread_num(), nt = omp_get_num_threads();
 #endif
-        uint8_t *panel = (uint8_t *)malloc((size_t)(rows * per_row) + 64);
+        uint8_t *panel = (uint8_t *)malloc((size_t)panel_bytes + (size_t)K * 3 + 128);
         if (!panel) {
 #if defined(_OPENMP)
 #pragma omp atomic write
@@ -473,7 +557,8 @@ int wslm_gguf_gemm(const void *wv, const void *x, long M, int x_bf16, void *out,
             long mb = M <= 2 * GG_MBLOCK ? M : GG_MBLOCK;
             for (long m0 = 0; m0 < M; m0 += mb)
                 for (long c = count * t / nt; c < count * (t + 1) / nt; c++)
-                    do_chunk(w, chunks + c, xs32, xs256, m0, m0 + mb < M ? m0 + mb : M, panel, out, out_bf16);
+                    do_chunk(w, chunks + c, xs32, xs256, m0, m0 + mb < M ? m0 + mb : M, panel,
+                             panel + panel_bytes + 64, out, out_bf16);
             free(panel);
         }
     }
