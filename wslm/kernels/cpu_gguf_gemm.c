@@ -2,15 +2,17 @@
 
    cpu_gguf.c's kernels read every weight block from the file's layout for each activation row (a few rows
    at a time): its unpacking (nibbles, fifth bits, 6-bit scales) is paid once per row group. Here a chunk of
-   weight rows is unpacked once into a panel in cache (one byte a code, and per 32 columns eight float
-   scales and eight float minimums, lanes 0-3 for the first 16 columns and 4-7 for the last: Q6_K's scales
-   change every 16 columns), then every activation row meets it in register tiles of GG_RM weight rows x
-   GG_RN activation rows: each weight code vector loaded once serves GG_RN rows, each activation vector
-   GG_RM rows (llamafile's tinyBLAS does the same on Q8_0 blocks; this is our own code).
+   weight rows is unpacked once into a panel in cache, eight weight rows interleaved every 4 columns (one
+   byte a code; see unpack_group), then every activation row meets it in register tiles of GG_RG groups of
+   8 weight rows x GG_RN activation rows: one DPBUSD of a group's code vector with 4 activation codes
+   broadcast leaves each weight row's partial dot product in its own lane, so scales are applied to 8 rows
+   in one vector operation and no horizontal sum is needed (the layout llama.cpp's repacked Q4_0x8 / Q4_Kx8
+   GEMMs use; this is our own code).
 
    The activation rows are rounded to int8 exactly as cpu_gguf.c rounds them (Q8_0 per 32 columns for the
    32-column types, Q8_K per 256 for the K-quants), so each output equals the block GEMV's within float32
-   rounding: a code vector's dot product is exact integer arithmetic (maddubs + madd), the per-block scales
+   rounding: a code vector's dot product is exact integer arithmetic (DPBUSD, and the K-quants' integer
+   scales by int32 multiplies), the per-block scales
    and minimums are applied in fp32 (w = d q + m: Q4_0 m = -8 d, Q5_0 -16 d, Q6_K -32 d sc, Q4_K -dmin m_j).
    Q8_0's codes are signed: |w| times x with w's sign (the sign trick). A plain C loop does the same where
    the CPU has no AVX2. */
@@ -230,13 +232,45 @@ static size_t group_bytes(long t, long K) {
     return ((size_t)K * 8 + aux + 63) & ~(size_t)63;
 }
 
-/* nrows (<= 8) weight rows from src (rb bytes a row) into group g; tmp: one unpacked row (3 K bytes) */
+/* the 8 rows' codes (rows: 8 x K bytes) into the group's layout: an 8 x 8 transpose of 4-byte lanes for
+   every 32 columns */
+static void interleave_codes(const uint8_t *rows, long K, uint8_t *g) {
+#if defined(__AVX2__)
+    for (long b = 0; b < K / 32; b++) {
+        __m256 r[8], t[8], u[8];
+        for (int i = 0; i < 8; i++) r[i] = _mm256_loadu_ps((const float *)(rows + i * K + b * 32));
+        for (int i = 0; i < 8; i += 2) {
+            t[i] = _mm256_unpacklo_ps(r[i], r[i + 1]);
+            t[i + 1] = _mm256_unpackhi_ps(r[i], r[i + 1]);
+        }
+        for (int i = 0; i < 8; i += 4) {
+            u[i] = _mm256_shuffle_ps(t[i], t[i + 2], 0x44);
+            u[i + 1] = _mm256_shuffle_ps(t[i], t[i + 2], 0xEE);
+            u[i + 2] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0x44);
+            u[i + 3] = _mm256_shuffle_ps(t[i + 1], t[i + 3], 0xEE);
+        }
+        float *o = (float *)(g + b * 256);
+        for (int c = 0; c < 4; c++) {
+            _mm256_storeu_ps(o + 8 * c, _mm256_permute2f128_ps(u[c], u[c + 4], 0x20));
+            _mm256_storeu_ps(o + 8 * (c + 4), _mm256_permute2f128_ps(u[c], u[c + 4], 0x31));
+        }
+    }
+#else
+    for (int r = 0; r < GG_G; r++)
+        for (long c = 0; c < K / 4; c++) memcpy(g + c * 32 + r * 4, rows + r * K + c * 4, 4);
+#endif
+}
+
+/* nrows (<= 8) weight rows from src (rb bytes a row) into group g; tmp: 8 rows' codes and one row's aux
+   (10 K bytes) */
 static void unpack_group(long t, const uint8_t *src, long rb, int nrows, long K, uint8_t *g, uint8_t *tmp) {
-    memset(g, 0, group_bytes(t, K));
-    const char *aux = (const char *)tmp + K;
+    if (nrows < GG_G) {
+        memset(g, 0, group_bytes(t, K));
+        memset(tmp + nrows * K, 0, (size_t)(GG_G - nrows) * (size_t)K);
+    }
+    const char *aux = (const char *)tmp + 8 * K;
     for (int r = 0; r < nrows; r++) {
-        unpack_row(t, src + r * rb, K, tmp, (char *)aux);
-        for (long c = 0; c < K / 4; c++) memcpy(g + c * 32 + r * 4, tmp + c * 4, 4);
+        unpack_row(t, src + r * rb, K, tmp + r * K, (char *)aux);
         if (gg_cols(t) == 32) {
             const float *sm = (const float *)aux, *mn = sm + K / 32;
             float *a = (float *)(g + K * 8);
@@ -256,6 +290,7 @@ static void unpack_group(long t, const uint8_t *src, long rb, int nrows, long K,
             for (int p = 0; p < 8; p++) memcpy(a + 576 + p * 32 + 4 * r, mn + b * 16 + 2 * p, 4);
         }
     }
+    interleave_codes(tmp, K, g);
 }
 
 /* ---- register tiles ------------------------------------------------------------------------------------
@@ -447,14 +482,14 @@ static const tile_fn tiles[4][2][6] = {GG_KIND(t32), GG_KIND(t8), GG_KIND(tk), G
 #endif
 
 #ifndef GG_MBLOCK
-#define GG_MBLOCK 128
+#define GG_MBLOCK 256  /* Zen 4, 3B shapes: 256 over 128 +3-10% at 512 and 2048 rows (one unpack fewer) */
 #endif
 
 typedef struct {  /* a run of weight rows of one part */
     long part, r0, r1, start;  /* rows [r0, r1) of the fused weight; start: the part's first row */
 } gg_chunk;
 
-/* weight rows c times activation rows [m_lo, m_hi); panel: the chunk's groups, tmp: one unpacked row */
+/* weight rows c times activation rows [m_lo, m_hi); panel: the chunk's groups, tmp: unpack_group's */
 static void do_chunk(const gg_weight *w, const gg_chunk *c, const gx_t *xs32, const gx_t *xs256, long m_lo,
                      long m_hi, uint8_t *panel, uint8_t *tmp, void *out, int out_bf16) {
     long K = w->k, t = w->type[c->part], rb = K / gg_cols(t) * gg_bytes(t);
@@ -544,7 +579,7 @@ int wslm_gguf_gemm(const void *wv, const void *x, long M, int x_bf16, void *out,
 #if defined(_OPENMP)
         t = omp_get_thread_num(), nt = omp_get_num_threads();
 #endif
-        uint8_t *panel = (uint8_t *)malloc((size_t)panel_bytes + (size_t)K * 3 + 128);
+        uint8_t *panel = (uint8_t *)malloc((size_t)panel_bytes + (size_t)K * 10 + 128);
         if (!panel) {
 #if defined(_OPENMP)
 #pragma omp atomic write
@@ -552,8 +587,8 @@ int wslm_gguf_gemm(const void *wv, const void *x, long M, int x_bf16, void *out,
             failed = 1;
         } else {
             /* activation rows a block at a time, so that the block's int8 copy stays in cache while every
-               chunk of this thread's weight rows meets it (each chunk unpacked again per block: ~0.3 us a
-               row of 3072 Q4_K columns, ~0.9 Q6_K, against ~9 us of products for 128 rows) */
+               chunk of this thread's weight rows meets it (each chunk unpacked again per block, which costs
+               ~10% of the products at 128 rows a block) */
             long mb = M <= 2 * GG_MBLOCK ? M : GG_MBLOCK;
             for (long m0 = 0; m0 < M; m0 += mb)
                 for (long c = count * t / nt; c < count * (t + 1) / nt; c++)
