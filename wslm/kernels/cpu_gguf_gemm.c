@@ -140,51 +140,31 @@ static void gx_row(const void *x, int bf16, long K, long cols, gx_t *o) {
 }
 
 /* ---- weight rows unpacked ---------------------------------------------------------------------------------
-   codes [K]: one byte a code (unsigned; Q8_0's signed), then the row's aux (K * 2 bytes):
-   32-column types: sc [K/32] float scales, then mn [K/32] float minimums (w = sc q + mn);
-   K-quants: sc [K/32][16] int16, each code's integer scale (maddubs' int16 lanes 0-7: columns 0-15),
-   dd [K/256][2] float (d, dm) and mn [K/256][16] int16: w = d sc q - dm mn, mn per 16 columns. */
+   codes [K]: one byte a code, in column order (unsigned; Q8_0's signed) */
 
 static inline void k4_scale_min(int j, const uint8_t *q, int *sc, int *m) {
     if (j < 4) { *sc = q[j] & 63; *m = q[j + 4] & 63; }
     else { *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4); *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4); }
 }
 
-static void unpack_row(long t, const uint8_t *p, long K, uint8_t *codes, char *aux) {
+static void unpack_codes(long t, const uint8_t *restrict p, long K, uint8_t *restrict codes) {
     long nb = K / gg_cols(t), bs = gg_bytes(t);
-    float *sm = (float *)aux, *mn32 = sm + K / 32;
-    int16_t *sc16 = (int16_t *)aux, *mn = (int16_t *)(aux + K + (K / 256) * 8);
-    float *dd = (float *)(aux + K);
     for (long b = 0; b < nb; b++, p += bs) {
         if (t == T_Q8_0) {
-            float d = gg_h2f(p);
             memcpy(codes + b * 32, p + 2, 32);
-            sm[b] = d;
-            mn32[b] = 0.0f;
         } else if (t == T_Q4_0 || t == T_Q4_1 || t == T_Q5_0 || t == T_Q5_1) {
             int five = t == T_Q5_0 || t == T_Q5_1, with_min = t == T_Q4_1 || t == T_Q5_1;
             long qs = with_min ? (five ? 8 : 4) : (five ? 6 : 2);
             uint32_t h = 0;
             if (five) memcpy(&h, p + (with_min ? 4 : 2), 4);
-            float d = gg_h2f(p), m = with_min ? gg_h2f(p + 2) : (five ? -16.0f : -8.0f) * d;
             uint8_t *c = codes + b * 32;
             for (int j = 0; j < 16; j++) {
                 c[j] = (uint8_t)((p[qs + j] & 15) | (five ? (((h >> j) << 4) & 0x10) : 0));
                 c[j + 16] = (uint8_t)((p[qs + j] >> 4) | (five ? ((h >> (j + 12)) & 0x10) : 0));
             }
-            sm[b] = d;
-            mn32[b] = m;
         } else if (t == T_Q4_K || t == T_Q5_K) {
             int five = t == T_Q5_K;
             const uint8_t *qh = p + 16, *qs = p + (five ? 48 : 16);
-            dd[2 * b] = gg_h2f(p);
-            dd[2 * b + 1] = gg_h2f(p + 2);
-            for (int j = 0; j < 8; j++) {
-                int sc, m;
-                k4_scale_min(j, p + 4, &sc, &m);
-                for (int l = 0; l < 16; l++) sc16[(b * 8 + j) * 16 + l] = (int16_t)sc;
-                mn[b * 16 + 2 * j] = mn[b * 16 + 2 * j + 1] = (int16_t)m;
-            }
             for (int j = 0; j < 4; j++) {
                 uint8_t *lo = codes + b * 256 + 64 * j, *hi = lo + 32;
                 for (int l = 0; l < 32; l++) {
@@ -194,12 +174,6 @@ static void unpack_row(long t, const uint8_t *p, long K, uint8_t *codes, char *a
             }
         } else if (t == T_Q6_K) {
             const uint8_t *ql = p, *qh = p + 128;
-            const int8_t *sc = (const int8_t *)(p + 192);
-            dd[2 * b] = dd[2 * b + 1] = gg_h2f(p + 208);
-            for (int g = 0; g < 16; g++) {  /* columns 16g..16g+15: scale sc[g] (chunk g / 2, its half g % 2) */
-                for (int l = 0; l < 8; l++) sc16[(b * 8 + g / 2) * 16 + (g % 2) * 8 + l] = sc[g];
-                mn[b * 16 + g] = (int16_t)(32 * sc[g]);
-            }
             for (int h = 0; h < 2; h++) {
                 uint8_t *o = codes + b * 256 + 128 * h;
                 const uint8_t *L = ql + 64 * h, *H = qh + 32 * h;
@@ -261,33 +235,45 @@ static void interleave_codes(const uint8_t *rows, long K, uint8_t *g) {
 #endif
 }
 
-/* nrows (<= 8) weight rows from src (rb bytes a row) into group g; tmp: 8 rows' codes and one row's aux
-   (10 K bytes) */
+/* nrows (<= 8) weight rows from src (rb bytes a row) into group g; tmp: 8 rows' codes (8 K bytes) */
 static void unpack_group(long t, const uint8_t *src, long rb, int nrows, long K, uint8_t *g, uint8_t *tmp) {
     if (nrows < GG_G) {
         memset(g, 0, group_bytes(t, K));
         memset(tmp + nrows * K, 0, (size_t)(GG_G - nrows) * (size_t)K);
     }
-    const char *aux = (const char *)tmp + 8 * K;
+    long nb = K / gg_cols(t), bs = gg_bytes(t);
     for (int r = 0; r < nrows; r++) {
-        unpack_row(t, src + r * rb, K, tmp + r * K, (char *)aux);
-        if (gg_cols(t) == 32) {
-            const float *sm = (const float *)aux, *mn = sm + K / 32;
-            float *a = (float *)(g + K * 8);
-            for (long b = 0; b < K / 32; b++) { a[b * 16 + r] = sm[b]; a[b * 16 + 8 + r] = mn[b]; }
-            continue;
-        }
-        const int16_t *sc16 = (const int16_t *)aux, *mn = (const int16_t *)(aux + K + (K / 256) * 8);
-        const float *dd = (const float *)(aux + K);
-        for (long b = 0; b < K / 256; b++) {
-            uint8_t *a = g + K * 8 + b * GK_AUX;
-            memcpy(a + 4 * r, dd + 2 * b, 4);
-            memcpy(a + 32 + 4 * r, dd + 2 * b + 1, 4);
-            for (int s = 0; s < 16; s++) {
-                int32_t v = sc16[(b * 8 + s / 2) * 16 + (s % 2) * 8];
-                memcpy(a + 64 + s * 32 + 4 * r, &v, 4);
+        const uint8_t *row = src + r * rb;
+        unpack_codes(t, row, K, tmp + r * K);
+        for (long b = 0; b < nb; b++) {
+            const uint8_t *p = row + b * bs;
+            if (gg_cols(t) == 32) {  /* w = d q + m: Q4_0 m = -8 d, Q5_0 -16 d, Q8_0 0 */
+                float *a = (float *)(g + K * 8) + b * 16, d = gg_h2f(p);
+                a[r] = d;
+                a[8 + r] = t == T_Q4_1 || t == T_Q5_1 ? gg_h2f(p + 2) : t == T_Q4_0 ? -8.0f * d : t == T_Q5_0 ? -16.0f * d : 0.0f;
+                continue;
             }
-            for (int p = 0; p < 8; p++) memcpy(a + 576 + p * 32 + 4 * r, mn + b * 16 + 2 * p, 4);
+            uint8_t *a = g + K * 8 + b * GK_AUX;
+            int32_t sc[16];
+            int16_t mn[16];
+            float d, dm;
+            if (t == T_Q6_K) {  /* w = d sc (q - 32), scales every 16 columns */
+                d = dm = gg_h2f(p + 208);
+                for (int h = 0; h < 16; h++) { sc[h] = (int8_t)p[192 + h]; mn[h] = (int16_t)(32 * sc[h]); }
+            } else {  /* Q4_K / Q5_K: w = d sc q - dmin m, scale and minimum every 32 columns */
+                d = gg_h2f(p);
+                dm = gg_h2f(p + 2);
+                for (int j = 0; j < 8; j++) {
+                    int c, m;
+                    k4_scale_min(j, p + 4, &c, &m);
+                    sc[2 * j] = sc[2 * j + 1] = c;
+                    mn[2 * j] = mn[2 * j + 1] = (int16_t)m;
+                }
+            }
+            memcpy(a + 4 * r, &d, 4);
+            memcpy(a + 32 + 4 * r, &dm, 4);
+            for (int h = 0; h < 16; h++) memcpy(a + 64 + h * 32 + 4 * r, sc + h, 4);
+            for (int q = 0; q < 8; q++) memcpy(a + 576 + q * 32 + 4 * r, mn + 2 * q, 4);
         }
     }
     interleave_codes(tmp, K, g);
@@ -579,7 +565,7 @@ int wslm_gguf_gemm(const void *wv, const void *x, long M, int x_bf16, void *out,
 #if defined(_OPENMP)
         t = omp_get_thread_num(), nt = omp_get_num_threads();
 #endif
-        uint8_t *panel = (uint8_t *)malloc((size_t)panel_bytes + (size_t)K * 10 + 128);
+        uint8_t *panel = (uint8_t *)malloc((size_t)panel_bytes + (size_t)K * 8 + 128);
         if (!panel) {
 #if defined(_OPENMP)
 #pragma omp atomic write
