@@ -149,3 +149,23 @@ def test_the_models_panel_shows_the_pool_of_the_start_log(served, qtbot, capsys)
     service.table.set_models([json.loads(out)])
     panel.table.selectRow(0)
     assert f"{human_bytes(pool)} KV cache at 1,024 tokens (x3 full-length chats)" in panel.details.text()
+
+
+def test_cpu_pool_is_zero_and_resident_only_where_written():
+    """allocate_pool on CPU: the kernel's zero pages, resident as blocks are written (a start does not zero
+    the whole pool, and a pool few chats fill does not hold its size in RAM)."""
+    import torch
+
+    from wslm.backend.platforms.kv_cache import allocate_pool
+
+    def anon() -> int:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) * 1024 for line in f if line.startswith("RssAnon"))
+
+    before = anon()
+    pool = allocate_pool((4, 2, 1024, 16, 8, 128), torch.bfloat16, torch.device("cpu"))  # 256 MiB
+    assert pool.shape == (4, 2, 1024, 16, 8, 128) and pool.dtype == torch.bfloat16
+    assert anon() - before < (16 << 20)
+    pool[1, 0, 7] = 2.5  # one block of one layer's keys
+    assert pool[1, 0, 7].eq(2.5).all() and pool[1, 0, 8].eq(0).all() and pool[3, 1, 1023].eq(0).all()
+    assert anon() - before < (32 << 20)

@@ -94,3 +94,20 @@ def determine_num_blocks(config: EngineConfig, mc: ModelConfig, device: torch.de
                        "or end the server. Lower --kv-cache-memory / --max-num-seqs / --max-model-len.",
                        plan.bytes / 2**30, free / 2**30)
     return int(plan.num_blocks)
+
+
+def allocate_pool(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """The pool's zeroed memory. On CPU: anonymous pages, which the kernel maps as zeros and makes resident
+    only when a block is first written, so a start does not spend ~0.25 s a GiB zeroing a pool most chats
+    never fill, and resident memory grows with the KV in use (the pool is still sized at start, from the
+    machine's total RAM; kv_sizing.py). Elsewhere: torch.zeros."""
+    if device.type != "cpu":
+        return torch.zeros(shape, dtype=dtype, device=device)
+    import math
+    import mmap
+
+    nbytes = math.prod(shape) * torch.empty((), dtype=dtype).element_size()
+    if nbytes == 0:
+        return torch.zeros(shape, dtype=dtype)
+    pages = mmap.mmap(-1, nbytes, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    return torch.frombuffer(pages, dtype=dtype).view(shape)  # the tensor keeps the mapping alive

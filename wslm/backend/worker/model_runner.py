@@ -12,6 +12,7 @@ import torch
 from wslm.backend.engine.step_inputs import ModelRunnerOutput, SamplingBatch, StepInputs
 from wslm.backend.modeling import get_model_class
 from wslm.backend.modeling.layers.attention import AttentionMetadata
+from wslm.backend.platforms.kv_cache import allocate_pool
 from wslm.backend.worker.prompt_logprobs import compute_prompt_logprobs
 from wslm.backend.worker.sampler import Sampler
 
@@ -53,7 +54,7 @@ class ModelRunner:
         shape = (num_blocks, block_size, kv_heads, self.cfg.head_dim)
         # One allocation for the whole pool: [layers, k|v, blocks, block_size, kv_heads, head_dim].
         kv_dtype = getattr(self.cfg, "kv_cache_dtype", None) or self.cfg.dtype
-        self.kv_pool = torch.zeros((self.cfg.num_layers, 2, *shape), dtype=kv_dtype, device=self.device)
+        self.kv_pool = allocate_pool((self.cfg.num_layers, 2, *shape), kv_dtype, self.device)
         self.kv_caches = [(self.kv_pool[i, 0], self.kv_pool[i, 1]) for i in range(self.cfg.num_layers)]
         self.graphs = None  # DecodeGraphs, when CUDA graphs are on
         self.cpu_plan = None  # CpuDecodePlan: pure decode steps on CPU through the fast back ends
