@@ -83,3 +83,31 @@ def test_meta_reader_gives_transformers_what_gguf_py_gives(tmp_path):
         expected = [_gguf_parse_value(field.parts[i], field.types) for i in field.data]
         assert [_gguf_parse_value(mine.parts[i], mine.types) for i in mine.data] == expected, key
     assert [(t.name, tuple(t.shape)) for t in ours.tensors] == [(t.name, tuple(t.shape)) for t in theirs.tensors]
+
+
+def test_converted_tokenizer_loads_as_autotokenizer_chose_it(tmp_path, monkeypatch):
+    """The first load of a converted copy asks AutoTokenizer and notes the class it chose; a later load of a
+    plain TokenizersBackend takes that class straight away (no config read) and tokenizes and renders chats
+    the same."""
+    from transformers import AutoTokenizer
+
+    from wslm.backend.loader.model_loader import TOKENIZER_CLASS_FILE, load_tokenizer
+    from wslm.backend.loader.model_source import resolve_model
+
+    monkeypatch.setenv("WSLM_CACHE_DIR", str(tmp_path))
+    source = resolve_model("demo")
+    first = load_tokenizer(source)
+    folder = gguf_cache.folder_for(demo_model_path())
+    assert (folder / TOKENIZER_CLASS_FILE).read_text() == type(first).__name__ == "TokenizersBackend"
+    second = load_tokenizer(source)
+    auto = AutoTokenizer.from_pretrained(str(folder))
+    text = "Hello <|im_start|>user\nwhat is 12345? déjà vu 你好 🐱<|im_end|>"
+    for tok in (second, auto):
+        assert type(tok) is type(first)
+        assert tok(text).input_ids == first(text).input_ids
+        assert tok.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=True) == \
+            first.apply_chat_template(CHAT, tokenize=False, add_generation_prompt=True)  # fmt: skip
+        assert (tok.eos_token_id, tok.bos_token_id, tok.all_special_ids) == \
+            (first.eos_token_id, first.bos_token_id, first.all_special_ids)  # fmt: skip
+    (folder / TOKENIZER_CLASS_FILE).write_text("SomeOtherTokenizer")  # a class chosen otherwise: AutoTokenizer
+    assert load_tokenizer(source)(text).input_ids == first(text).input_ids

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+from pathlib import Path
 
 import torch
 
@@ -46,16 +47,46 @@ def _converted(source: ModelSource):
     return converted
 
 
-def load_tokenizer(source: ModelSource, tokenizer: str | None = None, trust_remote_code: bool = False):
-    from transformers import AutoTokenizer
+# In a GGUF's converted copy: the class AutoTokenizer chose for that folder, written at its first load.
+TOKENIZER_CLASS_FILE = "wslm_tokenizer_class.txt"
 
+
+def load_tokenizer(source: ModelSource, tokenizer: str | None = None, trust_remote_code: bool = False):
     if tokenizer:
+        from transformers import AutoTokenizer
+
         return AutoTokenizer.from_pretrained(tokenizer, trust_remote_code=trust_remote_code)
     converted = _converted(source)
     if converted is not None:
-        return AutoTokenizer.from_pretrained(str(converted))
+        return _converted_tokenizer(converted)
+    from transformers import AutoTokenizer
+
     kwargs = {"gguf_file": source.gguf_file} if source.gguf_file else {}
     return AutoTokenizer.from_pretrained(str(source.folder), trust_remote_code=trust_remote_code, **kwargs)
+
+
+def _converted_tokenizer(folder: Path):
+    """The converted copy's tokenizer. AutoTokenizer reads the folder's config (importing the model family's
+    config module: ~1 s of a 3 s start) to choose the class; once it has chosen the plain TokenizersBackend
+    for this folder, later starts load that class straight away (the same files, so the same tokenizer)."""
+    marker = folder / TOKENIZER_CLASS_FILE
+    try:
+        chosen = marker.read_text().strip()
+    except OSError:
+        chosen = ""
+    if chosen == "TokenizersBackend":
+        from transformers import TokenizersBackend
+
+        return TokenizersBackend.from_pretrained(str(folder))
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(folder))
+    if not chosen:
+        try:
+            marker.write_text(type(tok).__name__)
+        except OSError:  # a read-only cache: every start asks AutoTokenizer
+            pass
+    return tok
 
 
 def _eos_ids(source: ModelSource, hf_config, tokenizer) -> frozenset[int]:
