@@ -77,10 +77,12 @@ def _check(llm: LLM, prompt: list[int], rows: int = 5, max_tokens: int = 12) -> 
             assert torch.equal(runner.kv_pool, want_pool)  # the same keys and values, in the same slots only
     finally:
         native.fixed_threads = fixed
-    # and the eager step (batched torch ops) to rounding
+    # and the eager step (batched torch ops) to rounding: on GGUF blocks each product rounds its input to
+    # int8, where a float difference of one ulp can move a code by one, and 30 layers amplify that (the demo's
+    # blocks: 0.03-0.06 of the largest logit, depending on the prompt's KV; a wrong computation gives ~1)
     runner.kv_pool.copy_(before)
     eager = runner.cpu_decode.run(*_inputs(table, positions, ids, bs))
-    assert float((eager - got).abs().max() / eager.abs().max()) < 0.05
+    assert float((eager - got).abs().max() / eager.abs().max()) < 0.1
     # rows that do not each attend up to their own position (a prompt chunk's layout) are not this path's
     ids_t, pos_t, meta = _inputs(table, positions, ids, bs)
     meta.seq_lens = torch.tensor([positions[0] + 1] * rows, dtype=torch.int32)
