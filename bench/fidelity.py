@@ -68,6 +68,7 @@ WSLM_CONFIGS = {
     "wslm float32, GGUF dequantized": ("float32", {"WSLM_GGUF_DEQUANTIZE": "1"}),
     # bench/fidelity_formats.py's rows: the file's blocks in place (the default) and repacked
     "wslm blocks": (None, {"WSLM_GGUF_BLOCKS": "1"}),
+    "wslm blocks, float32": ("float32", {"WSLM_GGUF_BLOCKS": "1"}),  # on a CPU where dtype=auto is bfloat16
     "wslm repacked": (None, {"WSLM_GGUF_BLOCKS": "0"}),
     # the blocks with the tiled int8 GEMM refused (run_wslm patches GGUFBlockWeight._gemm, here, not in the
     # package): a prefill multiplies dequantized slices in float, no activation rounding (an experiment)

@@ -51,7 +51,7 @@ FORMATS = ("Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q4_K_M", "Q5_K_M", "Q6_K")
 # llama.cpp's llama_ftype numbers (include/llama.h)
 FTYPES = {"Q4_0": 2, "Q4_1": 3, "Q8_0": 7, "Q5_0": 8, "Q5_1": 9, "Q4_K_M": 15, "Q5_K_M": 17, "Q6_K": 18}
 ENGINES = ("wslm blocks", "wslm repacked", "llama.cpp")
-EXTRA_ENGINES = ("wslm blocks, float prefill",)  # only when named in --engines (bench/fidelity.py says what)
+EXTRA_ENGINES = ("wslm blocks, float prefill", "wslm blocks, float32")  # only when named in --engines (bench/fidelity.py says what)
 
 
 def demo_base(log=print) -> Path:
