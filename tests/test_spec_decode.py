@@ -235,6 +235,33 @@ def test_a_draft_models_keys_and_values_count_in_the_kv_budget(engines):
         mp.undo()
 
 
+def test_models_info_counts_a_draft_model_as_the_server_does(capsys):
+    """`wslm models info --speculative-config` counts the draft's weights and its keys and values in every
+    block (the engine's rule above: the same pool bytes hold half the blocks with the demo as its own draft);
+    a draft that is not on this machine, or a config serve refuses, is a clear error."""
+    from test_models_catalog import run_cli
+
+    from wslm.backend.hub.catalog import find_model
+
+    common = dict(context=512, kv_cache_memory=64 << 20, max_num_seqs=8)
+    alone = find_model("demo", **common)
+    spec = find_model("demo", speculative_config={"model": "demo", "num_speculative_tokens": 3}, **common)
+    assert spec.kv_cache_blocks == alone.kv_cache_blocks // 2
+    assert spec.draft_kv_bytes_per_token == alone.kv_bytes_per_token
+    assert spec.weights_memory_bytes == 2 * alone.weights_memory_bytes == 2 * spec.draft_weights_memory_bytes
+    assert spec.memory_estimate_bytes == alone.memory_estimate_bytes + alone.weights_memory_bytes
+    ngram = find_model("demo", speculative_config=NGRAM, **common)  # no second model: nothing added
+    assert ngram.kv_cache_blocks == alone.kv_cache_blocks and ngram.draft_model is None
+    rc, out = run_cli("models", "info", "demo", "--speculative-config", '{"model": "demo", "num_speculative_tokens": 3}',
+                      capsys=capsys)  # fmt: skip
+    assert rc == 0 and "Draft model:" in out
+    rc, out = run_cli("models", "info", "demo", "--json", "--speculative-config",
+                      '{"model": "/nowhere/draft.gguf", "num_speculative_tokens": 3}', capsys=capsys)  # fmt: skip
+    assert rc != 0 and "no draft model" in json.loads(out)["error"]["message"]
+    with pytest.raises(ValueError, match="unknown method"):
+        find_model("demo", speculative_config={"method": "eagle", "num_speculative_tokens": 3})
+
+
 def test_speculating_beside_a_prefill(engines):
     """One stream speculates while a newcomer's prompt is prefilled in the same steps (a mixed batch)."""
     base, ngram = engines

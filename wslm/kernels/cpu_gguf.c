@@ -257,6 +257,21 @@ static inline __m256i k_pick16_pair(int i) {
 AI void prefetch_run(const uint8_t *p, long n) {
     for (long o = 0; o < n; o += 64) prefetch(p + o);
 }
+#ifndef GGUF_AHEAD_LOCALITY
+/* The 4-row kernels' group ahead goes to L2 (prefetcht1), not L1: a group of 8B rows is 36-128 KB, two
+   groups ahead do not fit L1, and the lines fetched there pushed out the ones in use. Zen 4, one thread
+   (bench/gguf_kernels.py): Q4_0 8B 15-16 -> 19-24 GB/s, Q8_0 14-15 -> 20-28; the one-row K-quant kernels,
+   2 KB ahead, measured worse with it at 2 threads and keep L1. */
+#define GGUF_AHEAD_LOCALITY 2
+#endif
+/* the 4-row kernels' group ahead */
+AI void prefetch_ahead(const uint8_t *p, long n) {
+#if defined(__GNUC__)
+    for (long o = 0; o < n; o += 64) __builtin_prefetch(p + o, 0, GGUF_AHEAD_LOCALITY);
+#else
+    prefetch_run(p, n);
+#endif
+}
 
 #if defined(GG_AVX2)
 /* 4 rows' 8-lane integer sums -> their 4 totals (exact) */
@@ -324,7 +339,7 @@ AI void dot_q4_0(const uint8_t *w, long rb, int nr, const xq_t *x, long K, float
     (void)nr;
     for (long b = 0; b < nb; b++) {
         const uint8_t *p = w + b * 18;
-        prefetch_run(w + GGUF_AHEAD * NR * rb + b * NR * 18, NR * 18);
+        prefetch_ahead(w + GGUF_AHEAD * NR * rb + b * NR * 18, NR * 18);
         const __m128i *xb = (const __m128i *)(x->q32 + b * 32);
         __m256i m01, m23;
         q4x4_parts(p + 2, rb, _mm256_broadcastsi128_si256(_mm_loadu_si128(xb)),
@@ -363,7 +378,7 @@ AI void dot_q451(const uint8_t *w, long rb, int nr, const xq_t *x, long K, float
     for (long b = 0; b < nb; b++) {
         __m256i xv = _mm256_loadu_si256((const __m256i *)(x->q32 + b * 32));
         const uint8_t *p = w + b * bs;
-        prefetch_run(w + GGUF_AHEAD * NR * rb + b * NR * bs, NR * bs);
+        prefetch_ahead(w + GGUF_AHEAD * NR * rb + b * NR * bs, NR * bs);
         __m128 dw, mw, sx = _mm_set1_ps(x->s32[b]);
         if (!qh) {  /* Q4_1: two rows a vector, their sums scaled in their lanes (as Q4_0) */
             const __m128i *xb = (const __m128i *)(x->q32 + b * 32);
@@ -418,7 +433,7 @@ AI void dot_q8_0(const uint8_t *w, long rb, int nr, const xq_t *x, long K, float
     for (long b = 0; b < nb; b++) {
         __m256i xv = _mm256_loadu_si256((const __m256i *)(x->q32 + b * 32));
         const uint8_t *p = w + b * 34;
-        prefetch_run(w + GGUF_AHEAD * NR * rb + b * NR * 34, NR * 34);
+        prefetch_ahead(w + GGUF_AHEAD * NR * rb + b * NR * 34, NR * 34);
         __m256i pr[4];
         for (int r = 0; r < 4; r++) pr[r] = dot_ss(_mm256_loadu_si256((const __m256i *)(p + r * rb + 2)), xv);
         acc = _mm_fmadd_ps(_mm_cvtepi32_ps(sum4_i32(pr[0], pr[1], pr[2], pr[3])),
@@ -637,7 +652,7 @@ AI void dotm_q4(const uint8_t *w, long rb, const xq_t *x, long M, long K, float 
     for (long m = 0; m < M; m++) acc01[m] = acc23[m] = _mm256_setzero_ps(), side[m] = _mm_setzero_ps();
     for (long b = 0; b < nb; b++) {
         const uint8_t *p = w + b * bs;
-        prefetch_run(w + GGUF_AHEAD * NR * rb + b * NR * bs, NR * bs);
+        prefetch_ahead(w + GGUF_AHEAD * NR * rb + b * NR * bs, NR * bs);
         __m256i lo[2], hi[2];
         for (int i = 0; i < 2; i++) {
             const uint8_t *a = p + qs + 2 * i * rb;
@@ -675,7 +690,7 @@ AI void dotm_q8_0(const uint8_t *w, long rb, const xq_t *x, long M, long K, floa
     for (long m = 0; m < M; m++) acc[m] = _mm_setzero_ps();
     for (long b = 0; b < nb; b++) {
         const uint8_t *p = w + b * 34;
-        prefetch_run(w + GGUF_AHEAD * NR * rb + b * NR * 34, NR * 34);
+        prefetch_ahead(w + GGUF_AHEAD * NR * rb + b * NR * 34, NR * 34);
         __m256i wv[4], wa[4];
         for (int r = 0; r < 4; r++) {
             wv[r] = _mm256_loadu_si256((const __m256i *)(p + r * rb + 2));

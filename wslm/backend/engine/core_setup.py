@@ -58,7 +58,8 @@ def build_core(config, source, mc, device, embedding: bool = False, in_core_proc
             mc.max_model_len = resolve_max_model_len(config.max_model_len, model_max or mc.max_position_embeddings,
                                                      capacity)
         except ValueError as exc:
-            if getattr(executor, "draft", None) is None:
+            spec = config.speculative()
+            if spec is None or spec.method != "draft_model":
                 raise
             raise ValueError(f"{exc} The speculative draft model's keys and values share that memory (each block "
                              "holds both models'); without --speculative-config the same memory holds more.") from None

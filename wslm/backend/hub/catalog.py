@@ -73,6 +73,11 @@ class ModelInfo:
     quant_group_size: int | None = None
     has_chat_template: bool = False
     task: str = "generate"  # what `wslm serve --task auto` serves it for: generate, embed or score
+    # With --speculative-config naming a draft model: its weights, and its keys and values a token (each
+    # block of the pool holds both models', so the pool's blocks are fewer for the same bytes)
+    draft_model: str | None = None
+    draft_weights_memory_bytes: int | None = None
+    draft_kv_bytes_per_token: int | None = None
     files: list[str] = field(default_factory=list)
     modified: float | None = None
     pull: dict | None = None  # what an unfinished `models pull` was fetching (repo, revision, files)
@@ -339,7 +344,8 @@ def resume_hint(state: dict | None, repo_id: str) -> str:
 
 
 def _describe(entry: _Entry, context: int | None = None, kv_cache_dtype: str = "auto",
-              kv_cache_memory: int | None = None, max_num_seqs: int | None = None) -> ModelInfo:
+              kv_cache_memory: int | None = None, max_num_seqs: int | None = None,
+              draft: str | None = None) -> ModelInfo:
     meta = read_gguf(entry.path) if entry.format == "gguf" and entry.path.is_file() else (
         read_hf_folder(entry.path) if entry.format == "hf" and (entry.path / "config.json").is_file() else ModelMetadata()
     )  # fmt: skip
@@ -388,7 +394,7 @@ def _describe(entry: _Entry, context: int | None = None, kv_cache_dtype: str = "
     reason = _support(entry, meta)
     info.supported, info.unsupported_reason = reason is None, reason
     info.task = _task(entry, meta)
-    _estimate_memory(info, meta, context, kv_cache_dtype, kv_cache_memory, max_num_seqs)
+    _estimate_memory(info, meta, context, kv_cache_dtype, kv_cache_memory, max_num_seqs, draft)
     return info
 
 
@@ -411,22 +417,48 @@ def kv_value_bytes(kv_cache_dtype: str | None) -> int:
     return 1 if (kv_cache_dtype or "auto").startswith("fp8") else runtime_value_bytes()
 
 
-def _estimate_memory(info: ModelInfo, meta: ModelMetadata, context: int | None, kv_cache_dtype: str = "auto",
-                     kv_cache_memory: int | None = None, max_num_seqs: int | None = None) -> None:
-    """The weights as the engine keeps them + the KV pool for `context` tokens + the server's own memory:
-    what `wslm serve` takes when started with that context, --kv-cache-dtype, --kv-cache-memory and
-    --max-num-seqs (on CPU, resident; on a GPU, of its memory, where the server reserves its
-    --gpu-memory-utilization; the pool there is sized with the CPU's cap, the card's being unknown here)."""
-    if not info.complete:
-        return
+def _weights_bytes(fmt: str, meta: ModelMetadata, size_bytes: int) -> int:
+    """The weights as the engine keeps them."""
     if meta.elements_by_type:  # GGUF: kept quantized, at each storage type's runtime size
         from wslm.backend.quant.sizes import gguf_runtime_bytes
 
-        weights = gguf_runtime_bytes(meta.elements_by_type)
-    elif meta.num_params and not (info.format == "hf" and meta.quantization and not _dequantized_on_load(meta)):
-        weights = meta.num_params * runtime_value_bytes()  # dtype=auto here: 16-bit, or fp32 on most CPUs
-    else:
-        weights = info.size_bytes
+        return gguf_runtime_bytes(meta.elements_by_type)
+    if meta.num_params and not (fmt == "hf" and meta.quantization and not _dequantized_on_load(meta)):
+        return meta.num_params * runtime_value_bytes()  # dtype=auto here: 16-bit, or fp32 on most CPUs
+    return size_bytes
+
+
+def _draft(model: str) -> tuple[str, ModelMetadata, int]:
+    """A --speculative-config draft model (a `models list` id or a path, as the engine resolves it): its
+    format, metadata and size on disk. ValueError when it is not on this machine."""
+    entry = _find_entry(model, False, None, None)
+    path = entry.path if entry else Path(model).expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return "gguf", read_gguf(path), path.stat().st_size
+    if (path / "config.json").is_file():
+        return "hf", read_hf_folder(path), _tree_size(path)
+    raise ValueError(f"speculative_config: no draft model {model!r} on this machine (a `wslm models list` id, a "
+                     ".gguf file or an HF folder); download it with: wslm models pull ID")
+
+
+def _estimate_memory(info: ModelInfo, meta: ModelMetadata, context: int | None, kv_cache_dtype: str = "auto",
+                     kv_cache_memory: int | None = None, max_num_seqs: int | None = None,
+                     draft: str | None = None) -> None:
+    """The weights as the engine keeps them + the KV pool for `context` tokens + the server's own memory:
+    what `wslm serve` takes when started with that context, --kv-cache-dtype, --kv-cache-memory,
+    --max-num-seqs and a speculative draft model (on CPU, resident; on a GPU, of its memory, where the server
+    reserves its --gpu-memory-utilization; the pool there is sized with the CPU's cap, the card's being
+    unknown here)."""
+    if not info.complete:
+        return
+    weights = _weights_bytes(info.format, meta, info.size_bytes)
+    draft_per_token = 0
+    if draft:
+        fmt, dmeta, dsize = _draft(draft)
+        info.draft_model = draft
+        info.draft_weights_memory_bytes = _weights_bytes(fmt, dmeta, dsize)
+        draft_per_token = info.draft_kv_bytes_per_token = dmeta.kv_bytes_per_token(kv_value_bytes(kv_cache_dtype))
+        weights += info.draft_weights_memory_bytes
     # The context the server would use: the one asked for, else the model's own.
     ctx = context or meta.context_length or DEFAULT_ESTIMATE_CONTEXT
     if meta.context_length:
@@ -436,7 +468,7 @@ def _estimate_memory(info: ModelInfo, meta: ModelMetadata, context: int | None, 
     seqs = int(max_num_seqs or defaults.MAX_NUM_SEQS)
     kv = 0
     if per_token:  # the pool `wslm serve` reserves (the same function), not just one sequence
-        plan = plan_kv_pool(per_token, held, seqs, defaults.BLOCK_SIZE, kv_cache_memory=kv_cache_memory,
+        plan = plan_kv_pool(per_token + draft_per_token, held, seqs, defaults.BLOCK_SIZE, kv_cache_memory=kv_cache_memory,
                             cpu_kvcache_space_gib=envs.WSLM_CPU_KVCACHE_SPACE)
         kv = plan.bytes
         info.kv_cache_blocks, info.kv_cache_sized_by = plan.num_blocks, plan.source
@@ -503,12 +535,18 @@ def _find_entry(
 def find_model(
     name: str, context: int | None = None, include_partial: bool = True,
     cache_dir: Path | None = None, models_root: Path | None = None, kv_cache_dtype: str = "auto",
-    kv_cache_memory: int | None = None, max_num_seqs: int | None = None,
+    kv_cache_memory: int | None = None, max_num_seqs: int | None = None, speculative_config: str | dict | None = None,
 ) -> ModelInfo | None:  # fmt: skip
     """The model a `models list` id (or an alias such as "org/repo:Q4_K_M") names, or None; its estimate as
-    list_models makes it."""
+    list_models makes it, with the draft model of speculative_config (serve's --speculative-config) counted.
+    ValueError for a speculative_config serve would refuse, or whose draft is not here."""
+    from wslm.backend.spec_decode.config import parse_speculative_config
+
+    spec = parse_speculative_config(speculative_config)
     entry = _find_entry(name, include_partial, cache_dir, models_root)
-    return _describe(entry, context, kv_cache_dtype, kv_cache_memory, max_num_seqs) if entry else None
+    if entry is None:
+        return None
+    return _describe(entry, context, kv_cache_dtype, kv_cache_memory, max_num_seqs, spec.model if spec else None)
 
 
 def resolve_model(name: str) -> Path | None:

@@ -63,6 +63,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("id", metavar="ID", help="an id from `wslm models list` or a cached repo id")
     p.add_argument("--context", type=_positive, metavar="N", help="context length for the memory estimate")
     _estimate_flags(p)
+    p.add_argument(
+        "--speculative-config", metavar="JSON", default=None,
+        help="serve's --speculative-config: a draft model it names counts in the estimate (its weights, and its "
+             "keys and values in every block of the KV pool)",
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_info)
 
@@ -212,8 +217,16 @@ def cmd_list(args: argparse.Namespace) -> int:
 def cmd_info(args: argparse.Namespace) -> int:
     from wslm.backend.hub.catalog import find_model, resume_hint
 
-    info = find_model(args.id, context=args.context, kv_cache_dtype=args.kv_cache_dtype,
-                      kv_cache_memory=args.kv_cache_memory, max_num_seqs=args.max_num_seqs)
+    try:
+        info = find_model(args.id, context=args.context, kv_cache_dtype=args.kv_cache_dtype,
+                          kv_cache_memory=args.kv_cache_memory, max_num_seqs=args.max_num_seqs,
+                          speculative_config=args.speculative_config)
+    except ValueError as exc:  # a speculative config serve would refuse, or a draft that is not here
+        if args.json:
+            _json_error(str(exc), "invalid_argument")
+        else:
+            print(str(exc), file=sys.stderr)
+        return EXIT_ERROR
     if info is None:
         msg = f"No model {args.id!r} on this machine. See `wslm models list`, or download it: wslm models pull {args.id}"
         if args.json:
@@ -242,6 +255,9 @@ def cmd_info(args: argparse.Namespace) -> int:
         print(f"{'Memory:':16}needs about {human_size(info.memory_estimate_bytes)} at {info.estimate_context} "
               f"tokens (weights {human_size(info.weights_memory_bytes)}, KV {human_size(info.kv_cache_bytes)}, "
               f"runtime {human_size(info.runtime_memory_bytes)})")  # fmt: skip
+    if info.draft_model:
+        print(f"{'Draft model:':16}{info.draft_model}: weights {human_size(info.draft_weights_memory_bytes)}, KV "
+              f"{human_size(info.draft_kv_bytes_per_token)} per token (counted in the pool's blocks)")
     if info.kv_cache_blocks:
         print(f"{'KV pool:':16}{human_size(info.kv_cache_bytes)} ({info.kv_cache_bytes} bytes, {info.kv_cache_blocks} "
               f"blocks), sized by {info.kv_cache_sized_by} for {info.estimate_max_num_seqs} sequences; maximum "

@@ -27,6 +27,11 @@ def at_position(generator: torch.Generator, seed: int, position: int) -> torch.G
     return generator
 
 
+def _seeded_draw(row: torch.Tensor, seq: SampleRow, ahead: int) -> None:
+    """row := a seeded request's Exp(1) draws for its output token `ahead` positions past the next one."""
+    row.exponential_(generator=at_position(seq.generator, seq.params.seed, seq.num_output_tokens + ahead))
+
+
 class Sampler:
     def __init__(self, vocab_size: int, device: torch.device, seed: int = 0) -> None:
         self.vocab_size = vocab_size
@@ -112,7 +117,7 @@ class Sampler:
         noise.exponential_(generator=self.generator)
         for i, seq in enumerate(seqs):
             if seq.generator is not None and not greedy[i]:
-                noise[i].exponential_(generator=at_position(seq.generator, seq.params.seed, seq.num_output_tokens))
+                _seeded_draw(noise[i], seq, 0)
         sampled = (probs / noise).argmax(dim=-1)
         is_greedy = torch.tensor(greedy, device=dev)
         return torch.where(is_greedy, greedy_tokens, sampled)
@@ -124,7 +129,7 @@ class Sampler:
         if seq.generator is None:
             return noise.exponential_(generator=self.generator)
         for i in range(noise.shape[0]):
-            noise[i].exponential_(generator=at_position(seq.generator, seq.params.seed, seq.num_output_tokens + i))
+            _seeded_draw(noise[i], seq, i)
         return noise
 
     def probs(self, logits: torch.Tensor, params: list, greedy: list[bool]) -> torch.Tensor:
