@@ -18,9 +18,10 @@ from wslm.kernels import cpu_gemv
 # names cpu_gguf (no import circle, even a type-only one).
 
 # From this many activation rows the tiled GEMM serves a block weight (fewer: cpu_gguf.mm, whose cost per
-# row is flat and which reads the weight straight from the file's blocks). Measured on a Zen 3 core
-# (3072x3072, thread time): at 8 rows the GEMM is 1.2-1.5x the block kernel on Q4_0/Q4_K but even on Q6_K
-# (its unpacking), at 16 rows 1.2-1.7x on every type measured (Q4_K, Q6_K, Q4_0, Q8_0).
+# row is flat and which reads the weight straight from the file's blocks; the GEMM unpacks its panels first).
+# Measured with the interleaved tiles on a Zen 4 core (bench/gguf_gemm.py, 5120x3072, thread time): at 8 rows
+# the GEMM is 0.4-0.7x the block kernel, at 16 rows 1.03-1.04x on Q4_0/Q4_K (0.74x on Q6_K), at 32 rows
+# 1.1-1.4x on all three; at 512 rows 1.7-2.0x.
 MIN_ROWS = 16
 _lock = threading.Lock()
 _bound: ctypes.CDLL | None = None
