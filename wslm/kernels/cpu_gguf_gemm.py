@@ -21,7 +21,7 @@ from wslm.kernels import cpu_gemv
 # row is flat and which reads the weight straight from the file's blocks; the GEMM unpacks its panels first).
 # Measured with the interleaved tiles on a Zen 4 core (bench/gguf_gemm.py, 5120x3072, thread time): at 8 rows
 # the GEMM is 0.4-0.7x the block kernel, at 16 rows 1.03-1.04x on Q4_0/Q4_K (0.74x on Q6_K), at 32 rows
-# 1.1-1.4x on all three; at 512 rows 1.7-2.0x.
+# 1.1-1.4x on all three; at 512 rows 1.6-2.0x.
 MIN_ROWS = 16
 _lock = threading.Lock()
 _bound: ctypes.CDLL | None = None

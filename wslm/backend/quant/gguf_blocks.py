@@ -205,7 +205,7 @@ class GGUFBlockWeight:
         return self._mm(x, torch.float32)
 
     def _gemm(self) -> bool:
-        """Whether cpu_gguf.mm takes many rows to the tiled block GEMM (kernels/cpu_gguf_gemm.c): 3-4x the
+        """Whether cpu_gguf.mm takes many rows to the tiled block GEMM (kernels/cpu_gguf_gemm.c): 1.6-4x the
         dequantized slices + torch's float32 GEMM at 512 rows on a Zen 4 core (bench/gguf_gemm.py)."""
         from wslm.kernels import cpu_gguf_gemm
 
