@@ -98,7 +98,10 @@ def test_converted_tokenizer_loads_as_autotokenizer_chose_it(tmp_path, monkeypat
     source = resolve_model("demo")
     first = load_tokenizer(source)
     folder = gguf_cache.folder_for(demo_model_path())
-    assert (folder / TOKENIZER_CLASS_FILE).read_text() == type(first).__name__ == "TokenizersBackend"
+    from importlib.metadata import version
+
+    assert (folder / TOKENIZER_CLASS_FILE).read_text() == f"TokenizersBackend {version('transformers')}"
+    assert type(first).__name__ == "TokenizersBackend"
     second = load_tokenizer(source)
     auto = AutoTokenizer.from_pretrained(str(folder))
     text = "Hello <|im_start|>user\nwhat is 12345? déjà vu 你好 🐱<|im_end|>"
@@ -111,3 +114,6 @@ def test_converted_tokenizer_loads_as_autotokenizer_chose_it(tmp_path, monkeypat
             (first.eos_token_id, first.bos_token_id, first.all_special_ids)  # fmt: skip
     (folder / TOKENIZER_CLASS_FILE).write_text("SomeOtherTokenizer")  # a class chosen otherwise: AutoTokenizer
     assert load_tokenizer(source)(text).input_ids == first(text).input_ids
+    (folder / TOKENIZER_CLASS_FILE).write_text("TokenizersBackend 0.0.1")  # chosen by another transformers: asked
+    assert load_tokenizer(source)(text).input_ids == first(text).input_ids  # again, and noted for this one
+    assert (folder / TOKENIZER_CLASS_FILE).read_text() == f"TokenizersBackend {version('transformers')}"

@@ -47,7 +47,8 @@ def _converted(source: ModelSource):
     return converted
 
 
-# In a GGUF's converted copy: the class AutoTokenizer chose for that folder, written at its first load.
+# In a GGUF's converted copy: the class AutoTokenizer chose for that folder and the transformers version that
+# chose it, written at its first load.
 TOKENIZER_CLASS_FILE = "wslm_tokenizer_class.txt"
 
 
@@ -68,22 +69,26 @@ def load_tokenizer(source: ModelSource, tokenizer: str | None = None, trust_remo
 def _converted_tokenizer(folder: Path):
     """The converted copy's tokenizer. AutoTokenizer reads the folder's config (importing the model family's
     config module: ~1 s of a 3 s start) to choose the class; once it has chosen the plain TokenizersBackend
-    for this folder, later starts load that class straight away (the same files, so the same tokenizer)."""
+    for this folder, later starts with the same transformers load that class straight away (the same files,
+    so the same tokenizer). The note names the class and the transformers version that chose it."""
+    from importlib.metadata import version
+
     marker = folder / TOKENIZER_CLASS_FILE
+    here = version("transformers")
     try:
-        chosen = marker.read_text().strip()
+        chosen, _, by = marker.read_text().strip().partition(" ")
     except OSError:
-        chosen = ""
-    if chosen == "TokenizersBackend":
+        chosen, by = "", ""
+    if chosen == "TokenizersBackend" and by == here:
         from transformers import TokenizersBackend
 
         return TokenizersBackend.from_pretrained(str(folder))
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(str(folder))
-    if not chosen:
+    if (chosen, by) != (type(tok).__name__, here):
         try:
-            marker.write_text(type(tok).__name__)
+            marker.write_text(f"{type(tok).__name__} {here}")
         except OSError:  # a read-only cache: every start asks AutoTokenizer
             pass
     return tok
