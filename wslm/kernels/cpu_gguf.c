@@ -158,12 +158,6 @@ static void xq_carve(void *mem, long K, xq_t *o) {
     o->q256 = (int8_t *)p;
 }
 
-/* the K-quants' 6-bit scale and minimum of sub-block j (llama.cpp's get_scale_min_k4) */
-static inline void scale_min_k4(int j, const uint8_t *q, int *sc, int *m) {
-    if (j < 4) { *sc = q[j] & 63; *m = q[j + 4] & 63; }
-    else { *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4); *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4); }
-}
-
 /* ---- one weight row . one rounded activation row, per type ------------------------------------------ */
 #if defined(__AVX2__) && defined(__FMA__)
 #define GG_AVX2 1

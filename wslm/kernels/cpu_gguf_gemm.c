@@ -142,11 +142,6 @@ static void gx_row(const void *x, int bf16, long K, long cols, gx_t *o) {
 /* ---- weight rows unpacked ---------------------------------------------------------------------------------
    codes [K]: one byte a code, in column order (unsigned; Q8_0's signed) */
 
-static inline void k4_scale_min(int j, const uint8_t *q, int *sc, int *m) {
-    if (j < 4) { *sc = q[j] & 63; *m = q[j + 4] & 63; }
-    else { *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4); *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4); }
-}
-
 static void unpack_codes(long t, const uint8_t *restrict p, long K, uint8_t *restrict codes) {
     long nb = K / gg_cols(t), bs = gg_bytes(t);
     for (long b = 0; b < nb; b++, p += bs) {
@@ -265,7 +260,7 @@ static void unpack_group(long t, const uint8_t *src, long rb, int nrows, long K,
                 dm = gg_h2f(p + 2);
                 for (int j = 0; j < 8; j++) {
                     int c, m;
-                    k4_scale_min(j, p + 4, &c, &m);
+                    scale_min_k4(j, p + 4, &c, &m);
                     sc[2 * j] = sc[2 * j + 1] = c;
                     mn[2 * j] = mn[2 * j + 1] = (int16_t)m;
                 }

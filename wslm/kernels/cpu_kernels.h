@@ -39,6 +39,13 @@ static inline uint16_t f2bf(float f) {  /* round to nearest even, as torch does 
 }
 static inline float rbf(float f) { return bf2f(f2bf(f)); }  /* f as a bf16 op would leave it */
 
+/* the K-quants' 6-bit scale and minimum of sub-block j (llama.cpp's get_scale_min_k4; cpu_gguf.c and
+   cpu_gguf_gemm.c) */
+static inline void scale_min_k4(int j, const uint8_t *q, int *sc, int *m) {
+    if (j < 4) { *sc = q[j] & 63; *m = q[j + 4] & 63; }
+    else { *sc = (q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4); *m = (q[j + 4] >> 4) | ((q[j] >> 6) << 4); }
+}
+
 static inline void prefetch(const void *p) {
 #if defined(__GNUC__)
     __builtin_prefetch(p, 0, 3);
