@@ -16,9 +16,6 @@
    place in the mapped file cannot be reordered without copying them; writing each row's result to its
    HF position costs one indexed store per output value (see gguf_blocks.py for why not RoPE). */
 #include "cpu_kernels.h"
-#if defined(__F16C__)
-#include <immintrin.h>
-#endif
 
 enum { GT_Q4_0 = 2, GT_Q4_1 = 3, GT_Q5_0 = 6, GT_Q5_1 = 7, GT_Q8_0 = 8, GT_Q4_K = 12, GT_Q5_K = 13, GT_Q6_K = 14 };
 
@@ -31,28 +28,6 @@ typedef struct {
     const int32_t *index;             /* [n] output column of each row, or NULL (in order) */
     int64_t n, k;
 } wslm_gguf;
-
-static inline float h2f(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, 2);
-#if defined(__F16C__)
-    return _cvtsh_ss(h);
-#else
-    uint32_t s = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 31, m = h & 1023, u;
-    if (e == 0) {
-        if (m == 0) u = s;
-        else {  /* subnormal: normalise */
-            e = 113;
-            while (!(m & 1024)) { m <<= 1; e--; }
-            u = s | (e << 23) | ((m & 1023) << 13);
-        }
-    } else if (e == 31) u = s | 0x7f800000u | (m << 13);
-    else u = s | ((e + 112) << 23) | (m << 13);
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-#endif
-}
 
 /* ---- types ---------------------------------------------------------------------------------------- */
 static long block_cols(long t) { return (t == GT_Q4_K || t == GT_Q5_K || t == GT_Q6_K) ? 256 : 32; }

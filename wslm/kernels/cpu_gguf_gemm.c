@@ -17,9 +17,6 @@
    Q8_0's codes are signed: |w| times x with w's sign (the sign trick). A plain C loop does the same where
    the CPU has no AVX2. */
 #include "cpu_kernels.h"
-#if defined(__F16C__) || defined(__AVX2__)
-#include <immintrin.h>
-#endif
 
 /* cpu_gguf.c's wslm_gguf (the same layout; cpu_gguf.py's GGUFStruct fills both) */
 #define GG_PARTS 4
@@ -47,28 +44,6 @@ static long gg_bytes(long t) {
     case T_Q6_K: return 210;
     default: return 0;
     }
-}
-
-static inline float gg_h2f(const uint8_t *p) {
-    uint16_t h;
-    memcpy(&h, p, 2);
-#if defined(__F16C__)
-    return _cvtsh_ss(h);
-#else
-    uint32_t s = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 31, m = h & 1023, u;
-    if (e == 0) {
-        if (m == 0) u = s;
-        else {
-            e = 113;
-            while (!(m & 1024)) { m <<= 1; e--; }
-            u = s | (e << 23) | ((m & 1023) << 13);
-        }
-    } else if (e == 31) u = s | 0x7f800000u | (m << 13);
-    else u = s | ((e + 112) << 23) | (m << 13);
-    float f;
-    memcpy(&f, &u, 4);
-    return f;
-#endif
 }
 
 /* ---- activation rows ----------------------------------------------------------------------------------
@@ -243,9 +218,9 @@ static void unpack_group(long t, const uint8_t *src, long rb, int nrows, long K,
         for (long b = 0; b < nb; b++) {
             const uint8_t *p = row + b * bs;
             if (gg_cols(t) == 32) {  /* w = d q + m: Q4_0 m = -8 d, Q5_0 -16 d, Q8_0 0 */
-                float *a = (float *)(g + K * 8) + b * 16, d = gg_h2f(p);
+                float *a = (float *)(g + K * 8) + b * 16, d = h2f(p);
                 a[r] = d;
-                a[8 + r] = t == T_Q4_1 || t == T_Q5_1 ? gg_h2f(p + 2) : t == T_Q4_0 ? -8.0f * d : t == T_Q5_0 ? -16.0f * d : 0.0f;
+                a[8 + r] = t == T_Q4_1 || t == T_Q5_1 ? h2f(p + 2) : t == T_Q4_0 ? -8.0f * d : t == T_Q5_0 ? -16.0f * d : 0.0f;
                 continue;
             }
             uint8_t *a = g + K * 8 + b * GK_AUX;
@@ -253,11 +228,11 @@ static void unpack_group(long t, const uint8_t *src, long rb, int nrows, long K,
             int16_t mn[16];
             float d, dm;
             if (t == T_Q6_K) {  /* w = d sc (q - 32), scales every 16 columns */
-                d = dm = gg_h2f(p + 208);
+                d = dm = h2f(p + 208);
                 for (int h = 0; h < 16; h++) { sc[h] = (int8_t)p[192 + h]; mn[h] = (int16_t)(32 * sc[h]); }
             } else {  /* Q4_K / Q5_K: w = d sc q - dmin m, scale and minimum every 32 columns */
-                d = gg_h2f(p);
-                dm = gg_h2f(p + 2);
+                d = h2f(p);
+                dm = h2f(p + 2);
                 for (int j = 0; j < 8; j++) {
                     int c, m;
                     scale_min_k4(j, p + 4, &c, &m);

@@ -9,7 +9,7 @@
 #if defined(_OPENMP)
 #include <omp.h>
 #endif
-#if defined(__AVX512F__) || defined(__AVX2__)
+#if defined(__AVX512F__) || defined(__AVX2__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
 
@@ -38,6 +38,29 @@ static inline uint16_t f2bf(float f) {  /* round to nearest even, as torch does 
     return (uint16_t)(u >> 16);
 }
 static inline float rbf(float f) { return bf2f(f2bf(f)); }  /* f as a bf16 op would leave it */
+
+/* the fp16 value at p (GGUF block scales; cpu_gguf.c and cpu_gguf_gemm.c) */
+static inline float h2f(const uint8_t *p) {
+    uint16_t h;
+    memcpy(&h, p, 2);
+#if defined(__F16C__)
+    return _cvtsh_ss(h);
+#else
+    uint32_t s = (uint32_t)(h >> 15) << 31, e = (h >> 10) & 31, m = h & 1023, u;
+    if (e == 0) {
+        if (m == 0) u = s;
+        else {  /* subnormal: normalise */
+            e = 113;
+            while (!(m & 1024)) { m <<= 1; e--; }
+            u = s | (e << 23) | ((m & 1023) << 13);
+        }
+    } else if (e == 31) u = s | 0x7f800000u | (m << 13);
+    else u = s | ((e + 112) << 23) | (m << 13);
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+#endif
+}
 
 /* the K-quants' 6-bit scale and minimum of sub-block j (llama.cpp's get_scale_min_k4; cpu_gguf.c and
    cpu_gguf_gemm.c) */
