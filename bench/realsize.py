@@ -118,7 +118,9 @@ def child_wslm(args, ids: list[int]) -> dict:
 
     before, sampler = _status(), PeakSampler()
     start = time.perf_counter()
-    llm = LLM(args.path, dtype="auto", max_model_len=_context_needed(args.metrics, args.tokens),
+    # dtype=auto, but float32 under --emulate-avx2: what auto picks on a CPU without bf16 arithmetic
+    dtype = "float32" if os.environ.get("ATEN_CPU_CAPABILITY") == "avx2" else "auto"
+    llm = LLM(args.path, dtype=dtype, max_model_len=_context_needed(args.metrics, args.tokens),
               enable_prefix_caching=False, max_num_batched_tokens=max(2048, _context_needed(args.metrics, 0)))  # fmt: skip
     load_s = time.perf_counter() - start
     out = {"load_s": load_s, "memory": _memory(before, sampler.done())}
@@ -298,11 +300,11 @@ def spawn(engine: str, path: Path, threads: int, metrics: list[str], args, ids_f
            "--tokens", str(args.decode_tokens), "--inner", str(args.inner), "--child-metrics", ",".join(metrics)]  # fmt: skip
     if engine == "llama.cpp" and args.llama_no_extra_bufts:
         cmd.append("--llama-no-extra-bufts")
-    result = machine.run_child(f"{engine} {path.name} x{threads}", cmd, ROOT)
+    result = machine.run_child(f"{engine} {path.name} x{threads}", cmd, ROOT, args.emulate_avx2)
     if result is None and engine == "llama.cpp" and not args.llama_no_extra_bufts:
         args.llama_no_extra_bufts = True  # a crash in its AMX repack buffers on some builds: once more without
         cmd.append("--llama-no-extra-bufts")
-        result = machine.run_child(f"{engine} {path.name} x{threads}", cmd, ROOT)
+        result = machine.run_child(f"{engine} {path.name} x{threads}", cmd, ROOT, args.emulate_avx2)
     return result
 
 
@@ -353,6 +355,9 @@ def main() -> int:
     p.add_argument("--quick", action="store_true", help="1 repeat, 1 inner run, 16 decode tokens")
     p.add_argument("--llama-python", default=os.environ.get("WSLM_LLAMA_PYTHON", "/work/llama-venv/bin/python"),
                    help="python of llama-cpp-python's own venv (env WSLM_LLAMA_PYTHON)")
+    p.add_argument("--emulate-avx2", action="store_true",
+                   help="what a CPU without AVX-512 runs (torch held to AVX2, wslm's C kernels built for haswell, "
+                        "float32); give it an AVX2 llama.cpp (bench/quant.py says how to build one)")
     p.add_argument("--out", default=None, help="JSON file (default bench/results/realsize-DATE.json)")
     p.add_argument("--no-write", action="store_true", help="print, write no JSON")
     p.add_argument("--child", help=argparse.SUPPRESS)
@@ -387,6 +392,7 @@ def main() -> int:
     try:
         for model in args.models:
             hf = model.endswith("-hf")
+            label = model + (" (AVX2 emulated)" if args.emulate_avx2 else "")
             kind = "hf" if hf else "gguf"
             engines = args.engines or ["wslm", PEERS[kind]]
             if "llama.cpp" in engines and not llama_ok and not hf:
@@ -425,7 +431,7 @@ def main() -> int:
                             print(f"  rep {rep + 1} {engine} x{threads}: {_brief(r)} (load {load:.2f})", flush=True)
                             if r is None:
                                 continue
-                            key = (model, quant, threads, engine)
+                            key = (label, quant, threads, engine)
                             if engine == "wslm" and first_load:
                                 rec.add((*key, "load_first", "s", False), r["load_s"], load,
                                         {"note": "the first load of this file, with its tokenizer conversion"})
@@ -441,7 +447,7 @@ def main() -> int:
                             r = spawn(engine, path, args.threads[-1], [], args, f.name)
                             print(f"  cold rep {rep + 1} {engine}: {_brief(r)} ({how})", flush=True)
                             if r:
-                                rec.add((model, quant, args.threads[-1], engine, "load_cold", "s", False), r["load_s"],
+                                rec.add((label, quant, args.threads[-1], engine, "load_cold", "s", False), r["load_s"],
                                         max(load, os.getloadavg()[0]), {"evicted_by": how})  # fmt: skip
                     warm(path)
     finally:

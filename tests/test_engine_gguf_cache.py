@@ -117,3 +117,63 @@ def test_converted_tokenizer_loads_as_autotokenizer_chose_it(tmp_path, monkeypat
     (folder / TOKENIZER_CLASS_FILE).write_text("TokenizersBackend 0.0.1")  # chosen by another transformers: asked
     assert load_tokenizer(source)(text).input_ids == first(text).input_ids  # again, and noted for this one
     assert (folder / TOKENIZER_CLASS_FILE).read_text() == f"TokenizersBackend {version('transformers')}"
+
+
+def test_config_fields_noted_once_then_read_without_the_family_class(tmp_path, monkeypatch):
+    """The first load of a converted copy resolves its config with the family's class and notes every field;
+    a later load builds a plain PretrainedConfig of them (no family import) and the engine's ModelConfig is
+    the same. A note from another transformers, or an unreadable one, is asked again."""
+    import json
+    from importlib.metadata import version
+
+    import torch
+
+    from wslm.backend.loader.model_loader import (
+        CONFIG_FIELDS_FILE,
+        _converted_config,
+        load_model_config,
+        load_tokenizer,
+    )
+    from wslm.backend.loader.model_source import resolve_model
+
+    monkeypatch.setenv("WSLM_CACHE_DIR", str(tmp_path))
+    source = resolve_model("demo")
+    tok = load_tokenizer(source)
+    folder = gguf_cache.folder_for(demo_model_path())
+    real, first = load_model_config(source, tok, "float32", torch.device("cpu"))
+    note = json.loads((folder / CONFIG_FIELDS_FILE).read_text())
+    assert (note["transformers"], note["class"]) == (version("transformers"), type(real).__name__)
+    plain, second = load_model_config(source, tok, "float32", torch.device("cpu"))
+    assert type(plain).__name__ in ("PretrainedConfig", "PreTrainedConfig")  # v5 renamed it
+    assert second == first
+    for bad in ({**note, "transformers": "0.0.1"}, "{not json"):
+        (folder / CONFIG_FIELDS_FILE).write_text(bad if isinstance(bad, str) else json.dumps(bad))
+        assert type(_converted_config(folder)) is type(real)  # asked the class again, and noted anew
+        assert json.loads((folder / CONFIG_FIELDS_FILE).read_text())["transformers"] == version("transformers")
+
+
+def test_noted_config_fields_give_every_family_the_attributes_its_class_does():
+    """For each family a GGUF can be, the noted fields rebuild what its config class resolves (defaults,
+    derived fields, aliases such as Qwen3-MoE's num_experts), but for class-level plans the engine never reads."""
+    from transformers import CONFIG_MAPPING
+    from transformers.configuration_utils import PretrainedConfig
+
+    from wslm.backend.modeling import GGUF_ARCHITECTURES
+
+    class_only = {"base_model_pp_plan", "base_model_tp_plan", "base_model_ep_plan", "per_layer_config",
+                  "transformers_version", "use_cache", "attribute_map", "default_theta"}  # fmt: skip
+    types = {"qwen3moe": "qwen3_moe", "qwen2moe": "qwen2_moe", "gemma3": "gemma3_text"}
+    for gguf_type in GGUF_ARCHITECTURES:
+        cls = CONFIG_MAPPING[types.get(gguf_type, gguf_type)]
+        real = cls()
+        assert not cls.sub_configs, cls  # nested configs are never noted (model_loader._converted_config)
+        fields = real.to_dict()
+        for alias, target in (cls.attribute_map or {}).items():
+            fields.setdefault(alias, fields.get(target))
+        plain = PretrainedConfig(**fields)
+        for name in dir(real):
+            if name.startswith("_") or name in class_only:
+                continue
+            value = getattr(real, name)
+            if not callable(value):
+                assert getattr(plain, name) == value, (gguf_type, name)

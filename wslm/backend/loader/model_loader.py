@@ -22,11 +22,11 @@ logger = logging.getLogger(__name__)
 
 
 def _read_hf_config(source: ModelSource, trust_remote_code: bool):
-    from transformers import AutoConfig
-
     converted = _converted(source)
     if converted is not None:
-        return AutoConfig.from_pretrained(str(converted))
+        return _converted_config(converted)
+    from transformers import AutoConfig  # (its import alone costs ~0.5 s: transformers.models' index)
+
     if not source.gguf_file:
         return AutoConfig.from_pretrained(str(source.folder), trust_remote_code=trust_remote_code)
     from wslm.backend.loader.gguf_config import complete_config
@@ -50,6 +50,40 @@ def _converted(source: ModelSource):
 # In a GGUF's converted copy: the class AutoTokenizer chose for that folder and the transformers version that
 # chose it, written at its first load.
 TOKENIZER_CLASS_FILE = "wslm_tokenizer_class.txt"
+# Beside it: the config's every field as the family's class resolved them, and that transformers version.
+CONFIG_FIELDS_FILE = "wslm_config_fields.json"
+
+
+def _converted_config(folder: Path):
+    """The converted copy's config. AutoConfig imports the model family's config module, which pulls in
+    transformers' model-loading and torch.distributed.tensor (~1 s of a 2 s start). Once the family's class
+    has resolved the folder's config, its fields (defaults and derived ones included, aliases too) are noted;
+    later starts with the same transformers build a plain PretrainedConfig of them: the same attributes the
+    engine reads, without the import. Families with nested configs (text + vision) always take the class."""
+    from importlib.metadata import version
+
+    note, here = folder / CONFIG_FIELDS_FILE, version("transformers")
+    try:
+        saved = json.loads(note.read_text())
+        if saved.get("transformers") == here and isinstance(saved.get("fields"), dict):
+            from transformers.configuration_utils import PretrainedConfig
+
+            return PretrainedConfig(**saved["fields"])
+    except (OSError, ValueError, TypeError):  # no note, or not one this transformers can read: ask again
+        pass
+    from transformers import AutoConfig
+
+    hf_config = AutoConfig.from_pretrained(str(folder))
+    cls = type(hf_config)
+    if not getattr(cls, "sub_configs", None):
+        fields = hf_config.to_dict()
+        for alias, target in (getattr(cls, "attribute_map", None) or {}).items():
+            fields.setdefault(alias, fields.get(target))
+        try:
+            note.write_text(json.dumps({"transformers": here, "class": cls.__name__, "fields": fields}))
+        except (OSError, TypeError, ValueError):  # a read-only cache, or a field JSON can't hold: ask every time
+            pass
+    return hf_config
 
 
 def load_tokenizer(source: ModelSource, tokenizer: str | None = None, trust_remote_code: bool = False):
