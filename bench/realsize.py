@@ -16,9 +16,11 @@ times; the best of the repeats is the figure, and every sample keeps the load av
 the file as `wslm serve` would: LLM(path, dtype="auto"), kept quantized, prefix caching off. llama.cpp is
 llama-cpp-python in its own venv (--llama-python or $WSLM_LLAMA_PYTHON). Metrics:
 - decode_0, decode_4k: tokens/s of --decode-tokens greedy tokens after a 16-token / 4000-token prompt, first
-  token to last; with the roofline: the machine's copy bandwidth (bytes read + written by a large numpy copy on
-  that many threads, measured again just before each process: other work on the machine changes it) ÷ the bytes of weights a token reads (the file's; for wslm also what it holds), and each
-  engine's tok/s as a % of that;
+  token to last; with the roofline: the machine's read bandwidth (a torch sum of a 1 GiB float32 tensor on that
+  many threads: a decode step reads its weights and writes next to nothing), measured again just before each
+  process (other work on the machine changes it), ÷ the bytes of weights a token reads (the file's; for wslm
+  also what it holds), and each engine's tok/s as a % of that; the copy bandwidth (bytes read + written by a
+  large numpy copy) is kept beside it, and the % of it (roofline_pct_of_copy);
 - prefill_512, prefill_2k: seconds from a 512 / 2048-token prompt to its first token;
 - load_warm: seconds to load with the file in the page cache; load_cold: after dropping the page cache
   (`echo 3 > /proc/sys/vm/drop_caches` when permitted, else posix_fadvise(DONTNEED) on the file; the record
@@ -225,21 +227,33 @@ def child(args) -> int:
 
 # ---- in the parent ----
 
-def bandwidth(threads: int, size: int = 1 << 30) -> float:
-    """Bytes/s (read + written) of a large numpy copy split over `threads` threads, best of 3."""
+def bandwidth(threads: int, size: int = 1 << 30) -> dict[str, float]:
+    """Bytes/s of reading (torch sum of a float32 tensor of `size` bytes on `threads` threads) and of copying
+    (bytes read + written by a numpy copy of `size` bytes split over `threads` threads), best of 3 each."""
     from concurrent.futures import ThreadPoolExecutor
 
     import numpy as np
+    import torch
 
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    big = torch.ones(size // 4, dtype=torch.float32)
+    read = float("inf")
+    for _ in range(3):
+        t = time.perf_counter()
+        big.sum()
+        read = min(read, time.perf_counter() - t)
+    del big
+    torch.set_num_threads(before)
     src, dst = np.ones(size, dtype=np.uint8), np.zeros(size, dtype=np.uint8)
     parts = [(slice(i * size // threads, (i + 1) * size // threads)) for i in range(threads)]
-    best = float("inf")
+    copy = float("inf")
     with ThreadPoolExecutor(threads) as pool:
         for _ in range(3):
             t = time.perf_counter()
             list(pool.map(lambda s: np.copyto(dst[s], src[s]), parts))
-            best = min(best, time.perf_counter() - t)
-    return 2 * size / best
+            copy = min(copy, time.perf_counter() - t)
+    return {"read": size / read, "copy": 2 * size / copy}
 
 
 def evict(path: Path) -> str:
@@ -330,9 +344,12 @@ def record_child(rec: Recorder, key: tuple, r: dict, metrics: list[str], load: f
         if m.startswith("prefill") and m in r:
             rec.add((*key, m, "s", False), r[m], load, {"tokens_per_s": PROMPTS[m] / r[m]})
         elif m.startswith("decode") and m in r:
-            bw = roof["bandwidth"][threads]
-            extra = {"bandwidth_bytes_per_s": bw, "read_bytes_per_token": roof["read"],
-                     "roofline_pct": 100 * r[m] / (bw / roof["read"]) if roof["read"] else None}  # fmt: skip
+            bws = roof["bandwidth"][threads]
+            bw = bws["read"]
+            extra = {"bandwidth_bytes_per_s": bw, "bandwidth_of": "read (torch sum)", "copy_bytes_per_s": bws["copy"],
+                     "read_bytes_per_token": roof["read"],
+                     "roofline_pct": 100 * r[m] / (bw / roof["read"]) if roof["read"] else None,
+                     "roofline_pct_of_copy": 100 * r[m] / (bws["copy"] / roof["read"]) if roof["read"] else None}  # fmt: skip
             if r.get("held_read_bytes"):  # wslm: what it holds (repacked), as a token reads it
                 extra["held_bytes"], extra["held_read_bytes"] = r["held_bytes"], r["held_read_bytes"]
                 extra["roofline_pct_of_held"] = 100 * r[m] / (bw / r["held_read_bytes"])
@@ -384,7 +401,8 @@ def main() -> int:
     out = None if args.no_write else Path(args.out or RESULTS / f"realsize-{stamp:%Y%m%d-%H%M}.json")
     rec = Recorder(out, meta)
     bw = {t: bandwidth(t) for t in args.threads}
-    print("copy bandwidth:", {t: f"{b / 1e9:.1f} GB/s" for t, b in bw.items()}, flush=True)
+    print("bandwidth (GB/s):", {t: f"read {b['read'] / 1e9:.1f}, copy {b['copy'] / 1e9:.1f}" for t, b in bw.items()},
+          flush=True)  # fmt: skip
     rng = random.Random(0)
     ids = [rng.randrange(100, 49000) for _ in range(max(PROMPTS.values()))]  # the demo vocabulary's range
     with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:

@@ -7,7 +7,8 @@ batches), with the date and the machine it ran on.
 
 Records (one JSON list per file; bench/realsize.py, bench/quant.py and bench/context.py write them) carry
 metric, model, quant, threads, engine, value, unit, higher_is_better, date, machine; optional loadavg and, for
-decode, roofline_pct. The text outside the markers is kept as it is."""
+decode, roofline_pct (of the read bandwidth, or of the copy bandwidth in records without bandwidth_of).
+The text outside the markers is kept as it is."""
 
 from __future__ import annotations
 
@@ -88,8 +89,9 @@ def cell(r: dict | None) -> str:
             text += f" ({r['file_backed'] / 2**30:.2f} file + {r['anonymous'] / 2**30:.2f} anon)"
         return text
     text = f"{v:.2f}" if v < 10 else f"{v:.1f}" if v < 100 else f"{v:.0f}"
-    if r.get("roofline_pct") is not None:
-        text += f" ({r['roofline_pct']:.0f}% of roofline)"
+    if r.get("roofline_pct") is not None:  # records before 2026-12-08 measured it against the copy bandwidth
+        of = "read" if str(r.get("bandwidth_of", "")).startswith("read") else "copy"
+        text += f" ({r['roofline_pct']:.0f}% of {of} roofline)"
     return text
 
 

@@ -49,7 +49,8 @@ def test_records_for_every_metric(results):
 
 def test_decode_has_its_roofline(results):
     decode = next(r for r in results if r["metric"] == "decode_0")
-    assert decode["bandwidth_bytes_per_s"] > 1e8
+    assert decode["bandwidth_bytes_per_s"] > 1e8 and decode["copy_bytes_per_s"] > 1e8
+    assert decode["bandwidth_of"].startswith("read")  # a decode reads its weights: the roofline is read bandwidth
     # the tiny file: 2 layers of hidden 256 plus the tied 49152 x 256 embedding, in F16
     assert 25e6 < decode["read_bytes_per_token"] < 35e6
     assert decode["held_bytes"] > 0 and decode["roofline_pct"] > 0
