@@ -37,7 +37,7 @@ ENV_VAR = "WSLM_CPU_KERNELS"
 # cpu_gguf.c's (GGUF blocks in place, cpu_gguf.py); cpu_gguf_gemm.c: the same blocks times many rows.
 SOURCES = tuple(Path(__file__).with_name(n) for n in ("cpu_gemv.c", "cpu_layer.c", "cpu_pause.c", "cpu_gguf.c",
                                                       "cpu_gguf_gemm.c"))
-HEADERS = tuple(Path(__file__).with_name(n) for n in ("cpu_kernels.h", "cpu_layer_body.h"))
+HEADERS = tuple(Path(__file__).with_name(n) for n in ("cpu_kernels.h", "cpu_gguf_blocks.h", "cpu_layer_body.h"))
 # Above this many activation rows one bf16 GEMM over the expanded weight (AMX / AVX512-BF16) wins.
 MAX_ROWS = 16
 _FLAGS = ["-O3", "-march=native", "-fPIC", "-shared", "-fno-math-errno"]

@@ -16,34 +16,9 @@
    place in the mapped file cannot be reordered without copying them; writing each row's result to its
    HF position costs one indexed store per output value (see gguf_blocks.py for why not RoPE). */
 #include "cpu_kernels.h"
+#include "cpu_gguf_blocks.h"
 
-enum { GT_Q4_0 = 2, GT_Q4_1 = 3, GT_Q5_0 = 6, GT_Q5_1 = 7, GT_Q8_0 = 8, GT_Q4_K = 12, GT_Q5_K = 13, GT_Q6_K = 14 };
-
-#define GGUF_PARTS 4
-typedef struct {
-    int64_t parts;
-    int64_t type[GGUF_PARTS];
-    const uint8_t *data[GGUF_PARTS];  /* [rows, bytes per row] of blocks, in the file's layout */
-    int64_t rows[GGUF_PARTS];
-    const int32_t *index;             /* [n] output column of each row, or NULL (in order) */
-    int64_t n, k;
-} wslm_gguf;
-
-/* ---- types ---------------------------------------------------------------------------------------- */
-static long block_cols(long t) { return (t == GT_Q4_K || t == GT_Q5_K || t == GT_Q6_K) ? 256 : 32; }
-static long block_bytes(long t) {
-    switch (t) {
-    case GT_Q4_0: return 18;
-    case GT_Q4_1: return 20;
-    case GT_Q5_0: return 22;
-    case GT_Q5_1: return 24;
-    case GT_Q8_0: return 34;
-    case GT_Q4_K: return 144;
-    case GT_Q5_K: return 176;
-    case GT_Q6_K: return 210;
-    default: return 0;
-    }
-}
+/* ---- types: cpu_gguf_blocks.h ------------------------------------------------------------------------ */
 static int is_k(long t) { return block_cols(t) == 256; }
 
 /* 1 when this library multiplies blocks of ggml type t */

@@ -17,34 +17,7 @@
    Q8_0's codes are signed: |w| times x with w's sign (the sign trick). A plain C loop does the same where
    the CPU has no AVX2. */
 #include "cpu_kernels.h"
-
-/* cpu_gguf.c's wslm_gguf (the same layout; cpu_gguf.py's GGUFStruct fills both) */
-#define GG_PARTS 4
-typedef struct {
-    int64_t parts;
-    int64_t type[GG_PARTS];
-    const uint8_t *data[GG_PARTS];
-    int64_t rows[GG_PARTS];
-    const int32_t *index;
-    int64_t n, k;
-} gg_weight;
-
-enum { T_Q4_0 = 2, T_Q4_1 = 3, T_Q5_0 = 6, T_Q5_1 = 7, T_Q8_0 = 8, T_Q4_K = 12, T_Q5_K = 13, T_Q6_K = 14 };
-
-static long gg_cols(long t) { return (t == T_Q4_K || t == T_Q5_K || t == T_Q6_K) ? 256 : 32; }
-static long gg_bytes(long t) {
-    switch (t) {
-    case T_Q4_0: return 18;
-    case T_Q4_1: return 20;
-    case T_Q5_0: return 22;
-    case T_Q5_1: return 24;
-    case T_Q8_0: return 34;
-    case T_Q4_K: return 144;
-    case T_Q5_K: return 176;
-    case T_Q6_K: return 210;
-    default: return 0;
-    }
-}
+#include "cpu_gguf_blocks.h"
 
 /* ---- activation rows ----------------------------------------------------------------------------------
    q [K] int8 codes. The 32-column types: d [K/32] each block's scale, s [K/32] d times its code sum. The K-quants: d [K/256] each super-block's
@@ -118,12 +91,12 @@ static void gx_row(const void *x, int bf16, long K, long cols, gx_t *o) {
    codes [K]: one byte a code, in column order (unsigned; Q8_0's signed) */
 
 static void unpack_codes(long t, const uint8_t *restrict p, long K, uint8_t *restrict codes) {
-    long nb = K / gg_cols(t), bs = gg_bytes(t);
+    long nb = K / block_cols(t), bs = block_bytes(t);
     for (long b = 0; b < nb; b++, p += bs) {
-        if (t == T_Q8_0) {
+        if (t == GT_Q8_0) {
             memcpy(codes + b * 32, p + 2, 32);
-        } else if (t == T_Q4_0 || t == T_Q4_1 || t == T_Q5_0 || t == T_Q5_1) {
-            int five = t == T_Q5_0 || t == T_Q5_1, with_min = t == T_Q4_1 || t == T_Q5_1;
+        } else if (t == GT_Q4_0 || t == GT_Q4_1 || t == GT_Q5_0 || t == GT_Q5_1) {
+            int five = t == GT_Q5_0 || t == GT_Q5_1, with_min = t == GT_Q4_1 || t == GT_Q5_1;
             long qs = with_min ? (five ? 8 : 4) : (five ? 6 : 2);
             uint32_t h = 0;
             if (five) memcpy(&h, p + (with_min ? 4 : 2), 4);
@@ -132,8 +105,8 @@ static void unpack_codes(long t, const uint8_t *restrict p, long K, uint8_t *res
                 c[j] = (uint8_t)((p[qs + j] & 15) | (five ? (((h >> j) << 4) & 0x10) : 0));
                 c[j + 16] = (uint8_t)((p[qs + j] >> 4) | (five ? ((h >> (j + 12)) & 0x10) : 0));
             }
-        } else if (t == T_Q4_K || t == T_Q5_K) {
-            int five = t == T_Q5_K;
+        } else if (t == GT_Q4_K || t == GT_Q5_K) {
+            int five = t == GT_Q5_K;
             const uint8_t *qh = p + 16, *qs = p + (five ? 48 : 16);
             for (int j = 0; j < 4; j++) {
                 uint8_t *lo = codes + b * 256 + 64 * j, *hi = lo + 32;
@@ -142,7 +115,7 @@ static void unpack_codes(long t, const uint8_t *restrict p, long K, uint8_t *res
                     hi[l] = (uint8_t)((qs[32 * j + l] >> 4) | (five ? ((qh[l] >> (2 * j + 1)) & 1) << 4 : 0));
                 }
             }
-        } else if (t == T_Q6_K) {
+        } else if (t == GT_Q6_K) {
             const uint8_t *ql = p, *qh = p + 128;
             for (int h = 0; h < 2; h++) {
                 uint8_t *o = codes + b * 256 + 128 * h;
@@ -172,7 +145,7 @@ static void unpack_codes(long t, const uint8_t *restrict p, long K, uint8_t *res
 #define GK_AUX (64 + 512 + 256)
 
 static size_t group_bytes(long t, long K) {
-    size_t aux = gg_cols(t) == 256 ? (size_t)(K / 256) * GK_AUX : (size_t)(K / 32) * 64;
+    size_t aux = block_cols(t) == 256 ? (size_t)(K / 256) * GK_AUX : (size_t)(K / 32) * 64;
     return ((size_t)K * 8 + aux + 63) & ~(size_t)63;
 }
 
@@ -211,23 +184,23 @@ static void unpack_group(long t, const uint8_t *src, long rb, int nrows, long K,
         memset(g, 0, group_bytes(t, K));
         memset(tmp + nrows * K, 0, (size_t)(GG_G - nrows) * (size_t)K);
     }
-    long nb = K / gg_cols(t), bs = gg_bytes(t);
+    long nb = K / block_cols(t), bs = block_bytes(t);
     for (int r = 0; r < nrows; r++) {
         const uint8_t *row = src + r * rb;
         unpack_codes(t, row, K, tmp + r * K);
         for (long b = 0; b < nb; b++) {
             const uint8_t *p = row + b * bs;
-            if (gg_cols(t) == 32) {  /* w = d q + m: Q4_0 m = -8 d, Q5_0 -16 d, Q8_0 0 */
+            if (block_cols(t) == 32) {  /* w = d q + m: Q4_0 m = -8 d, Q5_0 -16 d, Q8_0 0 */
                 float *a = (float *)(g + K * 8) + b * 16, d = h2f(p);
                 a[r] = d;
-                a[8 + r] = t == T_Q4_1 || t == T_Q5_1 ? h2f(p + 2) : t == T_Q4_0 ? -8.0f * d : t == T_Q5_0 ? -16.0f * d : 0.0f;
+                a[8 + r] = t == GT_Q4_1 || t == GT_Q5_1 ? h2f(p + 2) : t == GT_Q4_0 ? -8.0f * d : t == GT_Q5_0 ? -16.0f * d : 0.0f;
                 continue;
             }
             uint8_t *a = g + K * 8 + b * GK_AUX;
             int32_t sc[16];
             int16_t mn[16];
             float d, dm;
-            if (t == T_Q6_K) {  /* w = d sc (q - 32), scales every 16 columns */
+            if (t == GT_Q6_K) {  /* w = d sc (q - 32), scales every 16 columns */
                 d = dm = h2f(p + 208);
                 for (int h = 0; h < 16; h++) { sc[h] = (int8_t)p[192 + h]; mn[h] = (int16_t)(32 * sc[h]); }
             } else {  /* Q4_K / Q5_K: w = d sc q - dmin m, scale and minimum every 32 columns */
@@ -446,17 +419,17 @@ typedef struct {  /* a run of weight rows of one part */
 } gg_chunk;
 
 /* weight rows c times activation rows [m_lo, m_hi); panel: the chunk's groups, tmp: unpack_group's */
-static void do_chunk(const gg_weight *w, const gg_chunk *c, const gx_t *xs32, const gx_t *xs256, long m_lo,
+static void do_chunk(const wslm_gguf *w, const gg_chunk *c, const gx_t *xs32, const gx_t *xs256, long m_lo,
                      long m_hi, uint8_t *panel, uint8_t *tmp, void *out, int out_bf16) {
-    long K = w->k, t = w->type[c->part], rb = K / gg_cols(t) * gg_bytes(t);
+    long K = w->k, t = w->type[c->part], rb = K / block_cols(t) * block_bytes(t);
     long nr = c->r1 - c->r0, ng = (nr + GG_G - 1) / GG_G, gs = (long)group_bytes(t, K);
     for (long gi = 0; gi < ng; gi++) {
         long r = gi * GG_G;
         unpack_group(t, w->data[c->part] + (c->r0 - c->start + r) * rb, rb, nr - r < GG_G ? (int)(nr - r) : GG_G, K,
                      panel + gi * gs, tmp);
     }
-    const gx_t *xs = gg_cols(t) == 256 ? xs256 : xs32;
-    int kind = t == T_Q6_K ? 3 : gg_cols(t) == 256 ? 2 : t == T_Q8_0;
+    const gx_t *xs = block_cols(t) == 256 ? xs256 : xs32;
+    int kind = t == GT_Q6_K ? 3 : block_cols(t) == 256 ? 2 : t == GT_Q8_0;
     float res[GG_RN * 2 * GG_G];
     for (long m0 = m_lo; m0 < m_hi; m0 += GG_RN) {
         int rn = m_hi - m0 < GG_RN ? (int)(m_hi - m0) : GG_RN;
@@ -479,21 +452,21 @@ static void do_chunk(const gg_weight *w, const gg_chunk *c, const gx_t *xs32, co
 
 /* 1 when wslm_gguf_gemm takes weight w (every part a type it knows, K whole blocks) */
 int wslm_gguf_gemm_takes(const void *wv) {
-    const gg_weight *w = (const gg_weight *)wv;
-    if (w->parts < 1 || w->parts > GG_PARTS) return 0;
+    const wslm_gguf *w = (const wslm_gguf *)wv;
+    if (w->parts < 1 || w->parts > GGUF_PARTS) return 0;
     for (long p = 0; p < w->parts; p++)
-        if (!gg_bytes(w->type[p]) || w->k % gg_cols(w->type[p])) return 0;
+        if (!block_bytes(w->type[p]) || w->k % block_cols(w->type[p])) return 0;
     return 1;
 }
 
 /* x [M, K] (bf16 or fp32) @ W.T -> out [M, n] (bf16 or fp32), W a cpu_gguf.c weight. Chunks of weight rows
    are split over threads. Returns 0, -1 out of memory, -2 a weight it does not take. */
 int wslm_gguf_gemm(const void *wv, const void *x, long M, int x_bf16, void *out, int out_bf16, int threads) {
-    const gg_weight *w = (const gg_weight *)wv;
+    const wslm_gguf *w = (const wslm_gguf *)wv;
     if (!wslm_gguf_gemm_takes(wv)) return -2;
     long K = w->k;
     int n32 = 0, n256 = 0;
-    for (long p = 0; p < w->parts; p++) *(gg_cols(w->type[p]) == 256 ? &n256 : &n32) = 1;
+    for (long p = 0; p < w->parts; p++) *(block_cols(w->type[p]) == 256 ? &n256 : &n32) = 1;
     size_t per = (gx_bytes(K) + 63) & ~(size_t)63;
     int forms = n32 + n256;
     char *mem = (char *)malloc(per * (size_t)M * (size_t)forms + sizeof(gx_t) * (size_t)M * 2);
@@ -509,7 +482,7 @@ int wslm_gguf_gemm(const void *wv, const void *x, long M, int x_bf16, void *out,
         if (n256) { gx_carve(mem + per * ((size_t)m * forms + f), K, xs256 + m); gx_row(row, x_bf16, K, 256, xs256 + m); }
     }
     /* chunks of rows a panel holds (whole tiles of GG_RG groups), never across parts */
-    long count = 0, start = 0, panel_bytes = 0, rows[GG_PARTS];
+    long count = 0, start = 0, panel_bytes = 0, rows[GGUF_PARTS];
     for (long p = 0; p < w->parts; p++) {
         long gb = (long)group_bytes(w->type[p], K), tile = GG_G * GG_RG;
         rows[p] = GG_PANEL_BYTES / gb / GG_RG * tile;
@@ -560,7 +533,7 @@ int wslm_gguf_gemm(const void *wv, const void *x, long M, int x_bf16, void *out,
 }
 
 /* sizeof the weight struct this file reads (cpu_gguf_gemm.py checks it against cpu_gguf.py's GGUFStruct) */
-long wslm_gguf_gemm_struct_bytes(void) { return (long)sizeof(gg_weight); }
+long wslm_gguf_gemm_struct_bytes(void) { return (long)sizeof(wslm_gguf); }
 
 /* 256 where the tiles run AVX2 code here, 0 where they run the plain loop */
 int wslm_gguf_gemm_native(void) {
