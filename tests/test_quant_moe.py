@@ -18,6 +18,7 @@ from test_modeling_moe import TEXTS, _stacked_experts, make_moe_model
 
 from wslm import kernels
 from wslm.backend import LLM, SamplingParams
+from wslm.backend.quant.gguf_blocks import GGUFBlockWeight
 from wslm.backend.quant.int4 import Int4Weight
 from wslm.backend.quant.int8 import Int8Weight
 
@@ -82,17 +83,36 @@ def _assert_close_to(quant: LLM, dense: LLM, tok) -> None:
     assert agree / steps >= 2 / 3
 
 
+def _assert_experts_are_the_files(llm, path: str) -> None:
+    import gguf
+    import numpy as np
+
+    reader = gguf.GGUFReader(path)
+    stacked = {t.name: t for t in reader.tensors if "_exps" in t.name}
+    for i, layer in enumerate(_experts(llm)):
+        gate, up, down = (stacked[f"blk.{i}.ffn_{n}_exps.weight"] for n in ("gate", "up", "down"))
+        for e in range(8):
+            want = [gguf.quants.dequantize(np.asarray(t.data)[e], t.tensor_type) for t in (gate, up, down)]
+            w13 = layer.w13[e].dequantize(torch.float32)
+            torch.testing.assert_close(w13, torch.from_numpy(np.concatenate(want[:2])), rtol=0, atol=0)
+            torch.testing.assert_close(layer.w2[e].dequantize(torch.float32), torch.from_numpy(want[2]), rtol=0, atol=0)
+
+
 def _dense(weights) -> torch.Tensor:
     if isinstance(weights, torch.Tensor):
         return weights
     return torch.stack([w.dequantize(torch.float32) for w in weights])
 
 
-@pytest.mark.parametrize(("qtype", "kind", "max_bytes"), [("Q8_0", Int8Weight, 1.1), ("Q4_0", Int4Weight, 0.7)])
+@pytest.mark.parametrize(("qtype", "kind", "max_bytes"), [("Q8_0", Int8Weight, 1.1), ("Q4_0", Int4Weight, 0.7),
+                                                     ("Q8_0", GGUFBlockWeight, 1.07), ("Q4_0", GGUFBlockWeight, 0.57)])
 def test_gguf_moe_experts_stay_quantized_and_match_dequantized(moe, qtype, kind, max_bytes, monkeypatch):
+    """By default each expert is its blocks in the mapped file (GGUFBlockWeight: the file's bytes, its exact
+    values); WSLM_GGUF_BLOCKS=0 repacks them as int8 / int4."""
     folder, gguf, tok = moe
     monkeypatch.setenv("WSLM_GGUF_CACHE", "0")
     monkeypatch.setenv("WSLM_GGUF_DEQUANTIZE", "0")  # conftest dequantizes GGUF for the HF parity tests
+    monkeypatch.setenv("WSLM_GGUF_BLOCKS", "1" if kind is GGUFBlockWeight else "0")
     path = gguf(qtype)
     kw = dict(tokenizer=str(folder), kv_cache_memory=16 << 20, max_model_len=256, dtype="float32")
     quant = LLM(path, **kw)
@@ -101,6 +121,8 @@ def test_gguf_moe_experts_stay_quantized_and_match_dequantized(moe, qtype, kind,
         assert all(isinstance(w, kind) for w in (*layer.w13, *layer.w2))
         elements = sum(w.shape[0] * w.shape[1] for w in (*layer.w13, *layer.w2))
         assert layer.nbytes <= max_bytes * elements  # bytes per weight: int8 ~1, int4 ~0.6 (fp32: 4)
+    if kind is GGUFBlockWeight:  # the file's values exactly: gguf-py's dequantization of each expert's blocks
+        _assert_experts_are_the_files(quant, path)
     monkeypatch.setenv("WSLM_GGUF_DEQUANTIZE", "1")
     # `wslm models list` counts the experts at their kept size (int4 0.625 / int8 1 byte a weight), not 16-bit.
     from wslm.backend.hub.metadata import _read_gguf_uncached
@@ -139,7 +161,8 @@ def test_quantize_on_load_covers_moe_experts(moe, method, kind):
 @pytest.mark.parametrize("source", ["Q4_0", "Q8_0", "int8"])
 def test_tp2_ranks_hold_the_quantized_experts_sliced(moe, source, monkeypatch):
     """Each of 2 ranks keeps its slice of every expert in the expert's own format (gate/up rows, down input
-    columns with their scales and whole 4-bit groups), dequantizing to exactly the one-device expert's slice."""
+    columns with their scales and whole blocks / 4-bit groups), dequantizing to exactly the one-device
+    expert's slice."""
     from test_engine_tp import _load_as_rank
 
     folder, gguf, _ = moe
@@ -150,7 +173,7 @@ def test_tp2_ranks_hold_the_quantized_experts_sliced(moe, source, monkeypatch):
         monkeypatch.setenv("WSLM_GGUF_DEQUANTIZE", "0")
         models.append(_load_as_rank(monkeypatch, path, method, rank, size, tokenizer=str(folder)))
     full, *ranks = models
-    kind = Int4Weight if source == "Q4_0" else Int8Weight
+    kind = Int8Weight if source == "int8" else GGUFBlockWeight  # a GGUF's experts: their blocks, sliced
     for i, layer in enumerate(full.layers):
         one = layer.mlp.experts
         for e in range(8):
@@ -176,7 +199,7 @@ def test_a_rank_share_that_splits_the_experts_4bit_groups_is_refused(moe, monkey
     assert not refusal(4, **shape) and "4-bit groups of 32" in refusal(4, **shape, moe_intermediate_size=64)
     monkeypatch.setenv("WSLM_GGUF_CACHE", "0")
     monkeypatch.setenv("WSLM_GGUF_DEQUANTIZE", "0")
-    with pytest.raises(ValueError, match=r"4-bit weight's 64 input columns into shards of 16"):
+    with pytest.raises(ValueError, match=r"Q4_0 weight's 64 input columns into shards of 16"):
         _load_as_rank(monkeypatch, gguf("Q4_0"), None, 0, 4, tokenizer=str(folder))
 
 

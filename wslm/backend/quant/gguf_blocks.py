@@ -304,8 +304,8 @@ class GGUFBlockWeight:
                 if start % block or length % block:
                     raise ValueError(
                         f"Tensor parallelism splits a GGUF {BLOCKS[t][0]} weight's {self.in_features} input columns "
-                        f"at {start}, inside its blocks of {block}: pick a --tensor-parallel-size that leaves whole "
-                        f"blocks on each rank.")  # fmt: skip
+                        f"into shards of {length} (columns {start}-{start + length - 1} on this rank), inside its "
+                        f"blocks of {block}: pick a --tensor-parallel-size that leaves whole blocks on each rank.")  # fmt: skip
                 parts.append((t, raw[:, start // block * size : (start + length) // block * size].contiguous()))
             return GGUFBlockWeight(parts, length, self.index, self.name)
         w = self if self.index is None else self._materialized_rows()

@@ -133,17 +133,19 @@ def _iter_tensors(
 ) -> Iterator[tuple[str, object]]:
     blocks = envs.WSLM_GGUF_BLOCKS  # the file's blocks in place (the default), or repacked
     for t in reader.tensors:
+        kind = t.tensor_type.name
         m = re.fullmatch(r"blk\.(\d+)\.(ffn_\w+_exps)\.weight", t.name)
         if m and m.group(2) in _EXPERT_NAMES:
             prefix = f"model.layers.{m.group(1)}.mlp.experts"
-            for e, weight in enumerate(_expert_slices(t, dequant)):
+            in_place = blocks and not dequant and kind in BLOCK_TYPES and len(t.shape) == 3
+            for e, weight in enumerate(_expert_slices(t, dequant, in_place, use_mmap)):
                 yield f"{prefix}.{e}.{_EXPERT_NAMES[m.group(2)]}.weight", weight
-            _drop_pages(reader, t)
+            if not in_place:  # in place, the pages are the experts' weights
+                _drop_pages(reader, t)
             continue
         name = hf_name(t.name, arch)
         if name is None:  # rope_freqs and the like: the engine computes them from the config
             continue
-        kind = t.tensor_type.name
         in_place = blocks and not dequant and kind in BLOCK_TYPES and len(t.shape) == 2
         if in_place:  # the file's blocks, where they lie (or copied once: --no-mmap)
             data = _mapped(t.data) if use_mmap else torch.from_numpy(np.array(t.data))
@@ -173,13 +175,20 @@ def _mapped(data: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(data)
 
 
-def _expert_slices(t, dequant: bool | str = False) -> Iterator[object]:
-    """Each expert's [rows, cols] weight of a stacked MoE tensor, one at a time, repacked as a dense
-    layer's weight of the same type is (layers/moe.py keeps them so): int4 codes for Q4_0/Q4_1/Q4_K, int8
-    for the other quantized types, the tensor itself when dense. Only one expert is ever unpacked."""
+def _expert_slices(t, dequant: bool | str = False, in_place: bool = False, use_mmap: bool = True) -> Iterator[object]:
+    """Each expert's [rows, cols] weight of a stacked MoE tensor, one at a time. in_place: the expert's
+    blocks where they lie in the mapped file (a GGUFBlockWeight over its rows, as a dense layer's; copied
+    out with use_mmap=False), so a load touches none of the experts' bytes. Else repacked as a dense layer's
+    weight of the same type is: int4 codes for Q4_0/Q4_1/Q4_K, int8 for the other quantized types, the tensor
+    itself when dense, one expert unpacked at a time. (layers/moe.py keeps them per expert, any form.)"""
     experts, rows, cols = (int(d) for d in reversed(t.shape))
     per_expert = np.asarray(t.data).reshape(experts, -1)  # whole rows of one expert after another
     for e in range(experts):
+        if in_place:
+            raw = per_expert[e].reshape(rows, -1)
+            data = _mapped(raw) if use_mmap else torch.from_numpy(np.array(raw))
+            yield GGUFBlockWeight([(TYPE_IDS[t.tensor_type.name], data)], cols, name=f"{t.name}[{e}]")
+            continue
         yield _convert(per_expert[e], t.tensor_type, (rows, cols), dequant, False, f"{t.name}[{e}]")
 
 
