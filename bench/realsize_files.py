@@ -204,6 +204,9 @@ def gguf_file(shape_name: str, quant: str, llama_python: str | None, base: str =
     base_path = folder / f"{shape.name}-{base}.gguf"
     if quant in ("F16", "BF16"):
         base, base_path = quant, folder / f"{shape.name}-{quant}.gguf"
+    out = folder / f"{shape.name}-{quant}.gguf"
+    if out.exists():  # made before (its base may be gone: the MoE's F16 is 30 GB)
+        return out
     if not base_path.exists():
         log(f"writing {base_path} ...")
         write_base(shape, base_path, base)

@@ -110,17 +110,22 @@ def test_a_team_of_threads_gives_the_one_thread_step(arch, kw, dtype, tiny_model
     follow from the context length, not the thread count, so a greedy answer does not depend on the threads)."""
     llm = LLM(str(tiny_models[arch]), dtype=dtype, kv_cache_memory=16 << 20, block_size=8,
               max_model_len=512, enforce_eager=True, **kw)  # fmt: skip
-    runner = llm.llm_engine.executor.runner
     for prompt in (demo_tok.encode(PROMPT), [(i * 97) % 900 + 5 for i in range(480)]):  # 480: two stretches
-        step = _one_step(llm, prompt)
-        before = runner.kv_pool.clone()
-        results = []
-        for threads in (1, 2, 3):
-            runner.kv_pool.copy_(before)
-            results.append((runner.native.run(*step, threads=threads), runner.kv_pool.clone()))
-        (one, pool), teams = results[0], results[1:]
-        for logits, team_pool in teams:
-            assert torch.equal(logits, one) and torch.equal(team_pool, pool)
+        assert_same_bits_on_threads(llm, prompt)
+
+
+def assert_same_bits_on_threads(llm: LLM, prompt: list[int]) -> None:
+    """The C step after prompt gives the same logits and KV pool on 1, 2 and 3 threads."""
+    runner = llm.llm_engine.executor.runner
+    step = _one_step(llm, prompt)
+    before = runner.kv_pool.clone()
+    results = []
+    for threads in (1, 2, 3):
+        runner.kv_pool.copy_(before)
+        results.append((runner.native.run(*step, threads=threads), runner.kv_pool.clone()))
+    (one, pool), teams = results[0], results[1:]
+    for logits, team_pool in teams:
+        assert torch.equal(logits, one) and torch.equal(team_pool, pool)
 
 
 def test_the_thread_count_follows_what_the_steps_measure():

@@ -225,3 +225,41 @@ def test_awq_gptq_moe_experts_stay_int4(moe, tmp_path, method, act_order):
                                        rtol=0.01, atol=0.01)  # fmt: skip
     out = llm.generate([{"prompt_token_ids": [1, 2, 3]}], SamplingParams(max_tokens=4, ignore_eos=True))[0]
     assert len(out.outputs[0].token_ids) == 4
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+@pytest.mark.parametrize("qtype", ["Q4_0", "Q8_0"])
+def test_c_decode_step_computes_the_experts(moe, qtype, dtype, monkeypatch):
+    """A lone sequence's decode step runs in C with the experts (cpu_layer_body.h's moe: router, top-k, each
+    expert's blocks in place): the eager step's logits and KV within the kernels' rounding (float32: ~3e-7 of
+    the largest logit measured), the same bits on 1, 2 or 3 threads, and, in float32, a greedy chat decoded in
+    C giving the eager engine's tokens."""
+    from test_cpu_native import _compare, assert_same_bits_on_threads
+
+    from wslm.backend.platforms.cpu.decode_native import why_not
+    from wslm.kernels import cpu_gemv
+
+    if cpu_gemv.library() is None:
+        pytest.skip("no C compiler: the C kernels are not built")
+    folder, gguf, tok = moe
+    monkeypatch.setenv("WSLM_GGUF_CACHE", "0")
+    monkeypatch.setenv("WSLM_GGUF_DEQUANTIZE", "0")
+    kw = dict(tokenizer=str(folder), kv_cache_memory=16 << 20, block_size=8, max_model_len=256, dtype=dtype,
+              enforce_eager=True)  # fmt: skip
+    llm = LLM(gguf(qtype), **kw)
+    runner = llm.llm_engine.executor.runner
+    assert runner.native is not None and runner.native.has_moe, why_not(runner.model, runner.kv_pool)
+    prompt = tok.encode(TEXTS[1])
+    logit_err, kv_err = _compare(llm, prompt)
+    assert logit_err < 0.05 and kv_err < 0.05  # the same kernels; the router and sums in another order
+    assert_same_bits_on_threads(llm, prompt)
+    params = SamplingParams(temperature=0, max_tokens=STEPS, ignore_eos=True)
+    steps = runner.native.steps
+    got = llm.generate([{"prompt_token_ids": prompt}], params)[0].outputs[0].token_ids
+    assert runner.native.steps >= steps + STEPS - 1  # every decode step in C
+    monkeypatch.setenv("WSLM_CPU_NATIVE_DECODE", "0")
+    eager = LLM(gguf(qtype), **kw)
+    assert eager.llm_engine.executor.runner.native is None
+    want = eager.generate([{"prompt_token_ids": prompt}], params)[0].outputs[0].token_ids
+    if dtype == "float32":  # bf16: a random model's near-ties branch on the router's or a sum's rounding
+        assert list(got) == list(want)

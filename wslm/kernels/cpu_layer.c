@@ -25,13 +25,29 @@ typedef struct {
     int64_t block;           /* int4: rows per pack block (64 or 32, as torch packed it) */
 } wslm_linear;
 
+/* A sparse mixture-of-experts MLP (Qwen3-MoE's, layers/moe.py): the router's softmax picks top_k experts,
+   each a SiLU-gated MLP; their outputs, weighted, summed */
+typedef struct {
+    wslm_linear router;          /* [experts, d] dense, the activations' dtype */
+    const wslm_linear *gate_up;  /* [experts]: each expert's gate rows then up rows */
+    const wslm_linear *down;     /* [experts] */
+    int64_t experts, top_k, norm_topk;
+} wslm_moe;
+
 typedef struct {
     const void *w_in, *w_post;  /* [d], the activations' dtype */
     const void *qk_norm;        /* [heads + kv_heads, hd] (q weights, then k weights), or NULL */
     double eps_in, eps_post, qk_eps, scale;
-    wslm_linear qkv, o, gate_up, down;
+    wslm_linear qkv, o, gate_up, down;  /* gate_up / down unused where moe is set */
     void *k_cache, *v_cache;    /* this layer's pool: [slots, kv_heads, hd] */
+    const wslm_moe *moe;        /* the MLP is this mixture of experts, or NULL */
 } wslm_layer;
+
+static int has_moe(const wslm_layer *layers, long n_layers) {
+    for (long i = 0; i < n_layers; i++)
+        if (layers[i].moe) return 1;
+    return 0;
+}
 
 #if defined(__AVX2__) && defined(__FMA__)
 static inline float hsum8(__m256 v) {

@@ -226,12 +226,61 @@ static long NAME(widest)(const wslm_layer *layers, long n_layers, long *qkv_n, l
     long widest = 0;
     *qkv_n = *gu_n = 0;
     for (long i = 0; i < n_layers; i++) {
-        const wslm_linear *ls[4] = {&layers[i].qkv, &layers[i].o, &layers[i].gate_up, &layers[i].down};
+        const wslm_moe *m = layers[i].moe;  /* its experts all have one shape: the first answers for them */
+        const wslm_linear *ls[4] = {&layers[i].qkv, &layers[i].o, m ? m->gate_up : &layers[i].gate_up,
+                                    m ? m->down : &layers[i].down};
         *qkv_n = max_l(*qkv_n, layers[i].qkv.n);
-        *gu_n = max_l(*gu_n, layers[i].gate_up.n);
+        *gu_n = max_l(*gu_n, ls[2]->n);
         for (int j = 0; j < 4; j++) widest = max_l(widest, max_l(ls[j]->n, ls[j]->k));
+        if (m) widest = max_l(widest, max_l(m->router.n, m->router.k));
     }
     return widest;
+}
+
+/* A mixture-of-experts MLP for one row, as layers/moe.py and kernels/torch_moe.py compute it: the router's
+   logits in T, softmax and top-k in fp32 (renormalised when norm_topk), the weights rounded to T; each
+   expert's gate|up, SiLU and down as the dense MLP's; each output times its weight rounded to T, the k of
+   them summed in fp32 and rounded once. gu, act: scratch of the experts' gate_up.n and half of it. */
+static int NAME(moe)(const wslm_moe *m, const T *x, T *out, long d, int threads, uint16_t *xb, uint16_t *ob,
+                     T *gu, T *act) {
+    long E = m->experts, K = m->top_k;
+    if (K < 1 || K > 64 || K > E) return -2;
+    T *logit = (T *)malloc(sizeof(T) * (size_t)(E + d));
+    float *p = (float *)malloc(sizeof(float) * (size_t)(E + d));
+    unsigned char *taken = (unsigned char *)calloc((size_t)E, 1);
+    if (!logit || !p || !taken) { free(logit); free(p); free(taken); return -1; }
+    T *y = logit + E;
+    float *acc = p + E;
+    int rc = NAME(linear)(&m->router, x, logit, threads, xb, ob);
+    float top = -INFINITY, total = 0.0f;
+    for (long e = 0; e < E; e++) { p[e] = LD(logit[e]); top = p[e] > top ? p[e] : top; }
+    for (long e = 0; e < E; e++) { p[e] = expf(p[e] - top); total += p[e]; }
+    long ids[64];
+    float w[64], picked = 0.0f;
+    for (long j = 0; j < K; j++) {  /* the largest first, the lower index on a tie */
+        long best = -1;
+        for (long e = 0; e < E; e++)
+            if (!taken[e] && (best < 0 || p[e] > p[best])) best = e;
+        taken[best] = 1;
+        ids[j] = best;
+        w[j] = p[best] / total;
+        picked += w[j];
+    }
+    for (long i = 0; i < d; i++) acc[i] = 0.0f;
+    for (long j = 0; j < K && rc == 0; j++) {
+        float wj = LD(ST(m->norm_topk ? w[j] / picked : w[j]));
+        const wslm_linear *gl = &m->gate_up[ids[j]];
+        long inter = gl->n / 2;
+        if ((rc = NAME(linear)(gl, x, gu, threads, xb, ob))) break;
+        NAME(silu_mul)(gu, act, inter, 0, inter);
+        if ((rc = NAME(linear)(&m->down[ids[j]], act, y, threads, xb, ob))) break;
+        for (long i = 0; i < d; i++) acc[i] += LD(ST(LD(y[i]) * wj));
+    }
+    for (long i = 0; i < d; i++) out[i] = ST(acc[i]);
+    free(logit);
+    free(p);
+    free(taken);
+    return rc;
 }
 
 #if defined(_OPENMP)
@@ -261,6 +310,7 @@ static void NAME(team_linear)(const wslm_linear *l, const T *x, T *out, int t, i
 
 /* whether a team takes every product of the layers (a team cannot return an error from inside) */
 static int NAME(team_takes)(const wslm_layer *layers, long n_layers) {
+    if (has_moe(layers, n_layers)) return 0;  /* experts: the one-row loop, each product with threads */
     for (long i = 0; i < n_layers; i++) {
         const wslm_linear *ls[4] = {&layers[i].qkv, &layers[i].o, &layers[i].gate_up, &layers[i].down};
         for (int j = 0; j < 4; j++) {
@@ -352,11 +402,12 @@ int ENTRY(const wslm_layer *layers, int64_t n_layers, int64_t d, int64_t heads, 
     long q_size = heads * hd, group = heads / kvh;
     if (group > 64) return -2;
 #if defined(_OPENMP)
-    if (threads > 1)
+    if (threads > 1 && !has_moe(layers, n_layers))
         return NAME(step_team)(layers, n_layers, d, heads, kvh, hd, hidden, residual, cos2, sin2, table, bs, len,
                                slot, threads);
 #endif
-    (void)threads;
+    /* one thread, or a model with experts: products split by rows over the threads each, the rest on one */
+    int pt = has_moe(layers, n_layers) ? threads : 1;
     long qkv_n, gu_n, widest = NAME(widest)(layers, n_layers, &qkv_n, &gu_n);
     size_t elems = (size_t)(d + qkv_n + q_size + gu_n + gu_n / 2);
     T *x = (T *)malloc(sizeof(T) * elems);
@@ -369,15 +420,19 @@ int ENTRY(const wslm_layer *layers, int64_t n_layers, int64_t d, int64_t heads, 
     for (long li = 0; li < n_layers && rc == 0; li++) {
         const wslm_layer *l = layers + li;
         NAME(add_norm)(li, hidden, residual, (const T *)l->w_in, l->eps_in, d, x);
-        if ((rc = NAME(linear)(&l->qkv, x, qkv, 1, xb, ob))) break;
+        if ((rc = NAME(linear)(&l->qkv, x, qkv, pt, xb, ob))) break;
         NAME(rope_store)(l, qkv, heads, kvh, hd, cos2, sin2, slot);
         NAME(attend)(qkv, l, heads, kvh, hd, table, bs, len, att, f);
-        if ((rc = NAME(linear)(&l->o, att, hidden, 1, xb, ob))) break;
+        if ((rc = NAME(linear)(&l->o, att, hidden, pt, xb, ob))) break;
         NAME(add_norm)(1, hidden, residual, (const T *)l->w_post, l->eps_post, d, x);
-        if ((rc = NAME(linear)(&l->gate_up, x, gu, 1, xb, ob))) break;
+        if (l->moe) {
+            rc = NAME(moe)(l->moe, x, hidden, d, pt, xb, ob, gu, act);
+            continue;
+        }
+        if ((rc = NAME(linear)(&l->gate_up, x, gu, pt, xb, ob))) break;
         long inter = l->gate_up.n / 2;
         NAME(silu_mul)(gu, act, inter, 0, inter);
-        rc = NAME(linear)(&l->down, act, hidden, 1, xb, ob);
+        rc = NAME(linear)(&l->down, act, hidden, pt, xb, ob);
     }
     free(x);
     free(f);
@@ -523,7 +578,7 @@ int ENTRY_ROWS(const wslm_layer *layers, int64_t n_layers, int64_t d, int64_t he
                T *hidden, T *residual, const T *cos2, const T *sin2, const int32_t *tables, int64_t table_stride,
                int64_t bs, const int64_t *lens, const int64_t *slots, int64_t M, int threads) {
     long q_size = heads * hd, group = heads / kvh, len = 0;
-    if (group > 64 || M < 1) return -2;
+    if (group > 64 || M < 1 || has_moe(layers, n_layers)) return -2;  /* experts: rows one at a time (caller) */
     for (long m = 0; m < M; m++) {
         if (lens[m] < 1) return -2;
         len = max_l(len, lens[m]);

@@ -37,6 +37,10 @@ class DecodeLayer:
     gate_up_proj: object | None  # a SiLU-gated MLP's two linears, or None:
     down_proj: object | None
     mlp: Callable[[torch.Tensor], torch.Tensor] | None  # then the MLP called as it is (experts)
+    # When that MLP is a plain sparse mixture of experts (no shared expert): its layers/moe.FusedMoE, whose
+    # router (.gate), per-expert weights (.w13 gate|up, .w2 down), .top_k, .norm_topk_prob and .act_and_mul
+    # a back end may compute itself; None otherwise.
+    experts: object | None = None
 
 
 @dataclass(frozen=True)

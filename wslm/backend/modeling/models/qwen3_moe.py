@@ -5,11 +5,13 @@ sigmoid(shared_expert_gate(x)) and added to the routed experts' sum."""
 
 from __future__ import annotations
 
+import dataclasses
 from functools import partial
 
 import torch
 
 from wslm.backend.distributed.parallel_state import tensor_model_parallel_all_reduce
+from wslm.backend.modeling.layers.decode_spec import DecodeLayer
 from wslm.backend.modeling.layers.linear import ReplicatedLinear
 from wslm.backend.modeling.layers.moe import FusedMoE
 from wslm.backend.modeling.models.llama import LlamaDecoderLayer, LlamaForCausalLM, LlamaMLP, Loaders
@@ -54,6 +56,15 @@ class Qwen3MoeDecoderLayer(LlamaDecoderLayer):
         super().__init__(model, layer_idx)
         if model.is_sparse_layer(layer_idx):
             self.mlp = SparseMoeBlock(model)
+
+    def decode_spec(self) -> DecodeLayer | str:
+        """The Llama layer's spec; a block of routed experts alone (no shared expert) is named as such, so a
+        back end may compute it itself (layers/decode_spec.py)."""
+        spec = super().decode_spec()
+        mlp = self.mlp
+        if isinstance(spec, str) or not isinstance(mlp, SparseMoeBlock) or mlp.shared_expert is not None:
+            return spec
+        return dataclasses.replace(spec, experts=mlp.experts)
 
 
 class Qwen3MoeForCausalLM(LlamaForCausalLM):

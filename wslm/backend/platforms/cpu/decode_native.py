@@ -52,11 +52,58 @@ class _Linear(ctypes.Structure):
                 ("group", ctypes.c_int64), ("block", ctypes.c_int64)]  # fmt: skip
 
 
+class _MoeC(ctypes.Structure):
+    _fields_ = [("router", _Linear), ("gate_up", ctypes.POINTER(_Linear)), ("down", ctypes.POINTER(_Linear)),
+                ("experts", ctypes.c_int64), ("top_k", ctypes.c_int64), ("norm_topk", ctypes.c_int64)]  # fmt: skip
+
+
 class _LayerC(ctypes.Structure):
     _fields_ = [("w_in", ctypes.c_void_p), ("w_post", ctypes.c_void_p), ("qk_norm", ctypes.c_void_p),
                 ("eps_in", ctypes.c_double), ("eps_post", ctypes.c_double), ("qk_eps", ctypes.c_double),
                 ("scale", ctypes.c_double), ("qkv", _Linear), ("o", _Linear), ("gate_up", _Linear),
-                ("down", _Linear), ("k_cache", ctypes.c_void_p), ("v_cache", ctypes.c_void_p)]  # fmt: skip
+                ("down", _Linear), ("k_cache", ctypes.c_void_p), ("v_cache", ctypes.c_void_p),
+                ("moe", ctypes.POINTER(_MoeC))]  # fmt: skip
+
+
+class _Weight:
+    """An expert's weight as a linear layer (what _linear reads: .weight, .bias)."""
+
+    __slots__ = ("weight", "bias")
+
+    def __init__(self, weight) -> None:
+        self.weight, self.bias = weight, None
+
+
+def _experts_why_not(moe, dtype: torch.dtype) -> str | None:
+    """None when the C step computes this mixture of experts (layers/moe.FusedMoE) itself; else why not."""
+    from wslm.backend.distributed.parallel_state import get_tp_size
+    from wslm.backend.modeling.layers.activation import silu_and_mul
+
+    if get_tp_size() != 1 or moe.act_and_mul is not silu_and_mul or not isinstance(moe.w13, list):
+        return "a mixture of experts other than SiLU-gated quantized experts on one device"
+    if not 1 <= moe.top_k <= min(64, moe.num_experts):
+        return "a mixture of experts with that many experts a token"
+    for layer in (moe.gate, *map(_Weight, moe.w13), *map(_Weight, moe.w2)):
+        view = _linear(layer, dtype)
+        if isinstance(view, str):
+            return f"experts: {view}"
+    return None
+
+
+def _moe_struct(moe, dtype: torch.dtype) -> tuple[_MoeC, list]:
+    """The C view of a mixture of experts, with what it points into."""
+    keep: list = []
+    views = {}
+    for name, weights in (("gate_up", moe.w13), ("down", moe.w2)):
+        arr = (_Linear * len(weights))()
+        for e, w in enumerate(weights):
+            arr[e], k = _linear(_Weight(w), dtype)
+            keep += k
+        views[name] = arr
+    router, k = _linear(moe.gate, dtype)
+    keep += k + list(views.values())
+    c = _MoeC(router, views["gate_up"], views["down"], moe.num_experts, moe.top_k, int(bool(moe.norm_topk_prob)))
+    return c, keep
 
 
 def _plain(t: torch.Tensor | None, dtype: torch.dtype) -> bool:
@@ -103,14 +150,18 @@ def _specs(model, kv_pool: torch.Tensor) -> list[DecodeLayer] | str:
     if cpu_gemv.library() is None:
         return "the C kernels are not built here"
     for spec in specs:
-        if spec.mlp is not None:
-            return "a mixture-of-experts or other MLP block"
+        if spec.mlp is not None and spec.experts is None:
+            return "an MLP block of its own (a shared expert, another activation)"
+        if spec.experts is not None:
+            why = _experts_why_not(spec.experts, dtype)
+            if why:
+                return why
         if spec.heads % spec.kv_heads or spec.heads // spec.kv_heads > 64 or spec.head_dim % 2:
             return "head layout"
         if not all(_plain(t, dtype) for t in (spec.input_norm.weight, spec.post_norm.weight, qk_norm_weight(spec))):
             return "norm weights not contiguous in the model's dtype"
         for layer in linears(spec):
-            view = _linear(layer, dtype)
+            view = None if layer is None else _linear(layer, dtype)  # None: the experts' MLP
             if isinstance(view, str):
                 return view
     return specs
@@ -170,7 +221,7 @@ class NativeDecode:
             c = arr[i]
             views = []
             for layer in linears(spec):
-                lin, keep = _linear(layer, self.dtype)
+                lin, keep = (_Linear(), []) if layer is None else _linear(layer, self.dtype)
                 views.append(lin)
                 self.keep += keep
             c.qkv, c.o, c.gate_up, c.down = views
@@ -181,7 +232,13 @@ class NativeDecode:
                 c.qk_norm, c.qk_eps = qk_norm.data_ptr(), spec.q_norm.norm.eps
             c.k_cache, c.v_cache = self.kv_pool[i, 0].data_ptr(), self.kv_pool[i, 1].data_ptr()
             self.keep += [w_in, w_post] + ([qk_norm] if qk_norm is not None else [])
+            if spec.experts is not None:
+                moe, keep = _moe_struct(spec.experts, self.dtype)
+                c.moe = ctypes.pointer(moe)
+                self.keep += [moe, keep]
         self.layers = arr
+        # a step of several rows (decode_rows.py) does not take experts: those rows go another way
+        self.has_moe = any(spec.experts is not None for spec in specs)
         first = specs[0]
         self.dims = (first.heads, first.kv_heads, first.head_dim)
         self.table = first.cos_sin_cache  # neox rotary, shared by every layer (decode_layers checks)
