@@ -267,13 +267,45 @@ static int NAME(moe)(const wslm_moe *m, const T *x, T *out, long d, int threads,
         picked += w[j];
     }
     for (long i = 0; i < d; i++) acc[i] = 0.0f;
+#if defined(_OPENMP)
+    if (threads > 1 && rc == 0) {
+        /* the experts shared among the threads (an expert's products are too small to split well: a parallel
+           region each cost more than it saved), each on one thread, its output kept apart; then summed in
+           slot order as below: the same bits for any thread count */
+        long gn = m->gate_up[ids[0]].n, kx = max_l(gn, m->router.k) + d;
+        T *ys = (T *)malloc(sizeof(T) * (size_t)(K * d + threads * (gn + gn / 2)));
+        uint16_t *bs = ACT_BF16 ? NULL : (uint16_t *)malloc(sizeof(uint16_t) * 2 * (size_t)(threads * kx));
+        int bad = 0;
+        if (!ys || (!ACT_BF16 && !bs)) { free(ys); free(bs); free(logit); free(p); free(taken); return -1; }
+#pragma omp parallel num_threads(threads) reduction(| : bad)
+        {
+            int t = omp_get_thread_num(), nt = omp_get_num_threads();
+            T *g = ys + K * d + t * (gn + gn / 2), *a = g + gn;
+            uint16_t *xb1 = bs ? bs + 2 * t * kx : NULL, *ob1 = xb1 ? xb1 + kx : NULL;
+            for (long j = t; j < K; j += nt) {
+                const wslm_linear *gl = &m->gate_up[ids[j]];
+                long inter = gl->n / 2;
+                bad |= NAME(linear)(gl, x, g, 1, xb1, ob1) != 0;
+                NAME(silu_mul)(g, a, inter, 0, inter);
+                bad |= NAME(linear)(&m->down[ids[j]], a, ys + j * d, 1, xb1, ob1) != 0;
+            }
+        }
+        rc = bad ? -2 : 0;
+        for (long j = 0; j < K && rc == 0; j++) {
+            float wj = LD(ST(m->norm_topk ? w[j] / picked : w[j]));
+            for (long i = 0; i < d; i++) acc[i] += LD(ST(LD(ys[j * d + i]) * wj));
+        }
+        free(ys);
+        free(bs);
+    } else
+#endif
     for (long j = 0; j < K && rc == 0; j++) {
         float wj = LD(ST(m->norm_topk ? w[j] / picked : w[j]));
         const wslm_linear *gl = &m->gate_up[ids[j]];
         long inter = gl->n / 2;
-        if ((rc = NAME(linear)(gl, x, gu, threads, xb, ob))) break;
+        if ((rc = NAME(linear)(gl, x, gu, 1, xb, ob))) break;
         NAME(silu_mul)(gu, act, inter, 0, inter);
-        if ((rc = NAME(linear)(&m->down[ids[j]], act, y, threads, xb, ob))) break;
+        if ((rc = NAME(linear)(&m->down[ids[j]], act, y, 1, xb, ob))) break;
         for (long i = 0; i < d; i++) acc[i] += LD(ST(LD(y[i]) * wj));
     }
     for (long i = 0; i < d; i++) out[i] = ST(acc[i]);
