@@ -118,6 +118,12 @@ def test_the_gui_passes_the_server_panels_kv_settings():
     assert kv_estimate_args("auto", "--kv-cache-memory 0") == []
     assert kv_estimate_args("auto", "--kv-cache-memory") == []
     assert kv_estimate_args("fp8", "--chat-template 'broken") == ["--kv-cache-dtype", "fp8"]
+    # A speculative draft model the panel would load counts too (prompt lookup, "", adds nothing).
+    import json
+
+    args = kv_estimate_args("auto", "", "demo")
+    assert args[0] == "--speculative-config" and json.loads(args[1])["model"] == "demo"
+    assert kv_estimate_args("auto", "", "") == []
 
 
 @pytest.mark.timeout(240)

@@ -236,7 +236,7 @@ def test_a_draft_models_keys_and_values_count_in_the_kv_budget(engines):
 
 
 def test_models_info_counts_a_draft_model_as_the_server_does(capsys):
-    """`wslm models info --speculative-config` counts the draft's weights and its keys and values in every
+    """`wslm models info` / `list --speculative-config` count the draft's weights and its keys and values in every
     block (the engine's rule above: the same pool bytes hold half the blocks with the demo as its own draft);
     a draft that is not on this machine, or a config serve refuses, is a clear error."""
     from test_models_catalog import run_cli
@@ -260,6 +260,17 @@ def test_models_info_counts_a_draft_model_as_the_server_does(capsys):
     assert rc != 0 and "no draft model" in json.loads(out)["error"]["message"]
     with pytest.raises(ValueError, match="unknown method"):
         find_model("demo", speculative_config={"method": "eagle", "num_speculative_tokens": 3})
+    # `models list` (the GUI's estimates) takes the same flag: the draft beside each model, one error if missing
+    from wslm.backend.hub.catalog import list_models
+
+    listed = {m.id: m for m in list_models(speculative_config={"model": "demo", "num_speculative_tokens": 3}, **common)}
+    assert listed["demo"].memory_estimate_bytes == spec.memory_estimate_bytes and listed["demo"].draft_model == "demo"
+    rc, out = run_cli("models", "list", "--json", "--speculative-config", '{"model": "demo", "num_speculative_tokens": 3}',
+                      capsys=capsys)  # fmt: skip
+    assert rc == 0 and all(m["draft_model"] == "demo" for m in json.loads(out)["models"] if m["complete"])
+    rc, out = run_cli("models", "list", "--json", "--speculative-config",
+                      '{"model": "/nowhere/draft.gguf", "num_speculative_tokens": 3}', capsys=capsys)  # fmt: skip
+    assert rc != 0 and "no draft model" in json.loads(out)["error"]["message"]
 
 
 def test_speculating_beside_a_prefill(engines):

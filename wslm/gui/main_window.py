@@ -84,7 +84,7 @@ class MainWindow(QMainWindow):
         self.models = ModelsService(self.logs, self)
         self.models.target = self.target
         self.models.context = s.max_model_len
-        self.models.kv_args = kv_estimate_args(s.kv_cache_dtype, s.serve_extra_args)
+        self.models.kv_args = kv_estimate_args(s.kv_cache_dtype, s.serve_extra_args, _draft(s))
         self.share = ShareService(self)
         self.share.port = s.port
         self.share.distro = self.target.distro if self.target.via_wsl else None
@@ -401,7 +401,7 @@ class MainWindow(QMainWindow):
     def _server_settings_changed(self) -> None:
         self.chat_panel.set_serve_choice(self.server_panel.model_id())  # the chat's picker follows the panel
         # The estimates are for the server these settings start: its context, its KV cache's dtype and size.
-        kv_args = kv_estimate_args(self.settings.kv_cache_dtype, self.settings.serve_extra_args)
+        kv_args = kv_estimate_args(self.settings.kv_cache_dtype, self.settings.serve_extra_args, _draft(self.settings))
         if self.models.context != self.settings.max_model_len or self.models.kv_args != kv_args:
             self.models.context = self.settings.max_model_len
             self.models.kv_args = kv_args
@@ -586,3 +586,8 @@ class MainWindow(QMainWindow):
         if self._own_store:
             self.store.close()
         super().closeEvent(event)
+
+
+def _draft(settings) -> str:
+    """The speculative draft model the Server panel's server would load beside its model, or ""."""
+    return settings.speculative_draft if settings.speculative_decoding else ""

@@ -21,11 +21,11 @@ _KV_FLAGS = {"--kv-cache-dtype": "--kv-cache-dtype", "--kv-cache-memory": "--kv-
              "--max-num-seqs": "--max-num-seqs"}  # serve's flag (and vLLM's alias) -> ours
 
 
-def kv_estimate_args(kv_cache_dtype: str, extra_args: str | list[str]) -> list[str]:
+def kv_estimate_args(kv_cache_dtype: str, extra_args: str | list[str], draft_model: str = "") -> list[str]:
     """The `models list` flags that size the KV cache as the Server panel's server will: its KV dtype and a
     --kv-cache-memory / --kv-cache-dtype / --max-num-seqs among its extra flags (given later on serve's
-    command line, they win). A value serve would refuse is left out: the listing must not fail for it (the
-    start says why)."""
+    command line, they win), and its speculative draft model (its weights and keys beside each model). A value
+    serve would refuse is left out: the listing must not fail for it (the start says why)."""
     if isinstance(extra_args, str):
         try:
             extra_args = shlex.split(extra_args)
@@ -50,6 +50,10 @@ def kv_estimate_args(kv_cache_dtype: str, extra_args: str | list[str]) -> list[s
     seqs = found.get("--max-num-seqs", "").strip()
     if seqs.isdigit() and int(seqs) > 0:
         out += ["--max-num-seqs", seqs]
+    if draft_model.strip():  # prompt lookup ("") adds no memory
+        from wslm.gui.speculative import speculative_config
+
+        out += ["--speculative-config", speculative_config(draft_model.strip())]
     return out
 
 
@@ -105,7 +109,7 @@ class ModelsService(QObject):
         self.loading = False
         self._list_proc = None
         payload = next((e for e in events if isinstance(e.get("models"), list)), None)
-        if code == 2 and self._sent_kv and re.search(r"unrecognized arguments: --(kv-cache|max-num-seqs)", tail):
+        if code == 2 and self._sent_kv and re.search(r"unrecognized arguments: --(kv-cache|max-num-seqs|speculative-config)", tail):
             # An older wslm on the target (WSL installs update apart from the app): its estimates, then.
             self.kv_refused = True
             self.logs.add("models", "this wslm has no --kv-cache-dtype/--kv-cache-memory/--max-num-seqs for `models "

@@ -502,16 +502,24 @@ def list_models(
     kv_cache_dtype: str = "auto",
     kv_cache_memory: int | None = None,
     max_num_seqs: int | None = None,
+    speculative_config: str | dict | None = None,
 ) -> list[ModelInfo]:
     """Every model on this machine. The memory estimate is for a server started with `context`,
-    `kv_cache_dtype`, `kv_cache_memory` (bytes; None: the default pool) and `max_num_seqs` (None: serve's
-    default), as `wslm serve`'s flags."""
+    `kv_cache_dtype`, `kv_cache_memory` (bytes; None: the default pool), `max_num_seqs` (None: serve's
+    default) and `speculative_config` (its draft model counted beside each model), as `wslm serve`'s flags.
+    ValueError for a speculative_config serve would refuse, or whose draft is not here."""
+    from wslm.backend.spec_decode.config import parse_speculative_config
+
+    spec = parse_speculative_config(speculative_config)
+    draft = spec.model if spec else None
+    if draft:
+        _draft(draft)  # not here: one clear error, not one per model
     out = []
     seen: set[str] = set()
     for entry in _all_entries(cache_dir, models_root):
         if (entry.complete or include_partial) and entry.id not in seen:
             seen.add(entry.id)
-            out.append(_describe(entry, context, kv_cache_dtype, kv_cache_memory, max_num_seqs))
+            out.append(_describe(entry, context, kv_cache_dtype, kv_cache_memory, max_num_seqs, draft))
     return out
 
 

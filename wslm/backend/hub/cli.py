@@ -63,11 +63,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("id", metavar="ID", help="an id from `wslm models list` or a cached repo id")
     p.add_argument("--context", type=_positive, metavar="N", help="context length for the memory estimate")
     _estimate_flags(p)
-    p.add_argument(
-        "--speculative-config", metavar="JSON", default=None,
-        help="serve's --speculative-config: a draft model it names counts in the estimate (its weights, and its "
-             "keys and values in every block of the KV pool)",
-    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_info)
 
@@ -76,6 +71,12 @@ def _estimate_flags(p: argparse.ArgumentParser) -> None:
     """The `wslm serve` flags that change how much memory its KV cache takes, named and read as serve
     reads them, so the estimate is for the server those flags start."""
     from wslm.backend.config import KV_CACHE_DTYPES
+
+    p.add_argument(
+        "--speculative-config", metavar="JSON", default=None,
+        help="serve's --speculative-config: a draft model it names counts in the estimate (its weights, and its "
+             "keys and values in every block of the KV pool)",
+    )
 
     p.add_argument(
         "--kv-cache-dtype", choices=(*KV_CACHE_DTYPES, "fp8_e5m2"), default="auto",
@@ -178,8 +179,16 @@ def cmd_search(args: argparse.Namespace) -> int:
 def cmd_list(args: argparse.Namespace) -> int:
     from wslm.backend.hub.catalog import list_models, resume_hint
 
-    everything = list_models(context=args.context, include_partial=True, kv_cache_dtype=args.kv_cache_dtype,
-                             kv_cache_memory=args.kv_cache_memory, max_num_seqs=args.max_num_seqs)
+    try:
+        everything = list_models(context=args.context, include_partial=True, kv_cache_dtype=args.kv_cache_dtype,
+                                 kv_cache_memory=args.kv_cache_memory, max_num_seqs=args.max_num_seqs,
+                                 speculative_config=args.speculative_config)  # fmt: skip
+    except ValueError as exc:  # a speculative config serve would refuse, or a draft that is not here
+        if args.json:
+            _json_error(str(exc), "invalid_argument")
+        else:
+            print(str(exc), file=sys.stderr)
+        return EXIT_ERROR
     models = [m for m in everything if m.complete or args.all]
     if args.json:
         _print_json({"models": [m.to_dict() for m in models]})
@@ -203,6 +212,8 @@ def cmd_list(args: argparse.Namespace) -> int:
     at = f"{args.context} tokens" if args.context else "each model's own context"
     kv = f", {human_size(args.kv_cache_memory)} of it" if args.kv_cache_memory else ""
     kv += f", {args.kv_cache_dtype}" if args.kv_cache_dtype != "auto" else ""
+    draft = next((m.draft_model for m in models if m.draft_model), None)
+    kv += f", with draft model {draft} beside each" if draft else ""
     print(f"\n* memory: weights + the KV cache `wslm serve` reserves at {at}{kv} + overhead (--context N, "
           "--kv-cache-dtype, --kv-cache-memory, --max-num-seqs to change)")
     for m in models:
