@@ -176,19 +176,28 @@ def cmd_search(args: argparse.Namespace) -> int:
     return 0
 
 
+def _estimate_kwargs(args: argparse.Namespace) -> dict:
+    """The serve flags _estimate_flags added, as list_models / find_model take them."""
+    return dict(kv_cache_dtype=args.kv_cache_dtype, kv_cache_memory=args.kv_cache_memory,
+                max_num_seqs=args.max_num_seqs, speculative_config=args.speculative_config)  # fmt: skip
+
+
+def _error(args: argparse.Namespace, message: str, code: str) -> int:
+    """A refused command: a JSON error line with --json, else the message on stderr."""
+    if getattr(args, "json", False):
+        _json_error(message, code)
+    else:
+        print(message, file=sys.stderr)
+    return EXIT_ERROR
+
+
 def cmd_list(args: argparse.Namespace) -> int:
     from wslm.backend.hub.catalog import list_models, resume_hint
 
     try:
-        everything = list_models(context=args.context, include_partial=True, kv_cache_dtype=args.kv_cache_dtype,
-                                 kv_cache_memory=args.kv_cache_memory, max_num_seqs=args.max_num_seqs,
-                                 speculative_config=args.speculative_config)  # fmt: skip
+        everything = list_models(context=args.context, include_partial=True, **_estimate_kwargs(args))
     except ValueError as exc:  # a speculative config serve would refuse, or a draft that is not here
-        if args.json:
-            _json_error(str(exc), "invalid_argument")
-        else:
-            print(str(exc), file=sys.stderr)
-        return EXIT_ERROR
+        return _error(args, str(exc), "invalid_argument")
     models = [m for m in everything if m.complete or args.all]
     if args.json:
         _print_json({"models": [m.to_dict() for m in models]})
@@ -229,15 +238,9 @@ def cmd_info(args: argparse.Namespace) -> int:
     from wslm.backend.hub.catalog import find_model, resume_hint
 
     try:
-        info = find_model(args.id, context=args.context, kv_cache_dtype=args.kv_cache_dtype,
-                          kv_cache_memory=args.kv_cache_memory, max_num_seqs=args.max_num_seqs,
-                          speculative_config=args.speculative_config)
+        info = find_model(args.id, context=args.context, **_estimate_kwargs(args))
     except ValueError as exc:  # a speculative config serve would refuse, or a draft that is not here
-        if args.json:
-            _json_error(str(exc), "invalid_argument")
-        else:
-            print(str(exc), file=sys.stderr)
-        return EXIT_ERROR
+        return _error(args, str(exc), "invalid_argument")
     if info is None:
         msg = f"No model {args.id!r} on this machine. See `wslm models list`, or download it: wslm models pull {args.id}"
         if args.json:
