@@ -177,3 +177,30 @@ def test_noted_config_fields_give_every_family_the_attributes_its_class_does():
             value = getattr(real, name)
             if not callable(value):
                 assert getattr(plain, name) == value, (gguf_type, name)
+
+
+def test_a_mapped_gguf_is_read_ahead_in_the_background(tmp_path, monkeypatch, caplog):
+    """After a GGUF loads mapped, a background thread reads the file once (its pages in the page cache before a
+    request needs them); WSLM_GGUF_PREFETCH=0 or a file larger than the memory available skips it."""
+    import logging
+    import threading
+
+    from wslm.backend.quant import gguf_weights
+
+    started: list[threading.Thread] = []
+    real = gguf_weights.prefetch
+    monkeypatch.setattr(gguf_weights, "prefetch", lambda path, **kw: started.append(real(path, **kw)) or started[-1])
+    monkeypatch.setenv("WSLM_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("WSLM_GGUF_DEQUANTIZE", "0")
+    with caplog.at_level(logging.DEBUG, logger="wslm.backend.quant.gguf_weights"):
+        LLM("demo", dtype="bfloat16", kv_cache_memory=32 << 20, max_model_len=256)
+        assert len(started) == 1 and started[0] is not None
+        started[0].join(30)
+    assert not started[0].is_alive()
+    assert any("read into the page cache" in r.getMessage() for r in caplog.records)
+    monkeypatch.setattr(gguf_weights, "_mem_available", lambda: 1 << 20)  # 1 MiB free: not read ahead
+    assert real(demo_model_path()) is None
+    started.clear()
+    monkeypatch.setenv("WSLM_GGUF_PREFETCH", "0")
+    LLM("demo", dtype="bfloat16", kv_cache_memory=32 << 20, max_model_len=256)
+    assert started == []

@@ -174,8 +174,14 @@ VARIABLES: tuple[EnvVar, ...] = (
            "blocks, pages of the memory-mapped file multiplied in place on CPU (`wslm/backend/quant/"
            "gguf_blocks.py`, `kernels/cpu_gguf.c`): a 3B file loads in ~3.5 s instead of ~35 s, holds the "
            "file's size, and its products are at least as fast as the repacked ones (2-core Zen 3, bench/"
-           "gguf_blocks_vs_repacked.py; docs/benchmarks.md). `0`: repacked into int4 groups / int8 rows at load, "
-           "as before (GPU engines and MoE experts still repack).",
+           "gguf_blocks_vs_repacked.py; docs/benchmarks.md); MoE experts too, each read where it lies. `0`: "
+           "repacked into int4 groups / int8 rows at load, as before (GPU engines still repack).",
+           (_E,), _TUNING),
+    EnvVar("WSLM_GGUF_PREFETCH", "bool", True,
+           "`1` (the default): after a GGUF loads mapped, a background thread reads the file once so that its "
+           "pages are in the page cache before requests need them (after a `wsl --shutdown` the cache is empty, "
+           "and a mixture of experts would otherwise read each expert from disk the first time a token picks it); "
+           "skipped when the file is larger than the memory available. `0`: pages are read when first used.",
            (_E,), _TUNING),
     EnvVar("WSLM_QUANT_FLOAT32", "bool", False,
            "`1`: with a float32 model on CPU, quantized weights reproduce the file's values exactly and multiply "

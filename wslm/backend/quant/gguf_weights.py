@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
+import time
 import warnings
 from collections.abc import Iterator
 from pathlib import Path
@@ -108,6 +110,51 @@ def iter_gguf_weights(
     if not dequant:
         _say_requantized(reader)
     reader.close()
+    if use_mmap and envs.WSLM_GGUF_BLOCKS and not dequant and envs.WSLM_GGUF_PREFETCH:
+        prefetch(Path(path))
+
+
+def prefetch(path: Path, chunk: int = 8 << 20) -> threading.Thread | None:
+    """Read the file once in a background thread, so that the weights mapped in place are in the page cache
+    before a request needs them (a cold cache otherwise pays a disk read at the first token that touches each
+    page: a MoE's experts on their first pick). Reads release the GIL; skipped when the file would not fit in
+    the memory available (the kernel would evict what it had just read). Returns the thread, or None."""
+    try:
+        size = path.stat().st_size
+        available = _mem_available()
+    except OSError:
+        return None
+    if available is not None and size > 0.8 * available:
+        logger.info("GGUF: %s (%.1f GB) is larger than the memory available to read ahead: its pages are read as "
+                    "they are first used", path.name, size / 1e9)  # fmt: skip
+        return None
+
+    def read() -> None:
+        start = time.perf_counter()
+        buf = bytearray(chunk)
+        try:
+            with open(path, "rb", buffering=0) as f:
+                while f.readinto(buf):
+                    pass
+        except OSError as exc:
+            logger.debug("GGUF read-ahead of %s stopped: %s", path, exc)
+            return
+        logger.debug("GGUF: %s read into the page cache in %.1f s", path.name, time.perf_counter() - start)
+
+    thread = threading.Thread(target=read, name="wslm-gguf-prefetch", daemon=True)
+    thread.start()
+    return thread
+
+
+def _mem_available() -> int | None:
+    """MemAvailable in bytes (Linux), or None."""
+    try:
+        for line in open("/proc/meminfo"):
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return None
 
 
 def _say_requantized(reader: GGUFFile) -> None:
