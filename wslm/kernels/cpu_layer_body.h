@@ -226,92 +226,79 @@ static long NAME(widest)(const wslm_layer *layers, long n_layers, long *qkv_n, l
     long widest = 0;
     *qkv_n = *gu_n = 0;
     for (long i = 0; i < n_layers; i++) {
-        const wslm_moe *m = layers[i].moe;  /* its experts all have one shape: the first answers for them */
-        const wslm_linear *ls[4] = {&layers[i].qkv, &layers[i].o, m ? m->gate_up : &layers[i].gate_up,
-                                    m ? m->down : &layers[i].down};
+        const wslm_linear *ls[4] = {&layers[i].qkv, &layers[i].o, &layers[i].gate_up, &layers[i].down};
         *qkv_n = max_l(*qkv_n, layers[i].qkv.n);
-        *gu_n = max_l(*gu_n, ls[2]->n);
+        *gu_n = max_l(*gu_n, layers[i].gate_up.n);
         for (int j = 0; j < 4; j++) widest = max_l(widest, max_l(ls[j]->n, ls[j]->k));
-        if (m) widest = max_l(widest, max_l(m->router.n, m->router.k));
     }
     return widest;
 }
 
 /* A mixture-of-experts MLP for one row, as layers/moe.py and kernels/torch_moe.py compute it: the router's
    logits in T, softmax and top-k in fp32 (renormalised when norm_topk), the weights rounded to T; each
-   expert's gate|up, SiLU and down as the dense MLP's; each output times its weight rounded to T, the k of
-   them summed in fp32 and rounded once. gu, act: scratch of the experts' gate_up.n and half of it. */
-static int NAME(moe)(const wslm_moe *m, const T *x, T *out, long d, int threads, uint16_t *xb, uint16_t *ob,
-                     T *gu, T *act) {
+   chosen expert's gate|up, SiLU and down as the dense MLP's, its output kept apart; each output times its
+   weight rounded to T, the k of them summed in slot order in fp32 and rounded once. With threads the experts
+   are shared among them, each on one thread (an expert's products are too small to split well: a parallel
+   region each cost more than it saved), so the bits do not depend on the thread count. */
+static int NAME(moe)(const wslm_moe *m, const T *x, T *out, long d, int threads) {
     long E = m->experts, K = m->top_k;
     if (K < 1 || K > 64 || K > E) return -2;
-    T *logit = (T *)malloc(sizeof(T) * (size_t)(E + d));
+    long gn = m->gate_up[0].n, kx = max_l(max_l(gn, E), d);  /* every expert has one shape; kx: the widest row */
+    int nt_max = threads > 1 ? threads : 1;
+    T *logit = (T *)malloc(sizeof(T) * (size_t)(E + K * d + nt_max * (gn + gn / 2)));
     float *p = (float *)malloc(sizeof(float) * (size_t)(E + d));
-    unsigned char *taken = (unsigned char *)calloc((size_t)E, 1);
-    if (!logit || !p || !taken) { free(logit); free(p); free(taken); return -1; }
-    T *y = logit + E;
+    /* the float32 build hands int4/int8 products bf16 rows: scratch of kx each way, per thread */
+    uint16_t *bs = ACT_BF16 ? NULL : (uint16_t *)malloc(sizeof(uint16_t) * 2 * (size_t)(nt_max * kx));
+    if (!logit || !p || (!ACT_BF16 && !bs)) { free(logit); free(p); free(bs); return -1; }
+    T *ys = logit + E;
     float *acc = p + E;
-    int rc = NAME(linear)(&m->router, x, logit, threads, xb, ob);
+    int rc = NAME(linear)(&m->router, x, logit, threads, bs, bs ? bs + kx : NULL);
     float top = -INFINITY, total = 0.0f;
     for (long e = 0; e < E; e++) { p[e] = LD(logit[e]); top = p[e] > top ? p[e] : top; }
     for (long e = 0; e < E; e++) { p[e] = expf(p[e] - top); total += p[e]; }
     long ids[64];
     float w[64], picked = 0.0f;
-    for (long j = 0; j < K; j++) {  /* the largest first, the lower index on a tie */
-        long best = -1;
-        for (long e = 0; e < E; e++)
-            if (!taken[e] && (best < 0 || p[e] > p[best])) best = e;
-        taken[best] = 1;
+    for (long j = 0; j < K; j++) {  /* the largest first, the lower index on a tie; a pick is marked -1 */
+        long best = 0;
+        for (long e = 1; e < E; e++)
+            if (p[e] > p[best]) best = e;
         ids[j] = best;
         w[j] = p[best] / total;
         picked += w[j];
+        p[best] = -1.0f;
     }
-    for (long i = 0; i < d; i++) acc[i] = 0.0f;
+    int bad = rc != 0;
+    if (!bad) {
 #if defined(_OPENMP)
-    if (threads > 1 && rc == 0) {
-        /* the experts shared among the threads (an expert's products are too small to split well: a parallel
-           region each cost more than it saved), each on one thread, its output kept apart; then summed in
-           slot order as below: the same bits for any thread count */
-        long gn = m->gate_up[ids[0]].n, kx = max_l(gn, m->router.k) + d;
-        T *ys = (T *)malloc(sizeof(T) * (size_t)(K * d + threads * (gn + gn / 2)));
-        uint16_t *bs = ACT_BF16 ? NULL : (uint16_t *)malloc(sizeof(uint16_t) * 2 * (size_t)(threads * kx));
-        int bad = 0;
-        if (!ys || (!ACT_BF16 && !bs)) { free(ys); free(bs); free(logit); free(p); free(taken); return -1; }
-#pragma omp parallel num_threads(threads) reduction(| : bad)
+#pragma omp parallel num_threads(nt_max) if (nt_max > 1) reduction(| : bad)
+#endif
         {
+#if defined(_OPENMP)
             int t = omp_get_thread_num(), nt = omp_get_num_threads();
+#else
+            int t = 0, nt = 1;
+#endif
             T *g = ys + K * d + t * (gn + gn / 2), *a = g + gn;
-            uint16_t *xb1 = bs ? bs + 2 * t * kx : NULL, *ob1 = xb1 ? xb1 + kx : NULL;
+            uint16_t *xb = bs ? bs + 2 * t * kx : NULL, *ob = xb ? xb + kx : NULL;
             for (long j = t; j < K; j += nt) {
                 const wslm_linear *gl = &m->gate_up[ids[j]];
                 long inter = gl->n / 2;
-                bad |= NAME(linear)(gl, x, g, 1, xb1, ob1) != 0;
+                bad |= NAME(linear)(gl, x, g, 1, xb, ob) != 0;
                 NAME(silu_mul)(g, a, inter, 0, inter);
-                bad |= NAME(linear)(&m->down[ids[j]], a, ys + j * d, 1, xb1, ob1) != 0;
+                bad |= NAME(linear)(&m->down[ids[j]], a, ys + j * d, 1, xb, ob) != 0;
             }
         }
-        rc = bad ? -2 : 0;
-        for (long j = 0; j < K && rc == 0; j++) {
-            float wj = LD(ST(m->norm_topk ? w[j] / picked : w[j]));
-            for (long i = 0; i < d; i++) acc[i] += LD(ST(LD(ys[j * d + i]) * wj));
-        }
-        free(ys);
-        free(bs);
-    } else
-#endif
+    }
+    if (rc == 0 && bad) rc = -2;
+    for (long i = 0; i < d; i++) acc[i] = 0.0f;
     for (long j = 0; j < K && rc == 0; j++) {
         float wj = LD(ST(m->norm_topk ? w[j] / picked : w[j]));
-        const wslm_linear *gl = &m->gate_up[ids[j]];
-        long inter = gl->n / 2;
-        if ((rc = NAME(linear)(gl, x, gu, 1, xb, ob))) break;
-        NAME(silu_mul)(gu, act, inter, 0, inter);
-        if ((rc = NAME(linear)(&m->down[ids[j]], act, y, 1, xb, ob))) break;
-        for (long i = 0; i < d; i++) acc[i] += LD(ST(LD(y[i]) * wj));
+        for (long i = 0; i < d; i++) acc[i] += LD(ST(LD(ys[j * d + i]) * wj));
     }
     for (long i = 0; i < d; i++) out[i] = ST(acc[i]);
     free(logit);
     free(p);
-    free(taken);
+    free(bs);
     return rc;
 }
 
@@ -433,13 +420,14 @@ int ENTRY(const wslm_layer *layers, int64_t n_layers, int64_t d, int64_t heads, 
           int64_t slot, int threads) {
     long q_size = heads * hd, group = heads / kvh;
     if (group > 64) return -2;
+    int experts = has_moe(layers, n_layers);
 #if defined(_OPENMP)
-    if (threads > 1 && !has_moe(layers, n_layers))
+    if (threads > 1 && !experts)
         return NAME(step_team)(layers, n_layers, d, heads, kvh, hd, hidden, residual, cos2, sin2, table, bs, len,
                                slot, threads);
 #endif
     /* one thread, or a model with experts: products split by rows over the threads each, the rest on one */
-    int pt = has_moe(layers, n_layers) ? threads : 1;
+    int pt = experts ? threads : 1;
     long qkv_n, gu_n, widest = NAME(widest)(layers, n_layers, &qkv_n, &gu_n);
     size_t elems = (size_t)(d + qkv_n + q_size + gu_n + gu_n / 2);
     T *x = (T *)malloc(sizeof(T) * elems);
@@ -458,7 +446,7 @@ int ENTRY(const wslm_layer *layers, int64_t n_layers, int64_t d, int64_t heads, 
         if ((rc = NAME(linear)(&l->o, att, hidden, pt, xb, ob))) break;
         NAME(add_norm)(1, hidden, residual, (const T *)l->w_post, l->eps_post, d, x);
         if (l->moe) {
-            rc = NAME(moe)(l->moe, x, hidden, d, pt, xb, ob, gu, act);
+            rc = NAME(moe)(l->moe, x, hidden, d, pt);
             continue;
         }
         if ((rc = NAME(linear)(&l->gate_up, x, gu, pt, xb, ob))) break;

@@ -53,7 +53,7 @@ def run_rows(native, input_ids: torch.Tensor, positions: torch.Tensor, meta: Att
     m = input_ids.shape[0]
     if not 1 < m <= MAX_ROWS or meta.block_tables.dtype != torch.int32 or meta.block_tables.shape[0] != m:
         return None
-    if getattr(native, "has_moe", False):  # the C rows step does not take experts
+    if native.has_moe:  # the C rows step does not take experts
         return None
     pos = positions.tolist()
     if not decode_rows(pos, meta):
