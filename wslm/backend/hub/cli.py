@@ -182,13 +182,13 @@ def _estimate_kwargs(args: argparse.Namespace) -> dict:
                 max_num_seqs=args.max_num_seqs, speculative_config=args.speculative_config)  # fmt: skip
 
 
-def _error(args: argparse.Namespace, message: str, code: str) -> int:
-    """A refused command: a JSON error line with --json, else the message on stderr."""
-    if getattr(args, "json", False):
+def _error(args: argparse.Namespace, message: str, code: str, rc: int = EXIT_ERROR) -> int:
+    """A refused command: a JSON error line with --json, else the message on stderr; returns rc."""
+    if args.json:
         _json_error(message, code)
     else:
         print(message, file=sys.stderr)
-    return EXIT_ERROR
+    return rc
 
 
 def cmd_list(args: argparse.Namespace) -> int:
@@ -243,11 +243,7 @@ def cmd_info(args: argparse.Namespace) -> int:
         return _error(args, str(exc), "invalid_argument")
     if info is None:
         msg = f"No model {args.id!r} on this machine. See `wslm models list`, or download it: wslm models pull {args.id}"
-        if args.json:
-            _json_error(msg, "not_found")
-        else:
-            print(msg, file=sys.stderr)
-        return EXIT_ERROR
+        return _error(args, msg, "not_found")
     if args.json:
         _print_json(info.to_dict())
         return EXIT_OK
@@ -298,12 +294,12 @@ def cmd_rm(args: argparse.Namespace) -> int:
 
     info = find_model(args.id)
     if info is None:
-        return _rm_error(
+        return _error(
             args, f"No model {args.id!r} on this machine. See `wslm models list` for the ids.", "not_found"
         )
     if not args.yes:
         if not sys.stdin.isatty():
-            return _rm_error(
+            return _error(
                 args, f"Not removing {info.id} without confirmation: pass --yes.", "usage", EXIT_USAGE
             )
         answer = input(
@@ -315,9 +311,9 @@ def cmd_rm(args: argparse.Namespace) -> int:
     try:
         removed, freed = remove_model(info.id)
     except RemoveError as exc:
-        return _rm_error(args, str(exc), "not_removable")
+        return _error(args, str(exc), "not_removable")
     except OSError as exc:
-        return _rm_error(
+        return _error(
             args, f"Could not delete {info.path}: {exc}. Check the permissions of that folder.", "disk"
         )
     if args.json:
@@ -325,14 +321,6 @@ def cmd_rm(args: argparse.Namespace) -> int:
     else:
         print(f"Removed {removed.id} ({human_size(freed)} freed).")
     return EXIT_OK
-
-
-def _rm_error(args: argparse.Namespace, message: str, code: str, rc: int = EXIT_ERROR) -> int:
-    if args.json:
-        _json_error(message, code)
-    else:
-        print(message, file=sys.stderr)
-    return rc
 
 
 # --- pull --------------------------------------------------------------------------------------------
